@@ -1,0 +1,1 @@
+"""The ``streamio`` command (installed as ``streamio.cli``): parsing and progress only."""

@@ -1,0 +1,105 @@
+"""The one exception tree of streamio.
+
+Every error streamio raises is a :class:`StreamioError` and, where one fits, also the builtin it
+refines, so callers can catch either (``except FileNotFoundError`` keeps working)::
+
+    StreamioError
+    ├── StorageError (OSError)                    bytes could not move to or from storage
+    │   ├── ObjectNotFoundError (FileNotFoundError)   missing object, prefix or bucket
+    │   ├── StoragePermissionError (PermissionError)  403 / bad credentials: check credentials
+    │   ├── TransientStorageError                     5xx / throttling / resets, retries exhausted
+    │   └── WriteConflictError (FileExistsError)      a conditional write lost (create-only, CAS)
+    ├── CorruptDataError (ValueError)             bytes do not match their recorded size/checksum
+    ├── DatasetError (ValueError)                 a dataset or its index is unusable
+    │   ├── IndexNotFoundError (FileNotFoundError)    no index.json: run `streamio index URL`
+    │   ├── IndexFormatError                          unknown version, invalid field
+    │   └── ShardFormatError                          truncated / non-tar shard, unsafe member
+    ├── PlanError (ValueError)                    impossible topology or resume state
+    │   └── StateMismatchError                        state from another dataset/seed/policy
+    ├── CacheError (OSError)                      the node-local cache cannot do its job
+    │   └── CacheTooSmallError (ValueError)           limit below what prefetch needs
+    └── CheckpointError                           a checkpoint cannot be saved or restored
+        ├── CheckpointNotFoundError (FileNotFoundError)
+        ├── CheckpointFormatError (ValueError)        unknown version, foreign layout
+        └── CheckpointConflictError (FileExistsError) another job writes the same root
+
+Messages are one f-string that names the URL / shard / step at fault and what to do about it.
+"""
+
+from __future__ import annotations
+
+
+class StreamioError(Exception):
+    """Base class of every error raised by streamio."""
+
+
+class StorageError(StreamioError, OSError):
+    """An operation on storage failed; the message names the URL."""
+
+
+class ObjectNotFoundError(StorageError, FileNotFoundError):
+    """The object, prefix or bucket does not exist."""
+
+
+class StoragePermissionError(StorageError, PermissionError):
+    """The store refused access (403, invalid or missing credentials)."""
+
+
+class TransientStorageError(StorageError):
+    """A transient failure (5xx, throttling, reset, truncation) outlasted the retry policy."""
+
+
+class WriteConflictError(StorageError, FileExistsError):
+    """A conditional write failed: the object exists (create-only) or changed (compare-and-swap)."""
+
+
+class CorruptDataError(StreamioError, ValueError):
+    """Bytes read back do not match the size or checksum recorded for them."""
+
+
+class DatasetError(StreamioError, ValueError):
+    """A dataset or its index cannot be used."""
+
+
+class IndexNotFoundError(DatasetError, FileNotFoundError):
+    """The dataset prefix has no index.json."""
+
+
+class IndexFormatError(DatasetError):
+    """index.json has an unknown version or an invalid field."""
+
+
+class ShardFormatError(DatasetError):
+    """A shard is truncated, not a tar, or holds a member that is unsafe to read."""
+
+
+class PlanError(StreamioError, ValueError):
+    """The requested topology or resume state cannot be planned."""
+
+
+class StateMismatchError(PlanError):
+    """A resume state belongs to another dataset, seed or policy."""
+
+
+class CacheError(StreamioError, OSError):
+    """The node-local shard cache cannot do its job."""
+
+
+class CacheTooSmallError(CacheError, ValueError):
+    """The cache limit is below what the prefetch depth needs."""
+
+
+class CheckpointError(StreamioError):
+    """A checkpoint cannot be saved or restored."""
+
+
+class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
+    """No complete checkpoint exists where one was asked for."""
+
+
+class CheckpointFormatError(CheckpointError, ValueError):
+    """A checkpoint has an unknown format version or was written by another tool."""
+
+
+class CheckpointConflictError(CheckpointError, FileExistsError):
+    """Another job is writing the same checkpoint root."""

@@ -1,0 +1,52 @@
+"""Shared fixtures: environment hygiene, a loopback S3 server (moto over real HTTP), stores."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+from streamio.storage import Store
+from streamio.testing import MotoServer, S3Endpoint
+
+settings.register_profile("ci", max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("default", max_examples=100, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tests control every AWS_* / GCS variable they depend on (the host sets some)."""
+    for name in list(os.environ):
+        if name.startswith(("AWS_", "GOOGLE_", "STORAGE_EMULATOR")):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint() -> Iterator[str]:
+    """One moto server (real HTTP on 127.0.0.1) for the whole session."""
+    server = MotoServer()
+    yield server.start()
+    server.stop()
+
+
+@pytest.fixture
+def s3(moto_endpoint: str) -> S3Endpoint:
+    """A fresh, empty bucket on the session's moto server."""
+    return S3Endpoint(moto_endpoint, "unused").new_bucket()
+
+
+@pytest.fixture(params=["file", "memory", "s3"])
+def store(request: pytest.FixtureRequest, tmp_path) -> Store:  # type: ignore[no-untyped-def]
+    """The same contract on every backend: a fresh empty root."""
+    kind = request.param
+    if kind == "file":
+        return Store(str(tmp_path / "root"))
+    if kind == "memory":
+        return Store(f"memory://streamio-{uuid.uuid4().hex}")
+    s3: S3Endpoint = request.getfixturevalue("s3")
+    return Store(s3.url("root"), s3.storage_options())
