@@ -63,7 +63,7 @@ class S3Endpoint:
             aws_access_key_id=self.key,
             aws_secret_access_key=self.secret,
             region_name=self.region,
-            config=Config(retries={"max_attempts": 1, "mode": "standard"}, max_pool_connections=32),
+            config=Config(retries={"total_max_attempts": 1, "mode": "standard"}, max_pool_connections=32),
         )
 
     def new_bucket(self, name: str | None = None) -> S3Endpoint:

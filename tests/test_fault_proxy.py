@@ -1,0 +1,154 @@
+"""The FaultProxy itself, over real HTTP to moto with boto3 (retries off), so each fault is seen raw."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+from botocore.exceptions import ClientError
+
+from streamio.testing import FaultProxy, S3Endpoint
+
+BODY = os.urandom(300_000)
+
+
+@pytest.fixture
+def proxy(moto_endpoint: str):  # type: ignore[no-untyped-def]
+    with FaultProxy(moto_endpoint) as p:
+        yield p
+
+
+@pytest.fixture
+def client(s3: S3Endpoint, proxy: FaultProxy):  # type: ignore[no-untyped-def]
+    c = s3.boto3_client(proxy.endpoint_url)
+    c.put_object(Bucket=s3.bucket, Key="obj", Body=BODY)
+    proxy.clear()
+    return c
+
+
+def test_forwards_and_logs(s3: S3Endpoint, proxy: FaultProxy, client) -> None:  # type: ignore[no-untyped-def]
+    got = client.get_object(Bucket=s3.bucket, Key="obj", Range="bytes=10-19")["Body"].read()
+    assert got == BODY[10:20]
+    (rec,) = proxy.log()
+    assert (rec.method, rec.path, rec.range, rec.status, rec.response_bytes) == (
+        "GET", f"/{s3.bucket}/obj", "bytes=10-19", 206, 10,
+    )
+    assert proxy.count("GET", "/obj") == 1 and proxy.count("PUT") == 0
+
+
+def test_fail_next_answers_without_forwarding(s3: S3Endpoint, proxy: FaultProxy, client) -> None:  # type: ignore[no-untyped-def]
+    proxy.fail_next(2, 503, "SlowDown")
+    for _ in range(2):
+        with pytest.raises(ClientError) as info:
+            client.get_object(Bucket=s3.bucket, Key="obj")
+        assert info.value.response["Error"]["Code"] == "SlowDown"
+    assert client.get_object(Bucket=s3.bucket, Key="obj")["Body"].read() == BODY
+    assert [r.status for r in proxy.log()] == [503, 503, 200]
+
+
+def test_fail_next_filters_by_path(s3: S3Endpoint, proxy: FaultProxy, client) -> None:  # type: ignore[no-untyped-def]
+    proxy.fail_next(1, 403, "AccessDenied", path_contains="/other")
+    assert client.get_object(Bucket=s3.bucket, Key="obj")["Body"].read() == BODY
+    with pytest.raises(ClientError) as info:
+        client.get_object(Bucket=s3.bucket, Key="other")
+    assert info.value.response["Error"]["Code"] == "AccessDenied"
+
+
+def _raw_get(client, s3: S3Endpoint, key: str = "obj") -> tuple[int, int, bytes, bool]:  # type: ignore[no-untyped-def]
+    """(status, Content-Length, body received, clean end) with a plain http.client (presigned URL)."""
+    import http.client
+    import urllib.parse
+
+    url = urllib.parse.urlsplit(client.generate_presigned_url("get_object", Params={"Bucket": s3.bucket, "Key": key}))
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=10)
+    conn.request("GET", f"{url.path}?{url.query}")
+    resp = conn.getresponse()
+    length = int(resp.getheader("Content-Length"))
+    got = b""
+    clean = True
+    try:
+        while True:
+            piece = resp.read1(1 << 16)
+            if not piece:
+                break
+            got += piece
+    except (http.client.IncompleteRead, ConnectionError) as exc:
+        clean = False
+        got += getattr(exc, "partial", b"")
+    conn.close()
+    return resp.status, length, got, clean and len(got) == length
+
+
+def test_reset_after_cuts_every_long_body(s3: S3Endpoint, proxy: FaultProxy, client) -> None:  # type: ignore[no-untyped-def]
+    proxy.reset_after(100_000)
+    for _ in range(2):
+        status, length, got, clean = _raw_get(client, s3)
+        assert (status, length, clean) == (200, len(BODY), False)
+        assert got == BODY[: len(got)] and len(got) <= 100_000
+    assert [r.fault for r in proxy.log()] == ["reset", "reset"]
+    assert [r.response_bytes for r in proxy.log()] == [100_000, 100_000]
+
+
+def test_reset_after_times_then_clean(s3: S3Endpoint, proxy: FaultProxy, client) -> None:  # type: ignore[no-untyped-def]
+    proxy.reset_after(1000, times=1)
+    assert not _raw_get(client, s3)[3]
+    assert _raw_get(client, s3)[2:] == (BODY, True)
+
+
+def test_truncate_sends_short_body_under_full_length(s3: S3Endpoint, proxy: FaultProxy, client) -> None:  # type: ignore[no-untyped-def]
+    proxy.truncate_next(1, 5000)
+    status, length, got, clean = _raw_get(client, s3)
+    assert (status, length, got, clean) == (200, len(BODY), BODY[:5000], False)
+    assert _raw_get(client, s3)[2:] == (BODY, True)
+
+
+def test_corrupt_flips_one_byte_silently(s3: S3Endpoint, proxy: FaultProxy, client) -> None:  # type: ignore[no-untyped-def]
+    proxy.corrupt_next(1, 70_000)
+    # a plain GET (botocore would validate moto's stored full-object CRC and notice: s3fs does not)
+    status, length, got, clean = _raw_get(client, s3)
+    assert (status, length, clean) == (200, len(BODY), True) and got != BODY
+    diff = [i for i in range(len(BODY)) if got[i] != BODY[i]]
+    assert diff == [70_000]
+    assert _raw_get(client, s3)[2] == BODY
+
+
+def test_short_bodies_do_not_consume_body_faults(s3: S3Endpoint, proxy: FaultProxy, client) -> None:  # type: ignore[no-untyped-def]
+    proxy.truncate_next(1, 5000)
+    client.head_object(Bucket=s3.bucket, Key="obj")
+    assert client.get_object(Bucket=s3.bucket, Key="obj", Range="bytes=0-99")["Body"].read() == BODY[:100]
+    assert not _raw_get(client, s3)[3]
+
+
+def test_latency_delays_first_byte(s3: S3Endpoint, proxy: FaultProxy, client) -> None:  # type: ignore[no-untyped-def]
+    import time
+
+    proxy.set_latency(0.3)
+    t0 = time.monotonic()
+    client.head_object(Bucket=s3.bucket, Key="obj")
+    assert time.monotonic() - t0 >= 0.3
+
+
+def test_bandwidth_cap(s3: S3Endpoint, proxy: FaultProxy, client) -> None:  # type: ignore[no-untyped-def]
+    import time
+
+    proxy.set_bandwidth(1_000_000)
+    t0 = time.monotonic()
+    assert client.get_object(Bucket=s3.bucket, Key="obj")["Body"].read() == BODY
+    assert time.monotonic() - t0 >= 0.25  # 300 kB at 1 MB/s
+
+
+def test_on_upload_bytes_fires_before_the_rest_is_forwarded(s3: S3Endpoint, proxy: FaultProxy, client) -> None:  # type: ignore[no-untyped-def]
+    seen: list[int] = []
+    fired = threading.Event()
+
+    def callback() -> None:
+        seen.append(sum(r.request_bytes for r in proxy.log()))
+        fired.set()
+
+    proxy.on_upload_bytes(150_000, callback)
+    client.put_object(Bucket=s3.bucket, Key="up", Body=BODY)
+    assert fired.is_set() and seen == [0]  # fired inside the request, before it completed
+    assert client.get_object(Bucket=s3.bucket, Key="up")["Body"].read() == BODY
+    put = [r for r in proxy.log() if r.method == "PUT"]
+    assert put[0].request_bytes >= len(BODY)
