@@ -1,15 +1,63 @@
-"""The dataset index (``index.json``): schema and data model.
+"""The dataset index (``index.json``): schema, load / write / validate, and indexing foreign shards.
 
-Placeholder for the shards-and-index issue, which adds load / validate / write / build. The
-names below are the interface other modules (plan CLI, cache, dataset) code against.
+``index.json`` is what turns a prefix of tar shards into a dataset streamio can plan over::
+
+    {"format": "streamio.dataset/1", "samples": 1200, "keys": ["cls", "jpg"], "compression": null,
+     "shards": [{"path": "data-000000.tar", "bytes": 104867840, "samples": 1000,
+                 "checksum": "crc32c:1a2b3c4d", "offsets": [0, ...], "crc32c": [...]}, ...]}
+
+Per shard it records the size, the CRC32C of the whole object, the sample count and, for each
+sample, the byte offset of its first member (``samples + 1`` offsets, the last one where the
+end-of-archive blocks begin) and the CRC32C of its bytes. Offsets make sample-exact planning and
+mid-shard starts by one ranged GET possible; the per-sample checksums let a reader verify any run
+of samples. They sit in the index itself while the dataset is small (``inline_limit`` samples in
+all); beyond that each shard's layout goes to a binary sidecar ``_layout/<shard>.bin`` whose
+CRC32C the index records, so a 5,000-shard index stays a few hundred KB and loads in milliseconds,
+and a rank only fetches the sidecars of shards it reads (cached in the index object).
+
+Reasons for the rest: the index is written last in one atomic PUT, so a half-written dataset
+never looks complete; ``fingerprint`` hashes the shard list (paths, sizes, counts, checksums) and
+nothing about where layouts live, so a resume state can tell "same data" from "other data";
+unknown fields are ignored (newer writers may add some) but an unknown ``format`` is refused.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import fnmatch
+import hashlib
+import json
+import logging
+import posixpath
+import struct
+import sys
+from array import array
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import braceexpand
+
+from streamio.checksum import Crc32c, crc32c, format_checksum, parse_checksum
+from streamio.data.samples import group_samples, iter_members, iter_samples, unsafe_reason
+from streamio.errors import (
+    CorruptDataError,
+    DatasetError,
+    IndexFormatError,
+    IndexNotFoundError,
+    ShardFormatError,
+    StreamioError,
+)
+from streamio.storage import Store
+
+log = logging.getLogger(__name__)
 
 FORMAT = "streamio.dataset/1"
 INDEX_NAME = "index.json"
+LAYOUT_DIR = "_layout"
+INLINE_LIMIT = 100_000
+_SIDECAR_MAGIC = b"STIOLAY1"
+_COMPRESSION_BY_SUFFIX = {".tar": None, ".tar.zst": "zstd"}
 
 
 @dataclass(frozen=True)
@@ -28,6 +76,11 @@ class ShardInfo:
     samples: int
     checksum: str
 
+    @property
+    def compression(self) -> str | None:
+        """``"zstd"`` for ``.tar.zst`` shards, None for ``.tar``."""
+        return "zstd" if self.path.endswith(".zst") else None
+
 
 @dataclass(frozen=True)
 class SampleLayout:
@@ -41,3 +94,478 @@ class SampleLayout:
 
     offsets: tuple[int, ...]
     checksums: tuple[int, ...]
+
+    def byte_range(self, first: int, stop: int) -> tuple[int, int]:
+        """``[start, end)`` bytes of samples ``first .. stop-1`` (one ranged GET)."""
+        return self.offsets[first], self.offsets[stop]
+
+
+@dataclass(frozen=True)
+class DatasetIndex:
+    """A loaded (or freshly built) ``index.json``; immutable, picklable, cheap to share.
+
+    Attributes:
+        shards: the shards in dataset order.
+        samples: total samples.
+        keys: member extensions seen (sorted).
+        compression: ``"zstd"`` if every shard is ``.tar.zst``, None if every one is ``.tar``
+            (a mixed dataset says ``"mixed"``; each :attr:`ShardInfo.compression` is exact).
+        fingerprint: stable hash of the shard list (see module docstring).
+    """
+
+    shards: tuple[ShardInfo, ...]
+    samples: int
+    keys: tuple[str, ...]
+    compression: str | None
+    fingerprint: str = field(init=False)
+    _inline: dict[int, SampleLayout] = field(default_factory=dict, repr=False, compare=False)
+    _sidecars: dict[int, tuple[str, str]] = field(default_factory=dict, repr=False, compare=False)
+    _cache: dict[int, SampleLayout] = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "fingerprint", fingerprint_of(self.shards))
+
+    def sample_counts(self) -> list[int]:
+        """Samples per shard, in order (what the planner takes)."""
+        return [s.samples for s in self.shards]
+
+    def layout(self, shard_id: int, store: Store) -> SampleLayout:
+        """Offsets and per-sample CRC32C of shard ``shard_id``.
+
+        From the index itself when it holds them, otherwise from the shard's sidecar (read once,
+        checked against the CRC32C the index records, then cached).
+
+        Raises:
+            IndexFormatError: no layout recorded for the shard, or an invalid sidecar.
+            CorruptDataError: the sidecar does not match its recorded checksum.
+        """
+        found = self._inline.get(shard_id) or self._cache.get(shard_id)
+        if found is not None:
+            return found
+        if shard_id not in self._sidecars:
+            raise IndexFormatError(
+                f"{store.url(INDEX_NAME)} records no sample offsets for shard {shard_id}; "
+                f"rebuild the index with `streamio index {store.root_url}`"
+            )
+        path, checksum = self._sidecars[shard_id]
+        data = store.read(path)
+        if format_checksum(crc32c(data)) != checksum:
+            raise CorruptDataError(
+                f"layout sidecar {store.url(path)} does not match its checksum {checksum} in {INDEX_NAME}: "
+                f"re-read it; if it persists, rebuild with `streamio index {store.root_url}`"
+            )
+        layout = decode_layout(data, url=store.url(path))
+        _check_layout(layout, self.shards[shard_id], store.url(INDEX_NAME))
+        self._cache[shard_id] = layout
+        return layout
+
+    def with_layouts(self, layouts: dict[int, SampleLayout]) -> DatasetIndex:
+        """A copy holding these layouts in memory (what writers and ``build_index`` return)."""
+        return DatasetIndex(self.shards, self.samples, self.keys, self.compression, _inline=dict(layouts))
+
+
+def fingerprint_of(shards: Sequence[ShardInfo]) -> str:
+    """``sha256:<hex>`` of the canonical shard list (path, bytes, samples, checksum)."""
+    canon = json.dumps([FORMAT, [[s.path, s.bytes, s.samples, s.checksum] for s in shards]], separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(canon.encode()).hexdigest()
+
+
+def make_index(shards: Sequence[ShardInfo], layouts: dict[int, SampleLayout], keys: Iterable[str]) -> DatasetIndex:
+    """Assemble a :class:`DatasetIndex` from shards and their layouts (writer / build_index)."""
+    kinds = {s.compression for s in shards}
+    compression = kinds.pop() if len(kinds) == 1 else (None if not kinds else "mixed")
+    return DatasetIndex(
+        tuple(shards), sum(s.samples for s in shards), tuple(sorted(set(keys))), compression, _inline=dict(layouts)
+    )
+
+
+# ----------------------------------------------------------------------------- sidecars
+def encode_layout(layout: SampleLayout) -> bytes:
+    """Binary sidecar: magic, count (u64), offsets (count+1 x u64), CRC32C (count x u32), little-endian."""
+    offsets = array("Q", layout.offsets)
+    crcs = array("I", layout.checksums)
+    if sys.byteorder == "big":  # pragma: no cover - little-endian machines only here
+        offsets.byteswap()
+        crcs.byteswap()
+    return _SIDECAR_MAGIC + struct.pack("<Q", len(layout.checksums)) + offsets.tobytes() + crcs.tobytes()
+
+
+def decode_layout(data: bytes, *, url: str) -> SampleLayout:
+    """Inverse of :func:`encode_layout`; raises IndexFormatError naming ``url`` on anything else."""
+    if data[:8] != _SIDECAR_MAGIC or len(data) < 16:
+        raise IndexFormatError(f"layout sidecar {url} is not a {_SIDECAR_MAGIC.decode()} file; rebuild the index")
+    (n,) = struct.unpack_from("<Q", data, 8)
+    if len(data) != 16 + 8 * (n + 1) + 4 * n:
+        raise IndexFormatError(f"layout sidecar {url} has {len(data)} bytes, not what {n} samples need; rebuild the index")
+    offsets = array("Q")
+    offsets.frombytes(data[16 : 16 + 8 * (n + 1)])
+    crcs = array("I")
+    crcs.frombytes(data[16 + 8 * (n + 1) :])
+    if sys.byteorder == "big":  # pragma: no cover
+        offsets.byteswap()
+        crcs.byteswap()
+    return SampleLayout(tuple(offsets), tuple(crcs))
+
+
+def sidecar_path(shard_path: str) -> str:
+    """Where the layout of ``shard_path`` goes when it is not inline."""
+    return f"{LAYOUT_DIR}/{shard_path}.bin"
+
+
+# ----------------------------------------------------------------------------- load / write
+def _bad(url: str, what: str) -> IndexFormatError:
+    return IndexFormatError(f"{url}: {what}; rebuild it with `streamio index {url.rsplit('/', 1)[0]}`")
+
+
+def _int(value: Any, url: str, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise _bad(url, f"{what} is {value!r}, not a non-negative integer")
+    return value
+
+
+def _check_layout(layout: SampleLayout, shard: ShardInfo, url: str) -> None:
+    offs = layout.offsets
+    if len(offs) != shard.samples + 1 or len(layout.checksums) != shard.samples:
+        raise _bad(url, f"shard {shard.path!r} has {shard.samples} samples but {len(offs)} offsets")
+    if offs and (offs[-1] > shard.bytes or any(b < a for a, b in zip(offs, offs[1:]))):
+        raise _bad(url, f"offsets of shard {shard.path!r} are not increasing within its {shard.bytes} bytes")
+
+
+def parse_index(data: bytes, *, url: str) -> DatasetIndex:
+    """Parse and validate the bytes of an ``index.json`` (``url`` is named in errors)."""
+    try:
+        doc = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise _bad(url, f"is not valid JSON ({exc})") from exc
+    if not isinstance(doc, dict):
+        raise _bad(url, "is not a JSON object")
+    fmt = doc.get("format")
+    if fmt != FORMAT:
+        raise IndexFormatError(
+            f"{url} has format {fmt!r}; this streamio reads {FORMAT!r}. "
+            f"Upgrade streamio if it was written by a newer one, or rebuild it with `streamio index`."
+        )
+    raw_shards = doc.get("shards")
+    if not isinstance(raw_shards, list):
+        raise _bad(url, "'shards' is not a list")
+    shards: list[ShardInfo] = []
+    inline: dict[int, SampleLayout] = {}
+    sidecars: dict[int, tuple[str, str]] = {}
+    for i, entry in enumerate(raw_shards):
+        if not isinstance(entry, dict):
+            raise _bad(url, f"shard {i} is not an object")
+        path = entry.get("path")
+        if not isinstance(path, str) or unsafe_reason(path):
+            raise _bad(url, f"shard {i} has path {path!r}, not a safe relative path")
+        checksum = entry.get("checksum")
+        try:
+            parse_checksum(checksum)  # type: ignore[arg-type]
+        except ValueError:
+            raise _bad(url, f"shard {path!r} has checksum {checksum!r}, not 'crc32c:<8 hex digits>'") from None
+        shard = ShardInfo(path, _int(entry.get("bytes"), url, f"'bytes' of {path!r}"),
+                          _int(entry.get("samples"), url, f"'samples' of {path!r}"), checksum)  # type: ignore[arg-type]
+        shards.append(shard)
+        if "offsets" in entry:
+            offsets, crcs = entry.get("offsets"), entry.get("crc32c")
+            if not isinstance(offsets, list) or not isinstance(crcs, list):
+                raise _bad(url, f"shard {path!r} has 'offsets' without a 'crc32c' list")
+            layout = SampleLayout(tuple(offsets), tuple(crcs))
+            _check_layout(layout, shard, url)
+            inline[i] = layout
+        elif "layout" in entry:
+            lpath, lsum = entry.get("layout"), entry.get("layout_checksum")
+            if not isinstance(lpath, str) or unsafe_reason(lpath) or not isinstance(lsum, str):
+                raise _bad(url, f"shard {path!r} has an invalid 'layout' / 'layout_checksum'")
+            sidecars[i] = (lpath, lsum)
+    total = _int(doc.get("samples"), url, "'samples'")
+    if total != sum(s.samples for s in shards):
+        raise _bad(url, f"'samples' is {total} but the shards hold {sum(s.samples for s in shards)}")
+    keys = doc.get("keys", [])
+    if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+        raise _bad(url, "'keys' is not a list of strings")
+    compression = doc.get("compression")
+    if compression not in (None, "zstd", "mixed"):
+        raise _bad(url, f"'compression' is {compression!r}")
+    return DatasetIndex(tuple(shards), total, tuple(keys), compression, _inline=inline, _sidecars=sidecars)
+
+
+def load_index(store: Store) -> DatasetIndex:
+    """Read and validate ``index.json`` at the root of ``store``.
+
+    Raises:
+        IndexNotFoundError: there is none (says to run ``streamio index URL``).
+        IndexFormatError: unknown format version or an invalid field.
+    """
+    try:
+        data = store.read(INDEX_NAME)
+    except FileNotFoundError as exc:
+        raise IndexNotFoundError(
+            f"no {INDEX_NAME} at {store.url(INDEX_NAME)}: write the dataset with `streamio shard`, or index "
+            f"existing WebDataset shards with `streamio index {store.root_url}`"
+        ) from exc
+    return parse_index(data, url=store.url(INDEX_NAME))
+
+
+def index_document(index: DatasetIndex, store: Store, *, inline_limit: int = INLINE_LIMIT) -> tuple[dict[str, Any], list[tuple[str, bytes]]]:
+    """The ``index.json`` document of ``index`` and the sidecars it refers to (``(path, bytes)``)."""
+    inline = index.samples <= inline_limit
+    entries: list[dict[str, Any]] = []
+    sidecars: list[tuple[str, bytes]] = []
+    for i, shard in enumerate(index.shards):
+        entry: dict[str, Any] = {"path": shard.path, "bytes": shard.bytes, "samples": shard.samples, "checksum": shard.checksum}
+        layout = index.layout(i, store)
+        if inline:
+            entry["offsets"] = list(layout.offsets)
+            entry["crc32c"] = list(layout.checksums)
+        else:
+            blob = encode_layout(layout)
+            path = sidecar_path(shard.path)
+            entry["layout"] = path
+            entry["layout_checksum"] = format_checksum(crc32c(blob))
+            sidecars.append((path, blob))
+        entries.append(entry)
+    doc = {
+        "format": FORMAT,
+        "samples": index.samples,
+        "keys": list(index.keys),
+        "compression": index.compression,
+        "fingerprint": index.fingerprint,
+        "shards": entries,
+    }
+    return doc, sidecars
+
+
+def write_index(store: Store, index: DatasetIndex, *, inline_limit: int = INLINE_LIMIT) -> None:
+    """Write ``index.json`` (and, for large datasets, the layout sidecars first) at ``store``'s root.
+
+    ``index.json`` is the last object written, in one atomic PUT: until it exists the dataset is
+    not a dataset.
+    """
+    doc, sidecars = index_document(index, store, inline_limit=inline_limit)
+    if sidecars:
+        store.put_many(sidecars)
+    store.put(INDEX_NAME, json.dumps(doc, separators=(",", ":")).encode())
+    log.info("wrote %s: %d shards, %d samples", store.url(INDEX_NAME), len(index.shards), index.samples)
+
+
+# ----------------------------------------------------------------------------- build (foreign shards)
+def _is_shard(path: str) -> bool:
+    return path.endswith(".tar") or path.endswith(".tar.zst")
+
+
+def expand_patterns(store: Store, patterns: str | Sequence[str] | None) -> list[str]:
+    """Shard paths (relative to ``store``) named by brace / glob patterns, in pattern order.
+
+    ``None`` means every ``.tar`` / ``.tar.zst`` below the root. Braces are expanded here (s3fs's glob
+    does not); glob characters are matched against one fresh listing.
+    """
+    if patterns is None:
+        return [o.path for o in store.list() if _is_shard(o.path) and not o.path.startswith(LAYOUT_DIR + "/")]
+    if isinstance(patterns, str):
+        patterns = [patterns]
+    listing: list[str] | None = None
+    out: list[str] = []
+    seen: set[str] = set()
+    for pattern in patterns:
+        for expanded in braceexpand.braceexpand(pattern):
+            if any(c in expanded for c in "*?["):
+                if listing is None:
+                    listing = [o.path for o in store.list()]
+                matches = sorted(p for p in listing if fnmatch.fnmatchcase(p, expanded))
+            else:
+                matches = [expanded]
+            for m in matches:
+                if m not in seen:
+                    seen.add(m)
+                    out.append(m)
+    return out
+
+
+class _Tee:
+    """Chunks pass through; CRC32C of the whole stream and of byte ranges are computed on the way."""
+
+    def __init__(self, chunks: Iterable[bytes]) -> None:
+        self._chunks = chunks
+        self.whole = Crc32c()
+        self._kept: list[tuple[int, bytes]] = []  # (offset, chunk) not yet fully hashed into ranges
+        self._pos = 0  # end of the ranges hashed so far
+
+    def __iter__(self) -> Any:
+        offset = 0
+        for chunk in self._chunks:
+            chunk = bytes(chunk)
+            self.whole.update(chunk)
+            self._kept.append((offset, chunk))
+            offset += len(chunk)
+            yield chunk
+
+    def range_crc(self, end: int) -> int:
+        """CRC32C of ``[previous end, end)``; everything before ``end`` is then forgotten."""
+        value = 0
+        keep: list[tuple[int, bytes]] = []
+        for off, chunk in self._kept:
+            lo, hi = max(self._pos, off), min(end, off + len(chunk))
+            if lo < hi:
+                value = crc32c(chunk[lo - off : hi - off], value)
+            if off + len(chunk) > end:
+                keep.append((off, chunk))
+        self._kept = keep
+        self._pos = end
+        return value
+
+
+def scan_shard(store: Store, path: str) -> tuple[ShardInfo, SampleLayout, set[str]]:
+    """Stream one ``.tar`` shard once: size, whole CRC32C, sample offsets and per-sample CRC32C, keys.
+
+    Raises:
+        ShardFormatError: not a tar, truncated, unsafe member, or ``.tar.zst`` (see below).
+    """
+    url = store.url(path)
+    if path.endswith(".zst"):
+        raise ShardFormatError(
+            f"shard {url!r} is compressed: `streamio index` reads plain .tar shards only (offsets into a zstd "
+            f"stream need one frame per sample). Re-shard it with `streamio shard {url} DEST --compress zstd`."
+        )
+    tee = _Tee(store.iter_bytes(path))
+    starts: list[int] = []
+    crcs: list[int] = []
+    keys: set[str] = set()
+    ends: list[int] = []
+    members = iter_members(tee, url=url, on_end=ends.append)
+    for start, sample in group_samples(members, url=url):
+        if starts:
+            crcs.append(tee.range_crc(start))
+        else:
+            tee.range_crc(start)  # bytes before the first sample (directory entries) belong to none
+        starts.append(start)
+        keys.update(k for k in sample if k != "__key__")
+    end_of_samples = ends[0]  # the end-of-archive block that stopped the parser
+    if starts:
+        crcs.append(tee.range_crc(end_of_samples))
+    for _ in tee:  # drain the trailer so the whole-object CRC covers every byte
+        pass
+    layout = SampleLayout(tuple(starts) + (end_of_samples,), tuple(crcs))
+    return ShardInfo(path, tee.whole.size, len(starts), tee.whole.hexdigest()), layout, keys
+
+
+def build_index(
+    store: Store,
+    patterns: str | Sequence[str] | None = None,
+    *,
+    concurrency: int = 8,
+    progress: Callable[[ShardInfo], None] | None = None,
+) -> DatasetIndex:
+    """Index existing WebDataset ``.tar`` shards (written by webdataset, ``tar``, anything).
+
+    Shards are streamed (never held whole) and scanned ``concurrency`` at a time. The result is
+    not written: pass it to :func:`write_index`.
+
+    Args:
+        store: the dataset root; shard paths in the index are relative to it.
+        patterns: brace / glob patterns relative to the root (``"shard-{000000..000099}.tar"``);
+            None takes every ``.tar`` below the root.
+        concurrency: shards scanned at once.
+        progress: called with each shard's info as its scan ends (for progress bars).
+
+    Raises:
+        DatasetError: no shard matched.
+        ShardFormatError: a shard is not a readable tar (the message names it).
+        ObjectNotFoundError: a shard named by a pattern does not exist.
+    """
+    paths = expand_patterns(store, patterns)
+    if not paths:
+        raise DatasetError(
+            f"no shards match {patterns!r} under {store.root_url}: check the URL, or give a pattern such as "
+            f"'shard-{{000000..000099}}.tar'"
+        )
+
+    def scan(path: str) -> tuple[ShardInfo, SampleLayout, set[str]]:
+        result = scan_shard(store, path)
+        if progress is not None:
+            progress(result[0])
+        return result
+
+    with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+        results = list(pool.map(scan, paths))
+    keys: set[str] = set()
+    for _, _, k in results:
+        keys |= k
+    return make_index([r[0] for r in results], {i: r[1] for i, r in enumerate(results)}, keys)
+
+
+# ----------------------------------------------------------------------------- validate
+@dataclass(frozen=True)
+class BadShard:
+    """One shard that failed validation, and why (one sentence naming the fix)."""
+
+    path: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class ValidationReport:
+    """What :func:`validate` found: ``ok`` when ``bad`` is empty."""
+
+    checked: int
+    deep: bool
+    bad: tuple[BadShard, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.bad
+
+
+def _deep_check(store: Store, index: DatasetIndex, i: int) -> str | None:
+    shard = index.shards[i]
+    url = store.url(shard.path)
+    try:
+        layout = index.layout(i, store)
+        whole = Crc32c()
+
+        def chunks() -> Iterable[bytes]:
+            for chunk in store.iter_bytes(shard.path):
+                whole.update(chunk)
+                yield chunk
+
+        stream = iter(chunks())
+        n = sum(1 for _ in iter_samples(stream, url=url, layout=layout, compression=shard.compression))
+        for _ in stream:
+            pass
+    except FileNotFoundError:
+        return "missing: the object does not exist"
+    except StreamioError as exc:
+        return str(exc)
+    if whole.size != shard.bytes:
+        return f"size {whole.size} bytes, the index says {shard.bytes}"
+    if whole.hexdigest() != shard.checksum:
+        return f"checksum {whole.hexdigest()}, the index says {shard.checksum}: the shard is corrupt"
+    if n != shard.samples:
+        return f"{n} samples, the index says {shard.samples}"
+    return None
+
+
+def validate(store: Store, index: DatasetIndex, *, deep: bool = False, concurrency: int = 8) -> ValidationReport:
+    """Check that the shards the index names are there, and (``deep``) that their bytes are right.
+
+    Shallow: one fresh listing; every shard must exist with the recorded size. Deep: every shard is
+    re-read (streamed, ``concurrency`` at a time) and its size, whole CRC32C, every sample's CRC32C
+    and the sample count are compared with the index.
+    """
+    listing = {o.path: o.size for o in store.list()}
+    bad: list[BadShard] = []
+    to_read: list[int] = []
+    for i, shard in enumerate(index.shards):
+        size = listing.get(shard.path)
+        if size is None:
+            bad.append(BadShard(shard.path, "missing: the object does not exist"))
+        elif size != shard.bytes:
+            bad.append(BadShard(shard.path, f"size {size} bytes, the index says {shard.bytes}"))
+        else:
+            to_read.append(i)
+    if deep and to_read:
+        with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+            for i, reason in zip(to_read, pool.map(lambda j: _deep_check(store, index, j), to_read)):
+                if reason is not None:
+                    bad.append(BadShard(index.shards[i].path, reason))
+    order = {s.path: n for n, s in enumerate(index.shards)}
+    return ValidationReport(len(index.shards), deep, tuple(sorted(bad, key=lambda b: order[b.path])))

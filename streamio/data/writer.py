@@ -1,1 +1,304 @@
-"""Placeholder: built by its issue (see DESIGN.md)."""
+"""Samples -> shards + ``index.json`` at any fsspec URL (what ``streamio shard`` runs).
+
+``DatasetWriter`` packs samples (``{"__key__": str, "<ext>": bytes | str | JSON value, ...}``) into
+WebDataset tar shards named ``{prefix}-{i:06d}.tar`` (``.tar.zst`` with ``compression="zstd"``)
+and, when closed, writes ``index.json`` last.
+
+Design and reasons:
+
+* **Deterministic bytes.** Tar headers carry fixed mtime (0), owner (0/0, no names) and mode
+  (0644); fields are written in sorted extension order; so the same samples give identical
+  shards on any machine, at any time (reproducible datasets, content-addressed caching).
+* **One pass.** Each sample's offset and CRC32C, the shard's CRC32C, its size and sample count are
+  recorded as the bytes are produced; nothing is re-read to build the index.
+* **Overlap.** A finished shard is handed to a background upload (``Store.put``, one atomic PUT)
+  while the next one is filled. At most ``max_pending`` shards wait or upload at once, so memory
+  stays bounded by about ``(max_pending + 1) * max_bytes``; an upload error surfaces at the next
+  ``write`` or at ``close``.
+* **Index last.** ``index.json`` is written after every shard (and sidecar) is stored; until then
+  the prefix is not a dataset. A writer that fails or is left through an exception writes no
+  index. Writing over an existing dataset requires ``overwrite=True`` and removes its index first.
+* **Compression** (``zstd``): each sample is compressed as its own zstd frame (content size in the
+  frame header) and the end-of-archive blocks form a last frame, so the shard is one valid zstd
+  stream of one valid tar and offsets point at frame starts.
+
+Keys follow WebDataset: a member is ``key.ext`` and readers split at the first dot of the
+basename, so a ``__key__`` may hold dots only in directory parts (``"v1.2/000017"``); field names
+may hold dots (``"seg.png"``). A missing ``__key__`` becomes the sample's running number.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from types import TracebackType
+from typing import Any
+
+import zstandard
+
+from streamio.checksum import crc32c, format_checksum
+from streamio.data.index import INDEX_NAME, INLINE_LIMIT, DatasetIndex, SampleLayout, ShardInfo, make_index, write_index
+from streamio.data.samples import END_OF_ARCHIVE, encode_sample, unsafe_reason
+from streamio.errors import DatasetError
+from streamio.storage import Store
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_BYTES = 256_000_000
+_COMPRESSIONS = (None, "zstd")
+
+
+def _field_bytes(key: str, ext: str, value: Any) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, (bytearray, memoryview)):
+        return bytes(value)
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if ext.endswith("json") and isinstance(value, (dict, list, int, float, bool)) or value is None and ext.endswith("json"):
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value).encode()
+    raise DatasetError(
+        f"sample {key!r}: field {ext!r} is a {type(value).__name__}; give bytes, str, an int, or a JSON value "
+        f"for a '.json' field (encode anything else yourself)"
+    )
+
+
+def sample_members(sample: Mapping[str, Any], number: int) -> tuple[str, list[tuple[str, bytes]]]:
+    """Check one sample and return ``(key, [(member name, bytes), ...])`` in sorted field order.
+
+    Raises:
+        DatasetError: unsafe or ambiguous key, bad field name, no fields, unsupported value type.
+    """
+    key = sample.get("__key__", f"{number:09d}")
+    if not isinstance(key, str):
+        raise DatasetError(f"sample {number}: '__key__' is {key!r}, not a str")
+    reason = unsafe_reason(key)
+    if reason:
+        raise DatasetError(f"sample {number}: key {key!r} cannot name a tar member: {reason}")
+    if "." in key.rsplit("/", 1)[-1]:
+        raise DatasetError(
+            f"sample {number}: key {key!r} has a dot in its last part; readers split 'key.ext' at the first dot "
+            f"of the basename, so it would not read back. Replace the dot (dots in directory parts are fine)."
+        )
+    members: list[tuple[str, bytes]] = []
+    for ext in sorted(k for k in sample if not k.startswith("__")):
+        if not isinstance(ext, str) or not ext or "/" in ext or "\0" in ext or ext.endswith("."):
+            raise DatasetError(f"sample {key!r}: field name {ext!r} is not a valid extension (non-empty, no '/')")
+        name = f"{key}.{ext}"
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise DatasetError(f"sample {key!r}: member name {name!r} is not valid UTF-8") from exc
+        if unsafe_reason(name):
+            raise DatasetError(f"sample {key!r}: member name {name!r} is unsafe: {unsafe_reason(name)}")
+        members.append((name, _field_bytes(key, ext, sample[ext])))
+    if not members:
+        raise DatasetError(f"sample {key!r} has no fields: a tar sample needs at least one 'key.ext' member")
+    return key, members
+
+
+class DatasetWriter:
+    """Write samples into shards at ``dest`` and the index last; see the module docstring.
+
+    Call order: ``write(sample)`` any number of times, then ``close()`` (returns the
+    :class:`DatasetIndex`), or use it as a context manager (closes on success, writes no index on
+    an exception).
+
+    Args:
+        dest: dataset root URL (any fsspec URL) or a :class:`Store`.
+        storage_options: fsspec options when ``dest`` is a URL.
+        max_bytes: a shard is closed before it would exceed this many bytes (a single larger
+            sample gets a shard of its own).
+        max_count: and/or after this many samples.
+        compression: None (``.tar``) or ``"zstd"`` (``.tar.zst``, one frame per sample).
+        prefix: shard names are ``{prefix}-{i:06d}.tar[.zst]``.
+        level: zstd level.
+        max_pending: shards uploading or waiting to upload at once (memory bound).
+        overwrite: allow writing where an ``index.json`` already exists (it is removed first).
+        inline_limit: datasets up to this many samples keep their offsets inside ``index.json``.
+    """
+
+    def __init__(
+        self,
+        dest: str | Store,
+        storage_options: Mapping[str, Any] | None = None,
+        *,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        max_count: int | None = None,
+        compression: str | None = None,
+        prefix: str = "data",
+        level: int = 3,
+        max_pending: int = 2,
+        overwrite: bool = False,
+        inline_limit: int = INLINE_LIMIT,
+    ) -> None:
+        if compression not in _COMPRESSIONS:
+            raise ValueError(f"compression must be one of {_COMPRESSIONS}, not {compression!r}")
+        if max_bytes <= 0 or (max_count is not None and max_count <= 0):
+            raise ValueError(f"max_bytes ({max_bytes}) and max_count ({max_count}) must be positive")
+        if unsafe_reason(prefix) or "/" in prefix:
+            raise ValueError(f"prefix {prefix!r} must be a plain file-name prefix")
+        self.store = dest if isinstance(dest, Store) else Store(dest, storage_options)
+        self.max_bytes, self.max_count, self.compression = max_bytes, max_count, compression
+        self.prefix, self.inline_limit = prefix, inline_limit
+        self._suffix = ".tar.zst" if compression == "zstd" else ".tar"
+        self._cctx = zstandard.ZstdCompressor(level=level, write_content_size=True) if compression else None
+        self._trailer = self._cctx.compress(END_OF_ARCHIVE) if self._cctx else END_OF_ARCHIVE
+        self._pool = ThreadPoolExecutor(max_workers=max(1, max_pending), thread_name_prefix="streamio-upload")
+        self._slots = threading.Semaphore(max(1, max_pending))
+        self._futures: list[Future[None]] = []
+        self._shards: list[ShardInfo] = []
+        self._layouts: dict[int, SampleLayout] = {}
+        self._keys: set[str] = set()
+        self._last_key: str | None = None
+        self.samples_written = 0
+        self.bytes_written = 0
+        self.index: DatasetIndex | None = None
+        self._closed = False
+        self._new_shard()
+        if self.store.exists(INDEX_NAME):
+            if not overwrite:
+                raise DatasetError(
+                    f"{self.store.url(INDEX_NAME)} exists: {self.store.root_url} already holds a dataset. "
+                    f"Write to another prefix, or pass overwrite=True (`--overwrite`)."
+                )
+            self.store.delete(INDEX_NAME)
+
+    def _new_shard(self) -> None:
+        self._pieces: list[bytes] = []
+        self._size = 0
+        self._offsets: list[int] = []
+        self._crcs: list[int] = []
+        self._shard_crc = 0
+
+    def write(self, sample: Mapping[str, Any]) -> None:
+        """Append one sample (raises DatasetError for an invalid one, naming it)."""
+        if self._closed:
+            raise DatasetError(f"writer for {self.store.root_url} is closed")
+        self._raise_upload_error()
+        key, members = sample_members(sample, self.samples_written)
+        if key == self._last_key:
+            raise DatasetError(
+                f"sample {self.samples_written}: key {key!r} repeats the previous sample's key; readers would merge "
+                f"the two. Give every sample a distinct '__key__'."
+            )
+        pieces = encode_sample(members)
+        if self._cctx is not None:
+            pieces = [self._cctx.compress(b"".join(pieces))]
+        size = sum(len(p) for p in pieces)
+        count = len(self._offsets)
+        if count and (
+            self._size + size + len(self._trailer) > self.max_bytes or (self.max_count is not None and count >= self.max_count)
+        ):
+            self._finish_shard()
+        crc = 0
+        for p in pieces:
+            crc = crc32c(p, crc)
+            self._shard_crc = crc32c(p, self._shard_crc)
+        self._offsets.append(self._size)
+        self._crcs.append(crc)
+        self._pieces.extend(pieces)
+        self._size += size
+        self._last_key = key
+        self._keys.update(name[len(key) + 1 :] for name, _ in members)
+        self.samples_written += 1
+        self.bytes_written += size
+
+    def _finish_shard(self) -> None:
+        shard_id = len(self._shards)
+        path = f"{self.prefix}-{shard_id:06d}{self._suffix}"
+        self._pieces.append(self._trailer)
+        crc = crc32c(self._trailer, self._shard_crc)
+        total = self._size + len(self._trailer)
+        self._shards.append(ShardInfo(path, total, len(self._offsets), format_checksum(crc)))
+        self._layouts[shard_id] = SampleLayout(tuple(self._offsets) + (self._size,), tuple(self._crcs))
+        data = b"".join(self._pieces)
+        self._new_shard()
+        self._slots.acquire()
+        try:
+            future = self._pool.submit(self.store.put, path, data)
+        except BaseException:
+            self._slots.release()
+            raise
+        future.add_done_callback(lambda _: self._slots.release())
+        self._futures.append(future)  # type: ignore[arg-type]
+        log.debug("shard %s: %d samples, %d bytes, queued for upload", path, self._shards[-1].samples, total)
+
+    def _raise_upload_error(self) -> None:
+        for f in self._futures:
+            if f.done() and f.exception() is not None:
+                raise f.exception()  # type: ignore[misc]
+        self._futures = [f for f in self._futures if not f.done()]
+
+    def close(self) -> DatasetIndex:
+        """Finish the last shard, wait for every upload, write ``index.json``; return the index.
+
+        Raises:
+            DatasetError: no sample was written (an empty source makes no dataset).
+        """
+        if self.index is not None:
+            return self.index
+        self._closed = True
+        try:
+            if self._offsets:
+                self._finish_shard()
+            for f in self._futures:
+                f.result()
+        finally:
+            self._pool.shutdown(wait=True)
+        if not self._shards:
+            raise DatasetError(f"no samples were written to {self.store.root_url}: the source is empty")
+        index = make_index(self._shards, self._layouts, self._keys)
+        write_index(self.store, index, inline_limit=self.inline_limit)
+        self.index = index
+        return index
+
+    def abort(self) -> None:
+        """Stop without writing an index (shards already uploaded stay, unreferenced)."""
+        self._closed = True
+        for f in self._futures:
+            f.cancel()
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def __enter__(self) -> DatasetWriter:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            log.warning("writing %s failed; no index written", self.store.root_url)
+            self.abort()
+
+
+def write_dataset(
+    samples: Iterable[Mapping[str, Any]],
+    dest_url: str | Store,
+    storage_options: Mapping[str, Any] | None = None,
+    *,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    max_count: int | None = None,
+    compression: str | None = None,
+    prefix: str = "data",
+    **options: Any,
+) -> DatasetIndex:
+    """Write ``samples`` as a dataset at ``dest_url`` and return its index.
+
+    Args and errors as :class:`DatasetWriter` (``options`` are its other keyword arguments).
+
+    Example::
+
+        index = write_dataset(({"__key__": f"{i:06d}", "txt": f"sample {i}"} for i in range(1000)),
+                              "s3://bucket/ds", max_count=100, compression="zstd")
+    """
+    with DatasetWriter(
+        dest_url, storage_options, max_bytes=max_bytes, max_count=max_count, compression=compression, prefix=prefix, **options
+    ) as writer:
+        for sample in samples:
+            writer.write(sample)
+    return writer.close()  # already closed by __exit__: returns the index
