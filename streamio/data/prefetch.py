@@ -1,1 +1,280 @@
-"""Placeholder: built by its issue (see DESIGN.md)."""
+"""Background fetching of a worker's next runs, bounded in bytes, delivered in order.
+
+A DataLoader worker reads its plan as a list of byte runs (one shard, ``[start, end)``, computed
+from the sample offsets of the index). :class:`Prefetcher` keeps up to ``workers`` of the next
+runs in flight on a small thread pool while the consumer parses the current one::
+
+    for run, chunks in Prefetcher(store, runs, cache=cache):
+        for sample in iter_samples(chunks, url=store.url(run.shard.path), start_offset=run.start, ...):
+            ...
+
+Design:
+
+* **In order.** Run ``i`` is yielded before run ``i + 1``; each run's chunks arrive in byte order.
+  Threads only decide *when* bytes arrive, never their order.
+* **Bounded in bytes.** Fetched chunks wait in per-run queues whose total is capped by
+  ``PrefetchConfig.max_bytes``, so a plan of 2 GB shards holds no more memory than one of 16 MB
+  shards. To never deadlock, the run the consumer is reading may always add one chunk to an empty
+  queue: memory is at most ``max_bytes + chunk_size``.
+* **Cache first.** With a :class:`~streamio.data.cache.ShardCache`, every run goes through
+  ``open_range``: cached shards are read from disk without touching the network, shards being
+  downloaded by another process on the node are followed, others are downloaded and cached.
+  Without a cache, runs are streamed with ``Store.iter_bytes``.
+* **Errors at the consumer.** An exception in a fetching thread is raised by the consumer's
+  iterator at the point of the stream where it happened (after the bytes that arrived before it),
+  with its original traceback.
+* **Clean shutdown.** Closing the iterator (``break``, generator ``close()``, garbage collection,
+  or :meth:`Prefetcher.close`) stops the threads after their current chunk; their ``open_range``
+  generators are closed, which releases the cache's locks and leaves partial downloads resumable.
+* **Fork/spawn safe.** Nothing live exists until iteration starts: build the prefetcher in the
+  worker process, or pickle its configuration into it.
+
+Stats: :attr:`Prefetcher.stats` (a :class:`~streamio.data.cache.ReadStats`) counts bytes from the
+network and from the cache, hits/misses, and the seconds the consumer waited (``stall_s``); they
+are logged at debug level when iteration ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+from streamio.data.cache import ReadStats, ShardCache
+from streamio.data.index import ShardInfo
+from streamio.errors import CorruptDataError
+from streamio.storage import Store
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ByteRun", "PrefetchConfig", "Prefetcher"]
+
+
+@dataclass(frozen=True)
+class ByteRun:
+    """Bytes ``[start, end)`` of one shard: a run of whole samples, as the dataset computes it.
+
+    Attributes:
+        shard: the shard as the index records it.
+        start: byte offset of the run's first sample.
+        end: byte offset just past its last sample.
+    """
+
+    shard: ShardInfo
+    start: int = 0
+    end: int | None = None
+
+    @property
+    def stop(self) -> int:
+        """``end``, or the shard's size when ``end`` is None."""
+        return self.shard.bytes if self.end is None else self.end
+
+
+@dataclass(frozen=True)
+class PrefetchConfig:
+    """How far ahead to fetch.
+
+    Attributes:
+        workers: runs fetched at once (threads), i.e. the prefetch depth in runs. With a cache,
+            each holds up to one whole shard of cache space: the cache must hold ``workers x``
+            the largest shard, checked at start.
+        max_bytes: cap on the bytes fetched but not yet consumed, held in memory.
+        chunk_size: bytes per network piece when no cache is used.
+    """
+
+    workers: int = 4
+    max_bytes: int = 256 << 20
+    chunk_size: int = 4 << 20
+
+    def __post_init__(self) -> None:
+        if self.workers < 1 or self.max_bytes < 1 or self.chunk_size < 1:
+            raise ValueError(f"PrefetchConfig{(self.workers, self.max_bytes, self.chunk_size)}: all must be positive")
+
+
+@dataclass
+class _Slot:
+    chunks: deque[bytes] = field(default_factory=deque)
+    done: bool = False
+    abandoned: bool = False
+    error: BaseException | None = None
+
+
+class Prefetcher:
+    """Iterate ``(run, chunks)`` over ``runs`` in order, fetching ahead in background threads.
+
+    Args:
+        store: the dataset store the shard paths are relative to.
+        runs: this worker's runs, in reading order.
+        cache: the node-local cache, or None to stream without caching.
+        config: depth and memory bound.
+
+    Raises:
+        CacheTooSmallError: at construction, if the cache cannot hold ``config.workers`` of the
+            largest shard in ``runs``.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        runs: Iterable[ByteRun],
+        *,
+        cache: ShardCache | None = None,
+        config: PrefetchConfig | None = None,
+    ) -> None:
+        self.store = store
+        self.runs = list(runs)
+        self.cache = cache
+        self.config = config or PrefetchConfig()
+        self.stats = ReadStats()
+        for run in self.runs:
+            if not 0 <= run.start <= run.stop <= run.shard.bytes:
+                raise ValueError(f"run [{run.start}, {run.stop}) is outside shard {store.url(run.shard.path)!r} of {run.shard.bytes} bytes")
+        if cache is not None and self.runs:
+            largest = max(r.shard.bytes for r in self.runs)
+            depth = min(self.config.workers, len({r.shard for r in self.runs}))
+            cache.require(depth * largest + 4096, why=f"prefetching {depth} shards of up to {largest} bytes at once")
+        self._cond = threading.Condition()
+        self._slots: dict[int, _Slot] = {}
+        self._head = 0
+        self._next = 0
+        self._buffered = 0
+        self._stop = False
+        self._threads: list[threading.Thread] = []
+        self._started = False
+
+    def __iter__(self) -> Iterator[tuple[ByteRun, Iterator[bytes]]]:
+        if self._started:
+            raise RuntimeError("a Prefetcher is iterated once; build a new one for another pass")
+        self._started = True
+        return self._iterate()
+
+    def close(self) -> None:
+        """Stop the fetching threads (after their current chunk) and drop buffered bytes."""
+        with self._cond:
+            self._stop = True
+            for slot in self._slots.values():
+                slot.chunks.clear()
+            self._buffered = 0
+            self._cond.notify_all()
+        me = threading.current_thread()
+        for t in self._threads:
+            if t is not me:
+                t.join(timeout=10)
+        self._threads = []
+
+    # ------------------------------------------------------------------ consumer side
+    def _iterate(self) -> Iterator[tuple[ByteRun, Iterator[bytes]]]:
+        started = time.perf_counter()
+        try:
+            n = min(self.config.workers, len(self.runs))
+            for i in range(n):
+                t = threading.Thread(target=self._work, name=f"streamio-prefetch-{i}", daemon=True)
+                self._threads.append(t)
+                t.start()
+            for index, run in enumerate(self.runs):
+                with self._cond:
+                    self._head = index
+                    self._cond.notify_all()
+                chunks = self._chunks(index)
+                try:
+                    yield run, chunks
+                finally:
+                    chunks.close()
+                    self._abandon(index)
+        finally:
+            self.close()
+            log.debug("prefetch of %d runs from %s done in %.3fs: %s", len(self.runs), self.store, time.perf_counter() - started, self.stats.as_dict())
+
+    def _chunks(self, index: int) -> Iterator[bytes]:
+        cond = self._cond
+        while True:
+            with cond:
+                slot = self._slots.get(index)
+                if slot is None or not (slot.chunks or slot.done):
+                    waited = time.perf_counter()
+                    while not self._stop:
+                        slot = self._slots.get(index)
+                        if slot is not None and (slot.chunks or slot.done):
+                            break
+                        cond.wait()
+                    self.stats.add(stall_s=time.perf_counter() - waited)
+                    if self._stop or slot is None:
+                        return
+                if slot.chunks:
+                    chunk = slot.chunks.popleft()
+                    self._buffered -= len(chunk)
+                    cond.notify_all()
+                elif slot.error is not None:
+                    error, slot.error = slot.error, None
+                    raise error
+                else:
+                    return
+            yield chunk
+
+    def _abandon(self, index: int) -> None:
+        with self._cond:
+            slot = self._slots.pop(index, None)
+            if slot is not None:
+                slot.abandoned = True
+                self._buffered -= sum(len(c) for c in slot.chunks)
+                slot.chunks.clear()
+            self._cond.notify_all()
+
+    # ------------------------------------------------------------------ producer side
+    def _work(self) -> None:
+        cond = self._cond
+        while True:
+            with cond:
+                while not self._stop and self._next < len(self.runs) and self._next >= self._head + self.config.workers:
+                    cond.wait()
+                if self._stop or self._next >= len(self.runs):
+                    return
+                index = self._next
+                self._next += 1
+                slot = self._slots[index] = _Slot()
+                cond.notify_all()
+            self._produce(index, slot)
+
+    def _produce(self, index: int, slot: _Slot) -> None:
+        run = self.runs[index]
+        cond = self._cond
+        if self.cache is not None:
+            source = self.cache.open_range(self.store, run.shard, run.start, run.stop, stats=self.stats)
+        else:
+            source = self._stream(run)
+        try:
+            for chunk in source:
+                with cond:
+                    while not (self._stop or slot.abandoned) and not (
+                        self._buffered + len(chunk) <= self.config.max_bytes or (index == self._head and not slot.chunks)
+                    ):
+                        cond.wait()
+                    if self._stop or slot.abandoned:
+                        return
+                    slot.chunks.append(chunk)
+                    self._buffered += len(chunk)
+                    cond.notify_all()
+        except BaseException as exc:  # re-raised at the consumer, in stream order
+            with cond:
+                slot.error = exc
+        finally:
+            source.close()
+            with cond:
+                slot.done = True
+                cond.notify_all()
+
+    def _stream(self, run: ByteRun) -> Iterator[bytes]:
+        self.stats.add(bypasses=1)
+        got = run.start
+        for chunk in self.store.iter_bytes(run.shard.path, run.start, run.stop, chunk_size=self.config.chunk_size):
+            got += len(chunk)
+            self.stats.add(bytes_from_network=len(chunk))
+            yield chunk
+        if got != run.stop:
+            raise CorruptDataError(
+                f"shard {self.store.url(run.shard.path)!r} ended after {got} bytes, before byte {run.stop} of the run; "
+                f"the index says {run.shard.bytes} bytes. Re-run `streamio verify` on the dataset."
+            )
