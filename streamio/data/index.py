@@ -381,6 +381,26 @@ def expand_patterns(store: Store, patterns: str | Sequence[str] | None) -> list[
     return out
 
 
+def split_pattern(url: str) -> tuple[str, str | None]:
+    """``"s3://b/ds/shard-{000..009}.tar"`` -> ``("s3://b/ds", "shard-{000..009}.tar")``; no pattern -> ``(url, None)``.
+
+    The root is everything before the first path component holding ``{``, ``*``, ``?`` or ``[``;
+    a URL naming one ``.tar`` / ``.tar.zst`` splits into its directory and its name.
+    """
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        scheme, rest = "", url
+    parts = rest.split("/")
+    for i, part in enumerate(parts):
+        if any(c in part for c in "{*?["):
+            root = "/".join(parts[:i]) or ("/" if rest.startswith("/") else ".")
+            return (f"{scheme}://{root}" if sep else root), "/".join(parts[i:])
+    if _is_shard(parts[-1]):  # one shard named outright
+        root = "/".join(parts[:-1]) or ("/" if rest.startswith("/") else ".")
+        return (f"{scheme}://{root}" if sep else root), parts[-1]
+    return url, None
+
+
 class _Tee:
     """Chunks pass through; CRC32C of the whole stream and of byte ranges are computed on the way."""
 

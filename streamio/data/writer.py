@@ -31,8 +31,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import random
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from types import TracebackType
 from typing import Any
@@ -40,8 +42,17 @@ from typing import Any
 import zstandard
 
 from streamio.checksum import crc32c, format_checksum
-from streamio.data.index import INDEX_NAME, INLINE_LIMIT, DatasetIndex, SampleLayout, ShardInfo, make_index, write_index
-from streamio.data.samples import END_OF_ARCHIVE, encode_sample, unsafe_reason
+from streamio.data.index import (
+    INDEX_NAME,
+    INLINE_LIMIT,
+    DatasetIndex,
+    SampleLayout,
+    ShardInfo,
+    expand_patterns,
+    make_index,
+    write_index,
+)
+from streamio.data.samples import END_OF_ARCHIVE, Handler, encode_sample, iter_samples, split_name, unsafe_reason
 from streamio.errors import DatasetError
 from streamio.storage import Store
 
@@ -302,3 +313,113 @@ def write_dataset(
         for sample in samples:
             writer.write(sample)
     return writer.close()  # already closed by __exit__: returns the index
+
+
+# ----------------------------------------------------------------------------- sources (`streamio shard SRC`)
+def samples_from_directory(root: str, *, shuffle_seed: int | None = None) -> Iterator[dict[str, Any]]:
+    """Samples from a directory tree, files grouped by key the WebDataset way.
+
+    ``root/a/0001.jpg`` and ``root/a/0001.cls`` become ``{"__key__": "a/0001", "jpg": ..., "cls": ...}``
+    (the key is the relative path up to the first dot of the file name). Samples come in sorted
+    key order, or shuffled with ``random.Random(shuffle_seed)`` (the listing is shuffled, the
+    bytes are read lazily). Hidden files (``.name``) are skipped.
+
+    Raises:
+        DatasetError: no files, a file without an extension, or a file that cannot be read.
+    """
+    if not os.path.isdir(root):
+        raise DatasetError(f"{root} is not a directory")
+    groups: dict[str, list[tuple[str, str]]] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for name in sorted(filenames):
+            if name.startswith("."):
+                log.info("skipping hidden file %s", os.path.join(dirpath, name))
+                continue
+            full = os.path.join(dirpath, name)
+            rel = os.path.relpath(full, root).replace(os.sep, "/")
+            parts = split_name(rel)
+            if parts is None:
+                raise DatasetError(
+                    f"{full} has no extension: files are grouped into samples as 'key.ext'. Rename or remove it."
+                )
+            groups.setdefault(parts[0], []).append((parts[1], full))
+    if not groups:
+        raise DatasetError(f"{root} holds no files: nothing to shard")
+    keys = sorted(groups)
+    if shuffle_seed is not None:
+        random.Random(shuffle_seed).shuffle(keys)
+    for key in keys:
+        sample: dict[str, Any] = {"__key__": key}
+        for ext, path in groups[key]:
+            sample[ext] = _read_file(path)
+        yield sample
+
+
+def _read_file(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise DatasetError(f"cannot read {path}: {exc.strerror or exc}. Fix it or remove it from the source.") from exc
+
+
+def samples_from_jsonl(
+    path: str, *, file_fields: Iterable[str] | None = None, shuffle_seed: int | None = None
+) -> Iterator[dict[str, Any]]:
+    """Samples from a JSONL file, one JSON object per line.
+
+    String fields listed in ``file_fields`` name files (relative to the JSONL file's directory or
+    absolute) whose bytes become the field; with ``file_fields=None`` any string naming an existing
+    file is read. Other strings are stored as UTF-8, other JSON values as JSON text. ``__key__`` is
+    taken from the line if present.
+
+    Raises:
+        DatasetError: unreadable or empty file, a line that is not a JSON object, a named file missing.
+    """
+    base = os.path.dirname(os.path.abspath(path))
+    forced = set(file_fields) if file_fields is not None else None
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = [(n, line) for n, line in enumerate(f, 1) if line.strip()]
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DatasetError(f"cannot read {path}: {exc}") from exc
+    if not lines:
+        raise DatasetError(f"{path} holds no samples: nothing to shard")
+    if shuffle_seed is not None:
+        random.Random(shuffle_seed).shuffle(lines)
+    for lineno, line in lines:
+        try:
+            obj = json.loads(line)
+        except ValueError as exc:
+            raise DatasetError(f"{path}:{lineno} is not valid JSON ({exc})") from exc
+        if not isinstance(obj, dict):
+            raise DatasetError(f"{path}:{lineno} is a JSON {type(obj).__name__}, not an object (one sample per line)")
+        sample: dict[str, Any] = {}
+        for field, value in obj.items():
+            if field.startswith("__"):
+                sample[field] = value
+                continue
+            if isinstance(value, str):
+                target = value if os.path.isabs(value) else os.path.join(base, value)
+                if forced is not None and field in forced:
+                    sample[field] = _read_file(target)
+                elif forced is None and os.path.isfile(target):
+                    sample[field] = _read_file(target)
+                else:
+                    sample[field] = value
+            else:
+                sample[field] = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+        yield sample
+
+
+def samples_from_shards(
+    store: Store, patterns: str | Sequence[str] | None = None, *, handler: Handler | None = None
+) -> Iterator[dict[str, Any]]:
+    """Samples of existing ``.tar`` / ``.tar.zst`` shards (brace / glob patterns), streamed in order."""
+    paths = expand_patterns(store, patterns)
+    if not paths:
+        raise DatasetError(f"no shards match {patterns!r} under {store.root_url}: nothing to shard")
+    for path in paths:
+        compression = "zstd" if path.endswith(".zst") else None
+        yield from iter_samples(store.iter_bytes(path), url=store.url(path), compression=compression, handler=handler)
