@@ -1,0 +1,103 @@
+"""Helpers for the cache / prefetch tests: raw-byte shards with a correct ShardInfo, a proxy fixture,
+and the child-process readers the multi-process tests spawn (importable, so `spawn` can find them).
+
+Shards here are random bytes, not tars: the cache works on byte ranges and whole-shard CRC32C only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from streamio.checksum import checksum_bytes
+from streamio.data.cache import CacheConfig, ShardCache
+from streamio.data.index import ShardInfo
+from streamio.storage import RetryPolicy, Store
+from streamio.testing import FaultProxy, RequestRecord, S3Endpoint
+
+FAST_RETRY = RetryPolicy(max_attempts=4, initial_backoff=0.01, max_backoff=0.05, max_total=20)
+
+
+def make_shards(store: Store, n: int, size: int, *, prefix: str = "shard", seed: int = 0) -> list[tuple[ShardInfo, bytes]]:
+    """Upload ``n`` shards of ``size`` deterministic pseudo-random bytes; return (info, bytes)."""
+    out = []
+    for i in range(n):
+        data = pseudo_random(size + i, seed=seed * 1000 + i)
+        path = f"{prefix}-{i:06d}.tar"
+        store.put(path, data)
+        out.append((ShardInfo(path, len(data), 1, checksum_bytes(data)), data))
+    return out
+
+
+def pseudo_random(size: int, *, seed: int) -> bytes:
+    """Fast deterministic bytes (children regenerate them to compare without pipes)."""
+    block = hashlib.sha256(f"streamio-{seed}".encode()).digest() * 2048  # 64 KiB
+    reps = size // len(block) + 1
+    return (block * reps)[:size] if size <= 1 << 16 else _mix(block, reps, size)
+
+
+def _mix(block: bytes, reps: int, size: int) -> bytes:
+    # vary each 64 KiB block so a shifted range can never compare equal by accident
+    parts = [bytes([i & 0xFF]) + block[1:] for i in range(reps)]
+    return b"".join(parts)[:size]
+
+
+def gets_for(proxy: FaultProxy, path: str) -> list[RequestRecord]:
+    """Successful GETs of one object through the proxy."""
+    return [r for r in proxy.log() if r.method == "GET" and r.path.endswith("/" + path) and 200 <= r.status < 300]
+
+
+def bytes_fetched(proxy: FaultProxy, path: str) -> int:
+    """Body bytes the proxy sent for GETs of ``path`` (each byte counted each time it crossed)."""
+    return sum(r.response_bytes for r in gets_for(proxy, path))
+
+
+def cache_files(directory: str) -> dict[str, int]:
+    """name -> size of every entry of the cache directory."""
+    return {e.name: e.stat(follow_symlinks=False).st_size for e in os.scandir(directory)}
+
+
+@pytest.fixture
+def proxy(moto_endpoint: str) -> Iterator[FaultProxy]:
+    with FaultProxy(moto_endpoint) as p:
+        yield p
+
+
+@pytest.fixture
+def s3_store(s3: S3Endpoint, proxy: FaultProxy) -> Store:
+    """A store on a fresh bucket, reached through the proxy."""
+    return Store(s3.url("ds"), s3.storage_options(proxy.endpoint_url), retry=FAST_RETRY)
+
+
+def cache_for(directory: Any, max_bytes: int = 1 << 30, **kw: Any) -> ShardCache:
+    kw.setdefault("min_free_bytes", 0)
+    kw.setdefault("chunk_size", 256 << 10)
+    return ShardCache(CacheConfig(os.fspath(directory), max_bytes, **kw))
+
+
+# ---------------------------------------------------------------------- child processes (spawn)
+def read_all(cache: ShardCache, store: Store, shards: list[ShardInfo], seeds: list[int], out: Any, loops: int = 1) -> None:
+    """Child: read every shard whole through the cache, compare with the expected bytes, report."""
+    try:
+        for _ in range(loops):
+            for shard, seed in zip(shards, seeds):
+                got = b"".join(cache.open_range(store, shard))
+                expected = pseudo_random(shard.bytes, seed=seed)
+                if got != expected:
+                    out.put(("bad", shard.path, len(got)))
+                    return
+        out.put(("ok", cache.stats.as_dict()))
+    except BaseException as exc:  # reported to the parent, which fails the test with it
+        out.put(("error", f"{type(exc).__name__}: {exc}"))
+
+
+def read_slowly(cache: ShardCache, store: Store, shard: ShardInfo, progress: Any) -> None:
+    """Child: start reading a shard, report each chunk, and take its time (the parent kills it)."""
+    for chunk in cache.open_range(store, shard):
+        progress.put(len(chunk))
+        time.sleep(0.05)
