@@ -826,3 +826,24 @@ def _abandoned_uploads(store: Store, *, dry_run: bool, min_age_s: float) -> tupl
         if not dry_run:
             fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=u["Key"], UploadId=u["UploadId"])
     return tuple(found)
+
+
+def check_pointer(store: Store) -> tuple[int | None, list[str]]:
+    """The step ``latest.json`` names and what is wrong with the pointer itself (if anything)."""
+    url = store.url(mf.LATEST)
+    try:
+        data = store.read(mf.LATEST)
+    except FileNotFoundError:
+        return None, [f"{url} does not exist: no checkpoint was ever committed here (or it was deleted)"]
+    try:
+        pointer = mf.pointer_from_bytes(data)
+    except ManifestError as exc:
+        return None, [f"{url} is corrupt: {exc}"]
+    try:
+        manifest_data = store.read(mf.manifest_path(pointer.step))
+    except FileNotFoundError:
+        return pointer.step, [f"{url} names step {pointer.step} but {store.url(mf.manifest_path(pointer.step))} does not exist"]
+    if checksum_bytes(manifest_data) != pointer.manifest_checksum:
+        return pointer.step, [f"{url} names step {pointer.step} with manifest checksum {pointer.manifest_checksum}, "
+                              f"but {store.url(mf.manifest_path(pointer.step))} has {checksum_bytes(manifest_data)}"]
+    return pointer.step, []
