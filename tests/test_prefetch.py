@@ -1,0 +1,161 @@
+"""Prefetcher: order, byte bound, errors at the consumer, clean early shutdown, cache without network."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from test_cache_support import bytes_fetched, cache_for, make_shards, proxy, s3_store  # noqa: F401
+
+from streamio.data.index import ShardInfo
+from streamio.data.prefetch import ByteRun, PrefetchConfig, Prefetcher
+from streamio.errors import CacheTooSmallError, CorruptDataError
+from streamio.storage import Store
+from streamio.testing import FaultProxy
+
+KB = 1 << 10
+
+
+def _prefetch_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("streamio-prefetch")]
+
+
+class _CountingStore(Store):
+    """A local store that records how many bytes are fetched but not yet consumed."""
+
+    def __init__(self, url: str, outstanding: list[int], delay: float = 0.0) -> None:
+        super().__init__(url)
+        self.outstanding = outstanding
+        self.delay = delay
+
+    def iter_bytes(self, path: str, start: int = 0, end: int | None = None, *, chunk_size: int = 8 << 20) -> Iterator[bytes]:
+        for chunk in super().iter_bytes(path, start, end, chunk_size=chunk_size):
+            if self.delay:
+                time.sleep(self.delay)
+            self.outstanding[0] += len(chunk)
+            self.outstanding[1] = max(self.outstanding[1], self.outstanding[0])
+            yield chunk
+
+
+def test_in_order_with_mid_shard_runs(tmp_path) -> None:
+    store = Store(str(tmp_path / "ds"))
+    shards = make_shards(store, 6, 50 * KB)
+    runs = [ByteRun(s, (i * 997) % 1000, s.bytes - i) for i, (s, _) in enumerate(shards)]
+    runs.append(ByteRun(shards[0][0]))  # the same shard twice
+    cfg = PrefetchConfig(workers=3, max_bytes=64 * KB, chunk_size=8 * KB)
+    got = [(run, b"".join(chunks)) for run, chunks in Prefetcher(store, runs, config=cfg)]
+    assert [r for r, _ in got] == runs
+    data = dict((s.path, d) for s, d in shards)
+    for run, body in got:
+        assert body == data[run.shard.path][run.start : run.stop]
+    assert not _prefetch_threads()
+
+
+def test_bounded_in_bytes_not_runs(tmp_path) -> None:
+    outstanding = [0, 0]
+    store = _CountingStore(str(tmp_path / "ds"), outstanding)
+    shards = make_shards(Store(str(tmp_path / "ds")), 4, 400 * KB)
+    cfg = PrefetchConfig(workers=4, max_bytes=100 * KB, chunk_size=16 * KB)
+    for run, chunks in Prefetcher(store, [ByteRun(s) for s, _ in shards], config=cfg):
+        for chunk in chunks:
+            time.sleep(0.001)  # a slow consumer: producers run ahead until the bound stops them
+            outstanding[0] -= len(chunk)
+    # bytes fetched and not yet consumed never exceeded the bound + the one chunk the head run may
+    # add + one chunk per thread between the store and its queue + the chunk the consumer holds
+    assert outstanding[1] <= cfg.max_bytes + (cfg.workers + 2) * cfg.chunk_size
+    assert outstanding[1] >= cfg.max_bytes // 2  # and it did prefetch
+
+
+def test_error_raised_at_the_consumer_in_stream_order(tmp_path) -> None:
+    store = Store(str(tmp_path / "ds"))
+    shards = make_shards(store, 3, 20 * KB)
+    bad = ShardInfo(shards[1][0].path, shards[1][0].bytes + 100, 1, shards[1][0].checksum)  # index says more
+    runs = [ByteRun(shards[0][0]), ByteRun(bad), ByteRun(shards[2][0])]
+    seen = []
+    with pytest.raises(CorruptDataError, match="ended after"):
+        for run, chunks in Prefetcher(store, runs, config=PrefetchConfig(workers=3, chunk_size=4 * KB)):
+            for chunk in chunks:
+                seen.append((run.shard.path, len(chunk)))
+    # run 0 fully delivered, then run 1's bytes that did arrive, then the error
+    assert sum(n for p, n in seen if p == shards[0][0].path) == shards[0][0].bytes
+    assert sum(n for p, n in seen if p == bad.path) == shards[1][0].bytes
+    assert not any(p == shards[2][0].path for p, _ in seen)
+    assert not _prefetch_threads()
+
+
+@pytest.mark.parametrize("how", ["break", "close", "gc"])
+def test_early_stop_shuts_down_cleanly(tmp_path, how: str) -> None:
+    outstanding = [0, 0]
+    store = _CountingStore(str(tmp_path / "ds"), outstanding, delay=0.002)
+    shards = make_shards(Store(str(tmp_path / "ds")), 8, 200 * KB)
+    cache = cache_for(tmp_path / "c", chunk_size=8 * KB)
+    pf = Prefetcher(store, [ByteRun(s) for s, _ in shards], cache=cache, config=PrefetchConfig(workers=3, max_bytes=64 * KB))
+    it = iter(pf)
+    run, chunks = next(it)
+    next(chunks)
+    assert _prefetch_threads()
+    if how == "break":
+        for _ in it:
+            break
+        it.close()
+    elif how == "close":
+        it.close()
+    else:
+        del it, chunks, run
+        gc.collect()
+    deadline = time.monotonic() + 5
+    while _prefetch_threads() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not _prefetch_threads()
+    # locks were released: another reader can download and commit every shard now
+    for s, data in shards:
+        assert b"".join(cache.open_range(store, s)) == data
+
+
+def test_cached_runs_need_no_network(s3_store: Store, proxy: FaultProxy, tmp_path) -> None:
+    shards = make_shards(s3_store, 4, 300 * KB)
+    cache = cache_for(tmp_path / "c", chunk_size=64 * KB)
+    runs = [ByteRun(s) for s, _ in shards]
+    cold = Prefetcher(s3_store, runs, cache=cache, config=PrefetchConfig(workers=2))
+    assert [b"".join(c) for _, c in cold] == [d for _, d in shards]
+    assert cold.stats.misses == 4 and cold.stats.bytes_from_network == sum(s.bytes for s, _ in shards)
+    proxy.clear()
+    warm = Prefetcher(s3_store, runs, cache=cache, config=PrefetchConfig(workers=2))
+    assert [b"".join(c) for _, c in warm] == [d for _, d in shards]
+    assert proxy.log() == []
+    assert warm.stats.hits == 4 and warm.stats.bytes_from_network == 0
+    assert warm.stats.bytes_from_cache == sum(s.bytes for s, _ in shards)
+    assert warm.stats.stall_s >= 0.0
+
+
+def test_stall_time_is_measured(s3_store: Store, proxy: FaultProxy) -> None:
+    shards = make_shards(s3_store, 2, 50 * KB)
+    proxy.set_latency(0.1)
+    pf = Prefetcher(s3_store, [ByteRun(s) for s, _ in shards], config=PrefetchConfig(workers=1))
+    for _, chunks in pf:
+        b"".join(chunks)
+    assert pf.stats.stall_s >= 0.09  # at least the first response's latency
+    assert pf.stats.bytes_from_network == sum(s.bytes for s, _ in shards)
+
+
+def test_cache_too_small_for_depth_fails_at_start(tmp_path) -> None:
+    store = Store(str(tmp_path / "ds"))
+    shards = make_shards(store, 4, 100 * KB)
+    cache = cache_for(tmp_path / "c", max_bytes=250 * KB)
+    with pytest.raises(CacheTooSmallError, match=r"max_bytes >= \d+"):
+        Prefetcher(store, [ByteRun(s) for s, _ in shards], cache=cache, config=PrefetchConfig(workers=4))
+    Prefetcher(store, [ByteRun(s) for s, _ in shards], cache=cache, config=PrefetchConfig(workers=2))
+
+
+def test_iterated_once_and_validates_runs(tmp_path) -> None:
+    store = Store(str(tmp_path / "ds"))
+    (s, _), = make_shards(store, 1, 1000)
+    pf = Prefetcher(store, [ByteRun(s)])
+    list(pf)
+    with pytest.raises(RuntimeError, match="once"):
+        iter(pf)
+    with pytest.raises(ValueError, match="outside shard"):
+        Prefetcher(store, [ByteRun(s, 10, 2000)])
