@@ -30,12 +30,14 @@ WebDataset convention: ``webdataset.ignore_and_continue`` / ``warn_and_continue`
 go on: returning True skips the unsafe member (unsafe name or type, duplicate field, member without
 an extension), or the whole sample for a :class:`CorruptDataError` when a layout is given; after a
 structural error (truncated or non-tar bytes) the rest of the shard cannot be located, so True ends
-the shard there. Returning False re-raises.
+the shard there, dropping the sample being assembled (nothing proves it was complete; webdataset
+yields it partial). Returning False re-raises.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -60,6 +62,7 @@ _MAX_OCTAL_SIZE = 8**11 - 1
 _REGULAR = (b"0", b"\0", b"7")
 _UNSAFE_TYPES = {b"1": "hard link", b"2": "symbolic link", b"3": "character device", b"4": "block device", b"6": "FIFO"}
 
+_WDS_SPLIT = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")  # webdataset.tariterators.base_plus_ext
 Handler = Callable[[Exception], bool]
 Sample = dict[str, Any]
 
@@ -69,9 +72,10 @@ def split_name(name: str) -> tuple[str, str] | None:
     """``"dir/key.ext.gz"`` -> ``("dir/key", "ext.gz")``, the WebDataset way; None without an extension."""
     slash = name.rfind("/")
     dot = name.find(".", slash + 1)
-    if dot <= slash + 1 or dot == len(name) - 1:
-        return None
-    return name[:dot], name[dot + 1 :]
+    if dot > slash + 1:
+        return (name[:dot], name[dot + 1 :]) if dot < len(name) - 1 else None
+    match = _WDS_SPLIT.match(name)  # a basename starting with a dot: do exactly what webdataset does
+    return (match.group(1), match.group(2)) if match and match.group(2) else None
 
 
 def unsafe_reason(name: str) -> str | None:
@@ -80,7 +84,7 @@ def unsafe_reason(name: str) -> str | None:
         return "it is empty"
     if "\0" in name:
         return "it contains a NUL byte"
-    if name.startswith("/") or (len(name) > 1 and name[1] == ":"):
+    if name.startswith("/"):
         return "it is an absolute path"
     parts = name.split("/")
     if ".." in parts:

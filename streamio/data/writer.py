@@ -98,7 +98,7 @@ def sample_members(sample: Mapping[str, Any], number: int) -> tuple[str, list[tu
         )
     members: list[tuple[str, bytes]] = []
     for ext in sorted(k for k in sample if not k.startswith("__")):
-        if not isinstance(ext, str) or not ext or "/" in ext or "\0" in ext or ext.endswith("."):
+        if not isinstance(ext, str) or not ext or "/" in ext or "\0" in ext:
             raise DatasetError(f"sample {key!r}: field name {ext!r} is not a valid extension (non-empty, no '/')")
         name = f"{key}.{ext}"
         try:
