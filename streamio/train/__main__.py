@@ -1,0 +1,57 @@
+"""``python -m streamio.train``: one rank of the reference trainer (launch several with torchrun).
+
+    python -m torch.distributed.run --standalone --nproc-per-node 2 -m streamio.train \\
+        --ckpt-url s3://bucket/ckpt --ckpt-every 20
+
+Each rank ends with ``destroy_process_group()``, flushes its output and leaves with ``os._exit``:
+after DDP has run, a normal interpreter exit sometimes aborts a rank ("terminate called without an
+active exception"), which would turn a finished run into a failed one (KNOWN-BEHAVIOUR.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from streamio.train.config import parse_args
+from streamio.train.loop import Trainer, setup_distributed, teardown_distributed
+
+log = logging.getLogger("streamio.train")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one rank; return its exit status."""
+    cfg = parse_args(argv)
+    rank = os.environ.get("RANK", "0")
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stdout,
+        format=f"[rank {rank}] %(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    d = setup_distributed(cfg)
+    try:
+        trainer = Trainer(cfg, d)
+        try:
+            trainer.run()
+        finally:
+            trainer.close()
+    except Exception:
+        log.exception("rank %d failed", d.rank)
+        return 1
+    finally:
+        teardown_distributed(d)
+    return 0
+
+
+def _exit(code: int) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    _exit(main())

@@ -1,0 +1,103 @@
+"""The trainer's configuration: one frozen dataclass and its (small) command line.
+
+Every knob has a default that makes ``python -m streamio.train`` train the bundled synthetic demo
+data on whatever is present (all GPUs with NCCL, else CPU with gloo). Storage credentials and
+endpoints are never flags: they come the way s3fs/gcsfs take them (environment, config files), so
+they never land in a log, a checkpoint or a shell history.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """What the reference trainer does; see ``python -m streamio.train --help``.
+
+    Attributes:
+        data_url: dataset prefix with an ``index.json`` (any fsspec URL); ``None`` trains on the
+            bundled synthetic data generated in memory.
+        ckpt_url: checkpoint root (any fsspec URL); ``None`` disables checkpointing.
+        out_dir: local directory for per-rank metrics (``rank-00000.jsonl``) and final weights.
+        seed: base seed of everything random (model init, shuffling, dropout, augmentation).
+        epochs: upper bound on epochs (early stopping may end sooner).
+        max_steps: stop after this many optimizer steps in all (0: no limit).
+        batch_size: samples per micro-batch per rank.
+        grad_accum: micro-batches per optimizer step.
+        lr: peak learning rate (linear warmup, then cosine decay, stepped per optimizer step).
+        warmup_steps: optimizer steps of linear warmup.
+        weight_decay: AdamW weight decay.
+        dropout: dropout probability of the model.
+        hidden: width of the model's hidden layers.
+        num_workers: DataLoader worker processes per rank.
+        val_batch_size: samples per validation batch per rank.
+        ckpt_every: save a checkpoint every N optimizer steps (asynchronously).
+        keep_last: checkpoints kept by recency.
+        keep_best: checkpoints kept by lowest validation loss (0: none).
+        patience: epochs without improvement of the validation loss before stopping (0: never).
+        min_delta: the least decrease of the validation loss that counts as an improvement.
+        log_every: optimizer steps between log lines.
+        collective_timeout_s: a collective that waits longer than this fails instead of hanging.
+        fail_at_step: simulate a crash right after this optimizer step (exit without cleanup).
+        train_samples: size of the synthetic training set (ignored with ``data_url``).
+        val_samples: size of the synthetic validation set (ignored with ``data_url``).
+        device: ``auto`` (CUDA when present), ``cpu`` or ``cuda``.
+    """
+
+    data_url: str | None = None
+    ckpt_url: str | None = None
+    out_dir: str = "demo-out/run"
+    seed: int = 0
+    epochs: int = 3
+    max_steps: int = 0
+    batch_size: int = 32
+    grad_accum: int = 2
+    lr: float = 3e-3
+    warmup_steps: int = 10
+    weight_decay: float = 0.01
+    dropout: float = 0.1
+    hidden: int = 128
+    num_workers: int = 2
+    val_batch_size: int = 128
+    ckpt_every: int = 20
+    keep_last: int = 2
+    keep_best: int = 1
+    patience: int = 5
+    min_delta: float = 0.0
+    log_every: int = 10
+    collective_timeout_s: float = 300.0
+    fail_at_step: int = 0
+    train_samples: int = 4096
+    val_samples: int = 1001
+    device: str = "auto"
+
+
+_HELP = {
+    "data_url": "dataset prefix with index.json (default: synthetic demo data in memory)",
+    "ckpt_url": "checkpoint root URL, e.g. s3://bucket/ckpt (default: no checkpoints)",
+    "fail_at_step": "simulate a crash right after this optimizer step (os._exit, no cleanup)",
+    "device": "auto | cpu | cuda",
+}
+
+
+def parse_args(argv: Sequence[str] | None = None) -> TrainConfig:
+    """Build a :class:`TrainConfig` from command-line flags (``--ckpt-every 20`` ...)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m streamio.train",
+        description="Reference DDP trainer over streamio (launch with torchrun for several ranks).",
+    )
+    defaults = TrainConfig()
+    for f in fields(TrainConfig):
+        default = getattr(defaults, f.name)
+        kind = {int: int, float: float}.get(type(default), str)
+        parser.add_argument(
+            f"--{f.name.replace('_', '-')}",
+            type=kind,
+            default=default,
+            help=_HELP.get(f.name, f"default: {default}"),
+        )
+    args = parser.parse_args(argv)
+    return TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig)})

@@ -1,0 +1,198 @@
+"""Where the trainer's batches come from: :func:`make_data`.
+
+The trainer sees two things, whatever the source:
+
+* ``train``: a resumable loader of ``(x, y)`` batches for this rank, with ``set_epoch(e)``,
+  ``len()`` (batches this epoch, identical on every rank), ``state_dict()`` / ``load_state_dict()``
+  (the position inside the epoch, saved in every checkpoint);
+* ``val``: an iterable of ``(x, y)`` batches holding this rank's share of the validation set,
+  which may be uneven across ranks (the trainer reduces sums, never per-batch means).
+
+Sources: ``cfg.data_url`` (a streamio dataset prefix; read with ``streamio.StreamingDataset`` when
+that module is present) or, by default, the bundled synthetic data in memory
+(:mod:`streamio.train.synthetic`) through :class:`InMemoryLoader`.
+
+Exactness rules the in-memory loader follows, and that any source must follow for bit-exact
+resume: the order is a pure function of ``(seed, epoch)``; per-sample augmentation draws from an
+RNG seeded by ``(seed, epoch, sample index)``, never from a worker's running RNG (a resumed worker
+starts fresh); and the DataLoader gets its own ``generator`` so that creating an iterator does not
+draw from the global torch RNG that dropout uses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from streamio.errors import StateMismatchError
+from streamio.train.config import TrainConfig
+from streamio.train.synthetic import make_arrays
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+_LOADER_VERSION = 1
+
+
+class TrainLoader(Protocol):
+    """What the trainer needs from a training data source (torchdata's Stateful + epochs)."""
+
+    def set_epoch(self, epoch: int) -> None: ...
+    def __len__(self) -> int: ...
+    def __iter__(self) -> Iterator[Batch]: ...
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
+
+
+@dataclass
+class TrainData:
+    """A rank's training loader and validation batches."""
+
+    train: TrainLoader
+    val: Any  # Iterable[Batch]
+    source: str
+
+
+def _seed_words(*parts: int) -> int:
+    return int(np.random.SeedSequence(list(parts)).generate_state(1, dtype=np.uint64)[0] >> 1)
+
+
+class AugmentedArrays(Dataset[Batch]):
+    """Map-style dataset over arrays, with optional per-sample noise seeded by (seed, epoch, index)."""
+
+    def __init__(self, x: np.ndarray, y: np.ndarray, *, seed: int, noise: float) -> None:
+        self.x, self.y = torch.from_numpy(x), torch.from_numpy(y)
+        self.seed, self.noise, self.epoch = seed, noise, 0
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, index: int) -> Batch:
+        x = self.x[index]
+        if self.noise:
+            gen = torch.Generator().manual_seed(_seed_words(self.seed, self.epoch, int(index)))
+            x = x + self.noise * torch.randn(x.shape, generator=gen)
+        return x, self.y[index]
+
+
+class InMemoryLoader:
+    """A resumable, sharded, shuffling DataLoader wrapper: the stand-in for StreamingDataLoader.
+
+    Each epoch, the indices are permuted by ``default_rng([seed, epoch])`` and dealt round-robin to
+    ranks, cut to the same count on every rank (equal work: no rank waits at the epoch's end).
+    ``state_dict()`` is the epoch and the number of batches handed out; a loader restored from it
+    yields exactly the remaining batches of that epoch, with any number of workers.
+    """
+
+    def __init__(
+        self,
+        dataset: AugmentedArrays,
+        *,
+        batch_size: int,
+        rank: int,
+        world_size: int,
+        seed: int,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+    ) -> None:
+        self.dataset, self.batch_size = dataset, batch_size
+        self.rank, self.world_size, self.seed = rank, world_size, seed
+        self.num_workers, self.pin_memory = num_workers, pin_memory
+        self.epoch, self.batches = 0, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start epoch ``epoch`` (a no-op on the epoch a restored state is in the middle of)."""
+        if epoch != self.epoch:
+            self.epoch, self.batches = epoch, 0
+
+    def _indices(self) -> np.ndarray:
+        n = len(self.dataset)
+        order = np.random.default_rng([self.seed, self.epoch]).permutation(n)
+        per_rank = n // self.world_size
+        return order[self.rank :: self.world_size][:per_rank]
+
+    def __len__(self) -> int:
+        return (len(self.dataset) // self.world_size) // self.batch_size
+
+    def __iter__(self) -> Iterator[Batch]:
+        self.dataset.epoch = self.epoch  # copied into the workers when the iterator forks them
+        start = self.batches * self.batch_size
+        indices = self._indices()[start : len(self) * self.batch_size].tolist()
+        loader = DataLoader(
+            self.dataset,
+            batch_size=self.batch_size,
+            sampler=indices,
+            num_workers=self.num_workers,
+            pin_memory=self.pin_memory,
+            drop_last=True,
+            # its own generator: creating the iterator must not draw from the global torch RNG
+            generator=torch.Generator().manual_seed(_seed_words(self.seed, self.epoch, self.batches, self.rank)),
+        )
+        for batch in loader:
+            self.batches += 1
+            yield batch
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position: epoch, batches handed out, and what it must match on restore."""
+        return {
+            "version": _LOADER_VERSION,
+            "epoch": self.epoch,
+            "batches": self.batches,
+            "seed": self.seed,
+            "world_size": self.world_size,
+            "batch_size": self.batch_size,
+            "samples": len(self.dataset),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue at ``state``'s position.
+
+        Raises:
+            StateMismatchError: the state belongs to another dataset, seed, world size or batch size.
+        """
+        mine = self.state_dict()
+        keys = ("version", "seed", "world_size", "batch_size", "samples")
+        if any(state.get(k) != mine[k] for k in keys):
+            raise StateMismatchError(
+                f"data-loader state {dict(state)!r} does not match this loader "
+                f"({ {k: mine[k] for k in keys} }): resume with the same data, seed, world size and batch size"
+            )
+        self.epoch, self.batches = int(state["epoch"]), int(state["batches"])
+
+
+def _val_batches(x: np.ndarray, y: np.ndarray, *, rank: int, world_size: int, batch_size: int) -> list[Batch]:
+    """This rank's share of the validation set: every sample once over all ranks, counts may differ."""
+    xs, ys = torch.from_numpy(x[rank::world_size]), torch.from_numpy(y[rank::world_size])
+    return [(xs[i : i + batch_size], ys[i : i + batch_size]) for i in range(0, len(ys), batch_size)]
+
+
+def make_data(cfg: TrainConfig, *, rank: int, world_size: int, pin_memory: bool) -> TrainData:
+    """The training and validation data of this rank for ``cfg``.
+
+    Args:
+        cfg: the trainer configuration (source, sizes, batch sizes, workers, seed).
+        rank: this process's rank.
+        world_size: number of ranks.
+        pin_memory: pin host batches (on CUDA) so host-to-device copies can be non-blocking.
+    """
+    if cfg.data_url is not None:
+        raise NotImplementedError(
+            f"--data-url {cfg.data_url!r}: streaming from a dataset prefix needs streamio.StreamingDataset, "
+            "which this build does not have yet; omit --data-url to train on the bundled synthetic data"
+        )
+    x, y = make_arrays(cfg.train_samples, seed=cfg.seed, split="train")
+    train = InMemoryLoader(
+        AugmentedArrays(x, y, seed=cfg.seed, noise=0.05),
+        batch_size=cfg.batch_size,
+        rank=rank,
+        world_size=world_size,
+        seed=cfg.seed,
+        num_workers=cfg.num_workers,
+        pin_memory=pin_memory,
+    )
+    vx, vy = make_arrays(cfg.val_samples, seed=cfg.seed, split="val")
+    val = _val_batches(vx, vy, rank=rank, world_size=world_size, batch_size=cfg.val_batch_size)
+    return TrainData(train=train, val=val, source="synthetic (in memory)")

@@ -1,0 +1,227 @@
+"""The trainer's pieces, in process (one rank, no process group): fast tests of the loop's contracts."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from streamio.errors import StateMismatchError
+from streamio.testing import S3Endpoint
+from streamio.train.checkpointing import InterimCheckpointer, _flatten, _pack, _unflatten, _unpack
+from streamio.train.config import TrainConfig, parse_args
+from streamio.train.data import AugmentedArrays, InMemoryLoader
+from streamio.train.early_stopping import EarlyStopping
+from streamio.train.loop import Distributed, Trainer, read_metrics, warmup_cosine
+from streamio.train.synthetic import iter_samples, make_arrays
+
+ONE = Distributed(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), initialized=False)
+SCRIPT = [10.0, 8.0, 6.0] + [6.5] * 20  # the issue's scripted validation losses
+
+
+class Crash(Exception):
+    """What --fail-at-step does in these tests instead of os._exit."""
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> Iterator[None]:
+    """A tiny model on a shared 2-core machine: one intra-op thread is ~30x faster than two."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _crash(step: int) -> None:
+    raise Crash(step)
+
+
+def _scripted(epoch: int) -> Mapping[str, float]:
+    return {"val_loss": SCRIPT[epoch]}
+
+
+def _cfg(tmp_path: Path, **kw: Any) -> TrainConfig:
+    base: dict[str, Any] = dict(
+        out_dir=str(tmp_path / "out"), train_samples=256, val_samples=37, batch_size=16, grad_accum=2,
+        num_workers=0, hidden=32, epochs=20, log_every=0, ckpt_every=0, warmup_steps=2,
+    )
+    return TrainConfig(**{**base, **kw})
+
+
+# ---------------------------------------------------------------------------- early stopping
+def test_early_stopping_stops_at_epoch_7_on_the_scripted_losses() -> None:
+    es = EarlyStopping(patience=5)
+    stops = [es.update(epoch, loss) for epoch, loss in enumerate(SCRIPT[:8])]
+    assert stops == [False] * 7 + [True]
+    assert (es.best, es.best_epoch, es.counter, es.stopped_epoch) == (6.0, 2, 5, 7)
+
+
+def test_early_stopping_min_delta_max_mode_and_state_roundtrip() -> None:
+    es = EarlyStopping(patience=2, mode="max", min_delta=0.1)
+    assert not es.update(0, 0.5)
+    assert not es.update(1, 0.55)  # +0.05 < min_delta: no improvement
+    assert es.update(2, 0.9) is False and es.counter == 0
+    restored = EarlyStopping(patience=2, mode="max", min_delta=0.1)
+    restored.load_state_dict(es.state_dict())
+    assert restored.state_dict() == es.state_dict()
+    with pytest.raises(ValueError, match="mode"):
+        EarlyStopping(patience=1).load_state_dict(es.state_dict())
+
+
+def test_trainer_stops_at_epoch_7_and_a_run_crashed_after_epoch_4_does_too(tmp_path: Path) -> None:
+    ref = Trainer(_cfg(tmp_path / "ref", ckpt_url=str(tmp_path / "ref-ckpt")), ONE, evaluate=_scripted)
+    summary = ref.run()
+    ref.close()
+    assert (summary.stop_epoch, summary.patience_counter, summary.best_val_loss, summary.best_epoch) == (7, 5, 6.0, 2)
+    steps_per_epoch = len(ref.data.train) // 2
+
+    # crash at the first step of epoch 5, i.e. right after epoch 4's validation
+    cfg = _cfg(tmp_path / "run", ckpt_url=str(tmp_path / "ckpt"), ckpt_every=steps_per_epoch, fail_at_step=5 * steps_per_epoch + 1)
+    crashed = Trainer(cfg, ONE, evaluate=_scripted, crash=_crash)
+    with pytest.raises(Crash):
+        crashed.run()
+    crashed.close()
+    assert crashed.early.counter == 2 and crashed.progress.epoch == 5
+
+    cfg = dataclasses.replace(cfg, fail_at_step=0)
+    resumed = Trainer(cfg, ONE, evaluate=_scripted)
+    summary = resumed.run()
+    resumed.close()
+    assert summary.resumed_from == 5 * steps_per_epoch
+    assert (summary.stop_epoch, summary.patience_counter, summary.best_val_loss) == (7, 5, 6.0)
+    vals = [r["epoch"] for r in read_metrics(Path(cfg.out_dir) / "rank-00000.jsonl") if r["event"] == "val"]
+    assert vals == [0, 1, 2, 3, 4, 5, 6, 7]  # epochs 0-4 before the crash, 5-7 after: none twice, none lost
+
+    # a finished run restarted on the same root does nothing more
+    again = Trainer(cfg, ONE, evaluate=_scripted)
+    summary = again.run()
+    again.close()
+    assert summary.resumed_from == summary.steps and summary.stop_epoch == 7
+
+
+# ---------------------------------------------------------------------------- the loop on real data
+def test_loss_falls_and_validation_counts_every_sample(tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path, train_samples=1024, epochs=3, lr=3e-3)
+    trainer = Trainer(cfg, ONE)
+    summary = trainer.run()
+    trainer.close()
+    records = read_metrics(Path(cfg.out_dir) / "rank-00000.jsonl")
+    losses = [r["loss"] for r in records if r["event"] == "step"]
+    assert len(losses) == summary.steps == 3 * (1024 // 16 // 2)
+    assert np.mean(losses[-8:]) < 0.6 * np.mean(losses[:4]) and math.isclose(np.mean(losses[:2]), math.log(8), rel_tol=0.2)
+    vals = [r for r in records if r["event"] == "val"]
+    assert [v["val_count"] for v in vals] == [37.0] * 3
+    assert torch.load(Path(cfg.out_dir) / "final_model.pt", weights_only=True).keys() == trainer.net.state_dict().keys()
+
+
+def test_scheduler_steps_once_per_optimizer_step_not_per_micro_batch(tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path, grad_accum=4, max_steps=3)
+    trainer = Trainer(cfg, ONE)
+    trainer.run()
+    trainer.close()
+    assert trainer.scheduler.last_epoch == 3
+    assert trainer.optimizer.state_dict()["state"][0]["step"].item() == 3
+
+
+def test_in_process_resume_matches_uninterrupted_on_s3(tmp_path: Path, s3: S3Endpoint, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Checkpoints through real HTTP (moto): crash mid-epoch, resume, identical weights and losses."""
+    for name, value in s3.env().items():
+        monkeypatch.setenv(name, value)
+    common = dict(train_samples=512, epochs=2, ckpt_every=3, keep_last=1, keep_best=0)
+    ref = Trainer(_cfg(tmp_path / "ref", **common), ONE)
+    ref.run()
+    ref.close()
+    cfg = _cfg(tmp_path / "run", ckpt_url=s3.url("ckpt"), fail_at_step=10, **common)
+    crashed = Trainer(cfg, ONE, crash=_crash)
+    with pytest.raises(Crash):
+        crashed.run()
+    crashed.close()
+    cfg = dataclasses.replace(cfg, fail_at_step=0)
+    resumed = Trainer(cfg, ONE)
+    summary = resumed.run()
+    resumed.close()
+    assert summary.resumed_from == 9
+    for name, tensor in ref.net.state_dict().items():
+        assert torch.equal(tensor, resumed.net.state_dict()[name]), name
+    ref_losses = {r["step"]: r["loss"] for r in read_metrics(tmp_path / "ref" / "out" / "rank-00000.jsonl") if r["event"] == "step"}
+    got = [r for r in read_metrics(Path(cfg.out_dir) / "rank-00000.jsonl") if r["event"] == "step"]
+    assert len(got) == 10 + (summary.steps - 9)
+    assert all(ref_losses[r["step"]] == r["loss"] for r in got)
+    # retention kept the newest complete checkpoint only (keep_last=1, keep_best=0)
+    kept = {p.split("/")[0] for p in (o.path for o in resumed.ckpt.store.list())} - {"latest.json"}  # type: ignore[union-attr]
+    assert kept == {f"step-{summary.steps:09d}"}
+
+
+# ---------------------------------------------------------------------------- data and checkpoint pieces
+def test_in_memory_loader_resumes_exactly_with_workers() -> None:
+    x, y = make_arrays(200, seed=1)
+
+    def loader(rank: int) -> InMemoryLoader:
+        return InMemoryLoader(AugmentedArrays(x, y, seed=1, noise=0.1), batch_size=8, rank=rank, world_size=2, seed=1, num_workers=2)
+
+    full = loader(0)
+    full.set_epoch(3)
+    everything = [b[0] for b in full]
+    part = loader(0)
+    part.set_epoch(3)
+    it = iter(part)
+    head = [next(it)[0] for _ in range(5)]
+    state = part.state_dict()
+    del it
+    rest = loader(0)
+    rest.load_state_dict(state)
+    rest.set_epoch(3)
+    tail = [b[0] for b in rest]
+    assert len(everything) == len(full) == 12 and len(head) + len(tail) == 12
+    assert all(torch.equal(a, b) for a, b in zip(everything, head + tail))
+    # the other rank's samples are disjoint; another epoch is another order
+    other = loader(1)
+    other.set_epoch(3)
+    assert not any(torch.equal(a, b) for a, b in zip(everything, (b[0] for b in other)))
+    with pytest.raises(StateMismatchError, match="world size"):
+        InMemoryLoader(AugmentedArrays(x, y, seed=1, noise=0.1), batch_size=8, rank=0, world_size=3, seed=1).load_state_dict(state)
+
+
+def test_checkpoint_tree_roundtrip_without_pickle() -> None:
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.ones(1, 3)).sum().backward()
+    opt.step()
+    tree = {"opt": opt.state_dict(), "t": (1, 2.5, None, "x"), "bf16": torch.ones(2, dtype=torch.bfloat16), "scalar": torch.tensor(3.0)}
+    tensors: list[torch.Tensor] = []
+    flat = _flatten(tree, tensors)
+    blob, specs = _pack(tensors)
+    back = _unflatten(flat, _unpack(blob, specs))
+    assert back["t"] == (1, 2.5, None, "x") and back["bf16"].dtype == torch.bfloat16
+    assert back["opt"]["state"].keys() == {0, 1}  # int keys survive JSON
+    assert torch.equal(back["opt"]["state"][0]["exp_avg"], opt.state_dict()["state"][0]["exp_avg"])
+    assert back["scalar"].shape == ()
+
+
+def test_interim_checkpointer_without_checkpoint_says_so(tmp_path: Path) -> None:
+    from streamio.errors import CheckpointNotFoundError
+
+    with pytest.raises(CheckpointNotFoundError, match="latest.json"):
+        InterimCheckpointer(str(tmp_path / "nothing")).restore({})
+
+
+def test_config_flags_and_lr_schedule() -> None:
+    cfg = parse_args(["--ckpt-url", "s3://b/c", "--grad-accum", "4", "--lr", "0.5", "--fail-at-step", "7"])
+    assert (cfg.ckpt_url, cfg.grad_accum, cfg.lr, cfg.fail_at_step, cfg.data_url) == ("s3://b/c", 4, 0.5, 7, None)
+    f = warmup_cosine(4, 20)
+    assert [f(0), f(3)] == [0.25, 1.0] and math.isclose(f(20), 0.1) and f(10) < 1.0
+
+
+def test_synthetic_data_is_deterministic_and_samples_match_arrays() -> None:
+    x, y = make_arrays(5, seed=3)
+    x2, y2 = make_arrays(5, seed=3)
+    assert np.array_equal(x, x2) and np.array_equal(y, y2)
+    assert not np.array_equal(make_arrays(5, seed=3, split="val")[0], x)
+    first = next(iter_samples(5, seed=3))
+    assert first["__key__"] == "train-0000000" and int(first["cls"]) == y[0]  # type: ignore[call-overload]
