@@ -1,0 +1,342 @@
+"""Invariants 1-8 of the planner (issue 4) as hypothesis properties, plus the state contract.
+
+Streams are compared against an independent model of torch's DataLoader (``plan_helpers``) and
+against the global sequence built from the public shard order, so a wrong worker split, rotation,
+tail policy or resume position shows up as a concrete differing sample.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter
+
+import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
+from plan_helpers import all_streams, dataloader_batches, dataloader_order, global_sequence, multiset
+
+from streamio.data.plan import STATE_VERSION, EpochPlan, Shuffle, plan_epoch
+from streamio.errors import PlanError, StateMismatchError
+
+# Shards with 0 and 1 samples are common on purpose; totals stay small so 64 ranks x 8 workers is fast.
+counts_st = st.lists(st.one_of(st.integers(0, 1), st.integers(0, 25)), min_size=1, max_size=16)
+topology_st = st.tuples(st.integers(1, 64), st.integers(0, 8), st.integers(1, 4))  # world, workers, batch
+shuffle_st = st.builds(Shuffle, shards=st.booleans(), window=st.sampled_from([0, 1, 2, 3, 5, 8]))
+seed_st = st.integers(0, 2**63)
+epoch_st = st.integers(0, 10_000)
+policy_st = st.sampled_from(["pad", "drop"])
+
+
+def _plannable(counts: list[int], world: int, policy: str) -> bool:
+    total = sum(counts)
+    return total > 0 and (policy == "pad" or total >= world)
+
+
+def _plan(counts: list[int], topo: tuple[int, int, int], **kw: object) -> EpochPlan:
+    world, workers, batch = topo
+    return plan_epoch(counts, world_size=world, num_workers=workers, batch_size=batch, **kw)  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- 1, 2, 8
+
+
+@given(counts_st, topology_st, shuffle_st, seed_st, epoch_st, policy_st)
+def test_exactly_once_and_equal_work(counts, topo, shuffle, seed, epoch, policy) -> None:
+    assume(_plannable(counts, topo[0], policy))
+    plan = _plan(counts, topo, seed=seed, epoch=epoch, policy=policy, shuffle=shuffle)
+    world, n = topo[0], sum(counts)
+    streams = all_streams(plan)
+
+    # 2. equal work: samples and batches, identical on every rank, and what the plan announces
+    assert {len(s) for s in streams} == {plan.samples_per_rank}
+    assert {dataloader_batches(plan, r) for r in range(world)} == {plan.batches_per_rank}
+    assert plan.batches_per_rank == -(-plan.samples_per_rank // plan.batch_size)
+    # only the rank's last batch may be partial: every worker but one yields whole batches
+    partial = [s for s in plan.streams(0) if s.size % plan.batch_size]
+    assert len(partial) <= 1
+    # rank_order (the public DataLoader order) agrees with the independent DataLoader model
+    assert list(plan.rank_order(0)) == streams[0]
+
+    # 1. exactly once, +- exactly the stated tail: pad repeats the start of G, drop cuts its end
+    g = global_sequence(plan, counts)
+    if policy == "pad":
+        assert plan.dropped == 0 and 0 <= plan.padding < world
+        expected = Counter(g) + Counter(g[i % n] for i in range(plan.padding))
+    else:
+        assert plan.padding == 0 and 0 <= plan.dropped < world
+        expected = Counter(g[: n - plan.dropped])
+    assert multiset(streams) == expected
+    assert world * plan.samples_per_rank == n + plan.padding - plan.dropped
+
+
+def test_world_larger_than_shards_and_samples_with_pad() -> None:
+    # 8. one sample, 64 ranks: every rank gets it once; 63 repeats are stated
+    plan = plan_epoch([0, 1, 0], seed=0, epoch=0, world_size=64, num_workers=8, policy="pad")
+    assert plan.samples_per_rank == 1 and plan.padding == 63
+    assert all(dataloader_order(plan, r) == [(1, 0)] for r in range(64))
+    # more ranks than shards with drop: whole samples, not whole shards, are assigned
+    plan = plan_epoch([10, 0, 7], seed=3, epoch=1, world_size=16, num_workers=3, policy="drop")
+    assert plan.samples_per_rank == 1 and plan.dropped == 1
+
+
+def test_impossible_topologies_raise_plan_error_naming_the_fix() -> None:
+    with pytest.raises(PlanError, match=r"world_size=8 exceeds the 5 samples.*policy='pad'"):
+        plan_epoch([5], seed=0, epoch=0, world_size=8, policy="drop")
+    with pytest.raises(PlanError, match="no samples"):
+        plan_epoch([0, 0], seed=0, epoch=0, world_size=1)
+    with pytest.raises(PlanError, match="rank 4 is outside world_size=4"):
+        plan_epoch([5], seed=0, epoch=0, world_size=4).stream(4)
+    with pytest.raises(PlanError, match="worker 2 is outside num_workers=2"):
+        plan_epoch([5], seed=0, epoch=0, world_size=1, num_workers=2).stream(0, 2)
+    for bad in ({"seed": -1}, {"epoch": -2}, {"world_size": 0}, {"batch_size": 0}, {"num_workers": -1}, {"policy": "wrap"}):
+        kw = {"seed": 0, "epoch": 0, "world_size": 1, **bad}
+        with pytest.raises(PlanError):
+            plan_epoch([5], **kw)  # type: ignore[arg-type]
+    with pytest.raises(PlanError, match="1-D sequence of ints"):
+        plan_epoch([3, -1], seed=0, epoch=0, world_size=1)
+    with pytest.raises(PlanError, match="window"):
+        Shuffle(window=-1)
+
+
+# --------------------------------------------------------------------------- 3
+
+
+@given(counts_st, topology_st, shuffle_st, seed_st, epoch_st, policy_st)
+def test_deterministic(counts, topo, shuffle, seed, epoch, policy) -> None:
+    assume(_plannable(counts, topo[0], policy))
+    a = _plan(counts, topo, seed=seed, epoch=epoch, policy=policy, shuffle=shuffle)
+    b = _plan(list(counts), topo, seed=seed, epoch=epoch, policy=policy, shuffle=shuffle)
+    for r in {0, topo[0] - 1}:
+        assert [list(s) for s in a.streams(r)] == [list(s) for s in b.streams(r)]
+        assert [s.runs for s in a.streams(r)] == [s.runs for s in b.streams(r)]
+
+
+_PROBE = """
+import json, sys
+from streamio.data.plan import Shuffle, plan_epoch
+p = plan_epoch([7, 0, 1, 13, 4, 9], seed=12345, epoch=6, world_size=3, num_workers=2, batch_size=2,
+               shuffle=Shuffle(window=4))
+print(json.dumps([p.shard_order, [[list(s) for s in p.streams(r)] for r in range(3)]]))
+"""
+
+# Pinned: the shard order must not change across numpy versions or machines (it would silently
+# break every saved resume state). Regenerate only with a state format version bump.
+_GOLDEN_ORDER = [3, 1, 0, 5, 2, 4]
+
+
+def test_deterministic_across_processes_and_pinned() -> None:
+    outs = []
+    for hashseed in ("0", "4242"):
+        env = {"PYTHONHASHSEED": hashseed, "PATH": "/usr/bin:/bin"}
+        res = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, check=True, env=env)
+        outs.append(json.loads(res.stdout))
+    assert outs[0] == outs[1]
+    here = plan_epoch([7, 0, 1, 13, 4, 9], seed=12345, epoch=6, world_size=3, num_workers=2, batch_size=2, shuffle=Shuffle(window=4))
+    assert outs[0][0] == list(here.shard_order) == _GOLDEN_ORDER
+    assert outs[0][1] == [[[list(x) for x in s] for s in here.streams(r)] for r in range(3)]
+
+
+def test_seed_is_structured_not_summed() -> None:
+    counts = [1] * 40
+    a = plan_epoch(counts, seed=1, epoch=0, world_size=1).shard_order
+    b = plan_epoch(counts, seed=0, epoch=1, world_size=1).shard_order
+    assert a != b
+
+
+# --------------------------------------------------------------------------- 4
+
+
+@given(counts_st, topology_st, shuffle_st, seed_st, policy_st, st.data())
+def test_resume_same_topology_is_the_uninterrupted_remainder(counts, topo, shuffle, seed, policy, data) -> None:
+    assume(_plannable(counts, topo[0], policy))
+    kw = {"seed": seed, "epoch": 2, "policy": policy, "shuffle": shuffle}
+    plan = _plan(counts, topo, **kw)
+    full = [dataloader_order(plan, r) for r in range(topo[0])]
+    c1 = data.draw(st.integers(0, plan.batches_per_rank), label="first stop (batches)")
+    state = json.loads(json.dumps(plan.state_dict(c1)))  # JSON-safe
+    resumed = _plan(counts, topo, resume=state, **kw)
+    done = min(c1 * plan.batch_size, plan.samples_per_rank)
+    assert resumed.stage == 0 and resumed.samples_per_rank == plan.samples_per_rank - done
+    for r in range(topo[0]):
+        assert dataloader_order(resumed, r) == full[r][done:]
+    # and again from the resumed plan (positions accumulate)
+    c2 = data.draw(st.integers(0, resumed.batches_per_rank), label="second stop (batches)")
+    again = _plan(counts, topo, resume=resumed.state_dict(c2), **kw)
+    done2 = min((c1 + c2) * plan.batch_size, plan.samples_per_rank)
+    assert dataloader_order(again, topo[0] - 1) == full[-1][done2:]
+
+
+def test_num_workers_zero_and_one_are_the_same_stream() -> None:
+    kw = {"seed": 9, "epoch": 1, "world_size": 2, "batch_size": 3, "shuffle": Shuffle(window=4)}
+    zero = plan_epoch([9, 4, 0, 11], num_workers=0, **kw)  # type: ignore[arg-type]
+    one = plan_epoch([9, 4, 0, 11], num_workers=1, **kw)  # type: ignore[arg-type]
+    assert list(zero.rank_order(1)) == list(one.rank_order(1))
+    resumed = plan_epoch([9, 4, 0, 11], num_workers=1, resume=zero.state_dict(2), **kw)  # type: ignore[arg-type]
+    assert resumed.stage == 0 and list(resumed.rank_order(1)) == list(zero.rank_order(1))[6:]
+
+
+# --------------------------------------------------------------------------- 5
+
+
+@given(counts_st, st.lists(topology_st, min_size=2, max_size=4), shuffle_st, seed_st, policy_st, st.data())
+def test_resume_new_topology_exactly_once_over_three_changes(counts, topos, shuffle, seed, policy, data) -> None:
+    assume(_plannable(counts, topos[0][0], policy))
+    kw = {"seed": seed, "epoch": 5, "policy": policy, "shuffle": shuffle}
+    plan = _plan(counts, topos[0], **kw)
+    # `left`: multiset of what the current stage still owes (the full stage for a new stage)
+    left = multiset(all_streams(plan))
+    consumed: Counter = Counter()
+    for i, topo in enumerate(topos):
+        if i:
+            before = plan.stage
+            plan = _plan(counts, topo, resume=state, **kw)
+            streams = all_streams(plan)
+            got = multiset(streams)
+            assert {len(s) for s in streams} == {plan.samples_per_rank}  # equal work again
+            if plan.stage == before:  # same topology, equal consumption: the stage continues
+                assert got == left
+            else:  # a new stage: what was owed, +- exactly its own stated tail
+                assert plan.stage == before + 1
+                if policy == "pad":
+                    assert plan.dropped == 0 and plan.padding < topo[0]
+                    extra = got - left
+                    assert not (left - got) and sum(extra.values()) == plan.padding and set(extra) <= set(left)
+                else:
+                    assert plan.padding == 0 and plan.dropped < topo[0]
+                    assert not (got - left) and sum((left - got).values()) == plan.dropped
+            left = got
+        last = i == len(topos) - 1
+        stop = plan.batches_per_rank if last else data.draw(st.integers(0, plan.batches_per_rank), label=f"stop {i}")
+        taken = multiset([dataloader_order(plan, r)[: stop * plan.batch_size] for r in range(plan.world_size)])
+        consumed += taken
+        left = left - taken
+        state = json.loads(json.dumps(plan.state_dict(stop)))
+    # the whole epoch: every sample at least once (pad) / at most once (drop)
+    g = Counter(global_sequence(plan, counts))
+    if policy == "pad":
+        assert not (g - consumed)
+    else:
+        assert not (consumed - g)
+    assert not left
+
+
+def test_unequal_consumption_replans_to_equal_work() -> None:
+    kw = {"seed": 4, "epoch": 0, "world_size": 3, "num_workers": 2, "policy": "drop"}
+    plan = plan_epoch([10, 10, 10], **kw)  # type: ignore[arg-type]
+    state = plan.state_dict([1, 4, 2])
+    resumed = plan_epoch([10, 10, 10], resume=state, **kw)  # type: ignore[arg-type]
+    assert resumed.stage == 1  # continuing stage 0 would leave ranks with 9, 6 and 8 samples
+    assert resumed.samples_per_rank == (30 - 7) // 3 and resumed.dropped == 2
+    taken = multiset([dataloader_order(plan, r)[:c] for r, c in enumerate([1, 4, 2])])
+    rest = multiset(all_streams(resumed))
+    assert not (taken & rest) and sum((taken + rest).values()) == 30 - 2
+
+
+# --------------------------------------------------------------------------- 6
+
+
+@given(counts_st, topology_st, shuffle_st, seed_st, epoch_st, policy_st)
+def test_locality_runs_are_long(counts, topo, shuffle, seed, epoch, policy) -> None:
+    assume(_plannable(counts, topo[0], policy))
+    plan = _plan(counts, topo, seed=seed, epoch=epoch, policy=policy, shuffle=shuffle)
+    for r in {0, topo[0] // 2, topo[0] - 1}:
+        for s in plan.streams(r):
+            runs = s.runs
+            assert sum(run.end - run.first for run in runs) == s.size
+            assert all(0 <= run.first < run.end <= counts[run.shard] for run in runs)
+            # one run per shard touched; +1 only where the pad tail wraps to the start of G
+            shards = Counter(run.shard for run in runs)
+            assert len(runs) <= len(shards) + (1 if policy == "pad" else 0)
+            # windows read exactly the stream, each at most `window` samples and one permutation
+            wins = list(s.windows())
+            assert sum(w.size for w in wins) == s.size
+            for w in wins:
+                if w.order is not None:
+                    assert w.size <= shuffle.window and sorted(w.order.tolist()) == list(range(w.size))
+
+
+def test_locality_at_scale_is_one_read_per_shard() -> None:
+    counts = [1000] * 500
+    plan = plan_epoch(counts, seed=1, epoch=3, world_size=64, num_workers=8, batch_size=32)
+    for s in plan.streams(17):
+        assert len(s.runs) <= -(-s.size // 1000) + 1  # about its share of shards
+
+
+# --------------------------------------------------------------------------- 7
+
+
+@given(st.integers(16, 60), st.integers(2, 8), seed_st, epoch_st)
+def test_epochs_differ(shards, world, seed, epoch) -> None:
+    counts = [5] * shards
+    plans = [plan_epoch(counts, seed=seed, epoch=e, world_size=world) for e in (epoch, epoch + 1, epoch + 2)]
+    assert plans[0].shard_order != plans[1].shard_order
+    rank0 = [frozenset(run.shard for run in p.stream(0).runs) for p in plans]
+    assert len(set(rank0)) > 1  # not a fixed shard-to-rank mapping
+
+
+# --------------------------------------------------------------------------- state contract
+
+
+def _state_plan(**over: object) -> tuple[dict, dict]:
+    kw = {"seed": 7, "epoch": 1, "world_size": 2, "num_workers": 2, "policy": "pad", "shuffle": Shuffle(window=4)}
+    kw.update(over)
+    return plan_epoch([5, 6, 7], index_fingerprint="idx-1", **kw).state_dict(1), kw  # type: ignore[arg-type]
+
+
+def test_state_is_small_versioned_json() -> None:
+    plan = plan_epoch([10] * 5000, seed=3, epoch=2, world_size=512, num_workers=8, batch_size=4)
+    state = plan.state_dict(7)
+    assert state["version"] == STATE_VERSION and state["epoch"] == 2
+    assert json.loads(json.dumps(state)) == state and len(json.dumps(state)) < 400
+    assert state["fingerprint"]["seed"] == 3 and state["stages"][-1]["batches"] == 7
+
+
+@pytest.mark.parametrize(
+    ("change", "names"),
+    [
+        ({"seed": 8}, "seed"),
+        ({"policy": "drop"}, "policy"),
+        ({"shuffle": Shuffle(window=5)}, "shuffle"),
+        ({"epoch": 2}, "epoch"),
+        ({"counts": [5, 6, 8]}, "samples"),
+        ({"index_fingerprint": "idx-2"}, "index"),
+    ],
+)
+def test_mismatched_state_raises_naming_what_differs(change: dict, names: str) -> None:
+    state, kw = _state_plan()
+    counts = change.pop("counts", [5, 6, 7])
+    kw["index_fingerprint"] = change.pop("index_fingerprint", "idx-1")
+    kw.update(change)
+    with pytest.raises(StateMismatchError, match=rf"{names}: state has") as info:
+        plan_epoch(counts, resume=state, **kw)  # type: ignore[arg-type]
+    assert str(info.value).count("state has") == 1  # only the differing field is named
+
+
+def test_bad_states_raise_plan_error() -> None:
+    state, kw = _state_plan()
+    kw["index_fingerprint"] = "idx-1"
+    for broken in (
+        {**state, "version": 99},
+        {**state, "stages": "x"},
+        {**state, "stages": [{"world_size": 2}]},
+        {**state, "stages": [{**state["stages"][0], "batches": [1, 2, 3]}]},
+        {**state, "stages": [{**state["stages"][0], "batches": 10_000}]},
+    ):
+        with pytest.raises(PlanError):
+            plan_epoch([5, 6, 7], resume=broken, **kw)  # type: ignore[arg-type]
+    plan = plan_epoch([5, 6, 7], **kw)  # type: ignore[arg-type]
+    with pytest.raises(PlanError, match="cannot have consumed"):
+        plan.state_dict(plan.batches_per_rank + 1)
+    with pytest.raises(PlanError, match="one per rank"):
+        plan.state_dict([1, 2, 3])
+
+
+def test_finished_epoch_resumes_to_nothing_on_any_topology() -> None:
+    kw = {"seed": 1, "epoch": 0, "policy": "pad"}
+    plan = plan_epoch([3, 4], world_size=2, num_workers=2, **kw)  # type: ignore[arg-type]
+    state = plan.state_dict(plan.batches_per_rank)
+    for world, workers in ((2, 2), (5, 3)):
+        rest = plan_epoch([3, 4], world_size=world, num_workers=workers, resume=state, **kw)  # type: ignore[arg-type]
+        assert rest.samples_per_rank == 0 and all(list(s) == [] for s in rest.streams(0))
