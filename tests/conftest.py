@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from streamio.storage import Store
-from streamio.testing import MotoServer, S3Endpoint
+from streamio.testing import FakeGcsServer, GcsEndpoint, MotoServer, S3Endpoint
 
 settings.register_profile("ci", max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("default", max_examples=100, deadline=None)
@@ -40,7 +40,21 @@ def s3(moto_endpoint: str) -> S3Endpoint:
     return S3Endpoint(moto_endpoint, "unused").new_bucket()
 
 
-@pytest.fixture(params=["file", "memory", "s3"])
+@pytest.fixture(scope="session")
+def gcs_endpoint() -> Iterator[str]:
+    """One fake-gcs-server (in memory, real HTTP on 127.0.0.1) for the whole session."""
+    server = FakeGcsServer()
+    yield server.start()
+    server.stop()
+
+
+@pytest.fixture
+def gcs(gcs_endpoint: str) -> GcsEndpoint:
+    """A fresh, empty bucket on the session's fake-gcs-server."""
+    return GcsEndpoint(gcs_endpoint, "unused").new_bucket()
+
+
+@pytest.fixture(params=["file", "memory", "s3", "gcs"])
 def store(request: pytest.FixtureRequest, tmp_path) -> Store:  # type: ignore[no-untyped-def]
     """The same contract on every backend: a fresh empty root."""
     kind = request.param
@@ -48,5 +62,8 @@ def store(request: pytest.FixtureRequest, tmp_path) -> Store:  # type: ignore[no
         return Store(str(tmp_path / "root"))
     if kind == "memory":
         return Store(f"memory://streamio-{uuid.uuid4().hex}")
+    if kind == "gcs":
+        gcs: GcsEndpoint = request.getfixturevalue("gcs")
+        return Store(gcs.url("root"), gcs.storage_options())
     s3: S3Endpoint = request.getfixturevalue("s3")
     return Store(s3.url("root"), s3.storage_options())

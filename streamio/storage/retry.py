@@ -1,71 +1,295 @@
-"""Retry policy for storage calls, on tenacity.
+"""Retry policy and error classification for storage calls, on tenacity.
 
-One place decides retries: exponential backoff with full jitter, bounded in attempts and in total
-time, retrying only transient errors and raising permanent ones at once as streamio errors that
-name the URL. (s3fs and botocore retry too; the store configures them down so attempts do not
-multiply.)
+One place decides retries. The layers underneath retry too (s3fs 5 times, botocore up to 5
+attempts, gcsfs 6 times; with defaults one persistent 503 costs 25 attempts and ~34 s), so the
+store configures them down to a single attempt each (see ``streamio.storage.backends``) and this
+policy alone decides: exponential backoff with full jitter, bounded in attempts and total time.
+
+Classification (:func:`classify`) walks the exception and its causes (s3fs wraps botocore's
+``ClientError`` in ``OSError``s, gcsfs raises its own ``HttpError``) and sorts it into:
+
+* ``"not_found"``  NoSuchKey / NoSuchBucket / 404             -> ObjectNotFoundError, one attempt
+* ``"permission"`` 403 / AccessDenied / InvalidAccessKeyId /
+  SignatureDoesNotMatch / expired or missing credentials      -> StoragePermissionError, one attempt
+* ``"conflict"``   412 PreconditionFailed / 409 conflict       -> WriteConflictError, one attempt
+* ``"transient"``  5xx, SlowDown / 429 / throttling, timeouts,
+  connection resets, truncated bodies                         -> retried, then TransientStorageError
+* ``"permanent"``  anything else (bad request, bugs)           -> raised at once, unchanged
+
+Every raised error is a :mod:`streamio.errors` class whose message names the URL and what to check.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TypeVar
+import asyncio
+import http.client
+import logging
+import random
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Literal, TypeVar
 
 import tenacity
 
-from streamio.errors import ObjectNotFoundError, StoragePermissionError, TransientStorageError
+from streamio.errors import (
+    ObjectNotFoundError,
+    StorageError,
+    StoragePermissionError,
+    TransientStorageError,
+    WriteConflictError,
+)
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+ErrorKind = Literal["not_found", "permission", "conflict", "transient", "permanent"]
+
+_NOT_FOUND_CODES = {"NoSuchKey", "NoSuchBucket", "NotFound", "NoSuchUpload", "404"}
+_PERMISSION_CODES = {
+    "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "AllAccessDisabled", "ExpiredToken",
+    "InvalidToken", "TokenRefreshRequired", "AccountProblem", "InvalidSecurity", "Forbidden", "403", "401",
+    "UnauthorizedOperation", "InvalidClientTokenId", "MissingSecurityHeader",
+}
+_CONFLICT_CODES = {"PreconditionFailed", "ConditionalRequestConflict", "412", "409"}
+_TRANSIENT_CODES = {
+    "SlowDown", "Throttling", "ThrottlingException", "RequestThrottled", "TooManyRequests",
+    "TooManyRequestsException", "RequestLimitExceeded", "RequestTimeout", "RequestTimeoutException",
+    "InternalError", "ServiceUnavailable", "BandwidthLimitExceeded", "IncompleteBody",
+    "500", "502", "503", "504", "429", "408",
+}
+_TRANSIENT_BOTOCORE = {
+    "EndpointConnectionError", "ConnectionClosedError", "ReadTimeoutError", "ConnectTimeoutError",
+    "IncompleteReadError", "ResponseStreamingError", "HTTPClientError", "ProxyConnectionError",
+    "ConnectionError", "ResponseParserError", "FSTimeoutError",
+}
+_PERMISSION_BOTOCORE = {"NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError"}
+_TRANSIENT_AIOHTTP = {
+    "ClientPayloadError", "ServerDisconnectedError", "ClientConnectionError", "ClientOSError",
+    "ServerTimeoutError", "ClientConnectorError", "ContentLengthError", "TransferEncodingError",
+    "ConnectionTimeoutError", "SocketTimeoutError", "ProxyError", "ChunkedEncodingError", "ReadTimeout",
+}
+
+
+class TruncatedBodyError(ConnectionError):
+    """A response body ended before the length it announced (transient: the read resumes)."""
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen and len(seen) < 8:
+        seen.add(id(cur))
+        yield cur
+        cur = cur.__cause__ or cur.__context__
+
+
+def _code_of(exc: BaseException) -> tuple[str | None, int | None]:
+    """(error code, HTTP status) of a botocore ClientError or gcsfs HttpError, else (None, None)."""
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict) and "Error" in response:
+        code = response.get("Error", {}).get("Code")
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        return (str(code) if code is not None else None), status
+    code = getattr(exc, "code", None)
+    if type(exc).__name__ == "HttpError" and code is not None:
+        return str(code), int(code) if str(code).isdigit() else None
+    status = getattr(exc, "status", None)  # aiohttp ClientResponseError
+    if isinstance(status, int) and type(exc).__name__ == "ClientResponseError":
+        return str(status), status
+    return None, None
+
+
+def _classify_one(exc: BaseException) -> ErrorKind | None:
+    if isinstance(exc, WriteConflictError):
+        return "conflict"
+    if isinstance(exc, ObjectNotFoundError):
+        return "not_found"
+    if isinstance(exc, StoragePermissionError):
+        return "permission"
+    if isinstance(exc, TransientStorageError):
+        return "transient"
+    code, status = _code_of(exc)
+    if code is not None or status is not None:
+        for value in (code, str(status) if status else None):
+            if value in _NOT_FOUND_CODES:
+                return "not_found"
+            if value in _PERMISSION_CODES:
+                return "permission"
+            if value in _CONFLICT_CODES:
+                return "conflict"
+            if value in _TRANSIENT_CODES:
+                return "transient"
+        if status is not None and status >= 500:
+            return "transient"
+        return "permanent"
+    name = type(exc).__name__
+    if name in _PERMISSION_BOTOCORE:
+        return "permission"
+    if name in _TRANSIENT_BOTOCORE or name in _TRANSIENT_AIOHTTP:
+        return "transient"
+    if isinstance(exc, (TimeoutError, asyncio.TimeoutError, ConnectionError, http.client.IncompleteRead)):
+        return "transient"
+    if isinstance(exc, FileExistsError):
+        return "conflict"
+    if isinstance(exc, FileNotFoundError):
+        return "not_found"
+    if isinstance(exc, PermissionError):
+        return "permission"
+    if isinstance(exc, OSError) and str(exc).startswith("Forbidden"):  # gcsfs's 403
+        return "permission"
+    return None
+
+
+def classify(exc: BaseException) -> ErrorKind:
+    """Sort ``exc`` (or the first of its causes that says) into an :data:`ErrorKind`."""
+    for e in _chain(exc):
+        kind = _classify_one(e)
+        if kind is not None:
+            return kind
+    return "permanent"
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether ``exc`` is worth retrying (5xx, throttling, timeouts, resets, truncation)."""
+    return classify(exc) == "transient"
+
+
+def _detail(exc: BaseException) -> str:
+    for e in _chain(exc):
+        code, status = _code_of(e)
+        if code is not None:
+            return f"{code} (HTTP {status})" if status and str(status) != code else str(code)
+    return f"{type(exc).__name__}: {exc}".strip()
+
+
+def to_storage_error(exc: BaseException, url: str, *, attempts: int = 1, elapsed: float = 0.0) -> BaseException:
+    """The :mod:`streamio.errors` exception for ``exc`` at ``url`` (``exc`` itself if permanent and not ours)."""
+    kind = classify(exc)
+    detail = _detail(exc)
+    if isinstance(exc, StorageError) and kind != "transient":
+        return exc
+    if kind == "not_found":
+        return ObjectNotFoundError(
+            f"{url} does not exist ({detail}): check the bucket name, the path and the endpoint"
+        )
+    if kind == "permission":
+        return StoragePermissionError(
+            f"access to {url} was refused ({detail}): check the credentials (key/secret/token or service "
+            f"account), that they are valid for this endpoint, and that they may access this bucket"
+        )
+    if kind == "conflict":
+        return WriteConflictError(
+            f"conditional write to {url} lost ({detail}): the object exists or changed since it was read; "
+            f"re-read it and decide again"
+        )
+    if kind == "transient":
+        return TransientStorageError(
+            f"{url}: transient storage errors persisted through {attempts} attempt(s) over {elapsed:.1f} s "
+            f"(last: {detail}); check the endpoint and network, or allow more in the RetryPolicy"
+        )
+    if isinstance(exc, OSError) and not isinstance(exc, StorageError):
+        return StorageError(f"{url}: storage operation failed ({detail}); check the URL and storage options")
+    return exc
 
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """How transient storage errors are retried.
+    """How transient storage errors are retried (exponential backoff, full jitter).
+
+    The n-th retry waits ``uniform(0, min(max_backoff, initial_backoff * 2**(n-1)))`` seconds.
 
     Attributes:
-        max_attempts: attempts in all, the first included.
-        initial_backoff: seconds before the first retry (upper bound of the jitter).
-        max_backoff: cap on one backoff.
-        max_total: give up once this many seconds have passed since the first attempt.
+        max_attempts: attempts in all, the first included (1 = never retry).
+        initial_backoff: upper bound of the first wait, seconds.
+        max_backoff: cap on the upper bound of one wait.
+        max_total: stop retrying once this many seconds passed since the first attempt.
+        sleep: how to wait (tests pass a recorder; never pickled state: a module function).
     """
 
     max_attempts: int = 8
     initial_backoff: float = 0.1
     max_backoff: float = 5.0
     max_total: float = 120.0
+    sleep: Callable[[float], None] = field(default=time.sleep, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError(f"RetryPolicy.max_attempts must be >= 1, got {self.max_attempts}")
+
+    def backoff(self, retry_number: int) -> float:
+        """Seconds to wait before retry ``retry_number`` (1-based): full jitter."""
+        cap = min(self.max_backoff, self.initial_backoff * 2 ** max(0, retry_number - 1))
+        return random.uniform(0, cap)  # noqa: S311 - jitter, not crypto
 
     def call(self, fn: Callable[[], T], url: str) -> T:
-        """Run ``fn`` under this policy; errors name ``url``."""
+        """Run ``fn`` under this policy.
+
+        Args:
+            fn: the operation; may raise anything.
+            url: the URL it concerns, named in every error.
+
+        Returns:
+            What ``fn`` returned.
+
+        Raises:
+            ObjectNotFoundError, StoragePermissionError, WriteConflictError: at once.
+            TransientStorageError: transient errors outlasted the policy.
+        """
+        start = time.monotonic()
+        retrying = tenacity.Retrying(
+            stop=tenacity.stop_after_attempt(self.max_attempts) | tenacity.stop_after_delay(self.max_total),
+            wait=lambda state: self.backoff(state.attempt_number),
+            retry=tenacity.retry_if_exception(is_transient),
+            sleep=self.sleep,
+            before_sleep=lambda state: log.info(
+                "retrying %s after attempt %d: %s", url, state.attempt_number, _detail(state.outcome.exception())
+            ),
+            reraise=True,
+        )
         try:
-            for attempt in tenacity.Retrying(
-                stop=tenacity.stop_after_attempt(self.max_attempts) | tenacity.stop_after_delay(self.max_total),
-                wait=tenacity.wait_random_exponential(multiplier=self.initial_backoff, max=self.max_backoff),
-                retry=tenacity.retry_if_exception(is_transient),
-                reraise=True,
-            ):
-                with attempt:
-                    return fn()
-        except FileNotFoundError as exc:
-            if isinstance(exc, ObjectNotFoundError):
-                raise
-            raise ObjectNotFoundError(f"{url} does not exist (or its bucket does not): check the URL") from exc
-        except PermissionError as exc:
-            raise StoragePermissionError(f"access to {url} was refused: check the credentials and their permissions") from exc
+            return retrying(fn)
         except Exception as exc:
-            if is_transient(exc):
-                raise TransientStorageError(
-                    f"{url}: transient storage errors outlasted the retry policy ({self.max_attempts} attempts): {exc}"
-                ) from exc
-            raise
-        raise AssertionError("unreachable")  # pragma: no cover
+            attempts = int(retrying.statistics.get("attempt_number", 1))
+            err = to_storage_error(exc, url, attempts=attempts, elapsed=time.monotonic() - start)
+            if err is exc:
+                raise
+            raise err from exc
+
+    def budget(self) -> RetryBudget:
+        """A fresh attempt budget for a loop that resumes (see :class:`RetryBudget`)."""
+        return RetryBudget(self)
 
 
-def is_transient(exc: BaseException) -> bool:
-    """Whether ``exc`` is worth retrying (5xx, throttling, timeouts, resets, truncation)."""
-    if isinstance(exc, (FileNotFoundError, PermissionError, FileExistsError)):
-        return False
-    if isinstance(exc, (ConnectionError, TimeoutError)):
-        return True
-    text = f"{type(exc).__name__} {exc}"
-    return any(s in text for s in ("SlowDown", "503", "500", "502", "504", "Throttl", "Timeout", "reset", "IncompleteRead"))
+class RetryBudget:
+    """Attempt accounting for long operations that make progress between failures (streams).
+
+    A failure after progress starts a fresh series: a 64 MB read cut every 8 MB makes 8
+    failures, each followed by progress, and must not exhaust ``max_attempts``. Failures without
+    progress in between are counted and backed off like :meth:`RetryPolicy.call`.
+    """
+
+    def __init__(self, policy: RetryPolicy) -> None:
+        self.policy = policy
+        self.failures = 0
+        self.total_failures = 0
+        self._since = time.monotonic()
+
+    def progress(self) -> None:
+        """Bytes arrived: the next failure starts a new series."""
+        self.failures = 0
+        self._since = time.monotonic()
+
+    def failed(self, exc: BaseException, url: str) -> None:
+        """Account one failure: wait and return if worth retrying, else raise the mapped error."""
+        self.failures += 1
+        self.total_failures += 1
+        elapsed = time.monotonic() - self._since
+        if not is_transient(exc) or self.failures >= self.policy.max_attempts or elapsed > self.policy.max_total:
+            err = to_storage_error(exc, url, attempts=self.failures, elapsed=elapsed)
+            if err is exc:
+                raise exc
+            raise err from exc
+        log.info("resuming %s after failure %d: %s", url, self.failures, _detail(exc))
+        self.policy.sleep(self.policy.backoff(self.failures))
+

@@ -2,31 +2,69 @@
 
 A ``Store`` is ``(url, storage_options, retry policy)`` and nothing live: the fsspec filesystem
 is created lazily, once per process (s3fs objects are not fork-safe and hold credentials), so a
-``Store`` pickles into DataLoader workers and spawned processes as its three fields.
+``Store`` pickles into DataLoader workers and spawned processes as its three fields — with every
+credential in the options replaced by an opaque reference into this process's memory. A forked
+child (the DataLoader default on Linux) resolves the references; a spawned process or another
+machine cannot, and gets a clear error at first use: give it credentials the way the library
+takes them from its environment (``AWS_ACCESS_KEY_ID``..., ``GOOGLE_APPLICATION_CREDENTIALS``)
+or build the Store there. streamio never writes a secret into a pickle, a log or a repr.
 
 Paths given to the methods are relative to the root (``store.read("index.json")``) and use
 ``/``; ``store.url(path)`` gives the full URL for messages. Every operation is retried by the
-store's :class:`~streamio.storage.retry.RetryPolicy` on transient errors and maps permanent ones to
-:mod:`streamio.errors` classes naming the URL.
+store's :class:`~streamio.storage.retry.RetryPolicy` on transient errors (the libraries' own
+retries are configured down to one attempt, so attempts never multiply) and maps permanent ones
+to :mod:`streamio.errors` classes naming the URL, at once.
+
+Reads: ``read`` is one ranged GET (retried whole). ``iter_bytes`` is one streaming GET whose
+body is yielded as it arrives; when the connection drops or the body ends short, it continues
+with a ranged GET from the last byte received (never from the start), and it verifies that
+exactly ``end - start`` bytes arrived. A failure after progress starts a fresh attempt series.
+
+Corruption: a flipped byte inside a body is NOT detected here (s3fs/gcsfs return wrong bytes
+with no error on ranged reads; botocore checks a stored full-object checksum only on some whole
+GETs). Callers verify bytes with :mod:`streamio.checksum` against the index / manifest.
 
 Call order for writers: ``put`` (one atomic PUT or completed multipart; ``mode="create"`` or
 ``if_match=`` make it conditional) — there is no rename and no multi-object transaction; a commit
-is the last single PUT of a pointer object.
+is the last single PUT of a pointer object. Per-backend guarantees: see
+:mod:`streamio.storage.backends`. A conditional put whose first attempt succeeded on the server
+but whose answer was lost is retried and then reports a conflict: callers that see
+``WriteConflictError`` re-read the object (it may be their own write).
 """
 
 from __future__ import annotations
 
-import os
+import logging
 import posixpath
+import threading
+import uuid
 from collections.abc import Iterable, Iterator, Mapping
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import fsspec
+from streamio.errors import StoragePermissionError
+from streamio.storage import backends
+from streamio.storage.retry import RetryPolicy, TruncatedBodyError
 
-from streamio.storage.retry import RetryPolicy
+log = logging.getLogger(__name__)
 
 WriteMode = Literal["overwrite", "create"]
+
+#: option names whose values are credentials (at any nesting depth of ``storage_options``)
+SECRET_OPTION_NAMES = frozenset(
+    {
+        "key", "secret", "token", "session_token", "password", "client_secret", "access_token",
+        "refresh_token", "aws_access_key_id", "aws_secret_access_key", "aws_session_token",
+        "account_key", "sas_token", "credentials", "private_key",
+    }
+)
+_NOT_SECRET_VALUES = frozenset({"anon", "google_default", "cache", "cloud", "browser"})
+_VAULT: dict[str, Any] = {}
+_VAULT_LOCK = threading.Lock()
+
+MULTIPART_THRESHOLD = 64 << 20
+PART_SIZE = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -37,12 +75,28 @@ class ObjectInfo:
         path: path relative to the store root.
         size: bytes.
         version: an opaque token that changes whenever the object does (S3 ETag, GCS
-            generation, local mtime_ns + size); what ``put(..., if_match=)`` compares against.
+            generation, local inode-mtime_ns-size, memory content CRC); what
+            ``put(..., if_match=)`` compares against.
     """
 
     path: str
     size: int
     version: str | None
+
+
+class _SecretRef:
+    """A credential left behind in the pickling process; pickles as its random id only."""
+
+    __slots__ = ("ref",)
+
+    def __init__(self, ref: str) -> None:
+        self.ref = ref
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_SecretRef, (self.ref,))
+
+    def __repr__(self) -> str:
+        return "<secret>"
 
 
 class Store:
@@ -68,11 +122,16 @@ class Store:
         self.retry = retry or RetryPolicy()
         self._fs: Any = None
         self._root: str = ""
+        self._proto: str = ""
         self._pid = -1
+        self._lock = threading.Lock()
+        self._redacted: dict[str, Any] | None = None
 
-    # pickling: the three fields, never the live filesystem (it holds clients and credentials)
+    # pickling: the three fields with credentials replaced by references, never the live filesystem
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild_store, (self._url, self._options, self.retry))
+        if self._redacted is None:
+            self._redacted = _redact(self._options)
+        return (_rebuild_store, (self._url, self._redacted, self.retry))
 
     def __repr__(self) -> str:
         # never the storage options: they may hold credentials
@@ -80,20 +139,33 @@ class Store:
 
     @property
     def root_url(self) -> str:
+        """The root URL this store was made with (no trailing slash)."""
         return self._url
 
     @property
     def protocol(self) -> str:
-        fs = self.fs
-        proto = fs.protocol
-        return proto[0] if isinstance(proto, (tuple, list)) else proto
+        """``s3``, ``gs``, ``file``, ``memory``, ... (creates the filesystem on first use)."""
+        self.fs  # noqa: B018
+        return self._proto
 
     @property
     def fs(self) -> Any:
-        """The fsspec filesystem for this process, created on first use."""
+        """The fsspec filesystem for this process, created on first use (inner retries off)."""
+        import os
+
         if self._fs is None or self._pid != os.getpid():
-            fs, root = fsspec.core.url_to_fs(self._url, skip_instance_cache=True, **self._options)
-            self._fs, self._root, self._pid = fs, root.rstrip("/"), os.getpid()
+            with self._lock:
+                if self._fs is None or self._pid != os.getpid():
+                    missing = _missing_secrets(self._options)
+                    if missing:
+                        raise StoragePermissionError(
+                            f"the Store for {self._url} was unpickled in a process that does not hold its "
+                            f"credentials ({', '.join(missing)}): streamio never pickles secrets. Give this "
+                            f"process credentials through its environment or create the Store in it"
+                        )
+                    fs, root = backends.make_fs(self._url, self._options)
+                    self._fs, self._root, self._proto = fs, root, backends.protocol_of(fs)
+                    self._pid = os.getpid()
         return self._fs
 
     def url(self, path: str = "") -> str:
@@ -110,38 +182,81 @@ class Store:
 
     # ---------------------------------------------------------------- reads
     def read(self, path: str, start: int | None = None, end: int | None = None) -> bytes:
-        """Bytes ``[start, end)`` of ``path`` (whole object by default)."""
-        return self.retry.call(lambda: self.fs.cat_file(self._full(path), start=start, end=end), self.url(path))
+        """Bytes ``[start, end)`` of ``path`` (whole object by default), in one retried request.
+
+        Raises:
+            ObjectNotFoundError: no such object or bucket (one attempt).
+            StoragePermissionError: access refused (one attempt).
+            TransientStorageError: transient errors outlasted the policy.
+        """
+        if start is not None and end is not None and end <= start:
+            return b""
+        return self.retry.call(lambda: bytes(self.fs.cat_file(self._full(path), start=start, end=end)), self.url(path))
 
     def iter_bytes(
         self, path: str, start: int = 0, end: int | None = None, *, chunk_size: int = 8 << 20
     ) -> Iterator[bytes]:
-        """Stream ``[start, end)`` of ``path`` in chunks as they arrive.
+        """Stream ``[start, end)`` of ``path`` as it arrives, resuming where a connection dropped.
 
-        A dropped connection or truncated body continues from the last byte received (ranged
-        GET), it never restarts from ``start``.
+        Pieces are at most ``min(chunk_size, 1 MiB)`` bytes; the first one is handed over as
+        soon as any bytes arrived. A reset or a short body continues with a ranged GET from the
+        last byte received. The total length is verified.
+
+        Args:
+            path: object path below the root.
+            start: first byte.
+            end: one past the last byte (None: to the end of the object).
+            chunk_size: upper bound of one piece.
+
+        Raises:
+            ObjectNotFoundError, StoragePermissionError: at once.
+            TransientStorageError: no progress within the retry policy.
         """
-        if end is None:
+        url = self.url(path)
+        piece = max(1, min(chunk_size, 1 << 20))
+        budget = self.retry.budget()
+        if end is None and start > 0:
             end = self.info(path).size
+        if end is not None and end <= start:
+            return
         pos = start
-        while pos < end:
-            n = min(chunk_size, end - pos)
-            chunk = self.read(path, pos, pos + n)
-            if not chunk:
-                break
-            pos += len(chunk)
-            yield chunk
+        bound: list[int | None] = [end]
+
+        def on_end(absolute: int) -> None:
+            if bound[0] is None:
+                bound[0] = absolute
+
+        while bound[0] is None or pos < bound[0]:
+            try:
+                for data in backends.open_stream(self.fs, self._full(path), pos, bound[0], piece, on_end):
+                    limit = bound[0]
+                    if limit is not None and pos + len(data) > limit:
+                        data = data[: limit - pos]
+                    if not data:
+                        continue
+                    pos += len(data)
+                    budget.progress()
+                    yield data
+                if bound[0] is None:  # a stream that never said its length: it ended, so we are done
+                    return
+                if pos < bound[0]:
+                    raise TruncatedBodyError(f"{url}: body ended at byte {pos}, expected {bound[0]}")
+            except Exception as exc:  # noqa: BLE001 - classified and re-raised by the budget
+                budget.failed(exc, url)
+                log.debug("resuming %s at byte %d", url, pos)
 
     def info(self, path: str) -> ObjectInfo:
         """Size and version of ``path``, read fresh (never from a cached listing)."""
 
         def op() -> ObjectInfo:
-            self.fs.invalidate_cache(self._full(path))
-            return _to_info(self.fs.info(self._full(path)), path)
+            full = self._full(path)
+            self.fs.invalidate_cache(full)
+            return self._to_info(self.fs.info(full), path)
 
         return self.retry.call(op, self.url(path))
 
     def exists(self, path: str) -> bool:
+        """Whether ``path`` exists now (fresh; permission and transient errors are raised)."""
         try:
             self.info(path)
         except FileNotFoundError:
@@ -159,31 +274,81 @@ class Store:
             except FileNotFoundError:
                 return []
             base = self._root + "/" if self._root else ""
-            return sorted(
-                (_to_info(d, name[len(base) :] if name.startswith(base) else name) for name, d in found.items()),
-                key=lambda o: o.path,
-            )
+            out = []
+            for name, d in found.items():
+                if name.endswith(backends.TMP_SUFFIX) or d.get("type") == "directory":
+                    continue
+                out.append(self._to_info(d, name[len(base) :] if name.startswith(base) else name))
+            return sorted(out, key=lambda o: o.path)
 
         return self.retry.call(op, self.url(prefix))
 
+    def _to_info(self, d: Mapping[str, Any], path: str) -> ObjectInfo:
+        proto = self._proto
+        size = int(d.get("size") or 0)
+        if proto == "file":
+            version: Any = backends.local_version(d["name"])
+        elif proto == "memory":
+            version = backends.memory_version(self.fs.cat_file(d["name"]))
+        elif proto == "gs":
+            version = d.get("generation")
+        else:
+            version = d.get("ETag") or d.get("etag") or d.get("generation")
+            if version is None and "mtime" in d:
+                version = f"{d['mtime']}-{size}"
+        return ObjectInfo(path=path, size=size, version=None if version is None else str(version).strip('"'))
+
     # ---------------------------------------------------------------- writes
     def put(
-        self, path: str, data: bytes | bytearray | memoryview, *, mode: WriteMode = "overwrite", if_match: str | None = None
+        self,
+        path: str,
+        data: bytes | bytearray | memoryview,
+        *,
+        mode: WriteMode = "overwrite",
+        if_match: str | None = None,
+        concurrency: int = 8,
     ) -> str | None:
         """Write ``data`` to ``path`` in one atomic step and return the new version token.
 
-        ``mode="create"`` fails with :class:`~streamio.errors.WriteConflictError` if the object
-        exists; ``if_match=version`` fails the same way if it changed since that version was read.
+        Args:
+            path: object path below the root.
+            data: the whole content (large objects go up in parallel parts where supported).
+            mode: ``"overwrite"`` or ``"create"`` (fail if the object exists).
+            if_match: a version from ``info``/``put``: fail if the object changed since.
+            concurrency: parallel parts for a multipart upload.
+
+        Raises:
+            WriteConflictError: the create-only or compare-and-swap condition failed.
+            StoragePermissionError, ObjectNotFoundError: at once (e.g. no bucket).
+            TransientStorageError: transient errors outlasted the policy.
         """
+        if mode not in ("overwrite", "create"):
+            raise ValueError(f"put mode must be 'overwrite' or 'create', got {mode!r}")
+        if mode == "create" and if_match is not None:
+            raise ValueError("put takes mode='create' or if_match=, not both")
         full = self._full(path)
+        url = self.url(path)
+        view = memoryview(data).cast("B") if not isinstance(data, bytes) else memoryview(data)
+        proto = self.protocol
 
         def op() -> str | None:
-            if self.protocol in ("file", "local"):
-                self.fs.makedirs(posixpath.dirname(full), exist_ok=True)
-            self.fs.pipe_file(full, bytes(data), mode=mode)
-            return self.info(path).version
+            if proto == "file":
+                return backends.put_local(full, url, view, mode, if_match)
+            if proto == "memory":
+                return backends.put_memory(self.fs, full, url, bytes(view), mode, if_match)
+            if proto == "s3":
+                return backends.put_s3(
+                    self.fs, full, url, view, mode, if_match, policy=self.retry,
+                    part_size=PART_SIZE, multipart_threshold=MULTIPART_THRESHOLD, concurrency=concurrency,
+                )
+            if proto == "gs":
+                return backends.put_gcs(self.fs, full, url, view, mode, if_match)
+            if if_match is not None:
+                raise NotImplementedError(f"{url}: compare-and-swap is not supported on {proto}://")
+            self.fs.pipe_file(full, bytes(view), mode=mode)
+            return self._to_info(self.fs.info(full), path).version
 
-        return self.retry.call(op, self.url(path))
+        return self.retry.call(op, url)
 
     def delete(self, path: str) -> None:
         """Delete ``path``; deleting what is already gone is not an error."""
@@ -197,21 +362,69 @@ class Store:
         self.retry.call(op, self.url(path))
 
     def put_many(self, items: Iterable[tuple[str, bytes]], *, concurrency: int = 8) -> None:
-        """Upload many objects in parallel (bounded by ``concurrency``)."""
-        for path, data in items:
-            self.put(path, data)
+        """Upload many objects in parallel, at most ``concurrency`` at a time.
+
+        The first error (naming its URL) is raised after the uploads in flight finish; the
+        ones not started yet are cancelled. Memory: the caller's items plus nothing per thread.
+        """
+        self._parallel([(lambda p=p, d=d: self.put(p, d)) for p, d in items], concurrency)
 
     def read_many(self, paths: Iterable[str], *, concurrency: int = 8) -> list[bytes]:
         """Download many objects in parallel; results in the order of ``paths``."""
-        return [self.read(p) for p in paths]
+        return self._parallel([(lambda p=p: self.read(p)) for p in paths], concurrency)
+
+    def _parallel(self, jobs: list[Any], concurrency: int) -> list[Any]:
+        if not jobs:
+            return []
+        self.fs  # noqa: B018 - create the filesystem once, before the threads
+        with ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(jobs)))) as pool:
+            futures: list[Future[Any]] = [pool.submit(job) for job in jobs]
+            done, pending = wait(futures, return_when=FIRST_EXCEPTION)
+            for f in futures:
+                if f.done() and f.exception() is not None:
+                    for p in pending:
+                        p.cancel()
+                    raise f.exception()  # type: ignore[misc]
+            return [f.result() for f in futures]
+
+
+def _redact(options: Any, path: str = "") -> Any:
+    """``options`` with every credential replaced by a :class:`_SecretRef` into ``_VAULT``."""
+    if isinstance(options, Mapping):
+        out = {}
+        for k, v in options.items():
+            if isinstance(k, str) and k.lower() in SECRET_OPTION_NAMES and v is not None and not (
+                isinstance(v, str) and v in _NOT_SECRET_VALUES
+            ):
+                ref = uuid.uuid4().hex
+                with _VAULT_LOCK:
+                    _VAULT[ref] = v
+                out[k] = _SecretRef(ref)
+            else:
+                out[k] = _redact(v, f"{path}{k}.")
+        return out
+    return options
+
+
+def _resolve(options: Any) -> Any:
+    if isinstance(options, Mapping):
+        return {k: _resolve(v) for k, v in options.items()}
+    if isinstance(options, _SecretRef):
+        with _VAULT_LOCK:
+            return _VAULT.get(options.ref, options)
+    return options
+
+
+def _missing_secrets(options: Any, prefix: str = "") -> list[str]:
+    out: list[str] = []
+    if isinstance(options, Mapping):
+        for k, v in options.items():
+            if isinstance(v, _SecretRef):
+                out.append(f"{prefix}{k}")
+            else:
+                out.extend(_missing_secrets(v, f"{prefix}{k}."))
+    return out
 
 
 def _rebuild_store(url: str, options: dict[str, Any], retry: RetryPolicy) -> Store:
-    return Store(url, options, retry=retry)
-
-
-def _to_info(d: Mapping[str, Any], path: str) -> ObjectInfo:
-    version = d.get("ETag") or d.get("generation") or d.get("etag")
-    if version is None and "mtime" in d:
-        version = f"{d['mtime']}-{d.get('size')}"
-    return ObjectInfo(path=path, size=int(d.get("size") or 0), version=None if version is None else str(version).strip('"'))
+    return Store(url, _resolve(options), retry=retry)

