@@ -30,8 +30,9 @@ import logging
 import posixpath
 import struct
 import sys
+from contextlib import closing
 from array import array
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -446,7 +447,11 @@ def scan_shard(store: Store, path: str) -> tuple[ShardInfo, SampleLayout, set[st
             f"shard {url!r} is compressed: `streamio index` reads plain .tar shards only (offsets into a zstd "
             f"stream need one frame per sample). Re-shard it with `streamio shard {url} DEST --compress zstd`."
         )
-    tee = _Tee(store.iter_bytes(path))
+    with closing(store.iter_bytes(path)) as stream:
+        return _scan(_Tee(stream), url, path)
+
+
+def _scan(tee: _Tee, url: str, path: str) -> tuple[ShardInfo, SampleLayout, set[str]]:
     starts: list[int] = []
     crcs: list[int] = []
     keys: set[str] = set()
@@ -542,15 +547,16 @@ def _deep_check(store: Store, index: DatasetIndex, i: int) -> str | None:
         layout = index.layout(i, store)
         whole = Crc32c()
 
-        def chunks() -> Iterable[bytes]:
-            for chunk in store.iter_bytes(shard.path):
+        def counted(chunks: Iterable[bytes]) -> Iterator[bytes]:
+            for chunk in chunks:
                 whole.update(chunk)
                 yield chunk
 
-        stream = iter(chunks())
-        n = sum(1 for _ in iter_samples(stream, url=url, layout=layout, compression=shard.compression))
-        for _ in stream:
-            pass
+        with closing(store.iter_bytes(shard.path)) as raw:
+            stream = counted(raw)
+            n = sum(1 for _ in iter_samples(stream, url=url, layout=layout, compression=shard.compression))
+            for _ in stream:  # the trailer after the last sample, for the whole-object checksum
+                pass
     except FileNotFoundError:
         return "missing: the object does not exist"
     except StreamioError as exc:

@@ -36,6 +36,7 @@ import random
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import closing
 from types import TracebackType
 from typing import Any
 
@@ -422,4 +423,5 @@ def samples_from_shards(
         raise DatasetError(f"no shards match {patterns!r} under {store.root_url}: nothing to shard")
     for path in paths:
         compression = "zstd" if path.endswith(".zst") else None
-        yield from iter_samples(store.iter_bytes(path), url=store.url(path), compression=compression, handler=handler)
+        with closing(store.iter_bytes(path)) as chunks:
+            yield from iter_samples(chunks, url=store.url(path), compression=compression, handler=handler)

@@ -1,0 +1,265 @@
+"""index.py: schema load/validate errors, sidecars, fingerprint, build_index, validate, ranged reads."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+import uuid
+
+import pytest
+
+from streamio.data.index import (
+    FORMAT,
+    INDEX_NAME,
+    DatasetIndex,
+    ShardInfo,
+    build_index,
+    load_index,
+    make_index,
+    split_pattern,
+    validate,
+    write_index,
+)
+from streamio.data.samples import iter_samples
+from streamio.data.writer import write_dataset
+from streamio.errors import CorruptDataError, DatasetError, IndexFormatError, IndexNotFoundError, ShardFormatError
+from streamio.storage import Store
+from streamio.testing import FaultProxy, S3Endpoint
+
+
+def mem() -> Store:
+    return Store(f"memory://ix-{uuid.uuid4().hex}")
+
+
+def samples(n: int, size: int = 2000) -> list[dict]:
+    return [{"__key__": f"{i:05d}", "bin": bytes([i % 256]) * size, "txt": f"t{i}".encode()} for i in range(n)]
+
+
+def doc(store: Store) -> dict:
+    return json.loads(store.read(INDEX_NAME))
+
+
+# --------------------------------------------------------------------------- load errors
+def test_missing_index_says_how_to_make_one() -> None:
+    store = mem()
+    with pytest.raises(IndexNotFoundError, match=r"no index.json at memory://ix-.*/index.json.*`streamio index memory://ix-"):
+        load_index(store)
+    with pytest.raises(FileNotFoundError):  # catchable as the builtin too
+        load_index(store)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda d: d.update(format="streamio.dataset/2"), r"format 'streamio.dataset/2'; this streamio reads 'streamio.dataset/1'"),
+        (lambda d: d.pop("format"), "format None"),
+        (lambda d: d.update(samples=999), "'samples' is 999 but the shards hold 10"),
+        (lambda d: d["shards"][0].update(path="../escape.tar"), "not a safe relative path"),
+        (lambda d: d["shards"][0].update(bytes=-1), "not a non-negative integer"),
+        (lambda d: d["shards"][0].update(checksum="md5:abc"), "not 'crc32c:<8 hex digits>'"),
+        (lambda d: d["shards"][0].update(offsets=[0, 1]), "has 4 samples but 2 offsets"),
+        (lambda d: d["shards"][0].update(offsets=[0, 5, 3, 9, 20]), "not increasing"),
+        (lambda d: d.update(shards={}), "'shards' is not a list"),
+    ],
+)
+def test_invalid_index_fields_are_refused(mutate, message: str) -> None:  # type: ignore[no-untyped-def]
+    store = mem()
+    write_dataset(samples(10), store, max_count=4)
+    d = doc(store)
+    mutate(d)
+    store.put(INDEX_NAME, json.dumps(d).encode())
+    with pytest.raises(IndexFormatError, match=message):
+        load_index(store)
+
+
+def test_not_json_is_an_index_format_error() -> None:
+    store = mem()
+    store.put(INDEX_NAME, b"<html>oops</html>")
+    with pytest.raises(IndexFormatError, match="is not valid JSON"):
+        load_index(store)
+
+
+def test_unknown_fields_are_ignored_for_forward_compatibility() -> None:
+    store = mem()
+    write_dataset(samples(3), store)
+    d = doc(store)
+    d["future_field"] = {"x": 1}
+    d["shards"][0]["future"] = True
+    store.put(INDEX_NAME, json.dumps(d).encode())
+    assert load_index(store).samples == 3
+
+
+# --------------------------------------------------------------------------- layout and sidecars
+def test_inline_and_sidecar_layouts_agree_and_have_the_same_fingerprint() -> None:
+    a, b = mem(), mem()
+    ia = write_dataset(samples(12), a, max_count=5)
+    ib = write_dataset(samples(12), b, max_count=5, inline_limit=0)
+    assert "offsets" in doc(a)["shards"][0] and "layout" in doc(b)["shards"][0] and "offsets" not in doc(b)["shards"][0]
+    la, lb = load_index(a), load_index(b)
+    assert la.fingerprint == lb.fingerprint == ia.fingerprint == ib.fingerprint
+    assert doc(a)["fingerprint"] == la.fingerprint
+    assert [la.layout(i, a) for i in range(3)] == [lb.layout(i, b) for i in range(3)]
+    assert la.layout(1, a).offsets[0] == 0 and len(la.layout(2, a).offsets) == 3
+
+
+def test_sidecars_are_read_once_and_checked() -> None:
+    store = mem()
+    write_dataset(samples(6), store, max_count=3, inline_limit=0)
+    index = load_index(store)
+    reads: list[str] = []
+    real_read = store.read
+    store.read = lambda p, *a: reads.append(p) or real_read(p, *a)  # type: ignore[method-assign]
+    first = index.layout(1, store)
+    assert index.layout(1, store) is first and reads == ["_layout/data-000001.tar.bin"]
+    store.read = real_read  # type: ignore[method-assign]
+    blob = bytearray(store.read("_layout/data-000000.tar.bin"))
+    blob[20] ^= 1
+    store.put("_layout/data-000000.tar.bin", bytes(blob))
+    with pytest.raises(CorruptDataError, match=r"_layout/data-000000.tar.bin does not match its checksum"):
+        load_index(store).layout(0, store)
+
+
+def test_fingerprint_changes_with_the_data() -> None:
+    base = [ShardInfo("a.tar", 10, 1, "crc32c:00000001")]
+    other = [ShardInfo("a.tar", 10, 1, "crc32c:00000002")]
+    assert make_index(base, {}, []).fingerprint == make_index(list(base), {}, ["x"]).fingerprint
+    assert make_index(base, {}, []).fingerprint != make_index(other, {}, []).fingerprint
+
+
+def test_a_5000_shard_index_stays_small() -> None:
+    """The index of 5,000 shards x 2,500 samples keeps per-sample data in sidecars (loads in ms)."""
+    shards = [ShardInfo(f"data-{i:06d}.tar", 256_000_000, 2500, "crc32c:0123abcd") for i in range(5000)]
+    index = DatasetIndex(tuple(shards), 5000 * 2500, ("jpg",), None, _sidecars={i: (f"_layout/{s.path}.bin", "crc32c:00000000") for i, s in enumerate(shards)})
+    store = mem()
+    d = {"format": FORMAT, "samples": index.samples, "keys": ["jpg"], "compression": None, "shards": [
+        {"path": s.path, "bytes": s.bytes, "samples": s.samples, "checksum": s.checksum,
+         "layout": f"_layout/{s.path}.bin", "layout_checksum": "crc32c:00000000"} for s in shards]}
+    store.put(INDEX_NAME, json.dumps(d).encode())
+    assert len(store.read(INDEX_NAME)) < 1_000_000
+    loaded = load_index(store)
+    assert loaded.samples == 12_500_000 and loaded.fingerprint == index.fingerprint
+
+
+# --------------------------------------------------------------------------- build_index
+def _tar(members: list[tuple[str, bytes]]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            info.mtime = 1_700_000_000
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def test_build_index_of_foreign_shards_matches_what_the_writer_records() -> None:
+    store = mem()
+    ours = write_dataset(samples(30, size=777), store, max_count=7)
+    store.delete(INDEX_NAME)
+    built = build_index(store, ["data-{000000..000002}.tar", "data-00000[34].tar"], concurrency=3)
+    assert built.fingerprint == ours.fingerprint
+    assert [built.layout(i, store) for i in range(5)] == [ours.layout(i, store) for i in range(5)]
+    assert build_index(store).fingerprint == ours.fingerprint  # no pattern: every .tar below the root
+
+
+def test_build_index_with_tarfile_shards_and_directories() -> None:
+    store = mem()
+    store.put("a/s-0.tar", _tar([("x/1.jpg", b"J" * 600), ("x/1.cls", b"1"), ("x/2.jpg", b""), ("y.txt", b"z")]))
+    index = build_index(store, "a/s-{0..0}.tar")
+    write_index(store, index)
+    layout = load_index(store).layout(0, store)
+    assert index.sample_counts() == [3] and index.keys == ("cls", "jpg", "txt")
+    data = store.read("a/s-0.tar")
+    got = list(iter_samples([data[layout.offsets[1] :]], url="a/s-0.tar", start_offset=layout.offsets[1],
+                            first_sample=1, layout=layout))
+    assert got == [{"__key__": "x/2", "jpg": b""}, {"__key__": "y", "txt": b"z"}]
+
+
+def test_build_index_names_a_non_tar_shard() -> None:
+    store = mem()
+    store.put("s-0.tar", _tar([("a.txt", b"ok")]))
+    store.put("s-1.tar", b"this is a text file, not a tar " * 40)
+    with pytest.raises(ShardFormatError, match=r"s-1.tar.*not a valid tar header"):
+        build_index(store, "s-{0..1}.tar")
+
+
+def test_build_index_errors_for_no_match_and_missing_shard() -> None:
+    store = mem()
+    store.put("s-0.tar", _tar([("a.txt", b"ok")]))
+    with pytest.raises(DatasetError, match="no shards match"):
+        build_index(store, "nothing-*.tar")
+    with pytest.raises(FileNotFoundError):
+        build_index(store, "s-{0..1}.tar")
+
+
+def test_split_pattern() -> None:
+    assert split_pattern("s3://b/ds/shard-{000000..000099}.tar") == ("s3://b/ds", "shard-{000000..000099}.tar")
+    assert split_pattern("/data/ds/*/x-*.tar") == ("/data/ds", "*/x-*.tar")
+    assert split_pattern("s3://b/ds") == ("s3://b/ds", None)
+    assert split_pattern("gs://b/ds/one.tar") == ("gs://b/ds", "one.tar")
+
+
+# --------------------------------------------------------------------------- validate
+@pytest.mark.parametrize("compression", [None, "zstd"])
+def test_validate_catches_flipped_byte_truncation_and_missing_shard(tmp_path, compression: str | None) -> None:
+    store = Store(str(tmp_path))
+    write_dataset(samples(20), store, max_count=5, compression=compression)
+    index = load_index(store)
+    assert validate(store, index, deep=True).ok
+    names = [s.path for s in index.shards]
+    flipped = bytearray((tmp_path / names[0]).read_bytes())
+    offsets = index.layout(0, store).offsets
+    flipped[(offsets[2] + offsets[3]) // 2] ^= 0x10
+    (tmp_path / names[0]).write_bytes(bytes(flipped))
+    (tmp_path / names[1]).write_bytes((tmp_path / names[1]).read_bytes()[:-1024])
+    (tmp_path / names[2]).unlink()
+    shallow = validate(store, index)
+    assert [b.path for b in shallow.bad] == names[1:3]  # sizes only: the flipped byte needs a deep check
+    report = validate(store, index, deep=True)
+    reasons = {b.path: b.reason for b in report.bad}
+    assert list(reasons) == names[:3] and not report.ok
+    assert "sample 2" in reasons[names[0]] and "CRC32C" in reasons[names[0]]
+    assert "index says" in reasons[names[1]] and reasons[names[2]].startswith("missing")
+
+
+def test_deep_validate_catches_a_changed_trailer(tmp_path) -> None:
+    store = Store(str(tmp_path))
+    write_dataset(samples(3), store)
+    raw = bytearray((tmp_path / "data-000000.tar").read_bytes())
+    raw[-1] = 1  # outside every sample: only the whole-shard checksum sees it
+    (tmp_path / "data-000000.tar").write_bytes(bytes(raw))
+    (bad,) = validate(store, load_index(store), deep=True).bad
+    assert "checksum" in bad.reason and "corrupt" in bad.reason
+
+
+# --------------------------------------------------------------------------- one ranged GET over real HTTP
+@pytest.mark.parametrize("compression", [None, "zstd"])
+def test_starting_at_sample_k_is_one_ranged_get_at_its_offset(s3: S3Endpoint, compression: str | None) -> None:
+    write_dataset(samples(12, size=5000), Store(s3.url("ds"), s3.storage_options()), compression=compression)
+    with FaultProxy(s3.endpoint_url) as proxy:
+        store = Store(s3.url("ds"), s3.storage_options(proxy.endpoint_url))
+        index = load_index(store)
+        shard, layout = index.shards[0], index.layout(0, store)
+        proxy.clear()
+        k = 7
+        start, end = layout.byte_range(k, shard.samples)
+        got = list(iter_samples(store.iter_bytes(shard.path, start, end), url=store.url(shard.path), start_offset=start,
+                                first_sample=k, layout=layout, compression=compression))
+        assert [s["__key__"] for s in got] == [f"{i:05d}" for i in range(k, 12)]
+        gets = [r for r in proxy.log() if shard.path in r.path]
+        assert [(r.method, r.range) for r in gets] == [("GET", f"bytes={start}-{end - 1}")]
+        assert gets[0].response_bytes == end - start
+
+
+def test_a_corrupted_ranged_read_is_caught_by_the_sample_crc(s3: S3Endpoint) -> None:
+    write_dataset(samples(6, size=5000), Store(s3.url("ds"), s3.storage_options()))
+    with FaultProxy(s3.endpoint_url) as proxy:
+        store = Store(s3.url("ds"), s3.storage_options(proxy.endpoint_url))
+        index = load_index(store)
+        layout = index.layout(0, store)
+        proxy.corrupt_next(1, 9000, method="GET", path_contains="data-000000")
+        start, end = layout.byte_range(2, 6)
+        with pytest.raises(CorruptDataError, match=r"sample 3 .* fails its CRC32C"):
+            list(iter_samples(store.iter_bytes("data-000000.tar", start, end), url="data-000000.tar",
+                              start_offset=start, first_sample=2, layout=layout))
