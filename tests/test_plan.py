@@ -17,7 +17,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 from plan_helpers import all_streams, dataloader_batches, dataloader_order, global_sequence, multiset
 
-from streamio.data.plan import STATE_VERSION, EpochPlan, Shuffle, plan_epoch
+from streamio.data.plan import STATE_VERSION, EpochPlan, Shuffle, WorkerStream, plan_epoch
 from streamio.errors import PlanError, StateMismatchError
 
 # Shards with 0 and 1 samples are common on purpose; totals stay small so 64 ranks x 8 workers is fast.
@@ -69,6 +69,29 @@ def test_exactly_once_and_equal_work(counts, topo, shuffle, seed, epoch, policy)
         expected = Counter(g[: n - plan.dropped])
     assert multiset(streams) == expected
     assert world * plan.samples_per_rank == n + plan.padding - plan.dropped
+    assert plan.check() == []  # the run-level check (what `streamio plan` runs) agrees
+
+
+def test_check_detects_lost_and_unequal_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    plan = plan_epoch([10, 3, 7], seed=2, epoch=0, world_size=2, num_workers=2, policy="pad")
+    assert plan.check() == []
+    real = WorkerStream.runs.fget  # type: ignore[attr-defined]
+
+    def lose_one(self: WorkerStream) -> tuple:
+        runs = real(self)
+        if self.rank == 1 and self.worker == 0:
+            last = runs[-1]
+            return (*runs[:-1], last._replace(end=last.end - 1))
+        return runs
+
+    monkeypatch.setattr(WorkerStream, "runs", property(lose_one))
+    assert plan.check() == ["exactly once: 1 samples never yielded and 0 yielded again; the 'pad' policy states 0 dropped and 0 padded"]
+    monkeypatch.undo()
+    streams = EpochPlan.streams
+    monkeypatch.setattr(EpochPlan, "streams", lambda self, rank: streams(self, rank)[: 1 if rank == 1 else None])
+    problems = plan.check()
+    assert problems[0] == "equal work: rank 1 yields 5 samples in 5 batches, not 10 in 10"
+    assert problems[1].startswith("exactly once: 5 samples never yielded")
 
 
 def test_world_larger_than_shards_and_samples_with_pad() -> None:

@@ -446,6 +446,7 @@ class EpochPlan:
             with ``drop_last=True`` one fewer when ``stage_samples_per_rank % batch_size``).
         stage_samples_per_rank: samples per rank of the current stage (the whole epoch unless the
             topology changed mid-epoch), including any already consumed.
+        policy: the tail policy, ``"pad"`` or ``"drop"``.
         padding: samples the ``"pad"`` policy repeats in this stage (total over ranks).
         dropped: samples the ``"drop"`` policy leaves out in this stage (total over ranks).
         stage: how many topology changes this epoch has seen.
@@ -465,6 +466,7 @@ class EpochPlan:
         self.batches_per_rank = max(0, stage.batches - start_batches)
         self.padding = stage.padding
         self.dropped = stage.dropped
+        self.policy = stage.policy
 
     def __repr__(self) -> str:
         return (
@@ -516,6 +518,52 @@ class EpochPlan:
             for _ in range(take):
                 yield next(its[k])
             t += 1
+
+    def check(self) -> list[str]:
+        """Verify invariants 1 and 2 for this topology from the runs alone (O(runs log runs)).
+
+        Equal work: every rank yields :attr:`samples_per_rank` samples in :attr:`batches_per_rank`
+        batches. Exactly once (a fresh epoch only, where the whole data set is owed): the runs of
+        all (rank, worker) streams cover every sample once, except exactly :attr:`dropped` samples
+        never covered and :attr:`padding` extra coverings. Nothing is materialised per sample.
+
+        Returns:
+            One line per violated invariant; empty when both hold.
+        """
+        problems: list[str] = []
+        b = self.batch_size
+        firsts, ends, shards = [], [], []
+        for rank in range(self.world_size):
+            streams = self.streams(rank)
+            n = sum(s.size for s in streams)
+            nb = sum(-(-s.size // b) for s in streams)
+            if n != self.samples_per_rank or nb != self.batches_per_rank:
+                problems.append(f"equal work: rank {rank} yields {n} samples in {nb} batches, not {self.samples_per_rank} in {self.batches_per_rank}")
+            for s in streams:
+                for run in s.runs:
+                    shards.append(run.shard)
+                    firsts.append(run.first)
+                    ends.append(run.end)
+        if self.stage or self._start:
+            return problems  # a resumed plan owes only the rest; the property tests cover it
+        counts = np.diff(self._scum)[np.argsort(self._order, kind="stable")]  # index order
+        base = np.concatenate(([0], np.cumsum(counts))).astype(_I64)
+        sh = np.asarray(shards, dtype=_I64)
+        lo = base[sh] + np.asarray(firsts, dtype=_I64) if sh.size else np.zeros(0, dtype=_I64)
+        hi = base[sh] + np.asarray(ends, dtype=_I64) if sh.size else np.zeros(0, dtype=_I64)
+        pos = np.concatenate((lo, hi, [0, self.total_samples]))
+        delta = np.concatenate((np.ones(lo.size, _I64), -np.ones(hi.size, _I64), [0, 0]))
+        order = np.argsort(pos, kind="stable")
+        pos, mult = pos[order], np.cumsum(delta[order])
+        seg, mult = np.diff(pos), mult[:-1]
+        missing = int(seg[mult == 0].sum())
+        extra = int((seg * np.maximum(mult - 1, 0)).sum())
+        if missing != self.dropped or extra != self.padding:
+            problems.append(
+                f"exactly once: {missing} samples never yielded and {extra} yielded again; "
+                f"the {self.policy!r} policy states {self.dropped} dropped and {self.padding} padded"
+            )
+        return problems
 
     def state_dict(self, batches: int | Sequence[int]) -> dict[str, Any]:
         """The resume state after each rank's consumer received ``batches`` from this plan.
