@@ -1,0 +1,147 @@
+"""The dataset verbs end to end through click: shard, index, ls, inspect, verify (local and S3)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tarfile
+
+import pytest
+from click.testing import CliRunner
+
+from streamio.cli.dataset import parse_size
+from streamio.cli.main import cli
+from streamio.data.index import INDEX_NAME, load_index
+from streamio.data.writer import write_dataset
+from streamio.storage import Store
+from streamio.testing import S3Endpoint
+
+
+def run(*args: str, code: int = 0, env: dict[str, str] | None = None) -> tuple[str, str]:
+    result = CliRunner().invoke(cli, list(args), env=env, catch_exceptions=False)
+    assert result.exit_code == code, (result.exit_code, result.output, result.stderr)
+    return result.stdout, result.stderr
+
+
+def make_tree(root) -> None:  # type: ignore[no-untyped-def]
+    for i in range(7):
+        (root / f"cls{i % 2}").mkdir(parents=True, exist_ok=True)
+        (root / f"cls{i % 2}" / f"{i:03d}.jpg").write_bytes(bytes([i]) * 4000)
+        (root / f"cls{i % 2}" / f"{i:03d}.cls").write_bytes(str(i % 2).encode())
+
+
+def test_shard_a_directory_then_ls_inspect_verify(tmp_path) -> None:
+    make_tree(tmp_path / "src")
+    dest = str(tmp_path / "ds")
+    out, _ = run("shard", str(tmp_path / "src"), dest, "--max-count", "3", "--compress", "zstd")
+    assert "3 shards, 7 samples" in out
+    listing = json.loads(run("ls", dest, "--json")[0])
+    assert [(s["path"], s["samples"], s["compression"]) for s in listing] == [
+        ("data-000000.tar.zst", 3, "zstd"), ("data-000001.tar.zst", 3, "zstd"), ("data-000002.tar.zst", 1, "zstd")
+    ]
+    summary = json.loads(run("inspect", dest, "--json")[0])
+    assert summary["samples"] == 7 and summary["keys"] == ["cls", "jpg"] and summary["compression"] == "zstd"
+    assert summary["fingerprint"] == load_index(Store(dest)).fingerprint
+    assert "data-000001.tar.zst" in run("ls", dest)[0] and "samples      7" in run("inspect", dest)[0]
+    assert json.loads(run("verify", dest, "--json")[0])["ok"] is True
+    assert "all 3 shards OK" in run("verify", dest)[0]
+
+
+def test_shard_shuffle_is_seeded(tmp_path) -> None:
+    make_tree(tmp_path / "src")
+    keys = []
+    for name, seed in (("a", "1"), ("b", "1"), ("c", "2")):
+        run("shard", str(tmp_path / "src"), str(tmp_path / name), "--shuffle", "--seed", seed)
+        idx = load_index(Store(str(tmp_path / name)))
+        keys.append(idx.shards[0].checksum)
+    assert keys[0] == keys[1] != keys[2]
+
+
+def test_verify_exits_non_zero_listing_bad_shards(tmp_path) -> None:
+    dest = tmp_path / "ds"
+    write_dataset([{"__key__": f"{i}", "bin": os.urandom(3000)} for i in range(9)], str(dest), max_count=3)
+    raw = bytearray((dest / "data-000000.tar").read_bytes())
+    raw[1000] ^= 0xFF
+    (dest / "data-000000.tar").write_bytes(bytes(raw))
+    (dest / "data-000002.tar").unlink()
+    _, err = run("verify", str(dest), code=1)
+    assert "2 of 3 shards are bad" in err and "data-000000.tar: " in err and "data-000002.tar: missing" in err
+    report = json.loads(run("verify", str(dest), "--json", code=1)[0])
+    assert [b["path"] for b in report["bad"]] == ["data-000000.tar", "data-000002.tar"]
+    assert [b["path"] for b in json.loads(run("verify", str(dest), "--quick", "--json", code=1)[0])["bad"]] == ["data-000002.tar"]
+
+
+def test_index_foreign_shards_by_brace_pattern(tmp_path) -> None:
+    for n in range(3):
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            for i in range(4):
+                info = tarfile.TarInfo(f"s{n}_{i}.txt")
+                info.size = 3
+                tar.addfile(info, io.BytesIO(b"abc"))
+        (tmp_path / f"shard-{n:06d}.tar").write_bytes(buf.getvalue())
+    out, _ = run("index", str(tmp_path / "shard-{000000..000002}.tar"), "--json")
+    assert json.loads(out)["samples"] == 12
+    assert (tmp_path / INDEX_NAME).exists()
+    run("verify", str(tmp_path))
+
+
+def test_shard_from_jsonl_and_reshard_from_tar_glob(tmp_path) -> None:
+    (tmp_path / "a.jpg").write_bytes(b"JPEG")
+    (tmp_path / "in.jsonl").write_text(json.dumps({"__key__": "x", "jpg": "a.jpg", "txt": "caption"}) + "\n")
+    run("shard", str(tmp_path / "in.jsonl"), str(tmp_path / "j"))
+    run("shard", str(tmp_path / "j" / "data-*.tar"), str(tmp_path / "k"), "--compress", "zstd")
+    assert json.loads(run("inspect", str(tmp_path / "k"), "--json")[0])["keys"] == ["jpg", "txt"]
+
+
+@pytest.mark.parametrize("case", ["empty", "unreadable", "no-index", "unknown-version", "bad-src", "exists"])
+def test_bad_inputs_give_one_clear_line(tmp_path, case: str) -> None:
+    src, dest = tmp_path / "src", tmp_path / "ds"
+    src.mkdir()
+    if case == "empty":
+        _, err = run("shard", str(src), str(dest), code=1)
+        assert "holds no files: nothing to shard" in err and not (dest / INDEX_NAME).exists()
+    elif case == "unreadable":
+        (src / "a.txt").write_text("x")
+        (src / "b.jpg").mkdir()  # a directory where a file is expected ...
+        os.symlink(src / "missing", src / "c.jpg")  # ... and a dangling link: both unreadable
+        _, err = run("shard", str(src), str(dest), code=1)
+        assert "cannot read" in err and "c.jpg" in err
+    elif case == "no-index":
+        _, err = run("ls", str(src), code=1)
+        assert f"no index.json at {src}/index.json" in err and f"`streamio index {src}`" in err
+    elif case == "unknown-version":
+        (src / INDEX_NAME).write_text(json.dumps({"format": "streamio.dataset/9", "shards": []}))
+        _, err = run("inspect", str(src), code=1)
+        assert "format 'streamio.dataset/9'; this streamio reads 'streamio.dataset/1'" in err
+    elif case == "bad-src":
+        (src / "x.csv").write_text("a,b")
+        _, err = run("shard", str(src / "x.csv"), str(dest), code=2)
+        assert "is not a directory, a .jsonl file or a .tar glob" in err
+    else:
+        (src / "a.txt").write_text("x")
+        run("shard", str(src), str(dest))
+        _, err = run("shard", str(src), str(dest), code=1)
+        assert "already holds a dataset" in err and "--overwrite" in err
+        run("shard", str(src), str(dest), "--overwrite")
+
+
+def test_s3_with_environment_and_storage_options(tmp_path, s3: S3Endpoint, monkeypatch: pytest.MonkeyPatch) -> None:
+    make_tree(tmp_path / "src")
+    for key, value in s3.env().items():
+        monkeypatch.setenv(key, value)
+    url = s3.url("ds")
+    run("shard", str(tmp_path / "src"), url, "--max-size", "20KB")
+    assert json.loads(run("inspect", url, "--json")[0])["shards"] == 3
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3")
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    report = json.loads(run("verify", url, "--json", "-o", f"endpoint_url={s3.endpoint_url}")[0])
+    assert report["ok"] and report["checked"] == 3
+
+
+def test_parse_size() -> None:
+    assert parse_size("256MB") == 256_000_000 and parse_size("1GiB") == 1 << 30 and parse_size("4096") == 4096
+    assert parse_size("1.5kb") == 1500
+    with pytest.raises(Exception, match="not a size"):
+        parse_size("lots")
