@@ -428,9 +428,9 @@ class CheckpointManager:
 
     def _check_step_free(self, step: int) -> None:
         if self.store.exists(mf.manifest_path(step)):
-            raise CheckpointError(
-                f"step {step} is already committed at {self.store.url(mf.step_dir(step))}: save each step once "
-                f"(restore() returned the step to continue from)"
+            raise CheckpointConflictError(
+                f"step {step} is already committed at {self.store.url(mf.step_dir(step))}: another job writes this "
+                f"root, or this job saves a step twice (save steps after the one restore() returned)"
             )
 
     def _check_uploaded(self, sdir: str, files: list[FileEntry]) -> None:

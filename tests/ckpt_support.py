@@ -1,0 +1,185 @@
+"""Helpers for the checkpoint tests: deterministic states and the child processes they kill.
+
+``state_for(step)`` builds the same model + Adam + scheduler + plain values for the same step in
+any process, so a parent can check that what a killed child left restores to exactly the state of
+the step it reports. Run as a script it is the child of the kill -9 tests::
+
+    python tests/ckpt_support.py fault ROOT PHASE   # saves step 1, says "ready", waits for a
+                                                    # line on stdin, then saves step 2 (dying at
+                                                    # PHASE, or wherever the proxy kills it)
+    torchrun --nproc_per_node 2 tests/ckpt_support.py ddp ROOT OUT.json
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+import torch
+
+PART_SIZE = 256 << 10
+
+
+class Net(torch.nn.Module):
+    def __init__(self, width: int = 256) -> None:
+        super().__init__()
+        self.fc1 = torch.nn.Linear(64, width)
+        self.bn = torch.nn.BatchNorm1d(width)
+        self.fc2 = torch.nn.Linear(width, 8)
+        self.emb = torch.nn.Embedding(512, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.bn(self.fc1(x + self.emb.weight[:1]))))
+
+
+def state_for(step: int, width: int = 256) -> dict[str, Any]:
+    """A state whose every tensor depends on ``step`` (and nothing else)."""
+    torch.manual_seed(1000 + step)
+    model = Net(width)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2)
+    for _ in range(2):
+        opt.zero_grad()
+        model(torch.randn(16, 64)).square().mean().backward()
+        opt.step()
+        sched.step()
+    return {
+        "model": model,
+        "optim": opt,
+        "sched": sched,
+        "counters": {"step": step, "best": 1.0 / (step + 1), "history": (step, float("inf"))},
+        "extra": torch.full((3,), float(step), dtype=torch.bfloat16),
+    }
+
+
+def fresh_state(width: int = 256) -> dict[str, Any]:
+    """A state of the same structure with different values (what restore loads into)."""
+    torch.manual_seed(99)
+    model = Net(width)
+    opt = torch.optim.Adam(model.parameters(), lr=5e-2)
+    return {
+        "model": model,
+        "optim": opt,
+        "sched": torch.optim.lr_scheduler.StepLR(opt, step_size=2),
+        "counters": None,
+        "extra": torch.zeros(3, dtype=torch.bfloat16),
+    }
+
+
+def assert_same_state(got: dict[str, Any], want: dict[str, Any]) -> None:
+    """Bit-exact comparison of everything ``state_for`` builds."""
+    for (k1, a), (k2, b) in zip(got["model"].state_dict().items(), want["model"].state_dict().items(), strict=True):
+        assert k1 == k2 and a.dtype == b.dtype and torch.equal(a, b), k1
+    so, wo = got["optim"].state_dict(), want["optim"].state_dict()
+    assert so["param_groups"] == wo["param_groups"]
+    assert so["state"].keys() == wo["state"].keys()
+    for i in wo["state"]:
+        for name, value in wo["state"][i].items():
+            assert torch.equal(so["state"][i][name], value), (i, name)
+    assert got["sched"].state_dict() == want["sched"].state_dict()
+    assert got["counters"] == want["counters"]
+    assert torch.equal(got["extra"], want["extra"]) and got["extra"].dtype == torch.bfloat16
+
+
+def _fault_child(root: str, phase: str) -> None:
+    from streamio.checkpoint import CheckpointManager, KeepLast, SaveOptions
+    from streamio.checkpoint import manager as manager_module
+
+    options = json.loads(os.environ.get("CKPT_TEST_STORAGE_OPTIONS", "{}"))
+    mgr = CheckpointManager(root, retention=KeepLast(1), async_save=False, storage_options=options,
+                            options=SaveOptions(part_size=PART_SIZE, concurrency=4))
+    mgr.save(1, state_for(1))
+    print("ready", flush=True)
+    sys.stdin.readline()
+    if phase != "-":
+
+        def die(name: str) -> None:
+            if name == phase:
+                os.kill(os.getpid(), 9)
+
+        manager_module._phase_hook = die
+    mgr.save(2, state_for(2), metrics={"loss": 0.5})
+    print("done", flush=True)
+    os._exit(0)
+
+
+def _ddp_child(root: str, out_path: str) -> None:
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from streamio.checkpoint import CheckpointManager, SaveOptions
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)  # identical initial weights on every rank, as DDP expects
+    model = DistributedDataParallel(Net(128))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    gen = torch.Generator().manual_seed(100 + rank)  # per-rank RNG (e.g. augmentation)
+    rng = _GenState(gen)
+    options = json.loads(os.environ.get("CKPT_TEST_STORAGE_OPTIONS", "{}"))
+    mgr = CheckpointManager(root, storage_options=options, options=SaveOptions(part_size=64 << 10))
+
+    def train(n: int) -> None:
+        for _ in range(n):
+            opt.zero_grad()
+            model(torch.randn(8, 64, generator=gen)).square().mean().backward()
+            opt.step()
+
+    train(3)
+    state = {"model": model, "optim": opt, "rng": rng, "progress": {"step": 3}, "data": {"rank_seen": rank}}
+    mgr.save(3, state)
+    expected_params = {k: v.clone() for k, v in model.state_dict().items()}
+    expected_moments = {i: {k: v.clone() for k, v in s.items()} for i, s in opt.state_dict()["state"].items()}
+    expected_draw = torch.rand(4, generator=gen)
+    stats = mgr.wait()
+    assert stats is not None
+    train(2)  # move everything away from the saved state
+
+    torch.manual_seed(rank + 7)
+    model2 = DistributedDataParallel(Net(128))
+    opt2 = torch.optim.Adam(model2.parameters(), lr=1e-2)
+    gen2 = torch.Generator().manual_seed(12345)
+    state2 = {"model": model2, "optim": opt2, "rng": _GenState(gen2), "progress": None, "data": None}
+    mgr2 = CheckpointManager(root, storage_options=options)
+    restored = mgr2.restore(state2)
+    ok = restored == 3
+    ok &= all(torch.equal(v, expected_params[k]) for k, v in model2.state_dict().items())
+    st2 = opt2.state_dict()["state"]
+    ok &= all(torch.equal(st2[i][k], v) for i, s in expected_moments.items() for k, v in s.items())
+    ok &= torch.equal(torch.rand(4, generator=gen2), expected_draw)
+    ok &= state2["progress"] == {"step": 3} and state2["data"] == {"rank_seen": rank}
+    results: list[Any] = [None] * world
+    dist.all_gather_object(results, {"rank": rank, "ok": bool(ok), "bytes": stats.bytes_written})
+    mgr.close()
+    mgr2.close()
+    if rank == 0:
+        with open(out_path, "w") as f:
+            json.dump(results, f)
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+class _GenState:
+    """A per-rank RNG as a stateful object (its state is a uint8 tensor)."""
+
+    def __init__(self, gen: torch.Generator) -> None:
+        self.gen = gen
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"version": 1, "torch": self.gen.get_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.gen.set_state(state["torch"])
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "fault":
+        _fault_child(sys.argv[2], sys.argv[3])
+    elif sys.argv[1] == "ddp":
+        _ddp_child(sys.argv[2], sys.argv[3])
+    else:
+        raise SystemExit(f"unknown mode {sys.argv[1]!r}")
