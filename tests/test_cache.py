@@ -73,13 +73,13 @@ def test_partial_file_never_visible_and_early_stop_resumes(s3_store: Store, prox
     assert any(n.endswith(".part") for n in cache_files(str(tmp_path / "c")))
     it.close()  # the consumer stops early
     assert not cache.contains(s3_store, shard)
-    fetched_before = bytes_fetched(proxy, shard.path)
+    proxy.clear()
     assert b"".join(cache.open_range(s3_store, shard)) == data
-    # resumed from the last byte recorded, never from byte 0
-    later = gets_for(proxy, shard.path)[-1]
-    assert later.range is not None and not later.range.startswith("bytes=0-")
-    assert bytes_fetched(proxy, shard.path) == shard.bytes
-    assert fetched_before >= len(got) and cache.stats.resumes == 1
+    # resumed from the last byte written, never from byte 0, and nothing fetched twice since
+    # (the first, abandoned GET may be logged late, when the proxy notices the closed connection)
+    later = [r for r in gets_for(proxy, shard.path) if r.range and r.range.startswith(f"bytes={len(got)}-")]
+    assert len(later) == 1 and later[0].response_bytes == shard.bytes - len(got), proxy.log()
+    assert cache.stats.resumes == 1
     assert cache.contains(s3_store, shard)
 
 
@@ -131,15 +131,18 @@ def test_unstamped_cache_file_is_verified_once(s3_store: Store, proxy: FaultProx
 
 
 def test_corrupted_download_is_discarded_not_committed(s3_store: Store, proxy: FaultProxy, tmp_path) -> None:
+    """A flipped byte on a ranged GET passes s3fs silently (KNOWN-BEHAVIOUR): only our CRC sees it."""
     (shard, data), = make_shards(s3_store, 1, MB)
     cache = cache_for(tmp_path / "c")
     proxy.clear()
-    proxy.corrupt_next(1, 1000, path_contains=shard.path)
+    proxy.corrupt_next(1, 5000, path_contains=shard.path)
     with pytest.raises(CorruptDataError, match=shard.path):
-        b"".join(cache.open_range(s3_store, shard))
+        b"".join(cache.open_range(s3_store, shard, 1000, 2000))  # a ranged GET first: [1000, size)
+    assert gets_for(proxy, shard.path)[0].fault == "corrupt"
     assert _data_files(str(tmp_path / "c")) == []
     assert not any(n.endswith(".part") for n in cache_files(str(tmp_path / "c")))
     assert b"".join(cache.open_range(s3_store, shard)) == data  # fetched again, clean
+    assert cache.contains(s3_store, shard)
 
 
 def test_truncated_response_is_resumed(s3_store: Store, proxy: FaultProxy, tmp_path) -> None:
@@ -150,7 +153,10 @@ def test_truncated_response_is_resumed(s3_store: Store, proxy: FaultProxy, tmp_p
     assert b"".join(cache.open_range(s3_store, shard)) == data
     assert cache.contains(s3_store, shard)
     ranges = [r.range for r in gets_for(proxy, shard.path)]
-    assert len(ranges) >= 2, ranges
+    # the storage layer continued from the last byte it received (<= the cut), not from byte 0
+    assert len(ranges) == 2, ranges
+    resumed_at = int(ranges[1].split("=")[1].split("-")[0])
+    assert 0 < resumed_at <= 300_000, ranges
 
 
 def test_shard_shorter_than_index_says(s3_store: Store, tmp_path) -> None:

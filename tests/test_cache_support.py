@@ -58,8 +58,15 @@ def bytes_fetched(proxy: FaultProxy, path: str) -> int:
 
 
 def cache_files(directory: str) -> dict[str, int]:
-    """name -> size of every entry of the cache directory."""
-    return {e.name: e.stat(follow_symlinks=False).st_size for e in os.scandir(directory)}
+    """name -> size of every entry of the cache directory (entries removed meanwhile are skipped)."""
+    out = {}
+    with os.scandir(directory) as it:
+        for e in it:
+            try:
+                out[e.name] = e.stat(follow_symlinks=False).st_size
+            except FileNotFoundError:
+                continue
+    return out
 
 
 @pytest.fixture
@@ -81,9 +88,15 @@ def cache_for(directory: Any, max_bytes: int = 1 << 30, **kw: Any) -> ShardCache
 
 
 # ---------------------------------------------------------------------- child processes (spawn)
-def read_all(cache: ShardCache, store: Store, shards: list[ShardInfo], seeds: list[int], out: Any, loops: int = 1) -> None:
+def store_spec(store: Store, s3: S3Endpoint, endpoint_url: str) -> tuple[str, dict[str, Any]]:
+    """What a child needs to build the same store itself (a Store never pickles credentials)."""
+    return store.root_url, s3.storage_options(endpoint_url)
+
+
+def read_all(cache: ShardCache, spec: tuple[str, dict[str, Any]], shards: list[ShardInfo], seeds: list[int], out: Any, loops: int = 1) -> None:
     """Child: read every shard whole through the cache, compare with the expected bytes, report."""
     try:
+        store = Store(spec[0], spec[1], retry=FAST_RETRY)
         for _ in range(loops):
             for shard, seed in zip(shards, seeds):
                 got = b"".join(cache.open_range(store, shard))
@@ -96,8 +109,9 @@ def read_all(cache: ShardCache, store: Store, shards: list[ShardInfo], seeds: li
         out.put(("error", f"{type(exc).__name__}: {exc}"))
 
 
-def read_slowly(cache: ShardCache, store: Store, shard: ShardInfo, progress: Any) -> None:
+def read_slowly(cache: ShardCache, spec: tuple[str, dict[str, Any]], shard: ShardInfo, progress: Any) -> None:
     """Child: start reading a shard, report each chunk, and take its time (the parent kills it)."""
+    store = Store(spec[0], spec[1], retry=FAST_RETRY)
     for chunk in cache.open_range(store, shard):
         progress.put(len(chunk))
         time.sleep(0.05)

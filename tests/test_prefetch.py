@@ -12,8 +12,8 @@ from test_cache_support import bytes_fetched, cache_for, make_shards, proxy, s3_
 
 from streamio.data.index import ShardInfo
 from streamio.data.prefetch import ByteRun, PrefetchConfig, Prefetcher
-from streamio.errors import CacheTooSmallError, CorruptDataError
-from streamio.storage import Store
+from streamio.errors import CacheTooSmallError, CorruptDataError, ObjectNotFoundError
+from streamio.storage import RetryPolicy, Store
 from streamio.testing import FaultProxy
 
 KB = 1 << 10
@@ -72,18 +72,26 @@ def test_bounded_in_bytes_not_runs(tmp_path) -> None:
 def test_error_raised_at_the_consumer_in_stream_order(tmp_path) -> None:
     store = Store(str(tmp_path / "ds"))
     shards = make_shards(store, 3, 20 * KB)
-    bad = ShardInfo(shards[1][0].path, shards[1][0].bytes + 100, 1, shards[1][0].checksum)  # index says more
-    runs = [ByteRun(shards[0][0]), ByteRun(bad), ByteRun(shards[2][0])]
+    missing = ShardInfo("gone-000001.tar", 1000, 1, shards[1][0].checksum)
+    runs = [ByteRun(shards[0][0]), ByteRun(missing), ByteRun(shards[2][0])]
     seen = []
-    with pytest.raises(CorruptDataError, match="ended after"):
+    with pytest.raises(ObjectNotFoundError, match="gone-000001.tar"):
         for run, chunks in Prefetcher(store, runs, config=PrefetchConfig(workers=3, chunk_size=4 * KB)):
             for chunk in chunks:
                 seen.append((run.shard.path, len(chunk)))
-    # run 0 fully delivered, then run 1's bytes that did arrive, then the error
+    # run 0 fully delivered, then the error of run 1, and nothing of run 2 (fetched, never handed over)
     assert sum(n for p, n in seen if p == shards[0][0].path) == shards[0][0].bytes
-    assert sum(n for p, n in seen if p == bad.path) == shards[1][0].bytes
-    assert not any(p == shards[2][0].path for p, _ in seen)
+    assert {p for p, _ in seen} == {shards[0][0].path}
     assert not _prefetch_threads()
+
+
+def test_short_shard_is_an_error_not_a_short_run(tmp_path) -> None:
+    store = Store(str(tmp_path / "ds"), retry=RetryPolicy(max_attempts=1))
+    (s, _), = make_shards(store, 1, 20 * KB)
+    longer = ShardInfo(s.path, s.bytes + 100, 1, s.checksum)  # the index says more than there is
+    with pytest.raises((CorruptDataError, OSError), match=s.path):
+        for _, chunks in Prefetcher(store, [ByteRun(longer)]):
+            b"".join(chunks)
 
 
 @pytest.mark.parametrize("how", ["break", "close", "gc"])
