@@ -95,6 +95,27 @@ def test_shard_from_jsonl_and_reshard_from_tar_glob(tmp_path) -> None:
     assert json.loads(run("inspect", str(tmp_path / "k"), "--json")[0])["keys"] == ["jpg", "txt"]
 
 
+def _tar_with(tmp_path, name: str, members: list[tuple[str, bytes]]) -> None:  # type: ignore[no-untyped-def]
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for member, data in members:
+            info = tarfile.TarInfo(member)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    (tmp_path / name).write_bytes(buf.getvalue())
+
+
+def test_index_refuses_a_member_named_dotdot_and_a_non_tar_shard(tmp_path) -> None:
+    _tar_with(tmp_path, "s-0.tar", [("a.txt", b"fine")])
+    _tar_with(tmp_path, "s-1.tar", [("ok.txt", b"fine"), ("../x.txt", b"escape")])
+    _, err = run("index", str(tmp_path / "s-{0..1}.tar"), code=1)
+    assert "s-1.tar" in err and "member '../x.txt' at byte 1024 is unsafe to read: it has a '..' component" in err
+    (tmp_path / "s-1.tar").write_bytes(b"PK\x03\x04 a zip file, not a tar" + bytes(600))
+    _, err = run("index", str(tmp_path / "s-{0..1}.tar"), code=1)
+    assert "s-1.tar" in err and "not a valid tar header" in err
+    assert not (tmp_path / INDEX_NAME).exists()
+
+
 @pytest.mark.parametrize("case", ["empty", "unreadable", "no-index", "unknown-version", "bad-src", "exists"])
 def test_bad_inputs_give_one_clear_line(tmp_path, case: str) -> None:
     src, dest = tmp_path / "src", tmp_path / "ds"

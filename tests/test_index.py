@@ -60,6 +60,8 @@ def test_missing_index_says_how_to_make_one() -> None:
         (lambda d: d["shards"][0].update(checksum="md5:abc"), "not 'crc32c:<8 hex digits>'"),
         (lambda d: d["shards"][0].update(offsets=[0, 1]), "has 4 samples but 2 offsets"),
         (lambda d: d["shards"][0].update(offsets=[0, 5, 3, 9, 20]), "not increasing"),
+        (lambda d: d["shards"][0].update(offsets=[0, 5, 5, 9, 20]), "not increasing"),
+        (lambda d: d["shards"][0].update(crc32c=["a", 1, 2, 3]), "not all 32/64-bit integers"),
         (lambda d: d.update(shards={}), "'shards' is not a list"),
     ],
 )
@@ -118,6 +120,18 @@ def test_sidecars_are_read_once_and_checked() -> None:
     store.put("_layout/data-000000.tar.bin", bytes(blob))
     with pytest.raises(CorruptDataError, match=r"_layout/data-000000.tar.bin does not match its checksum"):
         load_index(store).layout(0, store)
+
+
+def test_a_loaded_index_pickles_with_its_cached_layouts() -> None:
+    import pickle
+
+    store = mem()
+    write_dataset(samples(6), store, max_count=3, inline_limit=0)
+    index = load_index(store)
+    index.layout(1, store)
+    clone = pickle.loads(pickle.dumps(index))  # DataLoader workers receive it this way
+    assert clone == index and clone.fingerprint == index.fingerprint
+    assert clone.layout(1, store) == index.layout(1, store) and clone.layout(0, store) == index.layout(0, store)
 
 
 def test_fingerprint_changes_with_the_data() -> None:

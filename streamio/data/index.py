@@ -228,7 +228,9 @@ def _check_layout(layout: SampleLayout, shard: ShardInfo, url: str) -> None:
     offs = layout.offsets
     if len(offs) != shard.samples + 1 or len(layout.checksums) != shard.samples:
         raise _bad(url, f"shard {shard.path!r} has {shard.samples} samples but {len(offs)} offsets")
-    if offs and (offs[-1] > shard.bytes or any(b < a for a, b in zip(offs, offs[1:]))):
+    if not all(type(x) is int for x in offs) or not all(type(c) is int and 0 <= c < 1 << 32 for c in layout.checksums):
+        raise _bad(url, f"offsets / crc32c of shard {shard.path!r} are not all 32/64-bit integers")
+    if offs and (offs[0] < 0 or offs[-1] > shard.bytes or any(b <= a for a, b in zip(offs, offs[1:]))):
         raise _bad(url, f"offsets of shard {shard.path!r} are not increasing within its {shard.bytes} bytes")
 
 
@@ -340,7 +342,8 @@ def write_index(store: Store, index: DatasetIndex, *, inline_limit: int = INLINE
     """Write ``index.json`` (and, for large datasets, the layout sidecars first) at ``store``'s root.
 
     ``index.json`` is the last object written, in one atomic PUT: until it exists the dataset is
-    not a dataset.
+    not a dataset. Layouts the index does not hold in memory are read from ``store``'s sidecars
+    (so write an index back where it was loaded from, or one made by a writer / ``build_index``).
     """
     doc, sidecars = index_document(index, store, inline_limit=inline_limit)
     if sidecars:
