@@ -26,12 +26,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = parse_args(argv)
     rank = os.environ.get("RANK", "0")
     logging.basicConfig(
-        level=logging.INFO,
+        level=logging.WARNING,  # third-party INFO (botocore's "Found credentials ...") stays quiet
         stream=sys.stdout,
         format=f"[rank {rank}] %(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    logging.getLogger("streamio").setLevel(logging.INFO)
     d = setup_distributed(cfg)
     try:
         trainer = Trainer(cfg, d)

@@ -8,9 +8,10 @@ The trainer sees two things, whatever the source:
 * ``val``: an iterable of ``(x, y)`` batches holding this rank's share of the validation set,
   which may be uneven across ranks (the trainer reduces sums, never per-batch means).
 
-Sources: ``cfg.data_url`` (a streamio dataset prefix; read with ``streamio.StreamingDataset`` when
-that module is present) or, by default, the bundled synthetic data in memory
-(:mod:`streamio.train.synthetic`) through :class:`InMemoryLoader`.
+Sources: ``cfg.data_url`` (a streamio dataset prefix holding ``train/`` and ``val/`` datasets of
+``npy`` + ``cls`` samples, as the demo writes them) or, by default, the bundled synthetic data
+generated in memory (:mod:`streamio.train.synthetic`). Both go through :class:`InMemoryLoader` for
+now; ``StreamingDataset`` + ``StreamingDataLoader`` replace it in :func:`make_data` once they land.
 
 Exactness rules the in-memory loader follows, and that any source must follow for bit-exact
 resume: the order is a pure function of ``(seed, epoch)``; per-sample augmentation draws from an
@@ -30,6 +31,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from streamio.errors import StateMismatchError
+from streamio.storage import Store
 from streamio.train.config import TrainConfig
 from streamio.train.synthetic import make_arrays
 
@@ -163,6 +165,29 @@ class InMemoryLoader:
         self.epoch, self.batches = int(state["epoch"]), int(state["batches"])
 
 
+def read_arrays(url: str, storage_options: Mapping[str, Any] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Every sample of the dataset at ``url`` (``npy`` + ``cls`` members) as ``(x, y)`` arrays.
+
+    Interim reader until ``StreamingDataset`` is wired in: it reads each shard through the
+    :class:`~streamio.storage.Store` and verifies every sample against the index's CRC32C before
+    using it. Each rank reads the whole (small) demo dataset; the loader then shards it.
+    """
+    from streamio.data.decode import BUILTIN_DECODERS
+    from streamio.data.index import load_index
+    from streamio.data.samples import iter_samples
+
+    store = Store(url, storage_options)
+    index = load_index(store)
+    xs, ys = [], []
+    for i, shard in enumerate(index.shards):
+        chunks = store.iter_bytes(shard.path)
+        layout = index.layout(i, store)
+        for sample in iter_samples(chunks, url=store.url(shard.path), layout=layout, compression=shard.compression):
+            xs.append(BUILTIN_DECODERS["npy"](sample["npy"]))
+            ys.append(BUILTIN_DECODERS["cls"](sample["cls"]))
+    return np.stack(xs).astype(np.float32), np.asarray(ys, dtype=np.int64)
+
+
 def _val_batches(x: np.ndarray, y: np.ndarray, *, rank: int, world_size: int, batch_size: int) -> list[Batch]:
     """This rank's share of the validation set: every sample once over all ranks, counts may differ."""
     xs, ys = torch.from_numpy(x[rank::world_size]), torch.from_numpy(y[rank::world_size])
@@ -179,11 +204,13 @@ def make_data(cfg: TrainConfig, *, rank: int, world_size: int, pin_memory: bool)
         pin_memory: pin host batches (on CUDA) so host-to-device copies can be non-blocking.
     """
     if cfg.data_url is not None:
-        raise NotImplementedError(
-            f"--data-url {cfg.data_url!r}: streaming from a dataset prefix needs streamio.StreamingDataset, "
-            "which this build does not have yet; omit --data-url to train on the bundled synthetic data"
-        )
-    x, y = make_arrays(cfg.train_samples, seed=cfg.seed, split="train")
+        x, y = read_arrays(f"{cfg.data_url.rstrip('/')}/train")
+        vx, vy = read_arrays(f"{cfg.data_url.rstrip('/')}/val")
+        source = f"{cfg.data_url} ({len(y)} train, {len(vy)} val samples)"
+    else:
+        x, y = make_arrays(cfg.train_samples, seed=cfg.seed, split="train")
+        vx, vy = make_arrays(cfg.val_samples, seed=cfg.seed, split="val")
+        source = "synthetic (in memory)"
     train = InMemoryLoader(
         AugmentedArrays(x, y, seed=cfg.seed, noise=0.05),
         batch_size=cfg.batch_size,
@@ -193,6 +220,5 @@ def make_data(cfg: TrainConfig, *, rank: int, world_size: int, pin_memory: bool)
         num_workers=cfg.num_workers,
         pin_memory=pin_memory,
     )
-    vx, vy = make_arrays(cfg.val_samples, seed=cfg.seed, split="val")
     val = _val_batches(vx, vy, rank=rank, world_size=world_size, batch_size=cfg.val_batch_size)
-    return TrainData(train=train, val=val, source="synthetic (in memory)")
+    return TrainData(train=train, val=val, source=source)

@@ -362,6 +362,12 @@ class Trainer:
         """Resume if possible, train until done (epochs, max steps or early stop), return the summary."""
         cfg, p = self.cfg, self.progress
         started = time.perf_counter()
+        if self.d.is_main:
+            log.info(
+                "data: %s; %d rank(s) on %s; %d optimizer steps per epoch of %d micro-batches of %d",
+                self.data.source, self.d.world_size, self.d.device, len(self.data.train) // cfg.grad_accum,
+                cfg.grad_accum, cfg.batch_size,
+            )
         self.summary.resumed_from = self.resume()
         first_step = p.step
         stall_total = 0.0
