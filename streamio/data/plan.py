@@ -42,9 +42,11 @@ Algorithm (one epoch)
    one or two shards when ``K`` is below the shard size); the shard order supplies the global
    mixing. ``benchmarks/bench_plan.py`` measures both.
 
-Permutations are ``argsort`` (stable) of ``PCG64(SeedSequence(key)).random_raw(n)``: SeedSequence
-hashing and the PCG64 bit stream are stable across numpy versions and machines, unlike
-``Generator.permutation`` whose algorithm numpy may change; no ``hash()`` is involved.
+Permutations are keyed by int tuples through BLAKE2b and SplitMix64 in our own numpy arithmetic
+(sort random keys made distinct by the index in their low bits): the same on every machine and
+numpy version, unlike ``Generator.permutation`` whose stream numpy may change between releases
+(which would silently break saved states); no ``hash()`` is involved, and a 4,096-sample window
+costs ~0.1 ms.
 
 Resume state
 ------------
@@ -170,16 +172,55 @@ class Window:
         """Number of samples in the window."""
         return sum(r.end - r.first for r in self.runs)
 
+    @property
+    def spans(self) -> tuple[Run, ...]:
+        """Fewer, longer reads covering ``runs``: what a reader should fetch.
+
+        Consecutive runs of one shard (ascending) are merged into one ranged read while the samples
+        read but not yielded stay within the window's size (read amplification <= 2x). Only a
+        window made of fragments (after a resume with a new topology taken inside a shuffle window)
+        has gaps; otherwise ``spans == runs``. Fetch each span, then keep the samples of ``runs``.
+        """
+        out: list[Run] = []
+        waste = 0
+        budget = self.size
+        for run in self.runs:
+            if out and out[-1].shard == run.shard and out[-1].end <= run.first and waste + run.first - out[-1].end <= budget:
+                waste += run.first - out[-1].end
+                out[-1] = Run(run.shard, out[-1].first, run.end)
+            else:
+                out.append(run)
+        return tuple(out)
+
 
 # --------------------------------------------------------------------------- numpy helpers
 
 
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
+
+
 def _permutation(key: Sequence[int], n: int) -> np.ndarray:
-    """A uniform permutation of ``range(n)`` keyed by ``key``, stable across numpy versions."""
+    """A uniform permutation of ``range(n)`` keyed by the int tuple ``key``; stable everywhere.
+
+    Sort keys are SplitMix64 outputs of a counter seeded by BLAKE2b of the key tuple (our own
+    arithmetic, so no numpy version can change them); the low bits carry the index, which makes
+    every sort key distinct, so any sort algorithm gives the same order.
+    """
     if n <= 1:
         return np.arange(n, dtype=_I64)
-    raw = np.random.PCG64(np.random.SeedSequence([int(k) for k in key])).random_raw(n)
-    return np.argsort(raw, kind="stable").astype(_I64)
+    base = int.from_bytes(hashlib.blake2b(repr(tuple(int(k) for k in key)).encode(), digest_size=8).digest(), "little")
+    x = np.arange(1, n + 1, dtype=np.uint64) * _GOLDEN + np.uint64(base)  # uint64 arrays wrap silently
+    x ^= x >> np.uint64(30)
+    x *= _MIX1
+    x ^= x >> np.uint64(27)
+    x *= _MIX2
+    x ^= x >> np.uint64(31)
+    shift = np.uint64((n - 1).bit_length())
+    x = ((x >> shift) << shift) | np.arange(n, dtype=np.uint64)
+    x.sort()
+    return (x & ((np.uint64(1) << shift) - np.uint64(1))).astype(_I64)
 
 
 def _split(a: np.ndarray, b: np.ndarray, cum: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -287,34 +328,48 @@ class _Stage:
     def window_perm(self, rank: int, worker: int, j: int, size: int) -> np.ndarray:
         return _permutation((*self.key, _TAG_WINDOW, self.index, rank, worker, j), size)
 
-    def block_ranges(self, rank: int, worker: int, start: int) -> tuple[list[tuple[int, int]], list[np.ndarray | None]]:
-        """Worker block positions from ``start`` on, as windows: ([(lo, hi)] ranges, order) pairs.
+    def residual(self, rank: int, worker: int, start: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The unconsumed part of the window that ``start`` falls inside (``start % window != 0``).
 
-        Returns parallel lists: for each window the sorted block-position ranges it yields (as a
-        list of ``(lo, hi)``) and the yield order (None = sequential, no shuffle).
+        Returns ``(lo, hi, order)``: block-position ranges (sorted) holding the window's samples
+        not yet yielded, and their yield order as indices into those ranges' samples.
         """
-        n = int(self.worker_sizes[worker])
         k = self.window
+        lo = start - start % k
+        perm = self.window_perm(rank, worker, start // k, min(k, int(self.worker_sizes[worker]) - lo))
+        rest = perm[start % k :]
+        left = np.sort(rest)
+        glo, ghi = _groups(left)
+        return glo + lo, ghi + lo, np.searchsorted(left, rest).astype(_I64)
+
+    def windows(self, rank: int, worker: int, start: int) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray | None]]:
+        """Block-position ranges and yield order of each window from ``start`` on, lazily."""
+        n, k = int(self.worker_sizes[worker]), self.window
         if start >= n:
-            return [], []
+            return
         if k <= 1:
-            return [[(start, n)]], [None]  # type: ignore[list-item]
-        ranges: list[Any] = []
-        orders: list[np.ndarray | None] = []
+            yield np.array([start], dtype=_I64), np.array([n], dtype=_I64), None
+            return
+        if start % k:
+            yield self.residual(rank, worker, start)
+            start += k - start % k
         for j in range(start // k, -(-n // k)):
-            lo = j * k
-            size = min(k, n - lo)
-            perm = self.window_perm(rank, worker, j, size)
-            skip = start - lo if j == start // k else 0
-            if skip:
-                left = np.sort(perm[skip:])
-                glo, ghi = _groups(left)
-                ranges.append([(lo + int(x), lo + int(y)) for x, y in zip(glo, ghi)])
-                orders.append(np.searchsorted(left, perm[skip:]).astype(_I64))
-            else:
-                ranges.append([(lo, lo + size)])
-                orders.append(perm)
-        return ranges, orders
+            size = min(k, n - j * k)
+            yield np.array([j * k], dtype=_I64), np.array([j * k + size], dtype=_I64), self.window_perm(rank, worker, j, size)
+
+    def stream_ranges(self, rank: int, worker: int, start: int) -> tuple[np.ndarray, np.ndarray]:
+        """Every block position yielded from ``start`` on, as sorted ranges (no full-window perms)."""
+        n, k = int(self.worker_sizes[worker]), self.window
+        if start >= n:
+            e = np.zeros(0, dtype=_I64)
+            return e, e
+        if k > 1 and start % k:
+            lo, hi, _ = self.residual(rank, worker, start)
+            nxt = start + k - start % k
+            if nxt < n:
+                lo, hi = np.append(lo, nxt), np.append(hi, n)
+            return lo, hi
+        return np.array([start], dtype=_I64), np.array([n], dtype=_I64)
 
     def to_g(self, rank: int, worker: int, lo: np.ndarray, hi: np.ndarray) -> _Seq:
         """Block positions of (rank, worker) -> intervals of G (through the tail policy)."""
@@ -341,25 +396,11 @@ class _Stage:
         los: list[np.ndarray] = []
         his: list[np.ndarray] = []
         for rank in range(self.topo.world_size):
-            base_r = rank * self.per_rank
             for worker in range(self.topo.workers):
-                start = self.consumed(worker, batches[rank])
-                n = int(self.worker_sizes[worker])
-                if start >= n:
-                    continue
-                base = base_r + int(self.worker_offsets[worker])
-                k = self.window
-                if k > 1 and start % k:
-                    lo = start - start % k
-                    size = min(k, n - lo)
-                    left = np.sort(self.window_perm(rank, worker, start // k, size)[start % k :])
-                    glo, ghi = _groups(left)
-                    los.append(glo + lo + base)
-                    his.append(ghi + lo + base)
-                    start = lo + size
-                if start < n:
-                    los.append(np.array([base + start], dtype=_I64))
-                    his.append(np.array([base + n], dtype=_I64))
+                lo, hi = self.stream_ranges(rank, worker, self.consumed(worker, batches[rank]))
+                base = rank * self.per_rank + int(self.worker_offsets[worker])
+                los.append(lo + base)
+                his.append(hi + base)
         if not los:
             e = np.zeros(0, dtype=_I64)
             return _Seq(e, e)
@@ -400,21 +441,16 @@ class WorkerStream:
 
     @property
     def runs(self) -> tuple[Run, ...]:
-        """Every sample this stream yields, as runs in read order (adjacent runs merged)."""
-        ranges, _ = self._stage.block_ranges(self.rank, self._pw, self.skipped)
-        flat = [r for w in ranges for r in w]
-        if not flat:
-            return ()
-        lo = np.array([r[0] for r in flat], dtype=_I64)
-        hi = np.array([r[1] for r in flat], dtype=_I64)
+        """Every sample this stream yields, as runs in read order (adjacent runs merged).
+
+        Cheap: O(runs), no window permutation beyond a partially consumed first window.
+        """
+        lo, hi = self._stage.stream_ranges(self.rank, self._pw, self.skipped)
         return self._runs(*_merge(lo, hi))
 
     def windows(self) -> Iterator[Window]:
         """The stream as windows, lazily (one permutation per window; memory O(window))."""
-        ranges, orders = self._stage.block_ranges(self.rank, self._pw, self.skipped)
-        for rng, order in zip(ranges, orders):
-            lo = np.array([r[0] for r in rng], dtype=_I64)
-            hi = np.array([r[1] for r in rng], dtype=_I64)
+        for lo, hi, order in self._stage.windows(self.rank, self._pw, self.skipped):
             yield Window(self._runs(lo, hi), order)
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
