@@ -4,9 +4,9 @@
 any process, so a parent can check that what a killed child left restores to exactly the state of
 the step it reports. Run as a script it is the child of the kill -9 tests::
 
-    python tests/ckpt_support.py fault ROOT PHASE   # saves step 1, says "ready", waits for a
-                                                    # line on stdin, then saves step 2 (dying at
-                                                    # PHASE, or wherever the proxy kills it)
+    python tests/ckpt_support.py zygote   # imports torch once, forks one child per JSON line
+                                          # on stdin: saves step 1, then step 2 dying at a phase
+                                          # (or wherever the proxy kills it)
     torchrun --nproc_per_node 2 tests/ckpt_support.py ddp ROOT OUT.json
 """
 
@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 PART_SIZE = 256 << 10
+FAULT_PART_SIZE = 32 << 10
 
 
 class Net(torch.nn.Module):
@@ -83,16 +84,22 @@ def assert_same_state(got: dict[str, Any], want: dict[str, Any]) -> None:
     assert torch.equal(got["extra"], want["extra"]) and got["extra"].dtype == torch.bfloat16
 
 
-def _fault_child(root: str, phase: str) -> None:
+def light_state_for(step: int) -> dict[str, Any]:
+    """A smaller state for the kill tests: no optimizer step (it imports torch._dynamo: seconds)."""
+    torch.manual_seed(2000 + step)
+    model = Net(128)
+    moments = {name: torch.randn_like(p) for name, p in model.named_parameters()}
+    return {"model": model, "moments": moments, "counters": {"step": step}, "extra": torch.full((3,), float(step), dtype=torch.bfloat16)}
+
+
+def fault_scenario(root: str, phase: str, options: dict[str, Any]) -> None:
+    """Save step 1, then step 2 dying at ``phase`` ("-": no self-kill; the proxy may kill us)."""
     from streamio.checkpoint import CheckpointManager, KeepLast, SaveOptions
     from streamio.checkpoint import manager as manager_module
 
-    options = json.loads(os.environ.get("CKPT_TEST_STORAGE_OPTIONS", "{}"))
     mgr = CheckpointManager(root, retention=KeepLast(1), async_save=False, storage_options=options,
-                            options=SaveOptions(part_size=PART_SIZE, concurrency=4))
-    mgr.save(1, state_for(1))
-    print("ready", flush=True)
-    sys.stdin.readline()
+                            options=SaveOptions(part_size=FAULT_PART_SIZE, concurrency=4))
+    mgr.save(1, light_state_for(1))
     if phase != "-":
 
         def die(name: str) -> None:
@@ -100,9 +107,35 @@ def _fault_child(root: str, phase: str) -> None:
                 os.kill(os.getpid(), 9)
 
         manager_module._phase_hook = die
-    mgr.save(2, state_for(2), metrics={"loss": 0.5})
-    print("done", flush=True)
-    os._exit(0)
+    mgr.save(2, light_state_for(2), metrics={"loss": 0.5})
+
+
+def _zygote() -> None:
+    """Import torch once, then fork one child per command line (JSON) read from stdin.
+
+    Each fork prints ``pid TOKEN PID``; the parent kills it (or lets it finish) and watches the
+    pid disappear (SIGCHLD is ignored here, so the kernel reaps children at once).
+    """
+    import signal
+
+    import s3fs  # noqa: F401 - imported before forking, never instantiated here
+
+    import streamio.checkpoint  # noqa: F401
+
+    torch.set_num_threads(1)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    print("zygote ready", flush=True)
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                fault_scenario(cmd["root"], cmd["phase"], cmd["options"])
+            except BaseException as exc:  # noqa: BLE001 - report and die like a crashed trainer
+                print(f"child {cmd['token']} failed: {exc!r}", file=sys.stderr, flush=True)
+                os._exit(1)
+            os._exit(0)
+        print(f"pid {cmd['token']} {pid}", flush=True)
 
 
 def _ddp_child(root: str, out_path: str) -> None:
@@ -177,8 +210,8 @@ class _GenState:
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "fault":
-        _fault_child(sys.argv[2], sys.argv[3])
+    if sys.argv[1] == "zygote":
+        _zygote()
     elif sys.argv[1] == "ddp":
         _ddp_child(sys.argv[2], sys.argv[3])
     else:

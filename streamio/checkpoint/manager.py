@@ -83,7 +83,8 @@ from streamio.storage import RetryPolicy, Store
 log = logging.getLogger(__name__)
 
 # Test hook: called with the name of each commit phase as it completes ("parts", "markers",
-# "manifest", "pointer", "retention"); fault tests set it in a child process to kill -9 there.
+# "manifest", "pointer", "delete" (a step's manifest deleted, its parts not yet), "retention");
+# fault tests set it in a child process to kill -9 there.
 _phase_hook: Callable[[str], None] | None = None
 
 _FOREIGN = {
@@ -732,6 +733,7 @@ def delete_step(store: Store, step: int) -> None:
     """Delete a checkpoint: its manifest first (so it is never seen half-deleted), then the rest."""
     sdir = mf.step_dir(step)
     store.delete(mf.manifest_path(step))
+    _phase("delete")
     for o in store.list(sdir + "/"):
         store.delete(o.path)
 
