@@ -83,7 +83,7 @@ import stat
 import struct
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -295,6 +295,76 @@ class ShardCache:
             raise ValueError(f"range [{start}, {end}) is outside shard {store.url(shard.path)!r} of {shard.bytes} bytes")
         return self._open_range(store, shard, start, end, _Counters(self.stats, stats))
 
+    def fetch(
+        self,
+        store: Store,
+        shard: ShardInfo,
+        start: int = 0,
+        *,
+        stats: ReadStats | None = None,
+        on_started: Callable[[], None] | None = None,
+        cancelled: Callable[[], bool] | None = None,
+    ) -> bool:
+        """Make sure ``shard`` is cached or being cached, without handing any bytes over.
+
+        What a prefetcher calls ahead of the consumer, whose own :meth:`open_range` then reads the
+        committed file or follows the download in flight: the download never waits for the
+        consumer (so other processes following it are never throttled by this one's consumer),
+        and no prefetched byte is held in memory.
+
+        Args:
+            store: the dataset store.
+            shard: the shard as the index records it.
+            start: where the consumer will start reading: the download fetches ``[start, size)``
+                first, then ``[0, start)``.
+            stats: an extra counter object updated beside :attr:`stats`.
+            on_started: called once the shard is cached, or its download (by this call or by
+                another reader) is under way: from then on ``open_range`` serves it.
+            cancelled: polled after each piece; when it returns True the download stops (and
+                stays resumable).
+
+        Returns:
+            False when the cache has no room for the shard (every shard in it is being read):
+            the caller must stream it without the cache.
+        """
+        counters = _Counters(self.stats, stats)
+        started = on_started or (lambda: None)
+        if shard.bytes + _REC_SIZE * 4 > self.config.max_bytes:
+            return False
+        key = self._key(store, shard)
+        url = store.url(shard.path)
+        lease = self._lock(key + ".use", shared=True, blocking=True)
+        if lease is None:  # pragma: no cover - blocking locks always return an fd
+            return False
+        try:
+            os.utime(lease)
+            while True:
+                if self._exists(key + ".data"):
+                    started()
+                    return True
+                dl = self._lock(key + ".dl", shared=False, blocking=False)
+                if dl is None:  # someone else downloads it: the consumer will follow them
+                    started()
+                    return True
+                try:
+                    if self._exists(key + ".data"):
+                        continue
+                    part = self._prepare_part(key, shard, dl, min(start, shard.bytes), url, counters)
+                    if part is None:
+                        return False
+                    started()
+                    part_fd, rec = part
+                    try:
+                        for _ in self._download(store, shard, url, key, dl, part_fd, rec, shard.bytes, shard.bytes, counters, cancelled):
+                            pass  # pragma: no cover - nothing is yielded for an empty range
+                    finally:
+                        os.close(part_fd)
+                    return True
+                finally:
+                    os.close(dl)
+        finally:
+            os.close(lease)
+
     def contains(self, store: Store, shard: ShardInfo) -> bool:
         """Whether a committed file exists for ``shard`` (not verified; for tests and tools)."""
         try:
@@ -487,8 +557,12 @@ class ShardCache:
         pos: int,
         end: int,
         counters: _Counters,
+        cancelled: Callable[[], bool] | None = None,
     ) -> Iterator[bytes]:
-        """Fetch the missing intervals into ``part_fd``, yield ``[pos, end)`` as it arrives, commit."""
+        """Fetch the missing intervals into ``part_fd``, yield ``[pos, end)`` as it arrives, commit.
+
+        ``cancelled`` (polled after each piece) stops the download uncommitted and resumable.
+        """
         fresh = rec.hi == 0 and rec.lo == 0 and rec.split == 0
         crc = Crc32c() if fresh else None
         # already-valid bytes first (a resumed download)
@@ -521,6 +595,9 @@ class ShardCache:
                 for more in self._serve(part_fd, rec, pos, end):
                     pos += len(more)
                     yield more
+                if cancelled is not None and cancelled():
+                    log.debug("download of %s stopped at %d+%d / %d; resumable", url, rec.split, rec.hi, rec.lo)
+                    return
             if at != seg_end:
                 raise CorruptDataError(
                     f"shard {url!r} ended after {at} bytes; the index says {shard.bytes}. "

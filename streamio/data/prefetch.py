@@ -16,10 +16,16 @@ Design:
   ``PrefetchConfig.max_bytes``, so a plan of 2 GB shards holds no more memory than one of 16 MB
   shards. To never deadlock, the run the consumer is reading may always add one chunk to an empty
   queue: memory is at most ``max_bytes + chunk_size``.
-* **Cache first.** With a :class:`~streamio.data.cache.ShardCache`, every run goes through
-  ``open_range``: cached shards are read from disk without touching the network, shards being
-  downloaded by another process on the node are followed, others are downloaded and cached.
-  Without a cache, runs are streamed with ``Store.iter_bytes``.
+* **Cache first.** With a :class:`~streamio.data.cache.ShardCache`, the threads do not hold
+  bytes at all: each one makes sure its run's shard is cached or being cached
+  (``ShardCache.fetch``: download range-first into the cache, or nothing if it is cached or another
+  process on the node is downloading it), and the consumer reads the run with ``open_range``,
+  from the committed file or following the download in flight. The prefetch then costs no memory
+  (the bytes are in the page cache anyway), the download never waits for a slow consumer (other
+  processes following it are not throttled), and cached shards are read without touching the
+  network. The bound in bytes is then the cache's (``workers x`` the largest shard, checked at
+  start). Only runs that do not fit the cache (or all runs, without a cache) are streamed into
+  memory, under ``max_bytes``.
 * **Errors at the consumer.** An exception in a fetching thread is raised by the consumer's
   iterator at the point of the stream where it happened (after the bytes that arrived before it),
   with its original traceback.
@@ -81,7 +87,8 @@ class PrefetchConfig:
         workers: runs fetched at once (threads), i.e. the prefetch depth in runs. With a cache,
             each holds up to one whole shard of cache space: the cache must hold ``workers x``
             the largest shard, checked at start.
-        max_bytes: cap on the bytes fetched but not yet consumed, held in memory.
+        max_bytes: cap on the bytes fetched but not yet consumed held in memory (runs streamed
+            without the cache; cached runs are prefetched to disk, bounded by the cache).
         chunk_size: bytes per network piece when no cache is used.
     """
 
@@ -98,6 +105,7 @@ class PrefetchConfig:
 class _Slot:
     chunks: deque[bytes] = field(default_factory=deque)
     done: bool = False
+    local: bool = False  # committed in the cache: the consumer reads it itself
     abandoned: bool = False
     error: BaseException | None = None
 
@@ -203,6 +211,8 @@ class Prefetcher:
                     self.stats.add(stall_s=time.perf_counter() - waited)
                     if self._stop or slot is None:
                         return
+                if slot.local:
+                    break
                 if slot.chunks:
                     chunk = slot.chunks.popleft()
                     self._buffered -= len(chunk)
@@ -213,6 +223,10 @@ class Prefetcher:
                 else:
                     return
             yield chunk
+        # a cached run: read straight from disk in this thread (no queue, no copy, no read-ahead)
+        run = self.runs[index]
+        if self.cache is not None:
+            yield from self.cache.open_range(self.store, run.shard, run.start, run.stop, stats=self.stats)
 
     def _abandon(self, index: int) -> None:
         with self._cond:
@@ -242,9 +256,29 @@ class Prefetcher:
         run = self.runs[index]
         cond = self._cond
         if self.cache is not None:
-            source = self.cache.open_range(self.store, run.shard, run.start, run.stop, stats=self.stats)
-        else:
-            source = self._stream(run)
+            # download into the cache ahead of the consumer, who reads the file (or follows the
+            # download) itself: no prefetched byte in memory, and the download never waits for it
+            def started() -> None:
+                with cond:
+                    slot.local = slot.done = True
+                    cond.notify_all()
+
+            def cancelled() -> bool:
+                return self._stop
+
+            try:
+                if self.cache.fetch(self.store, run.shard, run.start, stats=self.stats, on_started=started, cancelled=cancelled):
+                    return
+            except Exception as exc:  # noqa: BLE001 - the consumer's own read retries and raises it
+                if slot.local:
+                    log.debug("prefetch of %s failed (%s); the consumer reads it itself", self.store.url(run.shard.path), exc)
+                    return
+                with cond:
+                    slot.error, slot.done = exc, True
+                    cond.notify_all()
+                return
+        # no cache, or no room in it: stream into memory, bounded by max_bytes
+        source = self._stream(run)
         try:
             for chunk in source:
                 with cond:
@@ -267,7 +301,7 @@ class Prefetcher:
                 cond.notify_all()
 
     def _stream(self, run: ByteRun) -> Iterator[bytes]:
-        self.stats.add(bypasses=1)
+        self.stats.add(bypasses=1)  # streamed without the cache
         got = run.start
         for chunk in self.store.iter_bytes(run.shard.path, run.start, run.stop, chunk_size=self.config.chunk_size):
             got += len(chunk)
