@@ -266,11 +266,14 @@ def test_unequal_consumption_replans_to_equal_work() -> None:
 
 def _check_spans(win: Window) -> None:
     """Spans are fewer reads that cover the window's runs, in order, within 2x read amplification."""
-    spans, i = win.spans, 0
-    for run in win.runs:
-        while not (spans[i].shard == run.shard and spans[i].first <= run.first and run.end <= spans[i].end):
-            i += 1  # raises IndexError if a run is not covered in order
-    assert i == len(spans) - 1 if spans else not win.runs
+    spans, runs, i = win.spans, win.runs, 0
+    for sp in spans:  # each span reads one or more consecutive, ascending runs of its shard
+        assert i < len(runs) and runs[i].shard == sp.shard and runs[i].first == sp.first
+        i += 1
+        while i < len(runs) and runs[i].shard == sp.shard and runs[i - 1].end <= runs[i].first and runs[i].end <= sp.end:
+            i += 1
+        assert runs[i - 1].end == sp.end
+    assert i == len(runs)
     assert sum(sp.end - sp.first for sp in spans) <= 2 * win.size
 
 
