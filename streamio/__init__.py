@@ -4,8 +4,39 @@ This module only re-exports the public API (``__all__`` is pinned by a test).
 """
 
 from streamio import errors
+from streamio.checkpoint import CheckpointManager, KeepAll, KeepBest, KeepEvery, KeepLast, RetentionPolicy, SaveOptions, SaveStats
+from streamio.data.cache import CacheConfig
+from streamio.data.dataset import StreamingDataLoader, StreamingDataset
+from streamio.data.index import DatasetIndex, build_index, load_index
+from streamio.data.plan import Shuffle
+from streamio.data.prefetch import PrefetchConfig
+from streamio.data.writer import write_dataset
+from streamio.state import RNGState
 from streamio.storage import RetryPolicy, Store
 
 __version__ = "0.1.0"
 
-__all__ = ["RetryPolicy", "Store", "__version__", "errors"]
+__all__ = [
+    "CacheConfig",
+    "CheckpointManager",
+    "DatasetIndex",
+    "KeepAll",
+    "KeepBest",
+    "KeepEvery",
+    "KeepLast",
+    "PrefetchConfig",
+    "RNGState",
+    "RetentionPolicy",
+    "RetryPolicy",
+    "SaveOptions",
+    "SaveStats",
+    "Shuffle",
+    "Store",
+    "StreamingDataLoader",
+    "StreamingDataset",
+    "__version__",
+    "build_index",
+    "errors",
+    "load_index",
+    "write_dataset",
+]

@@ -10,7 +10,13 @@ from streamio.storage import Store
 
 
 def test_public_api_is_pinned() -> None:
-    assert sorted(streamio.__all__) == sorted(["RetryPolicy", "Store", "__version__", "errors"])
+    assert sorted(streamio.__all__) == sorted([
+        "CacheConfig", "CheckpointManager", "DatasetIndex", "KeepAll", "KeepBest", "KeepEvery", "KeepLast",
+        "PrefetchConfig", "RNGState", "RetentionPolicy", "RetryPolicy", "SaveOptions", "SaveStats", "Shuffle",
+        "Store", "StreamingDataLoader", "StreamingDataset", "__version__", "build_index", "errors", "load_index",
+        "write_dataset",
+    ])
+    assert all(hasattr(streamio, name) for name in streamio.__all__)
 
 
 def test_cli_help_runs_from_the_installed_entry_point() -> None:
