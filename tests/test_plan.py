@@ -150,12 +150,10 @@ _GOLDEN_ORDER = [3, 2, 1, 0, 5, 4]
 
 
 def test_deterministic_across_processes_and_pinned() -> None:
-    outs = []
-    for hashseed in ("0", "4242"):
-        env = {"PYTHONHASHSEED": hashseed, "PATH": "/usr/bin:/bin"}
-        res = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, check=True, env=env)
-        outs.append(json.loads(res.stdout))
-    assert outs[0] == outs[1]
+    # another process with another hash seed than this one (pytest's is random or unset)
+    env = {"PYTHONHASHSEED": "4242", "PATH": "/usr/bin:/bin"}
+    res = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, check=True, env=env)
+    outs = [json.loads(res.stdout)]
     here = plan_epoch([7, 0, 1, 13, 4, 9], seed=12345, epoch=6, world_size=3, num_workers=2, batch_size=2, shuffle=Shuffle(window=4))
     assert outs[0][0] == list(here.shard_order) == _GOLDEN_ORDER
     assert outs[0][1] == [[[list(x) for x in s] for s in here.streams(r)] for r in range(3)]
