@@ -1,8 +1,9 @@
-"""The trainer under torchrun: 2 CPU ranks (gloo), checkpoints over real HTTP to moto, real crashes.
+"""The trainer under torchrun: 2 CPU ranks (gloo), data and checkpoints over real HTTP to moto.
 
 Bit-exact resume (DESIGN.md invariant 9): 40 optimizer steps uninterrupted vs the same run killed
 (``os._exit``, no cleanup) right after step 20 and resumed from ``latest.json``, with dropout, shuffling, 2 DataLoader
-workers per rank, gradient accumulation (no_sync) and an uneven validation set.
+workers per rank (StreamingDataset + StreamingDataLoader over 11 uneven shards), gradient
+accumulation (no_sync), async CheckpointManager saves and an uneven validation set.
 """
 
 from __future__ import annotations
@@ -17,15 +18,17 @@ from typing import Any
 import pytest
 import torch
 
+from streamio.data.writer import write_dataset
 from streamio.testing import S3Endpoint
 from streamio.train.loop import read_metrics
+from streamio.train.synthetic import iter_samples
 
 pytestmark = pytest.mark.slow
 
 COMMON = [
-    "--train-samples", "2048", "--batch-size", "16", "--grad-accum", "2",  # 32 steps per epoch
+    "--batch-size", "16", "--grad-accum", "2",  # 2048 samples / 2 ranks / 16 / 2: 32 steps per epoch
     "--num-workers", "2", "--dropout", "0.2", "--hidden", "64", "--epochs", "4", "--max-steps", "40",
-    "--val-samples", "129", "--val-batch-size", "64",  # rank 0: 2 batches, rank 1: 1 batch
+    "--val-batch-size", "64",  # 129 validation samples: rank 0 has 2 batches, rank 1 has 1
     "--ckpt-every", "5", "--log-every", "10", "--collective-timeout-s", "60", "--keep-last", "2",
 ]
 
@@ -51,22 +54,30 @@ def _records(out: Path, rank: int, event: str) -> list[dict[str, Any]]:
     return [r for r in read_metrics(out / f"rank-{rank:05d}.jsonl") if r["event"] == event]
 
 
-def test_crash_with_sigkill_and_resume_is_bit_exact(tmp_path: Path, s3: S3Endpoint) -> None:
+def _shard_demo_data(s3: S3Endpoint, train: int, val: int) -> str:
+    """The demo's synthetic samples as streamio datasets in moto: 11 uneven train shards."""
+    for split, n in (("train", train), ("val", val)):
+        write_dataset(iter_samples(n, split=split), s3.url(f"data/{split}"), s3.storage_options(), max_count=200, prefix=split)
+    return s3.url("data")
+
+
+def test_crash_and_resume_is_bit_exact(tmp_path: Path, s3: S3Endpoint) -> None:
     env = _env(s3)
+    data = ["--data-url", _shard_demo_data(s3, 2048, 129)]
     ref_out, run_out, resumed_out = tmp_path / "ref", tmp_path / "run", tmp_path / "resumed"
 
-    ref = _torchrun([*COMMON, "--ckpt-url", s3.url("ref"), "--out-dir", str(ref_out)], env)
+    ref = _torchrun([*COMMON, *data, "--ckpt-url", s3.url("ref"), "--out-dir", str(ref_out)], env)
     assert ref.returncode == 0, ref.stdout[-3000:] + ref.stderr[-3000:]
     assert "samples/s" in ref.stdout and "data stall" in ref.stdout and "ckpt blocked" in ref.stdout
 
     # the run to crash: every rank leaves with os._exit right after step 20 (no cleanup, no flush
     # of the checkpoint in flight), which is what kill -9 leaves behind in storage
-    crashed = _torchrun([*COMMON, "--ckpt-url", s3.url("run"), "--out-dir", str(run_out), "--fail-at-step", "20"], env)
+    crashed = _torchrun([*COMMON, *data, "--ckpt-url", s3.url("run"), "--out-dir", str(run_out), "--fail-at-step", "20"], env)
     assert crashed.returncode != 0 and "simulating a crash" in crashed.stdout
     killed_at = max(_steps(run_out))
     assert killed_at == 20
 
-    resumed = _torchrun([*COMMON, "--ckpt-url", s3.url("run"), "--out-dir", str(resumed_out)], env)
+    resumed = _torchrun([*COMMON, *data, "--ckpt-url", s3.url("run"), "--out-dir", str(resumed_out)], env)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     resumed_from = _records(resumed_out, 0, "resume")[0]["step"]
     assert resumed_from % 5 == 0 and 5 <= resumed_from <= killed_at and "resumed from" in resumed.stdout

@@ -8,10 +8,11 @@ The trainer sees two things, whatever the source:
 * ``val``: an iterable of ``(x, y)`` batches holding this rank's share of the validation set,
   which may be uneven across ranks (the trainer reduces sums, never per-batch means).
 
-Sources: ``cfg.data_url`` (a streamio dataset prefix holding ``train/`` and ``val/`` datasets of
-``npy`` + ``cls`` samples, as the demo writes them) or, by default, the bundled synthetic data
-generated in memory (:mod:`streamio.train.synthetic`). Both go through :class:`InMemoryLoader` for
-now; ``StreamingDataset`` + ``StreamingDataLoader`` replace it in :func:`make_data` once they land.
+Sources: ``cfg.data_url``, a prefix holding ``train/`` and ``val/`` streamio datasets of ``npy`` +
+``cls`` samples (what the demo writes): training streams through ``StreamingDataset`` +
+``StreamingDataLoader`` (:class:`StreamingTrainLoader`). Without a URL, the bundled synthetic data
+is generated in memory (:mod:`streamio.train.synthetic`) and served by :class:`InMemoryLoader`, a
+small resumable loader with the same contract (handy for tests and for a first run without storage).
 
 Exactness rules the in-memory loader follows, and that any source must follow for bit-exact
 resume: the order is a pure function of ``(seed, epoch)``; per-sample augmentation draws from an
@@ -116,13 +117,17 @@ class InMemoryLoader:
         per_rank = n // self.world_size
         return order[self.rank :: self.world_size][:per_rank]
 
-    def __len__(self) -> int:
+    def _epoch_batches(self) -> int:
         return (len(self.dataset) // self.world_size) // self.batch_size
+
+    def __len__(self) -> int:
+        """Batches still to come in this epoch (all of them at its start); equal on every rank."""
+        return self._epoch_batches() - self.batches
 
     def __iter__(self) -> Iterator[Batch]:
         self.dataset.epoch = self.epoch  # copied into the workers when the iterator forks them
         start = self.batches * self.batch_size
-        indices = self._indices()[start : len(self) * self.batch_size].tolist()
+        indices = self._indices()[start : self._epoch_batches() * self.batch_size].tolist()
         loader = DataLoader(
             self.dataset,
             batch_size=self.batch_size,
@@ -165,12 +170,74 @@ class InMemoryLoader:
         self.epoch, self.batches = int(state["epoch"]), int(state["batches"])
 
 
+class XYTransform:
+    """A demo sample (``npy`` + ``cls``, decoded) -> ``(x, y)``, with noise seeded by (seed, epoch, shard, index).
+
+    The epoch is set by :meth:`StreamingTrainLoader.set_epoch` before workers are started, so each
+    worker holds the right one; the noise never depends on a worker's running RNG.
+    """
+
+    def __init__(self, *, seed: int, noise: float) -> None:
+        self.seed, self.noise, self.epoch = seed, noise, 0
+
+    def __call__(self, sample: Mapping[str, Any]) -> tuple[torch.Tensor, int]:
+        x = torch.as_tensor(sample["npy"])
+        if self.noise:
+            gen = torch.Generator().manual_seed(_seed_words(self.seed, self.epoch, int(sample["__shard__"]), int(sample["__index__"])))
+            x = x + self.noise * torch.randn(x.shape, generator=gen)
+        return x, int(sample["cls"])
+
+
+class StreamingTrainLoader:
+    """``StreamingDataset`` + ``StreamingDataLoader`` behind the trainer's loader protocol.
+
+    ``len()`` is the number of batches still to come in the current epoch, identical on every rank
+    (the planner's equal-work guarantee); ``state_dict()`` is the StreamingDataLoader's exact
+    position, valid with any number of workers.
+    """
+
+    def __init__(self, url: str, cfg: TrainConfig, *, pin_memory: bool, storage_options: Mapping[str, Any] | None = None) -> None:
+        from streamio.data.dataset import StreamingDataLoader, StreamingDataset
+
+        self.transform = XYTransform(seed=cfg.seed, noise=0.05)
+        self.dataset = StreamingDataset(
+            url, shuffle=True, seed=cfg.seed, batch_size=cfg.batch_size, policy="drop",
+            decode="auto", transform=self.transform, storage_options=storage_options,
+        )
+        self.seed = cfg.seed
+        self.generator = torch.Generator()
+        self.loader = StreamingDataLoader(
+            self.dataset, num_workers=cfg.num_workers, pin_memory=pin_memory, generator=self.generator,
+        )
+
+    def set_epoch(self, epoch: int) -> None:
+        self.dataset.set_epoch(epoch)
+        self.transform.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.dataset.plan(self.loader.num_workers).batches_per_rank
+
+    def __iter__(self) -> Iterator[Batch]:
+        # creating the iterator draws worker seeds from this generator, never from the global RNG
+        self.generator.manual_seed(_seed_words(self.seed, self.dataset.epoch))
+        return iter(self.loader)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.loader.state_dict()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.loader.load_state_dict(state)
+        self.transform.epoch = self.dataset.epoch
+
+
 def read_arrays(url: str, storage_options: Mapping[str, Any] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Every sample of the dataset at ``url`` (``npy`` + ``cls`` members) as ``(x, y)`` arrays.
 
-    Interim reader until ``StreamingDataset`` is wired in: it reads each shard through the
-    :class:`~streamio.storage.Store` and verifies every sample against the index's CRC32C before
-    using it. Each rank reads the whole (small) demo dataset; the loader then shards it.
+    Used for validation, which must see every sample exactly once even when the set does not
+    divide evenly across ranks (a ``StreamingDataset`` pads or drops to give equal work, right for
+    training, wrong for a metric): every rank reads the whole (small) validation set through the
+    :class:`~streamio.storage.Store`, each sample verified against the index's CRC32C, and keeps
+    its share ``rank::world_size``.
     """
     from streamio.data.decode import BUILTIN_DECODERS
     from streamio.data.index import load_index
@@ -203,22 +270,25 @@ def make_data(cfg: TrainConfig, *, rank: int, world_size: int, pin_memory: bool)
         world_size: number of ranks.
         pin_memory: pin host batches (on CUDA) so host-to-device copies can be non-blocking.
     """
+    train: TrainLoader
     if cfg.data_url is not None:
-        x, y = read_arrays(f"{cfg.data_url.rstrip('/')}/train")
-        vx, vy = read_arrays(f"{cfg.data_url.rstrip('/')}/val")
-        source = f"{cfg.data_url} ({len(y)} train, {len(vy)} val samples)"
+        root = cfg.data_url.rstrip("/")
+        streaming = StreamingTrainLoader(f"{root}/train", cfg, pin_memory=pin_memory)
+        train = streaming
+        vx, vy = read_arrays(f"{root}/val")
+        source = f"StreamingDataset({root}/train: {streaming.dataset.index.samples} samples), validation {len(vy)} samples"
     else:
         x, y = make_arrays(cfg.train_samples, seed=cfg.seed, split="train")
         vx, vy = make_arrays(cfg.val_samples, seed=cfg.seed, split="val")
         source = "synthetic (in memory)"
-    train = InMemoryLoader(
-        AugmentedArrays(x, y, seed=cfg.seed, noise=0.05),
-        batch_size=cfg.batch_size,
-        rank=rank,
-        world_size=world_size,
-        seed=cfg.seed,
-        num_workers=cfg.num_workers,
-        pin_memory=pin_memory,
-    )
+        train = InMemoryLoader(
+            AugmentedArrays(x, y, seed=cfg.seed, noise=0.05),
+            batch_size=cfg.batch_size,
+            rank=rank,
+            world_size=world_size,
+            seed=cfg.seed,
+            num_workers=cfg.num_workers,
+            pin_memory=pin_memory,
+        )
     val = _val_batches(vx, vy, rank=rank, world_size=world_size, batch_size=cfg.val_batch_size)
     return TrainData(train=train, val=val, source=source)

@@ -233,12 +233,7 @@ class Trainer:
         cuda = d.device.type == "cuda"
         self.data = data or make_data(cfg, rank=d.rank, world_size=d.world_size, pin_memory=cuda)
         self.ckpt = checkpointer if checkpointer is not None else make_checkpointer(
-            cfg.ckpt_url,
-            rank=d.rank,
-            world_size=d.world_size,
-            keep_last=cfg.keep_last,
-            keep_best=cfg.keep_best,
-            timeout_s=cfg.collective_timeout_s,
+            cfg.ckpt_url, keep_last=cfg.keep_last, keep_best=cfg.keep_best
         )
         self._evaluate = evaluate or self.validate
         self._crash = crash or _hard_exit
@@ -251,7 +246,12 @@ class Trainer:
         # each rank's own dropout stream, seeded with structure (seed, rank), never seed + rank
         torch.manual_seed(int(np.random.SeedSequence([cfg.seed, d.rank]).generate_state(1)[0]))
         self.optimizer = torch.optim.AdamW(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-        steps_per_epoch = len(self.data.train) // cfg.grad_accum
+        steps_per_epoch = len(self.data.train) // cfg.grad_accum  # not resumed yet: a whole epoch
+        if steps_per_epoch == 0:
+            raise ValueError(
+                f"{len(self.data.train)} batches per epoch per rank cannot make one optimizer step of "
+                f"{cfg.grad_accum} micro-batches: lower --grad-accum or --batch-size, or add data"
+            )
         self.total_steps = min(cfg.max_steps or 1 << 62, steps_per_epoch * cfg.epochs)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, warmup_cosine(cfg.warmup_steps, self.total_steps))
         self.rng = RNGState(seed=cfg.seed)
@@ -372,22 +372,18 @@ class Trainer:
         first_step = p.step
         stall_total = 0.0
         meter = _Meter()
-        steps_per_epoch = len(self.data.train) // cfg.grad_accum
-        if steps_per_epoch == 0:
-            raise ValueError(
-                f"{len(self.data.train)} batches per epoch per rank cannot make one optimizer step of "
-                f"{cfg.grad_accum} micro-batches: lower --grad-accum or --batch-size, or add data"
-            )
         while not p.done and not self.early.should_stop and p.epoch < cfg.epochs and not self._max_steps_reached():
             self.data.train.set_epoch(p.epoch)
+            # len() is what is left of the epoch: all of it, or the rest after a resume
+            epoch_steps = p.epoch_step + len(self.data.train) // cfg.grad_accum
             batches = iter(self.data.train)
-            while p.epoch_step < steps_per_epoch and not self._max_steps_reached():
+            while p.epoch_step < epoch_steps and not self._max_steps_reached():
                 loss = self.train_step(batches, meter)
                 p.step += 1
                 p.epoch_step += 1
                 loss_value = loss.item()
                 self.metrics.write(event="step", step=p.step, epoch=p.epoch, loss=loss_value, lr=self.scheduler.get_last_lr()[0])
-                if self._save_due() and p.epoch_step < steps_per_epoch:
+                if self._save_due() and p.epoch_step < epoch_steps:
                     self.save(meter)  # an epoch's last step is saved after its validation, below
                 if p.step == cfg.fail_at_step:
                     self._crash(p.step)
@@ -397,7 +393,7 @@ class Trainer:
                     stall_total += meter.stall_s
                     meter = _Meter()
             del batches  # shuts this epoch's workers down
-            if p.epoch_step < steps_per_epoch:
+            if p.epoch_step < epoch_steps:
                 break  # max_steps ended training inside the epoch: no validation of a partial epoch
             result = self._evaluate(p.epoch)
             stop = self.early.update(p.epoch, float(result["val_loss"]))
