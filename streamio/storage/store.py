@@ -15,7 +15,7 @@ store's :class:`~streamio.storage.retry.RetryPolicy` on transient errors (the li
 retries are configured down to one attempt, so attempts never multiply) and maps permanent ones
 to :mod:`streamio.errors` classes naming the URL, at once.
 
-Reads: ``read`` is one ranged GET (retried whole). ``iter_bytes`` is one streaming GET whose
+Reads: ``read`` joins ``iter_bytes``. ``iter_bytes`` is one streaming GET whose
 body is yielded as it arrives; when the connection drops or the body ends short, it continues
 with a ranged GET from the last byte received (never from the start), and it verifies that
 exactly ``end - start`` bytes arrived. A failure after progress starts a fresh attempt series.
@@ -182,7 +182,10 @@ class Store:
 
     # ---------------------------------------------------------------- reads
     def read(self, path: str, start: int | None = None, end: int | None = None) -> bytes:
-        """Bytes ``[start, end)`` of ``path`` (whole object by default), in one retried request.
+        """Bytes ``[start, end)`` of ``path`` (whole object by default).
+
+        One GET (a whole-object read without ``start`` needs no HEAD first), resumed like
+        :meth:`iter_bytes` if the connection drops, length verified.
 
         Raises:
             ObjectNotFoundError: no such object or bucket (one attempt).
@@ -191,7 +194,7 @@ class Store:
         """
         if start is not None and end is not None and end <= start:
             return b""
-        return self.retry.call(lambda: bytes(self.fs.cat_file(self._full(path), start=start, end=end)), self.url(path))
+        return b"".join(self.iter_bytes(path, start or 0, end, chunk_size=1 << 20))
 
     def iter_bytes(
         self, path: str, start: int = 0, end: int | None = None, *, chunk_size: int = 8 << 20
@@ -246,12 +249,11 @@ class Store:
                 log.debug("resuming %s at byte %d", url, pos)
 
     def info(self, path: str) -> ObjectInfo:
-        """Size and version of ``path``, read fresh (never from a cached listing)."""
+        """Size and version of ``path``, read fresh (never from a cached listing), in one request."""
 
         def op() -> ObjectInfo:
-            full = self._full(path)
-            self.fs.invalidate_cache(full)
-            return self._to_info(self.fs.info(full), path)
+            size, version = backends.info_object(self.fs, self._full(path))
+            return ObjectInfo(path=path, size=size, version=version)
 
         return self.retry.call(op, self.url(path))
 
@@ -346,7 +348,7 @@ class Store:
             if if_match is not None:
                 raise NotImplementedError(f"{url}: compare-and-swap is not supported on {proto}://")
             self.fs.pipe_file(full, bytes(view), mode=mode)
-            return self._to_info(self.fs.info(full), path).version
+            return backends.info_object(self.fs, full)[1]
 
         return self.retry.call(op, url)
 
