@@ -299,3 +299,28 @@ def test_changed_shard_gets_a_new_cache_entry(tmp_path) -> None:
     info = ShardInfo(shard.path, 1000, 1, checksum_bytes(new))
     assert b"".join(cache.open_range(store, info)) == new
     assert b"".join(cache.open_range(store, shard)) == data  # the old entry is still a valid hit
+
+
+def test_free_disk_floor_is_respected(tmp_path) -> None:
+    store = Store(str(tmp_path / "ds"))
+    (shard, data), = make_shards(store, 1, 10_000)
+    free = os.statvfs(tmp_path).f_bavail * os.statvfs(tmp_path).f_frsize
+    cache = cache_for(tmp_path / "c", min_free_bytes=free + (1 << 40))  # a floor above the free space
+    assert b"".join(cache.open_range(store, shard)) == data
+    assert cache.stats.bypasses == 1 and not cache.contains(store, shard)
+    assert cache.fetch(store, shard) is False  # a prefetcher is told to stream it itself
+
+
+def test_empty_shard_and_fetch(tmp_path) -> None:
+    store = Store(str(tmp_path / "ds"))
+    store.put("empty.tar", b"")
+    empty = ShardInfo("empty.tar", 0, 0, checksum_bytes(b""))
+    cache = cache_for(tmp_path / "c")
+    assert b"".join(cache.open_range(store, empty)) == b""
+    assert cache.contains(store, empty)
+    (shard, data), = make_shards(store, 1, 300_000)
+    started = []
+    assert cache.fetch(store, shard, 1000, on_started=lambda: started.append(1)) is True
+    assert started == [1] and cache.contains(store, shard) and cache.stats.misses == 2
+    assert b"".join(cache.open_range(store, shard, 7, 70_000)) == data[7:70_000]
+    assert cache.stats.hits == 1

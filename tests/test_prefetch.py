@@ -139,14 +139,18 @@ def test_cached_runs_need_no_network(s3_store: Store, proxy: FaultProxy, tmp_pat
     assert warm.stats.stall_s >= 0.0
 
 
-def test_stall_time_is_measured(s3_store: Store, proxy: FaultProxy) -> None:
+@pytest.mark.parametrize("cached", [False, True])
+def test_stall_time_is_measured(s3_store: Store, proxy: FaultProxy, tmp_path, cached: bool) -> None:
     shards = make_shards(s3_store, 2, 50 * KB)
+    cache = cache_for(tmp_path / "c", chunk_size=8 * KB) if cached else None
     proxy.set_latency(0.1)
-    pf = Prefetcher(s3_store, [ByteRun(s) for s, _ in shards], config=PrefetchConfig(workers=1))
-    for _, chunks in pf:
-        b"".join(chunks)
+    pf = Prefetcher(s3_store, [ByteRun(s) for s, _ in shards], cache=cache, config=PrefetchConfig(workers=1))
+    got = [b"".join(chunks) for _, chunks in pf]
+    assert got == [d for _, d in shards]
     assert pf.stats.stall_s >= 0.09  # at least the first response's latency
     assert pf.stats.bytes_from_network == sum(s.bytes for s, _ in shards)
+    if cached:  # the consumer read behind the prefetch thread's downloads
+        assert pf.stats.misses == 2 and pf.stats.follows >= 1
 
 
 def test_cache_too_small_for_depth_fails_at_start(tmp_path) -> None:

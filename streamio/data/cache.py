@@ -146,14 +146,16 @@ class ReadStats:
     Attributes:
         hits: ranges served from a committed cache file.
         misses: downloads this process started (or took over).
-        follows: ranges served by following another reader's download.
+        follows: ranges read (at least partly) while their download was in flight, from the file
+            being filled (another process's download, or this process's prefetch thread).
         resumes: partial downloads (of a dead or stopped reader) continued from their last byte.
         bypasses: ranges streamed without caching (no room, or no cache configured).
         discarded: cache files found corrupt or of the wrong size and discarded.
         evictions: committed shards evicted to make room.
         bytes_from_network: bytes received from the store.
         bytes_from_cache: bytes read from local cache files (hits and follows).
-        stall_s: seconds the consumer waited for data (set by the prefetcher).
+        stall_s: seconds readers waited for data: a prefetcher's consumer waiting for a run to
+            start, and readers waiting behind a download they follow.
         retries: transient-error retries, when the storage layer reports them (else None).
     """
 
@@ -428,7 +430,7 @@ class ShardCache:
                         if dl is not None:
                             os.close(dl)
                 followed = False
-                for chunk in self._follow(key, shard, url, pos, end):
+                for chunk in self._follow(key, shard, url, pos, end, counters):
                     if not followed:
                         counters.add(follows=1)
                         followed = True
@@ -639,8 +641,11 @@ class ShardCache:
             os.replace(key + ".part", key + ".data", src_dir_fd=self._dir(), dst_dir_fd=self._dir())
         log.debug("cached %s (%d bytes) as %s.data", url, shard.bytes, key)
 
-    def _follow(self, key: str, shard: ShardInfo, url: str, pos: int, end: int) -> Iterator[bytes]:
-        """Read behind another reader's download; return early if it stops or commits."""
+    def _follow(self, key: str, shard: ShardInfo, url: str, pos: int, end: int, counters: _Counters) -> Iterator[bytes]:
+        """Read behind another reader's download; return early if it stops or commits.
+
+        Time spent waiting for the download to progress is counted as ``stall_s``.
+        """
         dfd = self._dir()
         delay = self.config.poll_interval
         start = pos
@@ -650,6 +655,7 @@ class ShardCache:
             # not created yet, or committed/removed meanwhile: let the caller look again
             if not self._exists(key + ".data") and self._download_locked(key):
                 time.sleep(delay)
+                counters.add(stall_s=delay)
             return
         try:
             ino = os.fstat(fd).st_ino
@@ -665,6 +671,7 @@ class ShardCache:
                             f"discarded after {pos - start} bytes were read; read the shard again"
                         )
                     time.sleep(delay)  # a download being set up, or one that just failed: look again
+                    counters.add(stall_s=delay)
                     return
                 moved = False
                 for chunk in self._serve(fd, rec, pos, end):
@@ -682,7 +689,9 @@ class ShardCache:
                     if rec is not None and rec.ino == ino and rec.available_end(pos) is not None:
                         continue
                     return
-                time.sleep(min(delay * (1 + idle * 20), 0.05))
+                nap = min(delay * (1 + idle * 20), 0.05)
+                time.sleep(nap)
+                counters.add(stall_s=nap)
                 idle += delay
         finally:
             os.close(fd)
