@@ -182,6 +182,12 @@ def test_resume_same_topology_is_the_uninterrupted_remainder(counts, topo, shuff
     assert resumed.stage == 0 and resumed.samples_per_rank == plan.samples_per_rank - done
     for r in range(topo[0]):
         assert dataloader_order(resumed, r) == full[r][done:]
+    # the batch -> per-worker position map: sums to what was consumed; a fresh loader's worker w
+    # continues plan worker (c1 + w) % W exactly there
+    pos = plan.positions(c1)
+    w = len(pos)
+    assert sum(pos) == done
+    assert [s.skipped for s in resumed.streams(0)] == [pos[(c1 + k) % w] for k in range(w)]
     # and again from the resumed plan (positions accumulate)
     c2 = data.draw(st.integers(0, resumed.batches_per_rank), label="second stop (batches)")
     again = _plan(counts, topo, resume=resumed.state_dict(c2), **kw)
