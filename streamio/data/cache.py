@@ -69,7 +69,13 @@ config.
 
 Call order: ``cache = ShardCache(CacheConfig(dir, max_bytes))`` -> (optional) ``cache.require(n)``
 -> ``for chunk in cache.open_range(store, shard, start, end)`` (close the generator to stop early;
-a download stopped early stays resumable) -> ``cache.stats``.
+a download stopped early stays resumable) -> ``cache.stats``. A prefetcher calls
+``cache.fetch(store, shard, start)`` in a background thread first: it downloads into the cache
+without handing bytes over, and the consumer's ``open_range`` then follows that download.
+
+What the cache does *not* catch: bit rot that leaves a committed file's size and mtime unchanged
+within one boot is served (the stamp matches); the per-sample CRC32C check of
+``samples.iter_samples`` catches it, and ``cache.invalidate(store, shard)`` discards the file.
 """
 
 from __future__ import annotations
@@ -217,9 +223,6 @@ class _Record:
         if pos < self.lo:
             return self.lo
         return None
-
-    def complete(self) -> bool:
-        return self.split + self.hi == self.size and self.lo == self.split
 
 
 def _boot_id() -> int:
