@@ -164,6 +164,9 @@ def _ddp_child(root: str, out_path: str) -> None:
     state = {"model": model, "optim": opt, "rng": rng, "progress": {"step": 3}, "data": {"rank_seen": rank}}
     mgr.save(3, state)
     expected_params = {k: v.clone() for k, v in model.state_dict().items()}
+    # buffers (BatchNorm statistics) are rank 0's on every rank, as DDP's next forward makes them
+    for name, _ in model.named_buffers():
+        dist.broadcast(expected_params[name], src=0)
     expected_moments = {i: {k: v.clone() for k, v in s.items()} for i, s in opt.state_dict()["state"].items()}
     expected_draw = torch.rand(4, generator=gen)
     stats = mgr.wait()
@@ -177,14 +180,17 @@ def _ddp_child(root: str, out_path: str) -> None:
     state2 = {"model": model2, "optim": opt2, "rng": _GenState(gen2), "progress": None, "data": None}
     mgr2 = CheckpointManager(root, storage_options=options)
     restored = mgr2.restore(state2)
-    ok = restored == 3
-    ok &= all(torch.equal(v, expected_params[k]) for k, v in model2.state_dict().items())
     st2 = opt2.state_dict()["state"]
-    ok &= all(torch.equal(st2[i][k], v) for i, s in expected_moments.items() for k, v in s.items())
-    ok &= torch.equal(torch.rand(4, generator=gen2), expected_draw)
-    ok &= state2["progress"] == {"step": 3} and state2["data"] == {"rank_seen": rank}
+    checks = {
+        "step": restored == 3,
+        "params": all(torch.equal(v, expected_params[k]) for k, v in model2.state_dict().items()),
+        "moments": all(torch.equal(st2[i][k], v) for i, s in expected_moments.items() for k, v in s.items()),
+        "rng": torch.equal(torch.rand(4, generator=gen2), expected_draw),
+        "values": state2["progress"] == {"step": 3} and state2["data"] == {"rank_seen": rank},
+    }
+    ok = all(checks.values()) or {k: v for k, v in checks.items() if not v}
     results: list[Any] = [None] * world
-    dist.all_gather_object(results, {"rank": rank, "ok": bool(ok), "bytes": stats.bytes_written})
+    dist.all_gather_object(results, {"rank": rank, "ok": ok, "bytes": stats.bytes_written})
     mgr.close()
     mgr2.close()
     if rank == 0:

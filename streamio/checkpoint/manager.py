@@ -23,6 +23,9 @@ checkpoint, so a ``kill -9`` anywhere costs at most the save in progress:
 Under ``torch.distributed``, state named in ``SaveOptions.per_rank`` (default ``"rng"``,
 ``"data"``) is saved by every rank; everything else is taken as replicated (DDP model, optimizer)
 and its tensors are divided among ranks so each uploads a disjoint share of about equal bytes.
+Replicated state must really be equal on every rank; the one known exception, module buffers
+(BatchNorm statistics, which DDP re-broadcasts from rank 0 at each forward), is always taken from
+rank 0, and JSON (non-tensor) replicated state is rank 0's.
 
 Restore reads the pointer fresh (never a cached listing), reads every part this rank needs with
 concurrent GETs, verifies sizes and CRC32C of files and tensors, and only then loads anything. If
@@ -303,16 +306,21 @@ class CheckpointManager:
         rank_tensors: dict[str, torch.Tensor] = {}
         rep_tree: dict[str, Any] = {}
         rank_tree: dict[str, Any] = {}
+        buffers: set[str] = set()
         for name, obj in state.items():
             if not isinstance(name, str):
                 raise CheckpointError(f"state names must be strings, got {name!r} while saving step {step}")
+            if isinstance(obj, torch.nn.Module):
+                buffers.update(f"{name}/{b}" for b, _ in obj.named_buffers())
             value = obj.state_dict() if callable(getattr(obj, "state_dict", None)) else obj
             if name in opts.per_rank:
                 rank_tree[name] = TreeEncoder(rank_tensors).encode(value, name)
             else:
                 rep_tree[name] = TreeEncoder(rep_tensors).encode(value, name)
         sizes = {k: t.numel() * t.element_size() for k, t in rep_tensors.items()}
-        owner = assign_shares(sizes, comm.world)
+        # Module buffers (BatchNorm statistics) differ between DDP ranks until the next forward
+        # broadcasts rank 0's; parameters and optimizer state are identical, so they are shared.
+        owner = assign_shares(sizes, comm.world, rank0=buffers)
         mine = [(k, rep_tensors[k]) for k in rep_tensors if owner[k] == comm.rank]
         ordered = mine + list(rank_tensors.items())
         layout = plan_layout(ordered)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import base64
 import math
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -235,15 +235,21 @@ def plan_layout(tensors: Sequence[tuple[str, torch.Tensor]]) -> Layout:
     return Layout(tuple(slots), pos)
 
 
-def assign_shares(sizes: Mapping[str, int], world_size: int) -> dict[str, int]:
+def assign_shares(sizes: Mapping[str, int], world_size: int, *, rank0: Collection[str] = ()) -> dict[str, int]:
     """Deterministically divide tensors among ranks so each uploads about the same bytes.
 
     Greedy largest-first onto the least-loaded rank (ties: lowest rank; keys break size ties),
-    so every rank computes the same assignment from the same (replicated) shapes.
+    so every rank computes the same assignment from the same (replicated) shapes. Keys in
+    ``rank0`` are always rank 0's (e.g. module buffers, which DDP only keeps equal by
+    broadcasting rank 0's at each forward).
     """
     load = [0] * world_size
     owner: dict[str, int] = {}
-    for key in sorted(sizes, key=lambda k: (-sizes[k], k)):
+    for key in rank0:
+        if key in sizes:
+            owner[key] = 0
+            load[0] += sizes[key]
+    for key in sorted((k for k in sizes if k not in owner), key=lambda k: (-sizes[k], k)):
         r = min(range(world_size), key=lambda i: (load[i], i))
         owner[key] = r
         load[r] += sizes[key]
