@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--quick", action="store_true", help="fewer repeats")
     args = ap.parse_args(argv)
     repeat = 3 if args.quick else 15
-    out = {"planning": bench_planning(repeat), "elastic_resume": bench_resume(repeat), "shuffle_quality": bench_quality()}
+    out: dict[str, Any] = {"planning": bench_planning(repeat), "elastic_resume": bench_resume(repeat), "shuffle_quality": bench_quality()}
     for part, rows in out.items():
         for row in rows if isinstance(rows, list) else [rows]:
             print(json.dumps({"bench": f"plan.{part}", **row}))

@@ -678,9 +678,9 @@ def _fingerprint(counts: np.ndarray, index_fingerprint: str | None, seed: int, p
 
 
 def _check_int(name: str, value: object, low: int) -> int:
-    if not _is_int(value) or int(value) < low:  # type: ignore[call-overload]
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or int(value) < low:
         raise PlanError(f"{name}={value!r} must be an int >= {low}.")
-    return int(value)  # type: ignore[call-overload]
+    return int(value)
 
 
 def _parse_stages(state: Mapping[str, Any]) -> list[tuple[_Topology, list[int], dict[str, Any]]]:
