@@ -99,6 +99,18 @@ def open_stream(
     return _generic_stream(fs, full, start, end, piece, on_end)
 
 
+async def _s3_call(fs: Any, op: str, **kwargs: Any) -> Any:
+    """One botocore call through s3fs's client, without s3fs's retry wrapper.
+
+    ``fs._call_s3`` with ``retries=1`` still sleeps 0.1 s after a retryable failure and turns
+    errors into bare OSErrors; the policy above wants the botocore error at once.
+    """
+    await fs.set_session()
+    s3 = await fs.get_s3(kwargs.get("Bucket"))
+    method = getattr(s3, op)
+    return await method(**fs._get_s3_method_kwargs(method, **kwargs))
+
+
 def _range_header(start: int, end: int | None) -> str | None:
     if start == 0 and end is None:
         return None
@@ -131,7 +143,7 @@ def _s3_stream(
         kw["Range"] = rng
     if version_id:
         kw["VersionId"] = version_id
-    resp = sync(fs.loop, fs._call_s3, "get_object", **kw)
+    resp = sync(fs.loop, _s3_call, fs, "get_object", **kw)
     body = resp["Body"]
     try:
         length = resp.get("ContentLength")
@@ -211,7 +223,7 @@ def info_object(fs: Any, full: str) -> tuple[int, str | None]:
     if proto == "s3":
         bucket, key, version_id = fs.split_path(full)
         kw = {"VersionId": version_id} if version_id else {}
-        out = sync(fs.loop, fs._call_s3, "head_object", Bucket=bucket, Key=key, **kw)
+        out = sync(fs.loop, _s3_call, fs, "head_object", Bucket=bucket, Key=key, **kw)
         return int(out["ContentLength"]), str(out.get("ETag", "")).strip('"') or None
     if proto == "gs":
         bucket, key, _ = fs.split_path(full)
@@ -338,7 +350,7 @@ def put_s3(
     bucket, key, _ = fs.split_path(full)
     cond = _s3_condition(mode, if_match)
     if len(data) < multipart_threshold:
-        out = sync(fs.loop, fs._call_s3, "put_object", Bucket=bucket, Key=key, Body=bytes(data), **cond)
+        out = sync(fs.loop, _s3_call, fs, "put_object", Bucket=bucket, Key=key, Body=bytes(data), **cond)
         fs.invalidate_cache(full)
         return str(out["ETag"]).strip('"')
     if if_match is not None:
@@ -350,7 +362,7 @@ def put_s3(
             found = None
         if found != if_match.strip('"'):
             raise conflict(url, mode, if_match, found)
-    mpu = policy.call(lambda: sync(fs.loop, fs._call_s3, "create_multipart_upload", Bucket=bucket, Key=key), url)
+    mpu = policy.call(lambda: sync(fs.loop, _s3_call, fs, "create_multipart_upload", Bucket=bucket, Key=key), url)
     upload_id = mpu["UploadId"]
     offsets = list(range(0, len(data), part_size))
 
@@ -358,7 +370,7 @@ def put_s3(
         body = bytes(data[offsets[i] : offsets[i] + part_size])
         out = policy.call(
             lambda: sync(
-                fs.loop, fs._call_s3, "upload_part", Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=i + 1, Body=body
+                fs.loop, _s3_call, fs, "upload_part", Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=i + 1, Body=body
             ),
             f"{url} (part {i + 1}/{len(offsets)})",
         )
@@ -369,7 +381,8 @@ def put_s3(
             parts = list(pool.map(upload, range(len(offsets))))
         out = sync(
             fs.loop,
-            fs._call_s3,
+            _s3_call,
+            fs,
             "complete_multipart_upload",
             Bucket=bucket,
             Key=key,
@@ -379,7 +392,7 @@ def put_s3(
         )
     except BaseException:
         with contextlib.suppress(Exception):
-            sync(fs.loop, fs._call_s3, "abort_multipart_upload", Bucket=bucket, Key=key, UploadId=upload_id)
+            sync(fs.loop, _s3_call, fs, "abort_multipart_upload", Bucket=bucket, Key=key, UploadId=upload_id)
         raise
     fs.invalidate_cache(full)
     return str(out["ETag"]).strip('"')
