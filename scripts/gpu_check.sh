@@ -8,7 +8,8 @@
 # What it checks, against a local S3 (moto on 127.0.0.1):
 #   1. CUDA RNG restore: streamio.state.RNGState captures every device's generator; draws and
 #      dropout masks after a restore are identical on every GPU.
-#   2. The trainer with NCCL + bf16 autocast + pinned memory, one rank per GPU, for $STEPS optimizer
+#   2. The trainer with NCCL + bf16 autocast + pinned memory, one rank per GPU, streaming the
+#      synthetic demo data (sharded into the local S3) with StreamingDataset, for $STEPS optimizer
 #      steps with async checkpoints every $CKPT_EVERY steps; crashed by --fail-at-step at half way;
 #      restarted; it must resume from latest.json and finish.
 #   3. An uninterrupted reference run of the same job: per-step losses and final weights compared
@@ -23,6 +24,7 @@ export GPU_CHECK_DEVICE="${GPU_CHECK_DEVICE:-cuda}"
 export STEPS="${STEPS:-300}" CKPT_EVERY="${CKPT_EVERY:-50}" NPROC="${NPROC:-0}"
 export OUT="${OUT:-demo-out/gpu-check}"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-4}" PYTHONUNBUFFERED=1
+rm -rf "$OUT"  # metrics files are appended to (a resumed run continues its log): start clean
 timeout 900 "$PY" - <<'PYEOF'
 import json, os, subprocess, sys, time
 from pathlib import Path
@@ -31,7 +33,7 @@ import torch
 
 from streamio.state import RNGState
 from streamio.testing import local_s3
-from streamio.train.demo import compare
+from streamio.train.demo import Location, compare, shard_demo_data
 from streamio.train.loop import read_metrics
 
 device = os.environ["GPU_CHECK_DEVICE"]
@@ -66,12 +68,10 @@ else:
     nproc = int(os.environ["NPROC"]) or 2
     print("1. CUDA RNG restore: skipped (CPU dry run)")
 
-common = ["--device", device, "--train-samples", "65536", "--batch-size", "256", "--grad-accum", "2",
-          "--hidden", "1024", "--epochs", "100", "--max-steps", str(steps), "--ckpt-every", str(every),
-          "--log-every", "50", "--num-workers", "4", "--collective-timeout-s", "120", "--patience", "0"]
-if device == "cpu":
-    common = [a if a not in ("65536", "1024", "256") else {"65536": "2048", "1024": "64", "256": "16"}[a] for a in common]
-    common[common.index("--num-workers") + 1] = "2"
+big = device == "cuda"
+common = ["--device", device, "--batch-size", "256" if big else "16", "--grad-accum", "2",
+          "--hidden", "1024" if big else "64", "--epochs", "100", "--max-steps", str(steps), "--ckpt-every", str(every),
+          "--log-every", "50", "--num-workers", "4" if big else "2", "--collective-timeout-s", "120", "--patience", "0"]
 
 def torchrun(args, env, log):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
@@ -92,6 +92,10 @@ def report(name, run_dir):
 with local_s3() as s3:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")} | s3.env()
     url = s3.url("gpu-check")
+    train = 65536 if big else 2048
+    data_url = shard_demo_data(Location(url, env, s3.storage_options()), train=train, val=4097 if big else 129,
+                               per_shard=4096 if big else 256)
+    common += ["--data-url", data_url]
     runs = {
         "reference": ([*common, "--ckpt-url", f"{url}/ckpt-ref"], 0),
         "crashed": ([*common, "--ckpt-url", f"{url}/ckpt", "--fail-at-step", str(steps // 2 + every // 2)], None),

@@ -70,14 +70,14 @@ def _location(url: str | None) -> Iterator[Location]:
         yield Location(s3.url("demo"), {**env, **s3.env()}, s3.storage_options())
 
 
-def shard_demo_data(loc: Location, *, seed: int = 0) -> str:
+def shard_demo_data(loc: Location, *, seed: int = 0, train: int = 4096, val: int = 1001, per_shard: int = 512) -> str:
     """Write the synthetic train/val sets as shards + index under ``loc.url/data``; return that URL."""
     from streamio.data.writer import write_dataset
 
-    for split, n in (("train", 4096), ("val", 1001)):
+    for split, n in (("train", train), ("val", val)):
         index = write_dataset(
             iter_samples(n, seed=seed, split=split), f"{loc.url}/data/{split}", loc.storage_options,
-            max_count=512, prefix=split, overwrite=True,
+            max_count=per_shard, prefix=split, overwrite=True,
         )
         log.info("sharded %d %s samples into %d shards at %s/data/%s", n, split, len(index.shards), loc.url, split)
     return f"{loc.url}/data"
@@ -109,7 +109,7 @@ def compare(ref_dir: Path, crashed_dir: Path, resumed_dir: Path, nproc: int) -> 
     before, after = _losses(crashed_dir, nproc), _losses(resumed_dir, nproc)
     combined = {**before, **after}
     resume = [r for r in read_metrics(resumed_dir / "rank-00000.jsonl") if r["event"] == "resume"]
-    resumed_from = resume[0]["step"] if resume else None
+    resumed_from = resume[-1]["step"] if resume else None
     loss_diff = max((abs(combined[k] - ref[k]) for k in ref if k in combined), default=float("inf"))
     missing = sorted({s for s, _ in ref} - {s for s, _ in combined})
     ref_w = torch.load(ref_dir / "final_model.pt", weights_only=True)
