@@ -253,6 +253,26 @@ def test_resume_new_topology_exactly_once_over_three_changes(counts, topos, shuf
     assert not left
 
 
+@given(counts_st, topology_st, topology_st, shuffle_st, seed_st, policy_st, st.data())
+def test_resume_after_a_topology_change_continues_the_new_stage_exactly(counts, topo_a, topo_b, shuffle, seed, policy, data) -> None:
+    # invariant 4 holds again inside a stage created by invariant 5's re-plan
+    norm = lambda t: (t[0], max(t[1], 1), t[2])  # noqa: E731  (0 and 1 workers are one stream)
+    assume(_plannable(counts, topo_a[0], policy) and norm(topo_a) != norm(topo_b))
+    kw = {"seed": seed, "epoch": 1, "policy": policy, "shuffle": shuffle}
+    first = _plan(counts, topo_a, **kw)
+    c1 = data.draw(st.integers(0, first.batches_per_rank), label="stop in stage 0")
+    stage1 = _plan(counts, topo_b, resume=first.state_dict(c1), **kw)
+    full = [dataloader_order(stage1, r) for r in range(topo_b[0])]
+    c2 = data.draw(st.integers(0, stage1.batches_per_rank), label="stop in stage 1")
+    state = json.loads(json.dumps(stage1.state_dict(c2)))
+    assert len(state["stages"]) == 2
+    again = _plan(counts, topo_b, resume=state, **kw)
+    assert again.stage == 1
+    done = min(c2 * stage1.batch_size, stage1.samples_per_rank)
+    for r in {0, topo_b[0] - 1}:
+        assert dataloader_order(again, r) == full[r][done:]
+
+
 def test_unequal_consumption_replans_to_equal_work() -> None:
     kw = {"seed": 4, "epoch": 0, "world_size": 3, "num_workers": 2, "policy": "drop"}
     plan = plan_epoch([10, 10, 10], **kw)  # type: ignore[arg-type]
@@ -311,6 +331,18 @@ def test_spans_coalesce_fragments_of_a_resume_inside_windows() -> None:
     assert sum(len(w.runs) for w in wins) > 2 * sum(len(w.spans) for w in wins)  # fragments exist...
     for w in wins:
         _check_spans(w)  # ...and are read in few spans
+
+
+def test_cost_does_not_grow_with_samples() -> None:
+    # 5,000 shards of 10^9 samples (5 * 10^12): anything allocated per sample would exhaust memory
+    plan = plan_epoch([10**9] * 5000, seed=1, epoch=0, world_size=512, num_workers=8, batch_size=256, shuffle=Shuffle(window=4096))
+    runs = [s.runs for s in plan.streams(511)]
+    assert sum(run.end - run.first for r in runs for run in r) == plan.samples_per_rank == -(-5 * 10**12 // 512)
+    first = next(plan.stream(511, 7).windows())
+    assert first.size == 4096 and first.order is not None
+    state = plan.state_dict(10**6)
+    resumed = plan_epoch([10**9] * 5000, seed=1, epoch=0, world_size=512, num_workers=8, batch_size=256, shuffle=Shuffle(window=4096), resume=state)
+    assert resumed.stream(3, 1).skipped == plan.positions(10**6)[(10**6 + 1) % 8]
 
 
 def test_locality_at_scale_is_one_read_per_shard() -> None:
