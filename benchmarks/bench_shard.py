@@ -106,27 +106,39 @@ def reference(samples: list[dict[str, Any]], scratch: str) -> str:
     return ref
 
 
-def run_rounds(contenders: dict[str, Callable[[str], int]], rounds: int, scratch: str) -> dict[str, list[float]]:
-    rates: dict[str, list[float]] = {name: [] for name in contenders}
+Rates = dict[str, list[tuple[float, float]]]  # contender -> [(MB/s wall, MB per CPU-second of this process)]
+
+
+def run_rounds(contenders: dict[str, Callable[[str], int]], rounds: int, scratch: str) -> Rates:
+    """Run every contender ``rounds`` times, interleaved (order alternates each round).
+
+    Besides wall-clock MB/s, MB per CPU-second of this process is recorded: on a shared machine
+    wall time moves with other people's load, the CPU a contender spends does much less.
+    """
+    rates: Rates = {name: [] for name in contenders}
     for r in range(rounds):
-        order = list(contenders) if r % 2 == 0 else list(reversed(contenders))  # interleave, alternate order
+        order = list(contenders) if r % 2 == 0 else list(reversed(contenders))
         for name in order:
-            out = os.path.join(scratch, f"{name}-{uuid.uuid4().hex[:6]}")
-            t0 = time.perf_counter()
+            out = os.path.join(scratch, f"{name}-{uuid.uuid4().hex[:6]}".replace(" ", "_"))
+            t0, c0 = time.perf_counter(), time.process_time()
             nbytes = contenders[name](out)
-            dt = time.perf_counter() - t0
-            rates[name].append(nbytes / dt / 1e6)
-            print(f"  round {r} {name:<22} {nbytes / 1e6:8.0f} MB  {dt:6.2f} s  {nbytes / dt / 1e6:7.0f} MB/s", flush=True)
-            if not out.startswith("s3://"):
-                shutil.rmtree(out, ignore_errors=True)
+            dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+            rates[name].append((nbytes / dt / 1e6, nbytes / max(cpu, 1e-9) / 1e6))
+            print(f"  round {r} {name:<24} {nbytes / 1e6:6.0f} MB {dt:7.2f} s {nbytes / dt / 1e6:6.0f} MB/s "
+                  f"cpu {cpu:6.2f} s {nbytes / max(cpu, 1e-9) / 1e6:6.0f} MB/cpu-s", flush=True)
+            shutil.rmtree(out, ignore_errors=True)
     return rates
 
 
-def summarise(title: str, rates: dict[str, list[float]], ours: str, peer: str, limit: str) -> dict[str, Any]:
-    med = {k: statistics.median(v) for k, v in rates.items()}
+def summarise(title: str, rates: Rates, ours: str, peer: str, limit: str) -> dict[str, Any]:
+    med = {k: statistics.median(w for w, _ in v) for k, v in rates.items()}
+    cpu = {k: statistics.median(c for _, c in v) for k, v in rates.items()}
     print(f"\n{title}: median MB/s " + ", ".join(f"{k} {v:.0f}" for k, v in med.items()))
-    print(f"  {ours} / {peer} = {med[ours] / med[peer]:.2f}x   {ours} / {limit} = {med[ours] / med[limit]:.2f}x\n")
-    return {"median_MBps": med, "vs_peer": med[ours] / med[peer], "vs_limit": med[ours] / med[limit]}
+    print(f"{title}: median MB per CPU-second " + ", ".join(f"{k} {v:.0f}" for k, v in cpu.items()))
+    print(f"  wall: {ours} / {peer} = {med[ours] / med[peer]:.2f}x   {ours} / {limit} = {med[ours] / med[limit]:.2f}x")
+    print(f"  cpu:  {ours} / {peer} = {cpu[ours] / cpu[peer]:.2f}x\n")
+    return {"median_MBps": med, "MB_per_cpu_s": cpu, "vs_peer": med[ours] / med[peer],
+            "vs_limit": med[ours] / med[limit], "cpu_vs_peer": cpu[ours] / cpu[peer]}
 
 
 # ----------------------------------------------------------------------------- sections

@@ -107,21 +107,31 @@ def _pax_record(key: bytes, value: bytes) -> bytes:
     return b"%d %s=%s\n" % (n, key, value)
 
 
-def _header(name: bytes, size: int, typeflag: bytes) -> bytearray:
+def _template() -> bytes:
     h = bytearray(BLOCK)
-    h[0 : len(name)] = name
     h[100:108] = _octal(MODE, 8)
     h[108:116] = _octal(0, 8)
     h[116:124] = _octal(0, 8)
-    if size <= _MAX_OCTAL_SIZE:
-        h[124:136] = _octal(size, 12)
-    else:  # GNU base-256; the pax "size" record says it too
-        h[124:136] = b"\x80" + size.to_bytes(11, "big")
     h[136:148] = _octal(MTIME, 12)
-    h[148:156] = b" " * 8
-    h[156:157] = typeflag
+    h[148:156] = b" " * 8  # the checksum field counts as spaces
     h[257:265] = b"ustar\x0000"
-    h[148:156] = b"%06o\0 " % sum(h)
+    return bytes(h)
+
+
+_TEMPLATE = _template()
+_TEMPLATE_SUM = sum(_TEMPLATE)
+
+
+def _header(name: bytes, size: int, typeflag: bytes) -> bytearray:
+    h = bytearray(_TEMPLATE)
+    h[0 : len(name)] = name
+    if size <= _MAX_OCTAL_SIZE:
+        field = _octal(size, 12)
+    else:  # GNU base-256; the pax "size" record says it too
+        field = b"\x80" + size.to_bytes(11, "big")
+    h[124:136] = field
+    h[156:157] = typeflag
+    h[148:156] = b"%06o\0 " % (_TEMPLATE_SUM + sum(name) + sum(field) + typeflag[0])
     return h
 
 

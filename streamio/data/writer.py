@@ -258,7 +258,7 @@ class DatasetWriter:
         """
         buf = self._buffers.pop() if self._buffers else bytearray()
         if len(buf) < total:
-            buf = bytearray(total)
+            return bytearray().join(pieces)  # one pass over fresh memory (no zero-fill first)
         pos = 0
         for piece in pieces:
             end = pos + len(piece)
