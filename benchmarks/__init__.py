@@ -1,0 +1,1 @@
+"""Benchmark suite: ``python -m benchmarks.run [--quick]`` writes benchmarks/RESULTS.md and plots."""

@@ -1,0 +1,468 @@
+"""Training-loop benchmark: samples/s and data-stall fraction, streamio vs webdataset; scale model.
+
+Run: ``.venv/bin/python -m benchmarks.bench_dataset [--quick] [--json OUT]`` (or as the
+``dataset`` and ``scale`` sections of ``python -m benchmarks.run``).
+
+Loop (issue 6's benchmark). A dataset of ``shards x shard_mb`` MB of ``sample_kb`` KB random
+samples is written once with :func:`streamio.data.writer.write_dataset` (to local disk, then the
+same files are uploaded to moto). Each trial launches ``ranks`` processes with ``RANK`` /
+``WORLD_SIZE`` set (one simulated node: torchrun's environment without its 3-4 s of launch), each
+running a DataLoader with ``workers`` workers and a fixed simulated compute time per batch
+(``time.sleep(compute)``; no collectives). Per rank: samples, loop wall time from ``iter(loader)``
+to the last batch (worker start-up included) and the time spent waiting in ``next(loader)``.
+Stall fraction = waiting / wall; a trial reports the slowest rank's stall (DDP runs at the pace of
+the slowest rank) and samples/s = all samples / the longest wall. Contenders, interleaved:
+
+* ``streamio cold``     — ``StreamingDataset`` + ``StreamingDataLoader``, empty node cache;
+* ``streamio warm``     — the same, every shard already in the node cache (no network);
+* ``webdataset stream`` — ``WebDataset(split_by_node, split_by_worker)`` + ``WebLoader`` reading
+  the shards through ``s3fs`` (registered as webdataset's ``s3`` gopen scheme), no cache;
+* ``webdataset cold``   — the same with ``cache_dir`` (webdataset's cache downloads a whole shard
+  before its first sample), empty;
+* ``webdataset warm``   — the same cache, already filled.
+
+Storage: moto behind the FaultProxy with 30 ms first-byte latency on every response (a separate
+process). With nginx available, ``streamio cold`` and ``webdataset stream`` also run against
+nginx serving the same files over ``http://`` (no added latency): where moto, not the reader, is
+the limit. No shuffling (the same order for both libraries); batch size, compute time, data size
+and repetitions are stated with the results.
+
+Scale (issue 9). 2 simulated nodes x 2 ranks (4 processes, ``RANK`` 0-3, ``WORLD_SIZE`` 4), one
+cache directory and one proxy per node, shard order shuffled per epoch, 2 epochs: GETs and bytes
+per node and GETs per shard from the proxies' request logs. Then :func:`scale_model` derives from
+the planner (:func:`streamio.data.plan.plan_epoch`, every rank's runs) how GETs and bytes grow with
+nodes, ranks and epochs, e.g. 64 nodes x 8 GPUs reading 5,000 x 10 GB shards, and checks the model
+against the 2 x 2 measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import MB, REPO, Nginx, S3Servers, boto3_ceiling, interleave, ratio, summary  # noqa: E402
+
+GB = 1_000_000_000
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    """Sizes of the loop benchmark (see module docstring)."""
+
+    shards: int = 32
+    shard_mb: int = 16
+    sample_kb: int = 64
+    batch_size: int = 16
+    compute_ms: float = 20.0
+    ranks: int = 2
+    workers: int = 2
+    prefetch: int = 4
+    reps: int = 3
+    latency_ms: float = 30.0
+
+    @classmethod
+    def quick(cls) -> LoopConfig:
+        return cls(shards=8, shard_mb=4, workers=1, reps=1)
+
+
+# ----------------------------------------------------------------------------- rank process
+def _wds_name(url: str) -> str:
+    return url.rsplit("/", 1)[-1]
+
+
+def _register_s3_gopen(options: dict[str, Any]) -> None:
+    """Let webdataset open ``s3://`` URLs through s3fs (one filesystem per process: fork safety)."""
+    gopen_mod = sys.modules["webdataset.gopen"]
+    fss: dict[int, Any] = {}
+
+    def gopen_s3(url: str, mode: str = "rb", bufsize: int = 8192, **kw: Any) -> Any:
+        import s3fs
+
+        fs = fss.get(os.getpid())
+        if fs is None:
+            fs = fss[os.getpid()] = s3fs.S3FileSystem(skip_instance_cache=True, **options)
+        return fs.open(url, "rb")
+
+    gopen_mod.gopen_schemes["s3"] = gopen_s3  # type: ignore[attr-defined]
+
+
+def rank_main(cfg: dict[str, Any]) -> dict[str, Any]:
+    """One rank of a trial (runs in a child process with ``RANK``/``WORLD_SIZE`` set)."""
+    import warnings
+
+    warnings.simplefilter("ignore")
+    method, bs, nw = cfg["method"], cfg["batch_size"], cfg["workers"]
+    epochs = cfg.get("epochs", [0])
+    if method == "streamio":
+        from streamio.data.cache import CacheConfig
+        from streamio.data.dataset import StreamingDataLoader, StreamingDataset
+        from streamio.data.plan import Shuffle
+        from streamio.data.prefetch import PrefetchConfig
+
+        cache = CacheConfig(cfg["cache"], max_bytes=cfg["cache_bytes"], min_free_bytes=0) if cfg.get("cache") else None
+        shuffle = Shuffle(shards=True, window=0) if cfg.get("shuffle") else False
+        ds = StreamingDataset(
+            cfg["url"], batch_size=bs, shuffle=shuffle, policy="drop", cache=cache,
+            prefetch=PrefetchConfig(workers=cfg["prefetch"]), storage_options=cfg.get("options"),
+        )
+        loader: Any = StreamingDataLoader(ds, num_workers=nw)
+    else:
+        import webdataset as wds
+
+        if cfg.get("options") is not None:
+            _register_s3_gopen(cfg["options"])
+        ds = wds.WebDataset(
+            cfg["urls"], shardshuffle=False, nodesplitter=wds.split_by_node, workersplitter=wds.split_by_worker,
+            cache_dir=cfg.get("cache"), url_to_name=_wds_name, empty_check=False,
+        )
+        loader = wds.WebLoader(ds, batch_size=bs, num_workers=nw)
+    out = []
+    for epoch in epochs:
+        if hasattr(ds, "set_epoch"):
+            ds.set_epoch(epoch)
+        samples, waited, first = 0, 0.0, None
+        t0 = time.perf_counter()
+        it = iter(loader)
+        while True:
+            t = time.perf_counter()
+            try:
+                batch = next(it)
+            except StopIteration:
+                break
+            dt = time.perf_counter() - t
+            waited += dt
+            first = dt if first is None else first
+            samples += len(batch["__key__"])
+            if cfg["compute_s"]:
+                time.sleep(cfg["compute_s"])
+        wall = time.perf_counter() - t0
+        out.append({"epoch": epoch, "samples": samples, "wall_s": wall, "wait_s": waited, "first_batch_s": first or 0.0})
+    return {"rank": int(os.environ["RANK"]), "epochs": out}
+
+
+def run_ranks(cfgs: Sequence[dict[str, Any]], envs: Sequence[dict[str, str]], timeout: float = 600) -> list[dict[str, Any]]:
+    """Launch one process per (cfg, env) at once; return each one's :func:`rank_main` result."""
+    procs = []
+    for cfg, env in zip(cfgs, envs):
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.bench_dataset", "--rank-worker", json.dumps(cfg)],
+            env={**{k: v for k, v in os.environ.items() if not k.startswith("AWS_")}, **env, "PYTHONPATH": str(REPO)},
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+        ))
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=timeout)
+        if p.returncode != 0:
+            raise RuntimeError(f"rank process failed ({p.returncode}): {err.strip()[-2000:]}")
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    return results
+
+
+def _rank_env(rank: int, world: int, local: int) -> dict[str, str]:
+    return {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(local), "OMP_NUM_THREADS": "1"}
+
+
+# ----------------------------------------------------------------------------- data set
+@dataclass
+class Dataset:
+    local: str  # directory with the shards + index.json
+    prefix: str  # key prefix in the bucket
+    files: list[str]  # shard file names
+    samples: int
+    bytes: int
+
+
+def make_dataset(root: str, shards: int, shard_mb: int, sample_kb: int) -> Dataset:
+    """Write ``shards`` x ~``shard_mb`` MB of ``sample_kb`` KB random samples with ``write_dataset``."""
+    from streamio.data.writer import write_dataset
+
+    size = sample_kb * 1000
+    per_shard = max(1, (shard_mb * MB) // (size + 1536))  # + tar headers of 2 members
+    pool = os.urandom(8 << 20)
+    n = shards * per_shard
+
+    def samples() -> Any:
+        for i in range(n):
+            off = (i * 7919 * 64) % (len(pool) - size)
+            yield {"__key__": f"{i:08d}", "bin": pool[off : off + size]}
+
+    index = write_dataset(samples(), root, max_count=per_shard)
+    files = [s.path for s in index.shards]
+    return Dataset(root, "", files, index.samples, sum(s.bytes for s in index.shards))
+
+
+def upload_dataset(ds: Dataset, client: Any, bucket: str, prefix: str) -> None:
+    """Copy the local dataset's files (shards, index, sidecars) to ``bucket/prefix/`` with boto3."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    names = [p.name for p in Path(ds.local).iterdir() if p.is_file()]
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda n: client.put_object(Bucket=bucket, Key=f"{prefix}/{n}", Body=Path(ds.local, n).read_bytes()), names))
+    ds.prefix = prefix
+
+
+# ----------------------------------------------------------------------------- loop benchmark
+def _trial_stats(results: list[dict[str, Any]], sample_bytes: float, epoch_i: int = 0) -> dict[str, float]:
+    eps = [r["epochs"][epoch_i] for r in results]
+    wall = max(e["wall_s"] for e in eps)
+    return {
+        "samples_per_s": sum(e["samples"] for e in eps) / wall,
+        "stall": max(e["wait_s"] / e["wall_s"] for e in eps),
+        "stall_mean": sum(e["wait_s"] / e["wall_s"] for e in eps) / len(eps),
+        # after the first batch: start-up (workers, index, first request) excluded
+        "stall_steady": max((e["wait_s"] - e["first_batch_s"]) / max(1e-9, e["wall_s"] - e["first_batch_s"]) for e in eps),
+        "MBps": sum(e["samples"] for e in eps) * sample_bytes / wall / MB,
+        "first_batch_s": max(e["first_batch_s"] for e in eps),
+        "wall_s": wall,
+        "samples": sum(e["samples"] for e in eps),
+    }
+
+
+def bench_loop(cfg: LoopConfig, servers: S3Servers, data: Dataset, scratch: str, nginx_url: str | None, log: Callable[[str], None],
+               quick_mode: bool = False) -> dict[str, Any]:
+    """The interleaved loop trials; returns per-contender summaries and the headline ratios."""
+    s3 = servers.s3
+    options = s3.storage_options(servers.proxies[0])
+    s3_url = s3.url(data.prefix)
+    s3_urls = [f"{s3_url}/{f}" for f in data.files]
+    cache_bytes = data.bytes * 2 + 256 * MB
+    base = {"batch_size": cfg.batch_size, "workers": cfg.workers, "prefetch": cfg.prefetch, "compute_s": cfg.compute_ms / 1000, "cache_bytes": cache_bytes}
+    dirs = {name: os.path.join(scratch, name.replace(" ", "-")) for name in ("streamio", "webdataset", "streamio-http")}
+
+    def trial(**over: Any) -> dict[str, float]:
+        c = {**base, **over}
+        envs = [_rank_env(r, cfg.ranks, r) for r in range(cfg.ranks)]
+        return _trial_stats(run_ranks([c] * cfg.ranks, envs), data.bytes / data.samples)
+
+    def wipe(d: str) -> None:
+        shutil.rmtree(d, ignore_errors=True)
+        os.makedirs(d, mode=0o700)
+
+    contenders: dict[str, Callable[[], Any]] = {
+        "streamio cold": lambda: (wipe(dirs["streamio"]), trial(method="streamio", url=s3_url, options=options, cache=dirs["streamio"]))[1],
+        "streamio warm": lambda: trial(method="streamio", url=s3_url, options=options, cache=dirs["streamio"]),
+        "webdataset stream": lambda: trial(method="webdataset", urls=s3_urls, options=options),
+        "webdataset cold": lambda: (wipe(dirs["webdataset"]), trial(method="webdataset", urls=s3_urls, options=options, cache=dirs["webdataset"]))[1],
+        "webdataset warm": lambda: trial(method="webdataset", urls=s3_urls, options=options, cache=dirs["webdataset"]),
+    }
+    if nginx_url:
+        http_url = f"{nginx_url}/"
+        contenders["streamio cold (nginx)"] = lambda: (
+            wipe(dirs["streamio-http"]), trial(method="streamio", url=http_url.rstrip("/"), cache=dirs["streamio-http"]))[1]
+        contenders["webdataset stream (nginx)"] = lambda: trial(method="webdataset", urls=[f"{nginx_url}/{f}" for f in data.files])
+    if not quick_mode:  # the loop's own ceiling: no compute, as fast as the loader delivers
+        contenders["streamio cold, no compute"] = lambda: (
+            wipe(dirs["streamio"]), trial(method="streamio", url=s3_url, options=options, cache=dirs["streamio"], compute_s=0.0))[1]
+        contenders["webdataset stream, no compute"] = lambda: trial(method="webdataset", urls=s3_urls, options=options, compute_s=0.0)
+    # No untimed fill run is needed: in the first repetition (dict order) each cold contender runs
+    # before its warm one and leaves the cache full; later repetitions find it full or refill it.
+    ceiling = boto3_ceiling(s3.boto3_client(servers.proxies[0]), s3.bucket, [f"{data.prefix}/{f}" for f in data.files],
+                            concurrency=8, reps=cfg.reps)
+    log(f"store ceiling through the proxy: GET {ceiling['get_MBps']['median']:.0f} MB/s, PUT {ceiling['put_MBps']['median']:.0f} MB/s")
+    runs = interleave(contenders, cfg.reps, log=lambda line: log(line[:110]))
+    out: dict[str, Any] = {}
+    for name, trials in runs.items():
+        out[name] = {k: summary([t[k] for t in trials]) for k in ("samples_per_s", "MBps", "stall", "stall_steady", "stall_mean", "first_batch_s", "wall_s")}
+        out[name]["samples"] = trials[0]["samples"]
+    med = {k: v["samples_per_s"]["median"] for k, v in out.items()}
+    bound = cfg.ranks * cfg.batch_size / (cfg.compute_ms / 1000) if cfg.compute_ms else float("nan")
+    ratios = {
+        "streamio cold / webdataset stream (samples/s)": ratio(med["streamio cold"], med["webdataset stream"]),
+        "streamio cold / webdataset cold (samples/s)": ratio(med["streamio cold"], med["webdataset cold"]),
+        "streamio warm / webdataset warm (samples/s)": ratio(med["streamio warm"], med["webdataset warm"]),
+        "streamio cold / compute bound": ratio(med["streamio cold"], bound),
+        "streamio warm / compute bound": ratio(med["streamio warm"], bound),
+    }
+    if "streamio cold, no compute" in out:
+        mbps = {k: v["MBps"]["median"] for k, v in out.items()}
+        ratios["streamio cold, no compute / store ceiling GET (MB/s)"] = ratio(mbps["streamio cold, no compute"], ceiling["get_MBps"]["median"])
+        ratios["webdataset stream, no compute / store ceiling GET (MB/s)"] = ratio(mbps["webdataset stream, no compute"], ceiling["get_MBps"]["median"])
+        ratios["streamio cold / webdataset stream, no compute (samples/s)"] = ratio(med["streamio cold, no compute"], med["webdataset stream, no compute"])
+    if nginx_url:
+        ratios["streamio cold nginx / webdataset stream nginx (samples/s)"] = ratio(med["streamio cold (nginx)"], med["webdataset stream (nginx)"])
+    return {"config": asdict(cfg), "compute_bound_samples_per_s": bound, "dataset_bytes": data.bytes, "dataset_samples": data.samples,
+            "contenders": out, "ratios": ratios, "store_ceiling": ceiling}
+
+
+# ----------------------------------------------------------------------------- scale
+def bench_scale(servers: S3Servers, data: Dataset, scratch: str, *, nodes: int = 2, ranks_per_node: int = 2, workers: int = 1,
+                batch_size: int = 16, epochs: int = 2) -> dict[str, Any]:
+    """2 simulated nodes x 2 ranks: GETs/bytes per node and GETs per shard from the proxy logs."""
+    if len(servers.proxies) < nodes:
+        raise ValueError(f"bench_scale needs {nodes} proxies (one per node), got {len(servers.proxies)}")
+    s3 = servers.s3
+    world = nodes * ranks_per_node
+    caches = [os.path.join(scratch, f"node-{n}") for n in range(nodes)]
+    for c in caches:
+        shutil.rmtree(c, ignore_errors=True)
+    per_epoch = []
+    for epoch in range(epochs):
+        servers.clear()
+        cfgs, envs = [], []
+        for n in range(nodes):
+            for lr in range(ranks_per_node):
+                cfgs.append({"method": "streamio", "url": s3.url(data.prefix), "options": s3.storage_options(servers.proxies[n]),
+                             "cache": caches[n], "cache_bytes": data.bytes * 2 + 256 * MB, "batch_size": batch_size, "workers": workers,
+                             "prefetch": 4, "compute_s": 0.0, "shuffle": True, "epochs": [epoch]})
+                envs.append(_rank_env(n * ranks_per_node + lr, world, lr))
+        results = run_ranks(cfgs, envs)
+        logs = servers.log_summary()[:nodes]
+        shard_gets: dict[str, int] = {}
+        for lg in logs:
+            for path, k in lg["gets_per_path"].items():
+                if path.endswith(".tar"):
+                    shard_gets[path] = shard_gets.get(path, 0) + k
+        per_epoch.append({
+            "epoch": epoch,
+            "samples": sum(r["epochs"][0]["samples"] for r in results),
+            "per_node": [{"gets": lg["gets"], "shard_gets": sum(k for p, k in lg["gets_per_path"].items() if p.endswith(".tar")),
+                          "bytes": lg["bytes"], "shards_fetched": sum(1 for p in lg["gets_per_path"] if p.endswith(".tar"))} for lg in logs],
+            "gets_per_shard_max": max(shard_gets.values(), default=0),
+            "gets_per_shard_mean": (sum(shard_gets.values()) / len(data.files)),
+        })
+    predicted = scale_model(
+        [data.samples // len(data.files)] * len(data.files), data.bytes / len(data.files), nodes=nodes, gpus=ranks_per_node,
+        workers=workers, epochs=epochs, batch_size=batch_size, cache_epochs=epochs,
+    )
+    return {"nodes": nodes, "ranks_per_node": ranks_per_node, "workers": workers, "epochs": epochs, "shards": len(data.files),
+            "shard_bytes": data.bytes // len(data.files), "measured": per_epoch, "model_same_setup": predicted}
+
+
+def scale_model(counts: Sequence[int], shard_bytes: float, *, nodes: int, gpus: int, workers: int, epochs: int, batch_size: int = 32,
+                cache_epochs: int = 1, seed: int = 0) -> dict[str, Any]:
+    """GETs and bytes of an ``epochs``-epoch job, derived from the planner's runs for every rank.
+
+    Model: every run of a (rank, worker) stream is one ranged read; with a node cache each node
+    downloads each shard its ranks touch once while it stays cached (whole shard, one streaming GET,
+    resumed on reset). ``cache_epochs``: how many epochs' worth of a node's shards its cache holds
+    (1: shards are fetched again in a later epoch unless touched in the previous one; >= epochs:
+    nothing is fetched twice by one node). Shard order is reshuffled every epoch (``Shuffle``
+    shards, no sample window); ranks are consecutive per node (torchrun's numbering).
+    """
+    import numpy as np
+
+    from streamio.data.plan import Shuffle, plan_epoch
+
+    counts_a = np.asarray(counts, dtype=np.int64)
+    world = nodes * gpus
+    history: list[list[set[int]]] = []
+    runs_total, touched_total, consumed = 0, 0, 0
+    per_shard_fetches = np.zeros(len(counts_a), dtype=np.int64)
+    fetched_per_node = np.zeros(nodes, dtype=np.int64)
+    for epoch in range(epochs):
+        plan = plan_epoch(counts_a, seed=seed, epoch=epoch, world_size=world, num_workers=workers, batch_size=batch_size,
+                          policy="drop", shuffle=Shuffle(shards=True, window=0))
+        touched: list[set[int]] = []
+        for n in range(nodes):
+            shards: set[int] = set()
+            for r in range(n * gpus, (n + 1) * gpus):
+                for stream in plan.streams(r):
+                    runs_total += len(stream.runs)
+                    for run in stream.runs:
+                        shards.add(run.shard)
+                        consumed += run.end - run.first
+            # fetched = touched minus what the node's cache still holds from recent epochs
+            held: set[int] = set().union(*(h[n] for h in history[-cache_epochs:])) if history and cache_epochs > 0 else set()
+            new = shards - held
+            fetched_per_node[n] += len(new)
+            for s in new:
+                per_shard_fetches[s] += 1
+            touched.append(shards)
+            touched_total += len(new)
+        history.append(touched)
+    sample_bytes = shard_bytes / max(1, float(np.mean(counts_a)))
+    return {
+        "nodes": nodes, "gpus_per_node": gpus, "workers": workers, "epochs": epochs, "shards": int(len(counts_a)),
+        "shard_GB": shard_bytes / GB, "cache_epochs": cache_epochs,
+        "uncached_gets": runs_total,
+        "cached_downloads": touched_total,
+        "downloads_per_shard_max": int(per_shard_fetches.max()),
+        "downloads_per_shard_mean": float(per_shard_fetches.mean()),
+        "bytes_per_node_TB_max": float(fetched_per_node.max()) * shard_bytes / 1e12,
+        "bytes_total_TB": touched_total * shard_bytes / 1e12,
+        "consumed_TB": consumed * sample_bytes / 1e12,
+        "amplification": touched_total * shard_bytes / max(1.0, consumed * sample_bytes),
+    }
+
+
+def model_table(quick: bool = False) -> list[dict[str, Any]]:
+    """The scale table of RESULTS.md: 5,000 x 10 GB shards (10,000 samples of 1 MB each)."""
+    counts = [10_000] * 5_000
+    rows = []
+    setups = [(1, 8, 8, 1, 1), (8, 8, 8, 1, 1), (64, 8, 8, 1, 1), (64, 8, 8, 3, 1), (64, 8, 8, 3, 3), (128, 8, 8, 1, 1)]
+    if quick:
+        setups = [(8, 8, 8, 1, 1), (64, 8, 8, 1, 1)]
+    for nodes, gpus, workers, epochs, cache_epochs in setups:
+        rows.append(scale_model(counts, 10 * GB, nodes=nodes, gpus=gpus, workers=workers, epochs=epochs, cache_epochs=cache_epochs))
+    return rows
+
+
+# ----------------------------------------------------------------------------- entry points
+def run(quick: bool = False, *, sections: Sequence[str] = ("dataset", "scale"), log: Callable[[str], None] = print,
+        use_nginx: bool = True, scratch_dir: str | None = None) -> dict[str, Any]:
+    """Prepare data + servers once, run the requested sections; returns their results."""
+    cfg = LoopConfig.quick() if quick else LoopConfig()
+    out: dict[str, Any] = {}
+    scratch = tempfile.mkdtemp(prefix="bench-dataset-", dir=scratch_dir)
+    nginx = None
+    try:
+        t0 = time.perf_counter()
+        data = make_dataset(os.path.join(scratch, "data"), cfg.shards, cfg.shard_mb, cfg.sample_kb)
+        with S3Servers(proxies=2, latency=cfg.latency_ms / 1000) as servers:
+            upload_dataset(data, servers.s3.boto3_client(), servers.s3.bucket, "ds")
+            log(f"dataset: {len(data.files)} shards, {data.samples} samples, {data.bytes / MB:.0f} MB, ready in {time.perf_counter() - t0:.1f} s")
+            nginx_url = None
+            if use_nginx and "dataset" in sections:
+                nginx = Nginx(data.local)
+                if nginx.start():
+                    nginx_url = nginx.url
+                else:
+                    out["nginx_skipped"] = nginx.why
+                    log(f"nginx skipped: {nginx.why}")
+            if "dataset" in sections:
+                out["dataset"] = bench_loop(cfg, servers, data, scratch, nginx_url, log, quick_mode=quick)
+            if "scale" in sections:
+                servers.set_latency(0.0)  # counts do not depend on latency; keep the section short
+                out["scale"] = bench_scale(servers, data, scratch, workers=1 if quick else 2)
+                out["scale"]["model"] = model_table(quick)
+    finally:
+        if nginx is not None:
+            nginx.stop()
+        shutil.rmtree(scratch, ignore_errors=True)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    ap.add_argument("--rank-worker", help=argparse.SUPPRESS)
+    ap.add_argument("--quick", action="store_true", help="8 shards x 4 MB, 1 worker per rank, 1 repetition")
+    ap.add_argument("--sections", default="dataset,scale")
+    ap.add_argument("--no-nginx", action="store_true")
+    ap.add_argument("--json", help="write the results here")
+    args = ap.parse_args(argv)
+    if args.rank_worker:
+        print(json.dumps(rank_main(json.loads(args.rank_worker))), flush=True)
+        os._exit(0)  # no interpreter teardown races with DataLoader workers (KNOWN-BEHAVIOUR.md)
+    res = run(args.quick, sections=args.sections.split(","), use_nginx=not args.no_nginx,
+              log=lambda s: print(s, file=sys.stderr, flush=True))
+    text = json.dumps(res, indent=2, default=str)
+    if args.json:
+        Path(args.json).write_text(text)
+    else:
+        print(text)
+
+
+if __name__ == "__main__":
+    main()
