@@ -159,3 +159,14 @@ def test_store_pickles_into_a_working_store(store: Store) -> None:
 def test_all_storage_errors_are_streamio_errors(store: Store) -> None:
     with pytest.raises(StorageError):
         store.read("missing")
+
+
+def test_range_past_the_end_is_a_clear_error_not_a_retry_loop(store: Store) -> None:
+    from streamio.errors import CorruptDataError
+
+    store.put("short", b"0123456789")
+    with pytest.raises(CorruptDataError) as info:
+        list(store.iter_bytes("short", 2, 50))
+    assert store.url("short") in str(info.value)
+    with pytest.raises((StorageError, CorruptDataError)):  # local: shorter; S3/GCS: 416 InvalidRange
+        store.read("short", 20, 30)

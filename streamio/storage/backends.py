@@ -199,9 +199,9 @@ def _generic_stream(
     fs: Any, full: str, start: int, end: int | None, piece: int, on_end: Callable[[int], None]
 ) -> Iterator[bytes]:
     with fs.open(full, "rb") as f:
-        if end is None:
-            end = int(fs.size(full))
-        on_end(end)
+        size = int(fs.size(full))
+        on_end(size if end is None else min(end, size))
+        end = size if end is None else min(end, size)
         f.seek(start)
         pos = start
         while pos < end:

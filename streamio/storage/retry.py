@@ -188,8 +188,10 @@ def to_storage_error(exc: BaseException, url: str, *, attempts: int = 1, elapsed
             f"{url}: transient storage errors persisted through {attempts} attempt(s) over {elapsed:.1f} s "
             f"(last: {detail}); check the endpoint and network, or allow more in the RetryPolicy"
         )
-    if isinstance(exc, OSError) and not isinstance(exc, StorageError):
-        return StorageError(f"{url}: storage operation failed ({detail}); check the URL and storage options")
+    if (isinstance(exc, OSError) and not isinstance(exc, StorageError)) or any(
+        _code_of(e) != (None, None) for e in _chain(exc)
+    ):
+        return StorageError(f"{url}: the store refused the request ({detail}); check the URL, the range and the options")
     return exc
 
 

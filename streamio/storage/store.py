@@ -43,7 +43,7 @@ from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from streamio.errors import StoragePermissionError
+from streamio.errors import CorruptDataError, StoragePermissionError
 from streamio.storage import backends
 from streamio.storage.retry import RetryPolicy, TruncatedBodyError
 
@@ -228,6 +228,11 @@ class Store:
         def on_end(absolute: int) -> None:
             if bound[0] is None:
                 bound[0] = absolute
+            elif absolute < bound[0]:
+                raise CorruptDataError(
+                    f"{url} ends at byte {absolute}, before the requested end {bound[0]}: the object is "
+                    f"shorter than the caller (index, manifest) expects; re-run `streamio verify` on it"
+                )
 
         while bound[0] is None or pos < bound[0]:
             try:
@@ -244,6 +249,8 @@ class Store:
                     return
                 if pos < bound[0]:
                     raise TruncatedBodyError(f"{url}: body ended at byte {pos}, expected {bound[0]}")
+            except CorruptDataError:
+                raise
             except Exception as exc:  # noqa: BLE001 - classified and re-raised by the budget
                 budget.failed(exc, url)
                 log.debug("resuming %s at byte %d", url, pos)
