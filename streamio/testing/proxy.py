@@ -28,7 +28,14 @@ Design:
   body never consumes a fault. ``fail_next`` answers the next matching requests itself without
   forwarding them (the request body is read and dropped), with an S3-style XML error body.
 * Every fault method takes optional ``method=`` / ``path_contains=`` filters.
-* ``requests`` is a list of :class:`RequestRecord`, appended under a lock when a response ends.
+* What a client sees of a cut: ``reset_after`` closes with a TCP RST, and the client's kernel
+  drops whatever it had received but not yet read, so a client resumes at or before the cut
+  (sometimes at 0 if it had read nothing). ``truncate_next`` closes with a FIN after the short
+  body; aiohttp (s3fs, gcsfs) then raises on its next read and discards what it had buffered,
+  so the same holds. ``set_bandwidth`` makes the bytes trickle in as over a real network,
+  which keeps such counts close to ``size / cut``.
+* ``requests`` is a list of :class:`RequestRecord`, appended under a lock just before a
+  response's last byte leaves (so a client that saw a response complete finds it logged).
   ``path`` is the URL path without the query string, percent-decoded (for S3 path-style URLs,
   ``/bucket/key``); ``query`` keeps the rest.
 """
