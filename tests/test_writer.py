@@ -244,3 +244,26 @@ def test_webdataset_shardwriter_shards_are_indexed_and_read(tmp_path) -> None:
     assert index.sample_counts() == [10, 10, 3] and index.keys == ("bin", "txt")
     write_index(store, index)
     assert read_all(store) == samples
+
+
+def test_class_form_counts_and_refuses_writes_after_close() -> None:
+    store = Store(f"memory://w-{uuid.uuid4().hex}")
+    with DatasetWriter(store, max_count=2, compression="zstd", prefix="p") as writer:
+        for s in make_samples(5):
+            writer.write(s)
+        assert writer.samples_written == 5 and writer.bytes_written > 0
+    assert writer.index is not None and writer.index.sample_counts() == [2, 2, 1]
+    assert writer.close() is writer.index  # idempotent
+    with pytest.raises(DatasetError, match="is closed"):
+        writer.write(make_samples(1)[0])
+    with pytest.raises(ValueError, match="compression must be one of"):
+        DatasetWriter(store, compression="gzip")
+
+
+def test_an_exception_inside_the_writer_block_writes_no_index() -> None:
+    store = Store(f"memory://w-{uuid.uuid4().hex}")
+    with pytest.raises(KeyError), DatasetWriter(store, max_count=1) as writer:
+        writer.write(make_samples(1)[0])
+        writer.write(make_samples(2)[1])
+        raise KeyError("user code failed")
+    assert not store.exists(INDEX_NAME)

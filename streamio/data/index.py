@@ -27,7 +27,6 @@ import fnmatch
 import hashlib
 import json
 import logging
-import posixpath
 import struct
 import sys
 from contextlib import closing
