@@ -63,6 +63,7 @@ from streamio.checkpoint.serialize import (
     HostBuffer,
     StreamReader,
     TreeEncoder,
+    VerifiedTensor,
     assign_shares,
     decode_part,
     decode_tree,
@@ -526,7 +527,7 @@ class CheckpointManager:
                 raise candidates
         reasons: list[str] = []
         for s in candidates:
-            loaded: tuple[Manifest, dict[str, torch.Tensor]] | None = None
+            loaded: tuple[Manifest, dict[str, VerifiedTensor]] | None = None
             problem: str | None = None
             fatal: BaseException | None = None
             try:
@@ -580,7 +581,7 @@ class CheckpointManager:
         except Exception as exc:
             return exc
 
-    def _load_verified(self, step: int) -> tuple[Manifest, dict[str, torch.Tensor]]:
+    def _load_verified(self, step: int) -> tuple[Manifest, dict[str, VerifiedTensor]]:
         manifest = read_manifest(self.store, step)
         rank, world = self._comm.rank, self._comm.world
         src_rank = rank % manifest.world_size
@@ -592,7 +593,7 @@ class CheckpointManager:
                         step, manifest.world_size, world, rank, src_rank)
         return manifest, tensors
 
-    def _apply(self, state: MutableMapping[str, Any], step: int, manifest: Manifest, tensors: dict[str, torch.Tensor]) -> None:
+    def _apply(self, state: MutableMapping[str, Any], step: int, manifest: Manifest, tensors: dict[str, VerifiedTensor]) -> None:
         rep_tree = manifest.replicated.tree or {}
         rank_tree = manifest.per_rank[self._comm.rank % manifest.world_size].tree or {}
         missing = [n for n in state if n not in rep_tree and n not in rank_tree]
@@ -671,10 +672,11 @@ def read_manifest(store: Store, step: int) -> Manifest:
 
 def load_tensors(
     store: Store, manifest: Manifest, wanted: Mapping[str, mf.TensorEntry], *, concurrency: int = 8
-) -> dict[str, torch.Tensor]:
-    """Read the parts holding ``wanted`` concurrently, verify every size and CRC32C, decode.
+) -> dict[str, VerifiedTensor]:
+    """Read the parts holding ``wanted`` concurrently, verify every size and CRC32C.
 
-    Nothing is returned unless every file and tensor verified.
+    Nothing is returned unless every file and tensor verified; the bytes are copied into tensors
+    only when loaded (``decode_tree``).
     """
     sdir = mf.step_dir(manifest.step)
     spans: dict[int, list[tuple[int, int]]] = {}

@@ -129,12 +129,12 @@ class TreeEncoder:
         return key
 
 
-def decode_tree(tree: Any, tensors: Mapping[str, torch.Tensor], template: Any = None, *, path: str = "") -> Any:
+def decode_tree(tree: Any, tensors: Mapping[str, Any], template: Any = None, *, path: str = "") -> Any:
     """Inverse of :meth:`TreeEncoder.encode`.
 
     Args:
         tree: the JSON-able form.
-        tensors: key -> loaded tensor (CPU).
+        tensors: key -> :class:`VerifiedTensor` (or a CPU tensor).
         template: the live value at the same place, if any: a tensor of the same shape and dtype
             receives the loaded bytes in place and is returned instead of the loaded one.
         path: for error messages.
@@ -156,18 +156,19 @@ def decode_tree(tree: Any, tensors: Mapping[str, torch.Tensor], template: Any = 
         if key not in tensors:
             raise CheckpointFormatError(f"{path!r} refers to tensor {key!r} which the manifest does not list")
         loaded = tensors[key]
+        if not isinstance(loaded, VerifiedTensor):
+            loaded = VerifiedTensor(loaded.dtype, tuple(loaded.shape), [loaded.contiguous().view(-1).view(torch.uint8).numpy()] if loaded.numel() else [])
         if tag == "ndarray":
-            return loaded.numpy()
+            return loaded.materialize().numpy()
         if (
             isinstance(template, torch.Tensor)
             and template.shape == loaded.shape
             and template.dtype == loaded.dtype
             and not template.is_inference()
         ):
-            with torch.no_grad():
-                template.copy_(loaded)
+            loaded.copy_into(template.detach())
             return template
-        return loaded
+        return loaded.materialize()
     if tag == "float":
         return float(tree["v"])
     if tag == "tuple":
@@ -380,8 +381,12 @@ class StreamReader:
             raise CorruptDataError(f"rank {self._rank}'s parts under {self._url} do not cover bytes [{offset}, {end}): a part is missing from the manifest")
         return out
 
-    def tensor(self, key: str, entry: TensorEntry, *, check: bool = True) -> torch.Tensor:
-        """A fresh CPU tensor holding ``entry``'s bytes (CRC32C checked when ``check``)."""
+    def tensor(self, key: str, entry: TensorEntry, *, check: bool = True) -> VerifiedTensor:
+        """``entry``'s bytes, CRC32C-checked (when ``check``), not yet copied anywhere."""
+        dtype = dtype_from_name(entry.dtype)
+        numel = math.prod(entry.shape)
+        if numel * torch.empty((), dtype=dtype).element_size() != entry.nbytes:
+            raise CheckpointFormatError(f"tensor {key!r} under {self._url} is {entry.nbytes} bytes, not {entry.dtype}{list(entry.shape)}")
         segs = self.segments(entry.offset, entry.nbytes) if entry.nbytes else []
         if check:
             value = 0
@@ -389,11 +394,40 @@ class StreamReader:
                 value = crc32c(s, value)  # type: ignore[arg-type]
             if format_checksum(value) != entry.checksum:
                 raise CorruptDataError(f"tensor {key!r} under {self._url} fails its checksum: the checkpoint is corrupt")
-        out = torch.empty(entry.shape, dtype=dtype_from_name(entry.dtype))
-        if entry.nbytes:
-            flat = out.view(-1).view(torch.uint8).numpy()
-            pos = 0
-            for s in segs:
-                flat[pos : pos + len(s)] = s
-                pos += len(s)
+        return VerifiedTensor(dtype, tuple(entry.shape), segs)
+
+
+class VerifiedTensor:
+    """Verified raw bytes of one tensor, copied out only when loaded.
+
+    Loading copies the bytes straight into the live tensor that receives them (one copy, no
+    temporary), or into a fresh CPU tensor when there is none.
+    """
+
+    __slots__ = ("dtype", "shape", "_segs")
+
+    def __init__(self, dtype: torch.dtype, shape: tuple[int, ...], segs: list[np.ndarray]) -> None:
+        self.dtype, self.shape, self._segs = dtype, torch.Size(shape), segs
+
+    def materialize(self) -> torch.Tensor:
+        """A fresh CPU tensor holding the bytes."""
+        out = torch.empty(self.shape, dtype=self.dtype)
+        self._fill(out)
         return out
+
+    def copy_into(self, target: torch.Tensor) -> None:
+        """Overwrite ``target`` (same shape and dtype, any device) with the bytes."""
+        if target.device.type == "cpu" and target.is_contiguous() and not target.requires_grad:
+            self._fill(target)
+        else:
+            with torch.no_grad():
+                target.copy_(self.materialize())
+
+    def _fill(self, out: torch.Tensor) -> None:
+        if out.numel() == 0:
+            return
+        flat = out.view(-1).view(torch.uint8).numpy()
+        pos = 0
+        for s in self._segs:
+            flat[pos : pos + len(s)] = s
+            pos += len(s)
