@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from streamio.data.writer import write_dataset
 from streamio.errors import StateMismatchError
 from streamio.testing import S3Endpoint
 from streamio.train.checkpointing import retention_policy
@@ -130,10 +131,14 @@ def test_scheduler_steps_once_per_optimizer_step_not_per_micro_batch(tmp_path: P
 
 
 def test_in_process_resume_matches_uninterrupted_on_s3(tmp_path: Path, s3: S3Endpoint, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Checkpoints through real HTTP (moto): crash mid-epoch, resume, identical weights and losses."""
+    """Data (StreamingDataset) and checkpoints through real HTTP (moto): crash mid-epoch, resume,
+    identical weights and losses. (DataLoader workers: see test_train_ddp.py.)"""
     for name, value in s3.env().items():
         monkeypatch.setenv(name, value)
-    common = dict(train_samples=512, epochs=2, ckpt_every=3, keep_last=1, keep_best=0)
+    common: dict[str, Any] = dict(train_samples=512, epochs=2, ckpt_every=3, keep_last=1, keep_best=0)
+    for split, n in (("train", 512), ("val", 37)):
+        write_dataset(iter_samples(n, split=split), s3.url(f"data/{split}"), s3.storage_options(), max_count=150, prefix=split)
+    common.update(data_url=s3.url("data"))
     ref = Trainer(_cfg(tmp_path / "ref", **common), ONE)
     ref.run()
     ref.close()
