@@ -1,1 +1,25 @@
-"""See DESIGN.md for this package's place in the layout."""
+"""The reference DDP trainer: ``python -m streamio.train`` under torchrun; ``make demo`` runs
+``python -m streamio.train.demo``.
+
+Modules, each one concept: :mod:`~streamio.train.config` (the flags), :mod:`~streamio.train.data`
+(``make_data``: StreamingDataset or in-memory synthetic data), :mod:`~streamio.train.checkpointing`
+(``make_checkpointer``: CheckpointManager), :mod:`~streamio.train.early_stopping`,
+:mod:`~streamio.train.loop` (process group, the loop, validation, telemetry),
+:mod:`~streamio.train.model` and :mod:`~streamio.train.synthetic` (the demo task),
+:mod:`~streamio.train.demo` (crash + resume vs uninterrupted).
+"""
+
+from streamio.train.config import TrainConfig, parse_args
+from streamio.train.early_stopping import EarlyStopping
+from streamio.train.loop import Distributed, Summary, Trainer, setup_distributed, teardown_distributed
+
+__all__ = [
+    "Distributed",
+    "EarlyStopping",
+    "Summary",
+    "TrainConfig",
+    "Trainer",
+    "parse_args",
+    "setup_distributed",
+    "teardown_distributed",
+]

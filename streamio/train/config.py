@@ -18,8 +18,8 @@ class TrainConfig:
     """What the reference trainer does; see ``python -m streamio.train --help``.
 
     Attributes:
-        data_url: dataset prefix with an ``index.json`` (any fsspec URL); ``None`` trains on the
-            bundled synthetic data generated in memory.
+        data_url: prefix holding ``train/`` and ``val/`` streamio datasets (any fsspec URL), as the
+            demo writes them; ``None`` trains on the bundled synthetic data generated in memory.
         ckpt_url: checkpoint root (any fsspec URL); ``None`` disables checkpointing.
         out_dir: local directory for per-rank metrics (``rank-00000.jsonl``) and final weights.
         seed: base seed of everything random (model init, shuffling, dropout, augmentation).
@@ -75,12 +75,18 @@ class TrainConfig:
     device: str = "auto"
 
 
-_HELP = {
-    "data_url": "dataset prefix with index.json (default: synthetic demo data in memory)",
-    "ckpt_url": "checkpoint root URL, e.g. s3://bucket/ckpt (default: no checkpoints)",
-    "fail_at_step": "simulate a crash right after this optimizer step (os._exit, no cleanup)",
-    "device": "auto | cpu | cuda",
-}
+def _attribute_help() -> dict[str, str]:
+    """Each field's help text, from the ``Attributes:`` section of TrainConfig's docstring."""
+    helps: dict[str, str] = {}
+    name = None
+    for line in (TrainConfig.__doc__ or "").split("Attributes:", 1)[-1].splitlines():
+        head, sep, text = line.strip().partition(": ")
+        if sep and head.isidentifier() and line.startswith(" " * 8) and not line.startswith(" " * 12):
+            name = head
+            helps[name] = text
+        elif name and line.strip():
+            helps[name] += " " + line.strip()
+    return helps
 
 
 def parse_args(argv: Sequence[str] | None = None) -> TrainConfig:
@@ -90,6 +96,7 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainConfig:
         description="Reference DDP trainer over streamio (launch with torchrun for several ranks).",
     )
     defaults = TrainConfig()
+    helps = _attribute_help()
     for f in fields(TrainConfig):
         default = getattr(defaults, f.name)
         kind = {int: int, float: float}.get(type(default), str)
@@ -97,7 +104,7 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainConfig:
             f"--{f.name.replace('_', '-')}",
             type=kind,
             default=default,
-            help=_HELP.get(f.name, f"default: {default}"),
+            help=f"{helps.get(f.name, '')} (default: {default})".replace("%", "%%"),
         )
     args = parser.parse_args(argv)
     return TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig)})
