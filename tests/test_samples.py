@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import tarfile
 import uuid
+from collections.abc import Iterator
 
 import pytest
 import zstandard
@@ -283,3 +284,27 @@ def test_iter_members_reports_the_header_offset_of_pax_members() -> None:
     data = b"".join(pieces) + bytes(1024)
     got = list(iter_members([data], url=URL))
     assert [(off, name) for off, name, _ in got] == [(0, "é" * 80 + ".txt"), (2048, "k.bin")]
+
+
+def test_memoryview_and_reused_bytearray_chunks() -> None:
+    import mmap
+    import tempfile
+
+    data, layout = _shard()
+    with tempfile.TemporaryFile() as f:
+        f.write(data)
+        f.flush()
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            view = memoryview(mm)
+            got = list(iter_samples([view[:5000], view[5000:]], url=URL, layout=layout))
+            del view
+    assert [s["__key__"] for s in got] == ["k0", "k1", "k2", "k3"] and all(type(s["bin"]) is bytes for s in got)
+
+    def refilled() -> Iterator[bytearray]:  # a producer that reuses one buffer (readinto style)
+        buf = bytearray(1000)
+        for i in range(0, len(data), 1000):
+            piece = data[i : i + 1000]
+            buf[: len(piece)] = piece
+            yield buf if len(piece) == 1000 else bytearray(piece)
+
+    assert list(iter_samples(refilled(), url=URL, layout=layout)) == got

@@ -177,18 +177,20 @@ class _Source:
 
     def __init__(self, chunks: Iterable[bytes], offset: int) -> None:
         self._it = iter(chunks)
-        self._buf = b""
+        self._buf: bytes | memoryview = b""
         self._pos = 0
         self.offset = offset
 
     def take(self, n: int) -> bytes:
-        """The next ``n`` bytes (fewer only at the end of the stream)."""
+        """The next ``n`` bytes (fewer only at the end of the stream), copied at most once."""
         buf, pos = self._buf, self._pos
         end = pos + n
         if end <= len(buf):
             self._pos = end
             self.offset += n
-            return buf if (pos == 0 and end == len(buf)) else buf[pos:end]
+            if type(buf) is bytes:
+                return buf if (pos == 0 and end == len(buf)) else buf[pos:end]
+            return bytes(buf[pos:end])  # a memoryview chunk (e.g. of an mmapped cache file)
         parts: list[Any] = [memoryview(buf)[pos:]] if pos < len(buf) else []
         have = len(buf) - pos
         self._buf, self._pos = b"", 0
@@ -196,8 +198,11 @@ class _Source:
             chunk = next(self._it, None)
             if chunk is None:
                 break
-            if not isinstance(chunk, bytes):
-                chunk = bytes(chunk)
+            if type(chunk) is not bytes:
+                view = memoryview(chunk)
+                # a read-only view (an mmapped cache file) is sliced without a copy; a writable
+                # buffer is copied, as its producer may refill it once the next chunk is asked for
+                chunk = view.cast("B") if view.readonly else bytes(view)
             need = n - have
             if len(chunk) <= need:
                 parts.append(chunk)
@@ -207,7 +212,7 @@ class _Source:
                 self._buf, self._pos = chunk, need
                 have = n
         self.offset += have
-        if len(parts) == 1 and isinstance(parts[0], bytes):
+        if len(parts) == 1 and type(parts[0]) is bytes:
             return parts[0]
         return b"".join(parts)
 
@@ -416,7 +421,8 @@ def iter_samples(
 
     Args:
         chunks: the shard's bytes from ``start_offset`` on, in pieces of any size (e.g.
-            ``store.iter_bytes(path, start_offset)``).
+            ``store.iter_bytes(path, start_offset)``): ``bytes`` or read-only memoryviews (e.g. of
+            an mmapped file) are used without copying; writable buffers are copied first.
         url: the shard, named in every error.
         start_offset: byte offset of ``first_sample`` in the shard (``layout.offsets[first_sample]``).
         first_sample: index of the first sample in the stream (for messages and the layout).
