@@ -76,11 +76,13 @@ def test_early_stopping_min_delta_max_mode_and_state_roundtrip() -> None:
 
 
 def test_trainer_stops_at_epoch_7_and_a_run_crashed_after_epoch_4_does_too(tmp_path: Path) -> None:
-    ref = Trainer(_cfg(tmp_path / "ref", ckpt_url=str(tmp_path / "ref-ckpt")), ONE, evaluate=_scripted)
+    ref = Trainer(_cfg(tmp_path / "ref", ckpt_url=str(tmp_path / "ref-ckpt"), keep_last=1, keep_best=1), ONE, evaluate=_scripted)
     steps_per_epoch = len(ref.data.train) // 2
     summary = ref.run()
     ref.close()
     assert (summary.stop_epoch, summary.patience_counter, summary.best_val_loss, summary.best_epoch) == (7, 5, 6.0, 2)
+    # keep-best kept the checkpoint taken right after the best validation (end of epoch 2), keep-last the final one
+    assert ref.ckpt.steps() == [3 * steps_per_epoch, 8 * steps_per_epoch]  # type: ignore[union-attr]
 
     # crash at the first step of epoch 5, i.e. right after epoch 4's validation
     cfg = _cfg(tmp_path / "run", ckpt_url=str(tmp_path / "ckpt"), ckpt_every=steps_per_epoch, fail_at_step=5 * steps_per_epoch + 1)
