@@ -378,18 +378,19 @@ class Trainer:
             epoch_steps = p.epoch_step + len(self.data.train) // cfg.grad_accum
             batches = iter(self.data.train)
             while p.epoch_step < epoch_steps and not self._max_steps_reached():
+                lr = self.scheduler.get_last_lr()[0]  # the rate this step uses
                 loss = self.train_step(batches, meter)
                 p.step += 1
                 p.epoch_step += 1
                 loss_value = loss.item()
-                self.metrics.write(event="step", step=p.step, epoch=p.epoch, loss=loss_value, lr=self.scheduler.get_last_lr()[0])
+                self.metrics.write(event="step", step=p.step, epoch=p.epoch, loss=loss_value, lr=lr)
                 if self._save_due() and p.epoch_step < epoch_steps:
                     self.save(meter)  # an epoch's last step is saved after its validation, below
                 if p.step == cfg.fail_at_step:
                     self._crash(p.step)
                 if cfg.log_every and p.step % cfg.log_every == 0:
                     if self.d.is_main:
-                        log.info("%s", meter.line(p.step, p.epoch, loss_value, self.scheduler.get_last_lr()[0]))
+                        log.info("%s", meter.line(p.step, p.epoch, loss_value, lr))
                     stall_total += meter.stall_s
                     meter = _Meter()
             del batches  # shuts this epoch's workers down
