@@ -5,9 +5,9 @@ Run: ``.venv/bin/python -m benchmarks.bench_dataset [--quick] [--json OUT]`` (or
 
 Loop (issue 6's benchmark). A dataset of ``shards x shard_mb`` MB of ``sample_kb`` KB random
 samples is written once with :func:`streamio.data.writer.write_dataset` (to local disk, then the
-same files are uploaded to moto). Each trial launches ``ranks`` processes with ``RANK`` /
-``WORLD_SIZE`` set (one simulated node: torchrun's environment without its 3-4 s of launch), each
-running a DataLoader with ``workers`` workers and a fixed simulated compute time per batch
+same files are uploaded to moto). ``ranks`` long-lived processes with ``RANK`` / ``WORLD_SIZE`` set
+(one simulated node: torchrun's environment without paying its launch and ``import torch`` per
+trial, see :class:`RankPool`) each build a fresh dataset and loader per trial and run a DataLoader with ``workers`` workers and a fixed simulated compute time per batch
 (``time.sleep(compute)``; no collectives). Per rank: samples, loop wall time from ``iter(loader)``
 to the last batch (worker start-up included) and the time spent waiting in ``next(loader)``.
 Stall fraction = waiting / wall; a trial reports the slowest rank's stall (DDP runs at the pace of
@@ -152,22 +152,79 @@ def rank_main(cfg: dict[str, Any]) -> dict[str, Any]:
     return {"rank": int(os.environ["RANK"]), "epochs": out}
 
 
-def run_ranks(cfgs: Sequence[dict[str, Any]], envs: Sequence[dict[str, str]], timeout: float = 600) -> list[dict[str, Any]]:
-    """Launch one process per (cfg, env) at once; return each one's :func:`rank_main` result."""
-    procs = []
-    for cfg, env in zip(cfgs, envs):
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.bench_dataset", "--rank-worker", json.dumps(cfg)],
-            env={**{k: v for k, v in os.environ.items() if not k.startswith("AWS_")}, **env, "PYTHONPATH": str(REPO)},
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
-        ))
-    results = []
-    for p in procs:
-        out, err = p.communicate(timeout=timeout)
-        if p.returncode != 0:
-            raise RuntimeError(f"rank process failed ({p.returncode}): {err.strip()[-2000:]}")
-        results.append(json.loads(out.strip().splitlines()[-1]))
-    return results
+class RankPool:
+    """One long-lived process per rank (``RANK``/``WORLD_SIZE`` from ``envs``) that runs trials.
+
+    Starting a rank costs seconds (``import torch``) on these machines; a pool pays it once per
+    section instead of once per trial. Each trial still builds its dataset and loader afresh, so
+    DataLoader workers are forked (and their start-up timed) every trial, as in a real job.
+    Protocol: one JSON config per line on stdin; the answer is one ``RESULT {json}`` line on stdout.
+    """
+
+    def __init__(self, envs: Sequence[dict[str, str]]) -> None:
+        self._logs = [tempfile.TemporaryFile(mode="w+") for _ in envs]
+        base = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+        self._procs = [
+            subprocess.Popen(
+                [sys.executable, "-m", "benchmarks.bench_dataset", "--rank-server"],
+                env={**base, **env, "PYTHONPATH": str(REPO)}, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
+                text=True, cwd=REPO,
+            )
+            for env, err in zip(envs, self._logs)
+        ]
+
+    def run(self, cfgs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Run one trial: ``cfgs[i]`` on rank process ``i``, all at once; their results in order."""
+        for p, cfg in zip(self._procs, cfgs):
+            assert p.stdin is not None
+            p.stdin.write(json.dumps(cfg) + "\n")
+            p.stdin.flush()
+        results = []
+        for i, p in enumerate(self._procs):
+            assert p.stdout is not None
+            while True:
+                line = p.stdout.readline()
+                if not line:
+                    self._logs[i].seek(0)
+                    raise RuntimeError(f"rank process {i} died ({p.poll()}): {self._logs[i].read()[-2000:]}")
+                if line.startswith("RESULT "):
+                    break
+            res = json.loads(line[len("RESULT "):])
+            if "error" in res:
+                raise RuntimeError(f"rank process {i} failed: {res['error'][-2000:]}")
+            results.append(res)
+        return results
+
+    def close(self) -> None:
+        for p in self._procs:
+            if p.stdin is not None:
+                p.stdin.close()
+        for p in self._procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        for f in self._logs:
+            f.close()
+
+    def __enter__(self) -> RankPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _rank_server() -> None:
+    """Child mode of :class:`RankPool`."""
+    import traceback
+
+    for line in sys.stdin:
+        try:
+            res = rank_main(json.loads(line))
+        except Exception:  # noqa: BLE001 - reported to the driver, which raises
+            res = {"error": traceback.format_exc()}
+        print("RESULT " + json.dumps(res), flush=True)
 
 
 def _rank_env(rank: int, world: int, local: int) -> dict[str, str]:
@@ -241,10 +298,11 @@ def bench_loop(cfg: LoopConfig, servers: S3Servers, data: Dataset, scratch: str,
     base = {"batch_size": cfg.batch_size, "workers": cfg.workers, "prefetch": cfg.prefetch, "compute_s": cfg.compute_ms / 1000, "cache_bytes": cache_bytes}
     dirs = {name: os.path.join(scratch, name.replace(" ", "-")) for name in ("streamio", "webdataset", "streamio-http")}
 
+    pool = RankPool([_rank_env(r, cfg.ranks, r) for r in range(cfg.ranks)])
+
     def trial(**over: Any) -> dict[str, float]:
         c = {**base, **over}
-        envs = [_rank_env(r, cfg.ranks, r) for r in range(cfg.ranks)]
-        return _trial_stats(run_ranks([c] * cfg.ranks, envs), data.bytes / data.samples)
+        return _trial_stats(pool.run([c] * cfg.ranks), data.bytes / data.samples)
 
     def wipe(d: str) -> None:
         shutil.rmtree(d, ignore_errors=True)
@@ -271,7 +329,10 @@ def bench_loop(cfg: LoopConfig, servers: S3Servers, data: Dataset, scratch: str,
     ceiling = boto3_ceiling(s3.boto3_client(servers.proxies[0]), s3.bucket, [f"{data.prefix}/{f}" for f in data.files],
                             concurrency=8, reps=cfg.reps)
     log(f"store ceiling through the proxy: GET {ceiling['get_MBps']['median']:.0f} MB/s, PUT {ceiling['put_MBps']['median']:.0f} MB/s")
-    runs = interleave(contenders, cfg.reps, log=lambda line: log(line[:110]))
+    try:
+        runs = interleave(contenders, cfg.reps, log=log)
+    finally:
+        pool.close()
     out: dict[str, Any] = {}
     for name, trials in runs.items():
         out[name] = {k: summary([t[k] for t in trials]) for k in ("samples_per_s", "MBps", "stall", "stall_steady", "stall_mean", "first_batch_s", "wall_s")}
@@ -308,16 +369,21 @@ def bench_scale(servers: S3Servers, data: Dataset, scratch: str, *, nodes: int =
     for c in caches:
         shutil.rmtree(c, ignore_errors=True)
     per_epoch = []
+    envs = [_rank_env(n * ranks_per_node + lr, world, lr) for n in range(nodes) for lr in range(ranks_per_node)]
+    pool = RankPool(envs)
     for epoch in range(epochs):
         servers.clear()
-        cfgs, envs = [], []
+        cfgs = []
         for n in range(nodes):
             for lr in range(ranks_per_node):
                 cfgs.append({"method": "streamio", "url": s3.url(data.prefix), "options": s3.storage_options(servers.proxies[n]),
                              "cache": caches[n], "cache_bytes": data.bytes * 2 + 256 * MB, "batch_size": batch_size, "workers": workers,
                              "prefetch": 4, "compute_s": 0.0, "shuffle": True, "epochs": [epoch]})
-                envs.append(_rank_env(n * ranks_per_node + lr, world, lr))
-        results = run_ranks(cfgs, envs)
+        try:
+            results = pool.run(cfgs)
+        except BaseException:
+            pool.close()
+            raise
         logs = servers.log_summary()[:nodes]
         shard_gets: dict[str, int] = {}
         for lg in logs:
@@ -332,6 +398,7 @@ def bench_scale(servers: S3Servers, data: Dataset, scratch: str, *, nodes: int =
             "gets_per_shard_max": max(shard_gets.values(), default=0),
             "gets_per_shard_mean": (sum(shard_gets.values()) / len(data.files)),
         })
+    pool.close()
     predicted = scale_model(
         [data.samples // len(data.files)] * len(data.files), data.bytes / len(data.files), nodes=nodes, gpus=ranks_per_node,
         workers=workers, epochs=epochs, batch_size=batch_size, cache_epochs=epochs,
@@ -446,14 +513,15 @@ def run(quick: bool = False, *, sections: Sequence[str] = ("dataset", "scale"), 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    ap.add_argument("--rank-worker", help=argparse.SUPPRESS)
+    ap.add_argument("--rank-server", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--quick", action="store_true", help="8 shards x 4 MB, 1 worker per rank, 1 repetition")
     ap.add_argument("--sections", default="dataset,scale")
     ap.add_argument("--no-nginx", action="store_true")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
-    if args.rank_worker:
-        print(json.dumps(rank_main(json.loads(args.rank_worker))), flush=True)
+    if args.rank_server:
+        _rank_server()
+        sys.stdout.flush()
         os._exit(0)  # no interpreter teardown races with DataLoader workers (KNOWN-BEHAVIOUR.md)
     res = run(args.quick, sections=args.sections.split(","), use_nginx=not args.no_nginx,
               log=lambda s: print(s, file=sys.stderr, flush=True))

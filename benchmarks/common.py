@@ -97,7 +97,9 @@ def interleave(
             value = contenders[name]()
             out[name].append(value)
             if log is not None:
-                log(f"  rep {r} {name:<28} {value if not isinstance(value, float) else round(value, 2)}")
+                shown = (", ".join(f"{k}={v:.3g}" for k, v in list(value.items())[:4] if isinstance(v, (int, float)))
+                         if isinstance(value, dict) else f"{value:.4g}" if isinstance(value, float) else str(value))
+                log(f"  rep {r} {name:<30} {shown}")
     return out
 
 
