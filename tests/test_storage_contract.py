@@ -170,3 +170,35 @@ def test_range_past_the_end_is_a_clear_error_not_a_retry_loop(store: Store) -> N
     assert store.url("short") in str(info.value)
     with pytest.raises((StorageError, CorruptDataError)):  # local: shorter; S3/GCS: 416 InvalidRange
         store.read("short", 20, 30)
+
+
+def test_gcs_resumable_upload_keeps_conditions(gcs, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    from streamio.storage import store as store_module
+
+    monkeypatch.setattr(store_module, "MULTIPART_THRESHOLD", 1 << 20)
+    monkeypatch.setattr(store_module, "PART_SIZE", 512 << 10)
+    from streamio.storage import backends
+
+    parts: list[int] = []
+    real_sync = backends.sync
+
+    def counting_sync(loop, fn, *args, **kw):  # type: ignore[no-untyped-def]
+        if "Content-Range" in (kw.get("headers") or {}):
+            parts.append(1)
+        return real_sync(loop, fn, *args, **kw)
+
+    monkeypatch.setattr(backends, "sync", counting_sync)
+    store = Store(gcs.url("r"), gcs.storage_options())
+    data = os.urandom((3 << 20) + 5)
+    v0 = store.put("big", data[:-1])  # unconditional: resumable, in 512 KiB parts
+    assert store.read("big") == data[:-1] and store.info("big").version == v0
+    assert len(parts) == 7  # 3 MiB + 4 bytes in 512 KiB parts
+    store.delete("big")
+    v1 = store.put("big", data, mode="create")  # conditional: one request
+    assert store.read("big") == data and store.info("big").version == v1
+    with pytest.raises(WriteConflictError):
+        store.put("big", data[::-1], mode="create")
+    with pytest.raises(WriteConflictError):
+        store.put("big", data[::-1], if_match="1")
+    v2 = store.put("big", data[::-1], if_match=v1)
+    assert v2 != v1 and store.read("big") == data[::-1]

@@ -351,7 +351,9 @@ class Store:
                     part_size=PART_SIZE, multipart_threshold=MULTIPART_THRESHOLD, concurrency=concurrency,
                 )
             if proto == "gs":
-                return backends.put_gcs(self.fs, full, url, view, mode, if_match)
+                return backends.put_gcs(
+                    self.fs, full, url, view, mode, if_match, resumable_threshold=MULTIPART_THRESHOLD, chunk=PART_SIZE
+                )
             if if_match is not None:
                 raise NotImplementedError(f"{url}: compare-and-swap is not supported on {proto}://")
             self.fs.pipe_file(full, bytes(view), mode=mode)
