@@ -338,6 +338,13 @@ def _s3_condition(mode: str, if_match: str | None) -> dict[str, str]:
     return {}
 
 
+def _client_code(exc: BaseException) -> str | None:
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):
+        return response.get("Error", {}).get("Code")
+    return None
+
+
 def put_s3(
     fs: Any,
     full: str,
@@ -355,7 +362,13 @@ def put_s3(
     bucket, key, _ = fs.split_path(full)
     cond = _s3_condition(mode, if_match)
     if len(data) < multipart_threshold:
-        out = sync(fs.loop, _s3_call, fs, "put_object", Bucket=bucket, Key=key, Body=bytes(data), **cond)
+        try:
+            out = sync(fs.loop, _s3_call, fs, "put_object", Bucket=bucket, Key=key, Body=bytes(data), **cond)
+        except Exception as exc:
+            # If-Match on a key that is gone answers 404 NoSuchKey: for the caller, a lost CAS
+            if if_match is not None and _client_code(exc) == "NoSuchKey":
+                raise conflict(url, mode, if_match, None) from exc
+            raise
         fs.invalidate_cache(full)
         return str(out["ETag"]).strip('"')
     if if_match is not None:

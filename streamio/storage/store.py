@@ -235,8 +235,9 @@ class Store:
                 )
 
         while bound[0] is None or pos < bound[0]:
+            stream = backends.open_stream(self.fs, self._full(path), pos, bound[0], piece, on_end)
             try:
-                for data in backends.open_stream(self.fs, self._full(path), pos, bound[0], piece, on_end):
+                for data in stream:
                     limit = bound[0]
                     if limit is not None and pos + len(data) > limit:
                         data = data[: limit - pos]
@@ -254,6 +255,8 @@ class Store:
             except Exception as exc:  # noqa: BLE001 - classified and re-raised by the budget
                 budget.failed(exc, url)
                 log.debug("resuming %s at byte %d", url, pos)
+            finally:
+                stream.close()  # also when the consumer stops early: the connection is released now
 
     def info(self, path: str) -> ObjectInfo:
         """Size and version of ``path``, read fresh (never from a cached listing), in one request."""
