@@ -141,3 +141,17 @@ def test_topology_comes_from_torchrun_env(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setenv("WORLD_SIZE", "4")
     state = RNGState().state_dict()
     assert (state["rank"], state["world_size"]) == (3, 4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (scripts/gpu_check.sh checks it too)")
+def test_every_cuda_device_is_restored() -> None:
+    devices = [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    for dev in devices:
+        torch.rand(1, device=dev)  # initialise each generator
+    rng = RNGState(rank=0, world_size=1)
+    state = rng.state_dict()
+    assert len(state["cuda"]) == len(devices)
+    first = [torch.rand(4, device=dev).cpu() for dev in devices]
+    rng.load_state_dict(state)
+    assert all(torch.equal(a, torch.rand(4, device=dev).cpu()) for a, dev in zip(first, devices))

@@ -19,7 +19,7 @@ from streamio.train.checkpointing import retention_policy
 from streamio.train.config import TrainConfig, parse_args
 from streamio.train.data import AugmentedArrays, InMemoryLoader
 from streamio.train.early_stopping import EarlyStopping
-from streamio.train.loop import Distributed, Trainer, read_metrics, warmup_cosine
+from streamio.train.loop import Distributed, Trainer, read_metrics, setup_distributed, warmup_cosine
 from streamio.train.synthetic import iter_samples, make_arrays
 
 ONE = Distributed(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), initialized=False)
@@ -218,3 +218,22 @@ def test_synthetic_data_is_deterministic_and_samples_match_arrays() -> None:
     assert not np.array_equal(make_arrays(5, seed=3, split="val")[0], x)
     first = next(iter_samples(5, seed=3))
     assert first["__key__"] == "train-0000000" and int(first["cls"]) == y[0]  # type: ignore[call-overload]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+def test_device_cuda_without_cuda_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(RuntimeError, match="sees no CUDA device"):
+        setup_distributed(TrainConfig(device="cuda"))
+    with pytest.raises(ValueError, match="not one of"):
+        setup_distributed(TrainConfig(device="tpu"))
+
+
+def test_single_process_setup_needs_no_process_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    before = torch.get_num_threads()
+    try:
+        d = setup_distributed(TrainConfig(device="cpu"))
+    finally:
+        torch.set_num_threads(before)
+    assert (d.rank, d.world_size, d.initialized, d.device.type) == (0, 1, False, "cpu")

@@ -84,6 +84,13 @@ def setup_distributed(cfg: TrainConfig) -> Distributed:
     The collective timeout is finite (``cfg.collective_timeout_s``): a rank that died or diverged
     makes the others fail with a clear error instead of hanging the job forever.
     """
+    if cfg.device not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"--device {cfg.device!r} is not one of auto, cpu, cuda")
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(
+            f"--device cuda, but this torch {torch.__version__} sees no CUDA device: "
+            "use --device auto (or cpu), or install a CUDA build of torch"
+        )
     use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
