@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from collections.abc import Iterator, Mapping
@@ -19,7 +20,7 @@ from streamio.train.checkpointing import retention_policy
 from streamio.train.config import TrainConfig, parse_args
 from streamio.train.data import AugmentedArrays, InMemoryLoader
 from streamio.train.early_stopping import EarlyStopping
-from streamio.train.loop import Distributed, Trainer, read_metrics, setup_distributed, warmup_cosine
+from streamio.train.loop import Distributed, Trainer, _Meter, read_metrics, setup_distributed, warmup_cosine
 from streamio.train.synthetic import iter_samples, make_arrays
 
 ONE = Distributed(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), initialized=False)
@@ -121,6 +122,42 @@ def test_loss_falls_and_validation_counts_every_sample(tmp_path: Path) -> None:
     vals = [r for r in records if r["event"] == "val"]
     assert [v["val_count"] for v in vals] == [37.0] * 3
     assert torch.load(Path(cfg.out_dir) / "final_model.pt", weights_only=True).keys() == trainer.net.state_dict().keys()
+
+
+class _CountingDDP(torch.nn.Module):
+    """Stands in for DistributedDataParallel: counts the micro-batches run under no_sync()."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        super().__init__()
+        self.module, self.in_no_sync, self.synced_forwards = module, False, 0
+        self.no_sync_forwards = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.in_no_sync:
+            self.no_sync_forwards += 1
+        else:
+            self.synced_forwards += 1
+        return self.module(x)
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        self.in_no_sync = True
+        try:
+            yield
+        finally:
+            self.in_no_sync = False
+
+
+def test_accumulation_syncs_gradients_only_on_the_last_micro_batch(tmp_path: Path) -> None:
+    trainer = Trainer(_cfg(tmp_path, grad_accum=4), ONE)
+    counting = _CountingDDP(trainer.net)
+    trainer.model, trainer.d = counting, dataclasses.replace(ONE, initialized=True)
+    batches = iter(trainer.data.train)
+    for _ in range(3):
+        trainer.train_step(batches, _Meter())
+    trainer.close()
+    assert (counting.no_sync_forwards, counting.synced_forwards) == (9, 3)
+    assert trainer.scheduler.last_epoch == 3
 
 
 def test_scheduler_steps_once_per_optimizer_step_not_per_micro_batch(tmp_path: Path) -> None:
