@@ -12,7 +12,7 @@ end-of-archive blocks begin) and the CRC32C of its bytes. Offsets make sample-ex
 mid-shard starts by one ranged GET possible; the per-sample checksums let a reader verify any run
 of samples. They sit in the index itself while the dataset is small (``inline_limit`` samples in
 all); beyond that each shard's layout goes to a binary sidecar ``_layout/<shard>.bin`` whose
-CRC32C the index records, so a 5,000-shard index stays a few hundred KB and loads in milliseconds,
+CRC32C the index records, so a 5,000-shard index stays under 1 MB and loads in tens of milliseconds,
 and a rank only fetches the sidecars of shards it reads (cached in the index object).
 
 Reasons for the rest: the index is written last in one atomic PUT, so a half-written dataset
