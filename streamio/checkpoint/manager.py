@@ -7,7 +7,8 @@ checkpoint, so a ``kill -9`` anywhere costs at most the save in progress:
    tensors this rank writes into a reused host buffer (:class:`~.serialize.HostBuffer`). That
    copy is all the caller waits for (``SaveStats.blocked_s``); the rest runs in one background
    thread, at most one save in flight (the next ``save`` waits for it).
-2. Each rank uploads its parts concurrently (``Store.put_many``), checks their sizes in the
+2. Each rank uploads its parts concurrently (a bounded pool of ``Store.put``, each thread also
+   computing its part's CRC32C), checks their sizes in the
    store, then writes its done marker (create-only).
 3. Barrier over a dedicated gloo group (an all-gather of each rank's outcome, so a rank that
    failed makes every rank fail instead of hanging).
@@ -40,7 +41,7 @@ import logging
 import platform
 import time
 import uuid
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -106,7 +107,8 @@ class SaveOptions:
     """How checkpoints are cut and uploaded.
 
     Attributes:
-        part_size: raw bytes per part object (a tensor may span parts); bounds each PUT.
+        part_size: most raw bytes per part object (a tensor may span parts); bounds each PUT.
+            Smaller states are cut finer, down to 4 MiB, so every upload thread has work.
         concurrency: parallel PUTs / GETs.
         compression: ``None`` or ``"zstd"`` (per part; pays off for sparse or low-entropy state).
         zstd_level: zstd level when compressing.
@@ -351,16 +353,20 @@ class CheckpointManager:
                 self._check_step_free(job.step)
                 if self._pointer_version is _UNKNOWN:
                     self._pointer_version = self._read_pointer_version()
-            rep_entries, rank_entries = job.entries()
-            files: list[FileEntry] = []
-            items: list[tuple[str, Any]] = []
-            for i, (start, end) in enumerate(mf.split_ranges(job.layout_total, opts.part_size)):
+            ranges = mf.split_ranges(job.layout_total, part_size_for(job.layout_total, opts))
+
+            def upload(i: int) -> FileEntry:
+                # checksum (and compression) run here, in parallel, overlapping the other PUTs
+                start, end = ranges[i]
                 data, checksum = encode_part(job.stream[start:end], opts.compression, opts.zstd_level)
                 entry = FileEntry(mf.part_path(comm.rank, save_id, i), comm.rank, start, end - start, len(data), checksum, opts.compression)
-                files.append(entry)
-                items.append((f"{sdir}/{entry.path}", data))
-            store.put_many(items, concurrency=opts.concurrency)
-            del items
+                store.put(f"{sdir}/{entry.path}", data)
+                return entry
+
+            with concurrent.futures.ThreadPoolExecutor(max(1, opts.concurrency), thread_name_prefix="streamio-ckpt-put") as pool:
+                entries_future = pool.submit(job.entries)  # tensor checksums, beside the uploads
+                files = _gather(pool, upload, range(len(ranges)))
+                rep_entries, rank_entries = entries_future.result()
             self._check_uploaded(sdir, files)
             written, nfiles = sum(f.size for f in files), len(files)
             _phase("parts")
@@ -614,6 +620,26 @@ class CheckpointManager:
 
 
 # ---------------------------------------------------------------------------------- helpers
+def part_size_for(total: int, options: SaveOptions) -> int:
+    """Part size for a stream of ``total`` bytes: at most ``options.part_size``, but small enough
+    that there are about two parts per upload thread (never below 4 MiB), so a small state still
+    uploads in parallel."""
+    per_thread = -(-total // max(1, 2 * options.concurrency))
+    return max(min(options.part_size, per_thread), min(options.part_size, 4 << 20))
+
+
+def _gather(pool: concurrent.futures.ThreadPoolExecutor, fn: Callable[[Any], Any], items: Iterable[Any]) -> list[Any]:
+    """``[fn(x) for x in items]`` on ``pool``; the first error is raised once the rest stop."""
+    futures = [pool.submit(fn, x) for x in items]
+    concurrent.futures.wait(futures, return_when=concurrent.futures.FIRST_EXCEPTION)
+    for f in futures:
+        if f.done() and f.exception() is not None:
+            for other in futures:
+                other.cancel()
+            raise f.exception()  # type: ignore[misc]
+    return [f.result() for f in futures]
+
+
 def _phase(name: str) -> None:
     if _phase_hook is not None:
         _phase_hook(name)
@@ -686,13 +712,17 @@ def load_tensors(
         f for f in manifest.files
         if any(a < f.start + f.raw_size and f.start < b for a, b in spans.get(f.rank, ()))
     ]
-    raw = store.read_many([f"{sdir}/{f.path}" for f in needed], concurrency=concurrency)
-    parts: dict[int, dict[int, bytes]] = {}
-    for f, data in zip(needed, raw, strict=True):
+    def fetch(f: FileEntry) -> bytes:
+        # verified in the reading thread: checksums overlap the other GETs (CRC32C drops the GIL)
         url = store.url(f"{sdir}/{f.path}")
+        data = store.read(f"{sdir}/{f.path}")
         verify_file(data, f, url)
-        parts.setdefault(f.rank, {})[f.start] = decode_part(data, f, url)
-    del raw
+        return decode_part(data, f, url)
+
+    parts: dict[int, dict[int, bytes]] = {}
+    with concurrent.futures.ThreadPoolExecutor(max(1, concurrency), thread_name_prefix="streamio-ckpt-get") as pool:
+        for f, raw in zip(needed, _gather(pool, fetch, needed), strict=True):
+            parts.setdefault(f.rank, {})[f.start] = raw
     readers = {r: StreamReader(p, r, store.url(sdir)) for r, p in parts.items()}
     out = {}
     for key, e in wanted.items():
