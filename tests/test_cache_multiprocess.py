@@ -18,6 +18,7 @@ from test_cache_support import (  # noqa: F401
     cache_for,
     gets_for,
     make_shards,
+    prefetch_all,
     proxy,
     read_all,
     read_slowly,
@@ -30,7 +31,11 @@ from streamio.testing import FaultProxy, S3Endpoint
 
 pytestmark = pytest.mark.slow
 MB = 1 << 20
-CTX = mp.get_context("spawn")
+# forkserver: every child is a fresh process that gets its arguments pickled (as with spawn, so
+# the cache and the store cross as configuration), but the imports are paid once per session
+CTX = mp.get_context("forkserver")
+CTX.set_forkserver_preload(["test_cache_support"])
+SPAWN = mp.get_context("spawn")  # one test pays for a real spawn, as DataLoader workers may
 
 
 def _results(queue, procs, timeout: float = 60) -> list[tuple]:  # type: ignore[no-untyped-def]
@@ -42,7 +47,7 @@ def _results(queue, procs, timeout: float = 60) -> list[tuple]:  # type: ignore[
 
 
 def test_four_processes_download_each_shard_once(s3_store: Store, proxy: FaultProxy, s3: S3Endpoint, tmp_path) -> None:
-    shards = make_shards(s3_store, 8, 512 << 10, seed=1)
+    shards = make_shards(s3_store, 8, 256 << 10, seed=1)
     seeds = [1000 + i for i in range(8)]
     cache = cache_for(tmp_path / "c", chunk_size=64 << 10)
     proxy.clear()
@@ -61,6 +66,26 @@ def test_four_processes_download_each_shard_once(s3_store: Store, proxy: FaultPr
     assert sum(st["misses"] for st in stats) == 8
     assert sum(st["bytes_from_network"] for st in stats) == sum(s.bytes for s, _ in shards)
     assert sum(st["follows"] + st["hits"] for st in stats) == 3 * 8
+
+
+def test_two_prefetching_processes_share_downloads(s3_store: Store, proxy: FaultProxy, s3: S3Endpoint, tmp_path) -> None:
+    """DataLoader workers of one node: each Prefetcher downloads ahead; the other follows."""
+    shards = make_shards(s3_store, 6, 256 << 10, seed=3)
+    seeds = [3000 + i for i in range(6)]
+    cache = cache_for(tmp_path / "c", chunk_size=64 << 10)
+    proxy.clear()
+    proxy.set_latency(0.02)
+    queue = CTX.Queue()
+    spec = store_spec(s3_store, s3, proxy.endpoint_url)
+    procs = [CTX.Process(target=prefetch_all, args=(cache, spec, [s for s, _ in shards], seeds, queue)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    results = _results(queue, procs)
+    assert all(r[0] == "ok" for r in results), results
+    for s, _ in shards:
+        assert bytes_fetched(proxy, s.path) == s.bytes
+    assert sum(r[1]["misses"] for r in results) == 6
+    assert sum(r[1]["bytes_from_network"] for r in results) == sum(s.bytes for s, _ in shards)
 
 
 def test_kill_9_mid_shard_leaves_no_final_file_and_is_taken_over(s3_store: Store, proxy: FaultProxy, s3: S3Endpoint, tmp_path) -> None:
@@ -105,8 +130,8 @@ def test_killed_reader_alone_leaves_only_a_resumable_part(s3_store: Store, proxy
     (shard, data), = make_shards(s3_store, 1, 2 * MB)
     d = tmp_path / "c"
     cache = cache_for(d, chunk_size=64 << 10)
-    progress = CTX.Queue()
-    child = CTX.Process(target=read_slowly, args=(cache, store_spec(s3_store, s3, proxy.endpoint_url), shard, progress))
+    progress = SPAWN.Queue()
+    child = SPAWN.Process(target=read_slowly, args=(cache, store_spec(s3_store, s3, proxy.endpoint_url), shard, progress))
     child.start()
     for _ in range(3):
         progress.get(timeout=60)

@@ -115,3 +115,19 @@ def read_slowly(cache: ShardCache, spec: tuple[str, dict[str, Any]], shard: Shar
     for chunk in cache.open_range(store, shard):
         progress.put(len(chunk))
         time.sleep(0.05)
+
+
+def prefetch_all(cache: ShardCache, spec: tuple[str, dict[str, Any]], shards: list[ShardInfo], seeds: list[int], out: Any) -> None:
+    """Child: read every shard through a Prefetcher on the shared cache; report stats."""
+    from streamio.data.prefetch import ByteRun, PrefetchConfig, Prefetcher
+
+    try:
+        store = Store(spec[0], spec[1], retry=FAST_RETRY)
+        pf = Prefetcher(store, [ByteRun(s) for s in shards], cache=cache, config=PrefetchConfig(workers=3))
+        for (run, chunks), seed in zip(pf, seeds):
+            if b"".join(chunks) != pseudo_random(run.shard.bytes, seed=seed):
+                out.put(("bad", run.shard.path))
+                return
+        out.put(("ok", pf.stats.as_dict()))
+    except BaseException as exc:
+        out.put(("error", f"{type(exc).__name__}: {exc}"))

@@ -153,6 +153,20 @@ def test_stall_time_is_measured(s3_store: Store, proxy: FaultProxy, tmp_path, ca
         assert pf.stats.misses == 2 and pf.stats.follows >= 1
 
 
+def test_no_room_in_the_cache_streams_into_memory(tmp_path) -> None:
+    store = Store(str(tmp_path / "ds"))
+    shards = make_shards(store, 4, 100 * KB)
+    cache = cache_for(tmp_path / "c", max_bytes=250 * KB, chunk_size=16 * KB)
+    held = [cache.open_range(store, s) for s, _ in shards[:2]]
+    for h in held:
+        next(h)  # two shards leased: no room for a third
+    pf = Prefetcher(store, [ByteRun(s) for s, _ in shards[2:]], cache=cache, config=PrefetchConfig(workers=1))
+    assert [b"".join(c) for _, c in pf] == [d for _, d in shards[2:]]
+    assert pf.stats.bypasses == 2 and pf.stats.misses == 0
+    for h in held:
+        h.close()
+
+
 def test_cache_too_small_for_depth_fails_at_start(tmp_path) -> None:
     store = Store(str(tmp_path / "ds"))
     shards = make_shards(store, 4, 100 * KB)
