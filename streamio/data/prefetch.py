@@ -4,9 +4,13 @@ A DataLoader worker reads its plan as a list of byte runs (one shard, ``[start, 
 from the sample offsets of the index). :class:`Prefetcher` keeps up to ``workers`` of the next
 runs in flight on a small thread pool while the consumer parses the current one::
 
+    runs = [ByteRun(index.shards[r.shard], *index.layout(r.shard, store).byte_range(r.first, r.end))
+            for r in plan_runs]                      # planner runs (shard, first, end) -> bytes
     for run, chunks in Prefetcher(store, runs, cache=cache):
         for sample in iter_samples(chunks, url=store.url(run.shard.path), start_offset=run.start, ...):
             ...
+
+Moving on to the next run drops whatever is left of the current one (its bytes are not read).
 
 Design:
 
@@ -15,7 +19,8 @@ Design:
 * **Bounded in bytes.** Fetched chunks wait in per-run queues whose total is capped by
   ``PrefetchConfig.max_bytes``, so a plan of 2 GB shards holds no more memory than one of 16 MB
   shards. To never deadlock, the run the consumer is reading may always add one chunk to an empty
-  queue: memory is at most ``max_bytes + chunk_size``.
+  queue: memory is at most ``max_bytes + (workers + 2) x chunk_size`` (that chunk, one per thread
+  between the store and its queue, and the one the consumer holds).
 * **Cache first.** With a :class:`~streamio.data.cache.ShardCache`, the threads do not hold
   bytes at all: each one makes sure its run's shard is cached or being cached
   (``ShardCache.fetch``: download range-first into the cache, or nothing if it is cached or another
@@ -30,8 +35,8 @@ Design:
   iterator at the point of the stream where it happened (after the bytes that arrived before it),
   with its original traceback.
 * **Clean shutdown.** Closing the iterator (``break``, generator ``close()``, garbage collection,
-  or :meth:`Prefetcher.close`) stops the threads after their current chunk; their ``open_range``
-  generators are closed, which releases the cache's locks and leaves partial downloads resumable.
+  or :meth:`Prefetcher.close`) stops the threads after their current chunk: downloads into the
+  cache stop uncommitted and resumable, streams are closed, every cache lock is released.
 * **Fork/spawn safe.** Nothing live exists until iteration starts: build the prefetcher in the
   worker process, or pickle its configuration into it.
 
