@@ -393,3 +393,32 @@ def test_async_retention_never_leaves_no_complete_checkpoint(tmp_path) -> None: 
     thread.join()
     assert not failures, failures[:3]
     assert len(set(seen)) >= 2 and committed_steps(Store(root)) == [8]
+
+
+# --------------------------------------------------------------------------- gc
+def test_gc_removes_orphans_only(s3_store: Store, s3: S3Endpoint) -> None:
+    _two_checkpoints(s3_store)
+    m1 = read_manifest(s3_store, 1)
+    orphans = [
+        "step-000000000/rank-00000/part-dead-00000.bin",  # abandoned save older than the newest commit
+        f"{mf.step_dir(1)}/rank-00000/part-loser-00000.bin",  # a losing concurrent save of step 1
+        f"{mf.step_dir(1)}/rank-00000/done-loser.json",
+    ]
+    in_progress = "step-000000009/rank-00000/part-new-00000.bin"  # newer than every commit: a save in flight
+    for path in [*orphans, in_progress]:
+        s3_store.put(path, b"x" * 10)
+    client = s3.boto3_client()
+    key = s3_store.root_url.split("/", 3)[3] + "/step-000000003/rank-00000/part-big-00000.bin"
+    upload = client.create_multipart_upload(Bucket=s3.bucket, Key=key)["UploadId"]
+    opts = ["-o", f"key={s3.key}", "-o", f"secret={s3.secret}", "-o", f"endpoint_url={s3.endpoint_url}"]
+    dry = CliRunner().invoke(cli, ["ckpt", "gc", s3_store.root_url, *opts, "--dry-run", "--min-age", "0"])
+    assert dry.exit_code == 0, dry.output
+    assert sorted(line.split()[-1] for line in dry.output.splitlines() if line.startswith("would delete s3")) == sorted(
+        s3_store.url(p) for p in orphans)
+    assert upload in dry.output and s3_store.exists(orphans[0])
+    done = CliRunner().invoke(cli, ["ckpt", "gc", s3_store.root_url, *opts, "--min-age", "0"])
+    assert done.exit_code == 0, done.output
+    assert not any(s3_store.exists(p) for p in orphans) and s3_store.exists(in_progress)
+    assert client.list_multipart_uploads(Bucket=s3.bucket).get("Uploads", []) == []
+    assert {f.path for f in m1.files} <= {o.path.split("/", 1)[1] for o in s3_store.list(mf.step_dir(1))}
+    assert verify_checkpoint(s3_store, 1) == [] and verify_checkpoint(s3_store, 2) == []
