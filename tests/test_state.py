@@ -11,6 +11,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from streamio.errors import CheckpointFormatError
 from streamio.state import RNGState
@@ -155,3 +157,21 @@ def test_every_cuda_device_is_restored() -> None:
     first = [torch.rand(4, device=dev).cpu() for dev in devices]
     rng.load_state_dict(state)
     assert all(torch.equal(a, torch.rand(4, device=dev).cpu()) for a, dev in zip(first, devices))
+
+
+@given(seed=st.integers(0, 2**32 - 1), before=st.integers(0, 700), after=st.integers(1, 50))
+@settings(max_examples=25, deadline=None)
+def test_any_position_restores_exactly(seed: int, before: int, after: int) -> None:
+    """Wherever the RNGs are (past the MT19937 624-word refill too), a restore replays the same draws."""
+    gen = np.random.default_rng(seed)
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    rng = RNGState(generators={"g": gen}, rank=0, world_size=1)
+    for _ in range(before):
+        random.random(), np.random.random(), gen.random()
+    torch.rand(before + 1)
+    state = rng.state_dict()
+    expected = [_draw_all({"g": gen}) for _ in range(after)]
+    rng.load_state_dict(state)
+    assert [_draw_all({"g": gen}) for _ in range(after)] == expected

@@ -39,3 +39,19 @@ def test_a_different_loss_weight_or_missing_step_is_reported(tmp_path: Path) -> 
     assert not ok and "max |difference|" in lines[5]
     ok, lines = compare(ref, crash, gap, 2)
     assert not ok and "MISSING steps [7]" in "\n".join(lines)
+
+
+def test_demo_data_shards_into_any_url_and_reads_back_as_the_synthetic_arrays(tmp_path: Path) -> None:
+    import numpy as np
+
+    from streamio.train.data import read_arrays
+    from streamio.train.demo import _location, shard_demo_data
+    from streamio.train.synthetic import make_arrays
+
+    with _location(str(tmp_path / "bucket")) as loc:  # --url: no local S3, the user's environment
+        assert loc.storage_options is None and loc.url == str(tmp_path / "bucket")
+        data = shard_demo_data(loc, train=300, val=41, per_shard=64)
+    x, y = read_arrays(f"{data}/train")
+    ex, ey = make_arrays(300, split="train")
+    assert np.array_equal(x, ex) and np.array_equal(y, ey)
+    assert len(list((tmp_path / "bucket" / "data" / "train").glob("train-*.tar"))) == 5
