@@ -386,8 +386,9 @@ class _Handler(BaseHTTPRequestHandler):
         if fail is not None:
             for piece in self._iter_request_body():
                 sent_req += len(piece)
-            self._send_error(fail, path)
+            # logged before the answer leaves: a client that got it finds it in the log
             proxy._record(RequestRecord(method, path, split.query, rng, fail.status, sent_req, 0, "fail"))
+            self._send_error(fail, path)
             return
 
         upstream = proxy._connect()
