@@ -35,6 +35,7 @@ but whose answer was lost is retried and then reports a conflict: callers that s
 from __future__ import annotations
 
 import logging
+import os
 import posixpath
 import threading
 import uuid
@@ -151,8 +152,6 @@ class Store:
     @property
     def fs(self) -> Any:
         """The fsspec filesystem for this process, created on first use (inner retries off)."""
-        import os
-
         if self._fs is None or self._pid != os.getpid():
             with self._lock:
                 if self._fs is None or self._pid != os.getpid():
@@ -402,7 +401,7 @@ class Store:
             return [f.result() for f in futures]
 
 
-def _redact(options: Any, path: str = "") -> Any:
+def _redact(options: Any) -> Any:
     """``options`` with every credential replaced by a :class:`_SecretRef` into ``_VAULT``."""
     if isinstance(options, Mapping):
         out = {}
@@ -415,7 +414,7 @@ def _redact(options: Any, path: str = "") -> Any:
                     _VAULT[ref] = v
                 out[k] = _SecretRef(ref)
             else:
-                out[k] = _redact(v, f"{path}{k}.")
+                out[k] = _redact(v)
         return out
     return options
 
