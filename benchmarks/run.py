@@ -110,8 +110,13 @@ def section_checkpoint(quick: bool, scratch: str) -> dict[str, Any]:
     return dict(res)
 
 
-def run_sections(names: list[str], quick: bool, scratch: str, use_nginx: bool) -> dict[str, Any]:
-    """Run ``names`` in suite order; each result carries its status, duration and date."""
+def run_sections(names: list[str], quick: bool, scratch: str, use_nginx: bool,
+                 on_result: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Run ``names`` in suite order; each result carries its status, duration and date.
+
+    ``on_result`` is called with each section's results as soon as they exist (saved at once, so
+    an interrupted run keeps what it measured).
+    """
     from benchmarks import bench_dataset
 
     out: dict[str, Any] = {}
@@ -139,8 +144,11 @@ def run_sections(names: list[str], quick: bool, scratch: str, use_nginx: bool) -
             results = {n: {"status": "failed", "error": f"{type(exc).__name__}: {exc}"[-2000:]} for n in group}
         dt = time.perf_counter() - t0
         for n, r in results.items():
-            r.update({"seconds": round(dt, 1), "quick": quick, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())})
+            r.update({"seconds": round(dt, 1), "quick": quick, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                      "loadavg_end": " ".join(f"{x:.1f}" for x in os.getloadavg())})
             out[n] = r
+        if on_result is not None:
+            on_result(results)
         log(f"== {name}: {dt:.0f} s")
     return out
 
@@ -221,7 +229,8 @@ def write_report(res: dict[str, Any], out_dir: Path, plots: list[str]) -> Path:
     for name in SECTIONS:
         sec = res.get(name)
         if sec is not None:
-            L.append(f"- `{name}`: {sec.get('status')}, {sec.get('seconds')} s, {'quick' if sec.get('quick') else 'full'} mode, {sec.get('date')}")
+            L.append(f"- `{name}`: {sec.get('status')}, {sec.get('seconds')} s, {'quick' if sec.get('quick') else 'full'} mode, "
+                     f"{sec.get('date')}, load average at its end {sec.get('loadavg_end', 'n/a')} (on {m.get('nproc', '?')} CPUs)")
     L += ["", "## Headline ratios", ""]
     rows = [[k, _f(v, 2)] for k, v in headline(res)]
     L += _table(["ratio", "value"], rows) if rows else ["_none yet_"]
@@ -481,7 +490,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", help=f"comma-separated sections of {', '.join(SECTIONS)}")
     ap.add_argument("--out", type=Path, default=HERE, help="where RESULTS.md, results.json and the plots go (default: benchmarks/)")
     ap.add_argument("--no-nginx", action="store_true", help="skip the nginx rows (no apt-get)")
+    ap.add_argument("--report-only", action="store_true", help="re-render RESULTS.md and the plots from DIR/results.json")
     args = ap.parse_args(argv)
+    if args.report_only:
+        res = json.loads((args.out / "results.json").read_text())
+        path = write_report(res, args.out, make_plots(res, args.out))
+        log(f"wrote {path}")
+        return 0
     names = list(SECTIONS) if not args.only else [n.strip() for n in args.only.split(",") if n.strip()]
     unknown = [n for n in names if n not in SECTIONS]
     if unknown:
@@ -493,7 +508,11 @@ def main(argv: list[str] | None = None) -> int:
     res["machine"] = machine()
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench-run-", dir=os.environ.get("BENCH_DIR")) as scratch:
-        res.update(run_sections(names, args.quick, scratch, use_nginx=not args.no_nginx))
+        def save(part: dict[str, Any]) -> None:
+            res.update(part)
+            store.write_text(json.dumps(res, indent=1, default=str))
+
+        run_sections(names, args.quick, scratch, use_nginx=not args.no_nginx, on_result=save)
     store.write_text(json.dumps(res, indent=1, default=str))
     plots = make_plots(res, args.out)
     path = write_report(res, args.out, plots)
