@@ -326,3 +326,21 @@ def test_empty_shard_and_fetch(tmp_path) -> None:
     assert started == [1] and cache.contains(store, shard) and cache.stats.misses == 2
     assert b"".join(cache.open_range(store, shard, 7, 70_000)) == data[7:70_000]
     assert cache.stats.hits == 1
+
+
+def test_lock_files_of_uncached_shards_do_not_accumulate(tmp_path) -> None:
+    store = Store(str(tmp_path / "ds"))
+    shards = make_shards(store, 6, 50_000)
+    d = str(tmp_path / "c")
+    cache = cache_for(d, max_bytes=60_000, chunk_size=10_000)  # room for one shard
+    held = cache.open_range(store, shards[0][0])
+    next(held)  # shard 0 leased: the others stream uncached, leaving their (empty) lock files
+    for s, data in shards[1:]:
+        assert b"".join(cache.open_range(store, s)) == data
+    assert cache.stats.bypasses == 5
+    assert len(cache_files(d)) > 4
+    held.close()
+    assert b"".join(cache.open_range(store, shards[1][0])) == shards[1][1]
+    names = cache_files(d)
+    assert len([n for n in names if n.endswith(".data")]) == 1
+    assert len(names) <= 1 + 3, sorted(names)  # .lock + one shard's .data/.dl/.use

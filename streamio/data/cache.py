@@ -709,6 +709,10 @@ class ShardCache:
         def fits() -> bool:
             return usage + need <= limit and free - need >= floor
 
+        # lock files of shards that were never cached (streamed uncached) or already evicted
+        orphans = [e["key"] for e in entries.values() if e["data"] is None and e["part"] is None]
+        for key in orphans[:64]:
+            self._evict(key)
         if fits():
             return True
         data = sorted((e for e in entries.values() if e["data"] is not None), key=lambda e: e["used"])
