@@ -177,6 +177,24 @@ def test_build_index_of_foreign_shards_matches_what_the_writer_records() -> None
     assert build_index(store).fingerprint == ours.fingerprint  # no pattern: every .tar below the root
 
 
+def test_build_index_of_per_sample_zstd_shards_and_refusal_of_whole_file_zstd() -> None:
+    import zstandard
+
+    store = mem()
+    ours = write_dataset(samples(9, size=3000), store, max_count=4, compression="zstd")
+    store.delete(INDEX_NAME)
+    built = build_index(store)
+    assert built.fingerprint == ours.fingerprint and built.compression == "zstd"
+    assert [built.layout(i, store) for i in range(3)] == [ours.layout(i, store) for i in range(3)]
+    whole = zstandard.ZstdCompressor().compress(_tar([("a.txt", b"1"), ("b.txt", b"2")]))
+    store.put("foreign.tar.zst", whole)
+    with pytest.raises(ShardFormatError, match=r"frame at byte 0 holds 2 samples and the end of the archive; .*one frame per sample"):
+        build_index(store, "foreign.tar.zst")
+    store.put("cut.tar.zst", store.read("data-000000.tar.zst")[:-5])
+    with pytest.raises(ShardFormatError, match="ends inside the zstd frame"):
+        build_index(store, "cut.tar.zst")
+
+
 def test_build_index_with_tarfile_shards_and_directories() -> None:
     store = mem()
     store.put("a/s-0.tar", _tar([("x/1.jpg", b"J" * 600), ("x/1.cls", b"1"), ("x/2.jpg", b""), ("y.txt", b"z")]))

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import braceexpand
+import zstandard
 
 from streamio.checksum import Crc32c, crc32c, format_checksum, parse_checksum
 from streamio.data.samples import group_samples, iter_members, iter_samples, unsafe_reason
@@ -438,19 +439,78 @@ class _Tee:
 
 
 def scan_shard(store: Store, path: str) -> tuple[ShardInfo, SampleLayout, set[str]]:
-    """Stream one ``.tar`` shard once: size, whole CRC32C, sample offsets and per-sample CRC32C, keys.
+    """Stream one shard once: size, whole CRC32C, sample offsets and per-sample CRC32C, keys.
+
+    ``.tar`` shards from any writer; ``.tar.zst`` shards only with one zstd frame per sample (as
+    ``streamio shard --compress zstd`` writes them), since offsets must point at frame starts.
 
     Raises:
-        ShardFormatError: not a tar, truncated, unsafe member, or ``.tar.zst`` (see below).
+        ShardFormatError: not a tar, truncated, unsafe member, or a zstd frame holding several samples.
     """
     url = store.url(path)
-    if path.endswith(".zst"):
-        raise ShardFormatError(
-            f"shard {url!r} is compressed: `streamio index` reads plain .tar shards only (offsets into a zstd "
-            f"stream need one frame per sample). Re-shard it with `streamio shard {url} DEST --compress zstd`."
-        )
     with closing(store.iter_bytes(path)) as stream:
+        if path.endswith(".zst"):
+            return _scan_zstd(stream, url, path)
         return _scan(_Tee(stream), url, path)
+
+
+def _zstd_frames(chunks: Iterable[bytes], whole: Crc32c, url: str) -> Iterator[tuple[int, bytes, bytes]]:
+    """``(offset, compressed frame, decompressed frame)`` of each zstd frame of a stream."""
+    dctx = zstandard.ZstdDecompressor()
+    dobj, parts, out, start = dctx.decompressobj(), [], [], 0
+    for chunk in chunks:
+        whole.update(chunk)
+        data = bytes(chunk)
+        while data:
+            try:
+                raw = dobj.decompress(data)
+            except zstandard.ZstdError as exc:
+                raise ShardFormatError(f"shard {url!r}: bad zstd data in the frame at byte {start}: {exc}") from exc
+            if raw:
+                out.append(raw)
+            if not dobj.eof:
+                parts.append(data)
+                break
+            rest = dobj.unused_data
+            parts.append(data[: len(data) - len(rest)])
+            frame = b"".join(parts)
+            yield start, frame, b"".join(out)
+            start += len(frame)
+            dobj, parts, out, data = dctx.decompressobj(), [], [], rest
+    if parts:
+        raise ShardFormatError(f"shard {url!r} ends inside the zstd frame at byte {start}: it is truncated")
+
+
+def _scan_zstd(chunks: Iterable[bytes], url: str, path: str) -> tuple[ShardInfo, SampleLayout, set[str]]:
+    whole = Crc32c()
+    starts: list[int] = []
+    crcs: list[int] = []
+    keys: set[str] = set()
+    end_of_samples: int | None = None
+    for start, frame, raw in _zstd_frames(chunks, whole, url):
+        if end_of_samples is not None:
+            continue  # after the end-of-archive frame: only the whole-object checksum counts
+        ends: list[int] = []
+        found = list(group_samples(iter_members((raw,), url=url, require_end=False, on_end=ends.append), url=url))
+        if len(found) > 1 or (found and ends):
+            raise ShardFormatError(
+                f"shard {url!r}: the zstd frame at byte {start} holds {len(found)} samples{' and the end of the archive' if ends else ''}; "
+                f"indexing needs one frame per sample. Re-shard it with `streamio shard {url} DEST --compress zstd`."
+            )
+        if found:
+            starts.append(start)
+            crcs.append(crc32c(frame))
+            keys.update(k for k in found[0][1] if k != "__key__")
+        elif ends:
+            end_of_samples = start
+        else:
+            raise ShardFormatError(
+                f"shard {url!r}: the zstd frame at byte {start} holds no sample; indexing needs one frame per sample"
+            )
+    if end_of_samples is None:
+        raise ShardFormatError(f"shard {url!r} ends without the end-of-archive blocks: it is truncated")
+    layout = SampleLayout(tuple(starts) + (end_of_samples,), tuple(crcs))
+    return ShardInfo(path, whole.size, len(starts), whole.hexdigest()), layout, keys
 
 
 def _scan(tee: _Tee, url: str, path: str) -> tuple[ShardInfo, SampleLayout, set[str]]:
@@ -482,7 +542,8 @@ def build_index(
     concurrency: int = 8,
     progress: Callable[[ShardInfo], None] | None = None,
 ) -> DatasetIndex:
-    """Index existing WebDataset ``.tar`` shards (written by webdataset, ``tar``, anything).
+    """Index existing WebDataset shards: ``.tar`` written by anything (webdataset, ``tar``, ...), and
+    ``.tar.zst`` with one zstd frame per sample.
 
     Shards are streamed (never held whole) and scanned ``concurrency`` at a time. The result is
     not written: pass it to :func:`write_index`.
