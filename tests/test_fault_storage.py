@@ -276,3 +276,46 @@ def test_pickled_store_holds_no_credentials(s3: S3Endpoint, monkeypatch: pytest.
         orphan.read("k")
     assert "never pickles secrets" in str(info.value) and s3.url("root") in str(info.value)
     assert "secret" in str(info.value) and SECRET_KEY not in str(info.value)
+
+
+# ------------------------------------------------------------------ a writer killed mid-upload
+def _child_put(url: str, options: dict, size: int, threshold: int) -> None:  # type: ignore[type-arg]
+    """Child: one put through the proxy (killed by the parent half-way)."""
+    store_module.MULTIPART_THRESHOLD = threshold
+    store_module.PART_SIZE = 5 << 20
+    Store(url, options, retry=RetryPolicy(max_attempts=1)).put("victim", os.urandom(size), concurrency=1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("multipart", [False, True], ids=["single-put", "multipart"])
+def test_s3_writer_killed_mid_upload_leaves_nothing_visible(
+    s3: S3Endpoint, s3_proxy: FaultProxy, multipart: bool
+) -> None:
+    import multiprocessing
+    import signal
+
+    size = 12 << 20 if multipart else 3 << 20
+    threshold = 10 << 20 if multipart else 64 << 20
+    store = Store(s3.url("root"), s3.storage_options())
+    store.put("victim", b"old")  # a previous complete version must survive intact
+    # forkserver: a clean child (no inherited server threads); the imports are paid once, in the
+    # server, if this is the first forkserver use of the session (else by the child itself)
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["streamio.storage", __name__])
+    child = ctx.Process(
+        target=_child_put, args=(s3.url("root"), s3.storage_options(s3_proxy.endpoint_url), size, threshold)
+    )
+
+    def kill() -> None:  # runs in the proxy before it forwards the rest: a deterministic cut point
+        os.kill(child.pid, signal.SIGKILL)  # type: ignore[arg-type]
+        child.join()
+
+    s3_proxy.on_upload_bytes(size // 2 + 1000, kill)  # inside the body (multipart: inside part 2)
+    child.start()
+    child.join(timeout=120)
+    assert child.exitcode == -signal.SIGKILL
+    assert store.read("victim") == b"old"
+    assert [o.path for o in store.list()] == ["victim"]
+    if multipart:  # invisible, but billed until aborted or expired by a lifecycle rule
+        uploads = s3.boto3_client().list_multipart_uploads(Bucket=s3.bucket).get("Uploads", [])
+        assert [u["Key"] for u in uploads] == ["root/victim"]
