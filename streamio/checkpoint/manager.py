@@ -528,11 +528,15 @@ class CheckpointManager:
         if step is not None:
             candidates = [step]
         else:
-            candidates = comm.broadcast(self._candidates() if comm.rank == 0 else None)
+            # the pointer alone first (no listing); the full list only if it fails
+            candidates = comm.broadcast(self._candidates(full=False) if comm.rank == 0 else None)
             if isinstance(candidates, BaseException):
                 raise candidates
         reasons: list[str] = []
-        for s in candidates:
+        tried: set[int] = set()
+        while candidates:
+            s = candidates.pop(0)
+            tried.add(s)
             loaded: tuple[Manifest, dict[str, VerifiedTensor]] | None = None
             problem: str | None = None
             fatal: BaseException | None = None
@@ -557,12 +561,18 @@ class CheckpointManager:
                 return s
             reasons.append(f"step {s}: {bad[0]}")
             log.warning("checkpoint step %d under %s is unusable (%s); falling back to the previous complete checkpoint", s, self.store.root_url, bad[0])
+            if not candidates and step is None and len(tried) == 1:
+                more = comm.broadcast(self._candidates(full=True) if comm.rank == 0 else None)
+                if isinstance(more, BaseException):
+                    raise more
+                candidates = [c for c in more if c not in tried]
         if reasons:
             raise CheckpointError(f"no checkpoint under {self.store.root_url} verifies: {'; '.join(reasons)}")
         raise CheckpointNotFoundError(f"no checkpoint under {self.store.root_url}: nothing to restore (start from scratch)")
 
-    def _candidates(self) -> list[int] | BaseException:
-        """Rank 0: the pointer's step first (if usable), then every committed step, newest first."""
+    def _candidates(self, *, full: bool) -> list[int] | BaseException:
+        """Rank 0: the pointer's step (if usable), then (``full``, or no usable pointer) every
+        committed step, newest first. Errors are returned, to be raised on every rank."""
         try:
             order: list[int] = []
             try:
@@ -574,6 +584,8 @@ class CheckpointManager:
                 if exc.unknown_version and "upgrade streamio" in str(exc):
                     return CheckpointFormatError(f"{self.store.url(mf.LATEST)}: {exc}")
                 log.warning("%s is unusable (%s); falling back to the newest complete checkpoint", self.store.url(mf.LATEST), exc)
+            if order and not full:
+                return order
             steps = committed_steps(self.store)
             if order and order[0] not in steps:
                 log.warning("%s names step %d whose manifest is gone; falling back to the newest complete checkpoint",
