@@ -70,6 +70,7 @@ from streamio.checkpoint.serialize import (
     decode_tree,
     encode_part,
     plan_layout,
+    run_copies,
     tensor_entries,
     verify_file,
 )
@@ -623,11 +624,15 @@ class CheckpointManager:
         for name in list(state):
             tree = rep_tree[name] if name in rep_tree else rank_tree[name]
             obj = state[name]
+            copies: list[tuple[VerifiedTensor, torch.Tensor]] = []
             if callable(getattr(obj, "load_state_dict", None)):
                 template = obj.state_dict() if callable(getattr(obj, "state_dict", None)) else None
-                obj.load_state_dict(decode_tree(tree, tensors, template, path=name))
+                value = decode_tree(tree, tensors, template, path=name, defer=copies)
+                run_copies(copies, self.options.concurrency)
+                obj.load_state_dict(value)
             else:
-                state[name] = decode_tree(tree, tensors, obj, path=name)
+                state[name] = decode_tree(tree, tensors, obj, path=name, defer=copies)
+                run_copies(copies, self.options.concurrency)
         log.info("restored checkpoint step %d from %s", step, self.store.url(mf.step_dir(step)))
 
 
@@ -736,15 +741,19 @@ def load_tensors(
         for f, raw in zip(needed, _gather(pool, fetch, needed), strict=True):
             parts.setdefault(f.rank, {})[f.start] = raw
     readers = {r: StreamReader(p, r, store.url(sdir)) for r, p in parts.items()}
-    out = {}
-    for key, e in wanted.items():
+
+    def check(item: tuple[str, mf.TensorEntry]) -> VerifiedTensor:
+        key, e = item
         if e.nbytes == 0:
-            out[key] = StreamReader({}, e.rank, store.url(sdir)).tensor(key, e)
-            continue
+            return StreamReader({}, e.rank, store.url(sdir)).tensor(key, e)
         if e.rank not in readers:
             raise CorruptDataError(f"tensor {key!r} of step {manifest.step} lives in rank {e.rank}'s parts, which the manifest does not list")
-        out[key] = readers[e.rank].tensor(key, e)
-    return out
+        return readers[e.rank].tensor(key, e)
+
+    items = list(wanted.items())
+    with concurrent.futures.ThreadPoolExecutor(max(1, concurrency), thread_name_prefix="streamio-ckpt-crc") as pool:
+        verified = _gather(pool, check, items)
+    return {key: v for (key, _), v in zip(items, verified, strict=True)}
 
 
 def verify_checkpoint(store: Store, step: int, *, concurrency: int = 8) -> list[str]:

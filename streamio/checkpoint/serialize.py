@@ -129,7 +129,10 @@ class TreeEncoder:
         return key
 
 
-def decode_tree(tree: Any, tensors: Mapping[str, Any], template: Any = None, *, path: str = "") -> Any:
+def decode_tree(
+    tree: Any, tensors: Mapping[str, Any], template: Any = None, *, path: str = "",
+    defer: list[tuple[VerifiedTensor, torch.Tensor]] | None = None,
+) -> Any:
     """Inverse of :meth:`TreeEncoder.encode`.
 
     Args:
@@ -138,19 +141,21 @@ def decode_tree(tree: Any, tensors: Mapping[str, Any], template: Any = None, *, 
         template: the live value at the same place, if any: a tensor of the same shape and dtype
             receives the loaded bytes in place and is returned instead of the loaded one.
         path: for error messages.
+        defer: if given, in-place copies are appended here as ``(source, target)`` instead of
+            being made (the caller runs them in parallel, see :func:`run_copies`).
 
     Raises:
         CheckpointFormatError: an unknown tag or a reference to a tensor that is not there.
     """
     if isinstance(tree, list):
         tpl = template if isinstance(template, (list, tuple)) else ()
-        return [decode_tree(v, tensors, tpl[i] if i < len(tpl) else None, path=f"{path}/{i}") for i, v in enumerate(tree)]
+        return [decode_tree(v, tensors, tpl[i] if i < len(tpl) else None, path=f"{path}/{i}", defer=defer) for i, v in enumerate(tree)]
     if not isinstance(tree, dict):
         return tree
     tag = tree.get(TAG)
     if tag is None:
         tpl = template if isinstance(template, Mapping) else {}
-        return {k: decode_tree(v, tensors, tpl.get(k), path=f"{path}/{k}") for k, v in tree.items()}
+        return {k: decode_tree(v, tensors, tpl.get(k), path=f"{path}/{k}", defer=defer) for k, v in tree.items()}
     if tag in ("tensor", "ndarray"):
         key = tree.get("k")
         if key not in tensors:
@@ -166,20 +171,23 @@ def decode_tree(tree: Any, tensors: Mapping[str, Any], template: Any = None, *, 
             and template.dtype == loaded.dtype
             and not template.is_inference()
         ):
-            loaded.copy_into(template.detach())
+            if defer is not None:
+                defer.append((loaded, template.detach()))
+            else:
+                loaded.copy_into(template.detach())
             return template
         return loaded.materialize()
     if tag == "float":
         return float(tree["v"])
     if tag == "tuple":
         tpl = template if isinstance(template, (list, tuple)) else ()
-        return tuple(decode_tree(v, tensors, tpl[i] if i < len(tpl) else None, path=f"{path}/{i}") for i, v in enumerate(tree["v"]))
+        return tuple(decode_tree(v, tensors, tpl[i] if i < len(tpl) else None, path=f"{path}/{i}", defer=defer) for i, v in enumerate(tree["v"]))
     if tag == "dict":
         tpl = template if isinstance(template, Mapping) else {}
         out: dict[Any, Any] = OrderedDict() if "meta" in tree else {}
         for k_tree, v_tree in tree["items"]:
             k = decode_tree(k_tree, tensors, path=f"{path}/<key>")
-            out[k] = decode_tree(v_tree, tensors, tpl.get(k) if _hashable(k) else None, path=f"{path}/{k}")
+            out[k] = decode_tree(v_tree, tensors, tpl.get(k) if _hashable(k) else None, path=f"{path}/{k}", defer=defer)
         if "meta" in tree:
             out._metadata = decode_tree(tree["meta"], tensors, path=f"{path}/<metadata>")  # type: ignore[attr-defined]
         return out
@@ -431,3 +439,15 @@ class VerifiedTensor:
         for s in self._segs:
             flat[pos : pos + len(s)] = s
             pos += len(s)
+
+
+def run_copies(copies: Sequence[tuple[VerifiedTensor, torch.Tensor]], workers: int = 8) -> None:
+    """Make deferred in-place copies on a few threads (NumPy's copy releases the GIL)."""
+    if len(copies) < 2 or workers < 2:
+        for src, dst in copies:
+            src.copy_into(dst)
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(min(workers, len(copies)), thread_name_prefix="streamio-ckpt-copy") as pool:
+        list(pool.map(lambda c: c[0].copy_into(c[1]), copies))
