@@ -413,8 +413,12 @@ class _Tee:
         self.whole = Crc32c()
         self._kept: list[tuple[int, bytes]] = []  # (offset, chunk) not yet fully hashed into ranges
         self._pos = 0  # end of the ranges hashed so far
+        self._stream = self._run()
 
-    def __iter__(self) -> Any:
+    def __iter__(self) -> Iterator[bytes]:
+        return self._stream  # one pass: iterating again continues (draining the trailer)
+
+    def _run(self) -> Iterator[bytes]:
         offset = 0
         for chunk in self._chunks:
             chunk = bytes(chunk)
@@ -447,11 +451,15 @@ def scan_shard(store: Store, path: str) -> tuple[ShardInfo, SampleLayout, set[st
     Raises:
         ShardFormatError: not a tar, truncated, unsafe member, or a zstd frame holding several samples.
     """
-    url = store.url(path)
     with closing(store.iter_bytes(path)) as stream:
-        if path.endswith(".zst"):
-            return _scan_zstd(stream, url, path)
-        return _scan(_Tee(stream), url, path)
+        return scan_chunks(stream, url=store.url(path), path=path)
+
+
+def scan_chunks(chunks: Iterable[bytes], *, url: str, path: str) -> tuple[ShardInfo, SampleLayout, set[str]]:
+    """:func:`scan_shard` on bytes from anywhere (chunks of any size); ``path`` names the shard in the result."""
+    if path.endswith(".zst"):
+        return _scan_zstd(chunks, url, path)
+    return _scan(_Tee(chunks), url, path)
 
 
 def _zstd_frames(chunks: Iterable[bytes], whole: Crc32c, url: str) -> Iterator[tuple[int, bytes, bytes]]:
