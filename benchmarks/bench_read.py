@@ -10,9 +10,9 @@ order rotates each round) and reported as medians:
 
 * ``boto3_parallel``   — raw whole-object GETs with boto3 on 16 threads: the network ceiling.
 * ``s3fs_sequential``  — plain ``s3fs`` ``cat_file`` of each shard, one after another.
-* ``streamio_nocache`` — ``Prefetcher`` without a cache (streaming GETs, 8 runs ahead).
+* ``streamio_nocache`` — ``Prefetcher`` without a cache (streaming GETs, 16 runs ahead, as boto3).
 * ``streamio_cold``    — ``Prefetcher`` + an empty ``ShardCache`` (tee to local disk, CRC32C
-  verified, atomic commit), 8 runs ahead.
+  verified, atomic commit), 16 runs ahead.
 * ``local_write``      — writing the same number of bytes to new local files in 1 MB pieces: the
   disk-side ceiling of any reader that caches (the tee cannot outrun it).
 * ``streamio_warm``    — the same, every shard already cached (no network).
@@ -78,7 +78,7 @@ def main() -> None:
     ap.add_argument("--shard-mb", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--latency", type=float, default=0.03)
-    ap.add_argument("--workers", type=int, default=8, help="prefetch depth (runs in flight)")
+    ap.add_argument("--workers", type=int, default=16, help="prefetch depth (runs in flight); 16 = boto3's threads")
     ap.add_argument("--quick", action="store_true", help="8 shards, 3 rounds")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
