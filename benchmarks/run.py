@@ -439,13 +439,14 @@ def make_plots(res: dict[str, Any], out_dir: Path) -> list[str]:
         fig, ax = plt.subplots(figsize=(9, 0.45 * len(names) + 1.8))
         med = [s["median"] * scale for s in stats]
         err = [[(s["median"] - s["min"]) * scale for s in stats], [(s["max"] - s["median"]) * scale for s in stats]]
-        colors = ["tab:blue" if n.startswith("streamio") else "tab:orange" if n.startswith("webdataset") else "tab:gray" for n in names]
+        peers = ("webdataset", "s3fs", "torch.", "dcp.")
+        colors = ["tab:blue" if n.startswith("streamio") else "tab:orange" if n.startswith(peers) else "tab:gray" for n in names]
         ax.barh(names, med, xerr=err, color=colors, capsize=3)
-        for value, label in lines:
+        for i, (value, label) in enumerate(lines):
             ax.axvline(value, color="red", linestyle="--", linewidth=1)
-            ax.text(value, -0.6, f" {label}", color="red", fontsize=8, va="top")
+            ax.text(value, len(names) - 0.5 + 0.35 * i, f" {label}", color="red", fontsize=8, va="bottom")
         ax.invert_yaxis()
-        ax.set_xlabel(xlabel)
+        ax.set_xlabel(xlabel + "   (blue: streamio, orange: peers, gray: references)")
         ax.set_title(title, fontsize=10)
         fig.text(0.01, 0.005, mline, fontsize=6, color="gray")
         fig.tight_layout(rect=(0, 0.03, 1, 1))
