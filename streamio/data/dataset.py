@@ -224,8 +224,14 @@ class StreamingDataset(IterableDataset):
         """Raw samples of ``runs`` in storage order, verified, with ``__url__``/``__shard__``/``__index__``."""
         layouts = {run.shard: self.index.layout(run.shard, self.store) for run in runs}
         byte_runs = [ByteRun(self.index.shards[r.shard], *layouts[r.shard].byte_range(r.first, r.end)) for r in runs]
-        prefetcher = Prefetcher(self.store, byte_runs, cache=self.cache, config=self.prefetch)
-        for run, (byte_run, chunks) in zip(runs, prefetcher):
+        fetched = iter(Prefetcher(self.store, byte_runs, cache=self.cache, config=self.prefetch))
+        try:
+            yield from self._parse(runs, layouts, fetched)
+        finally:
+            fetched.close()  # type: ignore[attr-defined]  # stops the threads, releases cache leases
+
+    def _parse(self, runs: list[Run], layouts: dict[int, Any], fetched: Iterator[tuple[ByteRun, Iterator[bytes]]]) -> Iterator[dict[str, Any] | None]:
+        for run, (byte_run, chunks) in zip(runs, fetched):
             shard = byte_run.shard
             url = self.store.url(shard.path)
             index = run.first
