@@ -276,3 +276,32 @@ def test_missing_shard_is_named_or_skipped_and_counted(s3_ds: tuple[S3Endpoint, 
     got = [s["__key__"] for s in ds]
     assert ds.lost_samples == UNEVEN_37[3]
     assert sorted(got) == sorted(k for k in all_keys(UNEVEN_37[:12]) if not k.startswith("s003-"))
+
+
+def test_cache_serves_the_second_pass_and_bit_rot_in_it_is_refetched(s3_ds: tuple[S3Endpoint, str], as_rank: Any, tmp_path: Any, caplog: pytest.LogCaptureFixture) -> None:
+    import os
+
+    from streamio.data.cache import CacheConfig
+
+    s3, url = s3_ds
+    as_rank(0, 1)
+    cache = CacheConfig(tmp_path / "cache", max_bytes=64 << 20, min_free_bytes=0)
+    with FaultProxy(s3.endpoint_url) as proxy:
+        opts = s3.storage_options(proxy.endpoint_url)
+        first = [s["__key__"] for s in StreamingDataset(url, cache=cache, storage_options=opts)]
+        proxy.clear()
+        second = [s["__key__"] for s in StreamingDataset(url, cache=cache, storage_options=opts)]
+        assert second == first
+        assert proxy.count("GET", ".tar") == 0  # warm: every shard from local disk
+        # flip a byte inside a cached shard, keeping its size and mtime (the stamp cannot see it)
+        victim = max((p for p in (tmp_path / "cache").iterdir() if p.name.endswith(".data")), key=lambda p: p.stat().st_size)
+        st = victim.stat()
+        data = bytearray(victim.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        victim.write_bytes(bytes(data))
+        os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))
+        with caplog.at_level(logging.WARNING, logger="streamio.data.dataset"):
+            third = [s["__key__"] for s in StreamingDataset(url, cache=cache, storage_options=opts)]
+    assert third == first
+    assert "failed its checksum" in caplog.text
+    assert proxy.count("GET", ".tar") >= 1  # the damaged shard came from the store again

@@ -44,7 +44,7 @@ from streamio.data.index import DatasetIndex, load_index
 from streamio.data.plan import EpochPlan, Run, Shuffle, TailPolicy, Window, plan_epoch
 from streamio.data.prefetch import ByteRun, PrefetchConfig, Prefetcher
 from streamio.data.samples import Handler, iter_samples
-from streamio.errors import PlanError, StorageError, StreamioError
+from streamio.errors import CorruptDataError, PlanError, StorageError, StreamioError
 from streamio.storage import Store
 
 log = logging.getLogger(__name__)
@@ -235,26 +235,48 @@ class StreamingDataset(IterableDataset):
             shard = byte_run.shard
             url = self.store.url(shard.path)
             index = run.first
-            try:
-                for sample in iter_samples(
-                    chunks,
-                    url=url,
-                    start_offset=byte_run.start,
-                    first_sample=run.first,
-                    layout=layouts[run.shard],
-                    compression=shard.compression,
-                    num_samples=run.end - run.first,
-                ):
-                    sample["__url__"], sample["__shard__"], sample["__index__"] = url, run.shard, index
-                    index += 1
-                    yield sample
-            except (StorageError, StreamioError) as exc:
-                if self.handler is None or not self.handler(exc):
-                    raise
-                lost = run.end - index
-                self.lost_samples += lost
-                log.warning("skipping %d samples [%d, %d) of %s (this rank now yields %d fewer): %s", lost, index, run.end, url, lost, exc)
-                yield from [None] * lost  # keeps the windows aligned; _read drops them
+            refetched = False
+            while True:
+                try:
+                    for sample in iter_samples(
+                        chunks,
+                        url=url,
+                        start_offset=layouts[run.shard].offsets[index],
+                        first_sample=index,
+                        layout=layouts[run.shard],
+                        compression=shard.compression,
+                        num_samples=run.end - index,
+                    ):
+                        sample["__url__"], sample["__shard__"], sample["__index__"] = url, run.shard, index
+                        index += 1
+                        yield sample
+                    break
+                except CorruptDataError as exc:
+                    if self.cache is None or refetched:
+                        if self._skip(exc, run, index, url):
+                            yield from [None] * (run.end - index)  # keeps the windows aligned; _read drops them
+                            break
+                        raise
+                    # bit rot in a cached file that kept its size and mtime: drop it and fetch again
+                    log.warning("sample %d of %s failed its checksum; discarding the cached shard and fetching it again: %s", index, url, exc)
+                    self.cache.invalidate(self.store, shard)
+                    refetched = True
+                    start, end = layouts[run.shard].byte_range(index, run.end)
+                    chunks = self.cache.open_range(self.store, shard, start, end)
+                except (StorageError, StreamioError) as exc:
+                    if not self._skip(exc, run, index, url):
+                        raise
+                    yield from [None] * (run.end - index)
+                    break
+
+    def _skip(self, exc: Exception, run: Run, index: int, url: str) -> bool:
+        """Ask the user's handler whether to skip the rest of ``run``; count and log what is lost."""
+        if self.handler is None or not self.handler(exc):
+            return False
+        lost = run.end - index
+        self.lost_samples += lost
+        log.warning("skipping %d samples [%d, %d) of %s (this rank now yields %d fewer): %s", lost, index, run.end, url, lost, exc)
+        return True
 
     # ------------------------------------------------------------------ state
     def state_after(self, batches: int) -> dict[str, Any]:
