@@ -146,9 +146,23 @@ def test_on_upload_bytes_fires_before_the_rest_is_forwarded(s3: S3Endpoint, prox
         seen.append(sum(r.request_bytes for r in proxy.log()))
         fired.set()
 
-    proxy.on_upload_bytes(150_000, callback)
+    proxy.on_upload_bytes(150_000, callback, forward_rest=True)
     client.put_object(Bucket=s3.bucket, Key="up", Body=BODY)
     assert fired.is_set() and seen == [0]  # fired inside the request, before it completed
     assert client.get_object(Bucket=s3.bucket, Key="up")["Body"].read() == BODY
     put = [r for r in proxy.log() if r.method == "PUT"]
     assert put[0].request_bytes >= len(BODY)
+
+
+def test_on_upload_bytes_cuts_the_request_there_by_default(s3: S3Endpoint, proxy: FaultProxy, client) -> None:  # type: ignore[no-untyped-def]
+    from botocore.exceptions import BotoCoreError
+
+    fired: list[int] = []
+    proxy.on_upload_bytes(100_000, lambda: fired.append(1))
+    with pytest.raises((BotoCoreError, ClientError, ConnectionError)):
+        client.put_object(Bucket=s3.bucket, Key="cut", Body=BODY)
+    assert fired == [1]
+    (rec,) = [r for r in proxy.log() if r.method == "PUT"]
+    assert rec.fault == "aborted" and rec.status == 0
+    with pytest.raises(ClientError):  # the server never saw a complete body
+        client.head_object(Bucket=s3.bucket, Key="cut")

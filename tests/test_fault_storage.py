@@ -261,6 +261,20 @@ def test_s3_multipart_put_parallel_parts_retry_and_conditions(
     assert client.list_multipart_uploads(Bucket=s3.bucket).get("Uploads", []) == []  # losers were aborted
 
 
+def test_s3_multipart_persistent_part_failure_does_not_multiply_attempts(
+    s3: S3Endpoint, s3_store: Store, s3_proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(store_module, "MULTIPART_THRESHOLD", 10 << 20)
+    monkeypatch.setattr(store_module, "PART_SIZE", 5 << 20)
+    s3_proxy.fail_next(1000, method="PUT")  # every part upload answers 503
+    with pytest.raises(TransientStorageError) as info:
+        s3_store.put("mp", os.urandom(12 << 20), concurrency=1)
+    # the part's own policy spends its 5 attempts; the put around it does not retry that again
+    assert s3_proxy.count("PUT") == 5, s3_proxy.log()
+    assert "part 1/3" in str(info.value)
+    assert s3.boto3_client().list_multipart_uploads(Bucket=s3.bucket).get("Uploads", []) == []
+
+
 # ------------------------------------------------------------------ credentials never pickled
 def test_pickled_store_holds_no_credentials(s3: S3Endpoint, monkeypatch: pytest.MonkeyPatch) -> None:
     store = Store(s3.url("root"), s3.storage_options())

@@ -338,6 +338,10 @@ def _s3_condition(mode: str, if_match: str | None) -> dict[str, str]:
     return {}
 
 
+class _PartSkipped(Exception):
+    """A part not sent because another one failed first (never escapes put_s3)."""
+
+
 def _client_code(exc: BaseException) -> str | None:
     response = getattr(exc, "response", None)
     if isinstance(response, dict):
@@ -384,19 +388,39 @@ def put_s3(
     upload_id = mpu["UploadId"]
     offsets = list(range(0, len(data), part_size))
 
+    failed = threading.Event()
+
     def upload(i: int) -> dict[str, Any]:
+        if failed.is_set():  # another part already failed: the upload is lost, send no more
+            raise _PartSkipped(f"{url}: part {i + 1} skipped after another part failed")
         body = bytes(data[offsets[i] : offsets[i] + part_size])
-        out = policy.call(
+        try:
+            out = _upload_part(body, i)
+        except BaseException:
+            failed.set()
+            raise
+        return {"PartNumber": i + 1, "ETag": out["ETag"]}
+
+    def _upload_part(body: bytes, i: int) -> Any:
+        return policy.call(
             lambda: sync(
                 fs.loop, _s3_call, fs, "upload_part", Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=i + 1, Body=body
             ),
             f"{url} (part {i + 1}/{len(offsets)})",
         )
-        return {"PartNumber": i + 1, "ETag": out["ETag"]}
 
     try:
         with ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(offsets)))) as pool:
-            parts = list(pool.map(upload, range(len(offsets))))
+            futures = [pool.submit(upload, i) for i in range(len(offsets))]
+            try:
+                parts = [f.result() for f in futures]
+            except BaseException:
+                pool.shutdown(wait=True, cancel_futures=True)  # parts not started never start
+                first = next((f.exception() for f in futures if f.done() and not f.cancelled()
+                              and f.exception() is not None and not isinstance(f.exception(), _PartSkipped)), None)
+                if first is not None:
+                    raise first from None
+                raise
         out = sync(
             fs.loop,
             _s3_call,

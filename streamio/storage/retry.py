@@ -151,8 +151,12 @@ def classify(exc: BaseException) -> ErrorKind:
 
 
 def is_transient(exc: BaseException) -> bool:
-    """Whether ``exc`` is worth retrying (5xx, throttling, timeouts, resets, truncation)."""
-    return classify(exc) == "transient"
+    """Whether ``exc`` is worth retrying (5xx, throttling, timeouts, resets, truncation).
+
+    A :class:`TransientStorageError` is not: it says an inner policy (e.g. one part of a
+    multipart upload) already spent its attempts, and retrying it again would multiply them.
+    """
+    return not isinstance(exc, TransientStorageError) and classify(exc) == "transient"
 
 
 def _detail(exc: BaseException) -> str:
@@ -167,7 +171,7 @@ def to_storage_error(exc: BaseException, url: str, *, attempts: int = 1, elapsed
     """The :mod:`streamio.errors` exception for ``exc`` at ``url`` (``exc`` itself if permanent and not ours)."""
     kind = classify(exc)
     detail = _detail(exc)
-    if isinstance(exc, StorageError) and kind != "transient":
+    if isinstance(exc, StorageError):  # already ours (from an inner policy or a backend): as is
         return exc
     if kind == "not_found":
         return ObjectNotFoundError(

@@ -11,7 +11,7 @@ upstream server (a moto S3 server, a GCS emulator, any HTTP server). Point a cli
         proxy.truncate_next(1, 1000)       # full Content-Length, 1000 bytes, then close
         proxy.corrupt_next(1, 10)          # one flipped byte, no error anywhere
         proxy.set_latency(0.05)            # 50 ms before every response's first byte
-        proxy.on_upload_bytes(n, kill)     # call kill() once n request-body bytes went upstream
+        proxy.on_upload_bytes(n, kill)     # kill() once n request-body bytes went upstream; cut there
         proxy.count("GET", "shard-000")    # requests seen, from the thread-safe log
 
 Why a proxy rather than mocks: the faults that matter (a reset mid-body, a short body under a
@@ -136,7 +136,7 @@ class FaultProxy:
         self._latency = 0.0
         self._bandwidth: float | None = None
         self._faults: list[_Fault] = []
-        self._upload_trigger: tuple[int, Callable[[], Any]] | None = None
+        self._upload_trigger: tuple[int, Callable[[], Any], bool] | None = None
         self._uploaded = 0
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -224,15 +224,20 @@ class FaultProxy:
         """Flip every bit of byte ``at_byte`` of the next ``n`` longer response bodies (no error is raised)."""
         self._add(_Fault("corrupt", n, offset=at_byte, method=method, path_contains=path_contains))
 
-    def on_upload_bytes(self, nbytes: int, callback: Callable[[], Any]) -> None:
+    def on_upload_bytes(self, nbytes: int, callback: Callable[[], Any], *, forward_rest: bool = False) -> None:
         """Call ``callback()`` once, when request bodies forwarded upstream reach ``nbytes`` in all.
 
-        The proxy forwards exactly ``nbytes`` bytes, calls ``callback`` (e.g. kill -9 and reap
-        the uploading child) and only then forwards the rest, so the cut point is deterministic.
+        The proxy forwards exactly ``nbytes`` bytes, then calls ``callback`` (e.g. kill -9 and
+        reap the uploading child). Then, by default, it drops that request both ways: the server
+        sees a body cut at exactly ``nbytes`` and the connection close, as if the network had
+        died with the process. (Without this the cut would not be deterministic: a killed
+        process's kernel still sends what the process had written into its socket buffer —
+        megabytes on loopback — and the upload could complete after the kill.) With
+        ``forward_rest=True`` the rest is forwarded normally (a callback that only observes).
         Counting starts when this is called.
         """
         with self._lock:
-            self._upload_trigger = (int(nbytes), callback)
+            self._upload_trigger = (int(nbytes), callback, forward_rest)
             self._uploaded = 0
 
     def clear(self) -> None:
@@ -298,13 +303,13 @@ class FaultProxy:
             limit = self._upload_trigger[0] - self._uploaded
             return max(0, min(n, limit))
 
-    def _uploaded_bytes(self, n: int) -> Callable[[], Any] | None:
+    def _uploaded_bytes(self, n: int) -> tuple[Callable[[], Any], bool] | None:
         with self._lock:
             self._uploaded += n
             if self._upload_trigger is not None and self._uploaded >= self._upload_trigger[0]:
-                callback = self._upload_trigger[1]
+                _, callback, forward_rest = self._upload_trigger
                 self._upload_trigger = None
-                return callback
+                return callback, forward_rest
         return None
 
     def _connect(self) -> http.client.HTTPConnection:
@@ -408,9 +413,11 @@ class _Handler(BaseHTTPRequestHandler):
                     head, piece = piece[:n], piece[n:]
                     if head:
                         upstream.send(b"%x\r\n%s\r\n" % (len(head), head) if chunked_req else head)
-                    callback = proxy._uploaded_bytes(len(head))
-                    if callback is not None:
-                        callback()
+                    fired = proxy._uploaded_bytes(len(head))
+                    if fired is not None:
+                        fired[0]()
+                        if not fired[1]:
+                            raise _Abort("request cut by on_upload_bytes")
             if chunked_req:
                 upstream.send(b"0\r\n\r\n")
             response = upstream.getresponse()
