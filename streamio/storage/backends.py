@@ -25,6 +25,12 @@ Atomic puts (what each backend guarantees):
   in parallel (bounded by ``concurrency``) and which becomes visible only on completion (aborted
   on failure). Create-only sends ``If-None-Match: *``, compare-and-swap ``If-Match: "etag"``,
   on the single PUT and on the completion; 412 -> WriteConflictError. Version: ETag.
+  A compare-and-swap multipart put first compares the version with a HEAD (moto ignores
+  ``If-Match`` on the completion; AWS honours it, which closes the remaining window there).
+  A part that exhausts its retries stops the upload (no further part is sent) and the upload
+  is aborted. A process killed mid-upload cannot abort: its upload stays invisible but billed;
+  set the bucket lifecycle rule ``AbortIncompleteMultipartUpload`` (e.g. DaysAfterInitiation 1)
+  or run ``streamio ckpt gc``, which removes stale uploads.
 * GCS: a JSON-API multipart upload, one request, with ``ifGenerationMatch`` (0 for create-only,
   the generation for compare-and-swap; gcsfs itself only sends 0); 412 -> WriteConflictError.
   Unconditional writes above the store's multipart threshold go as a resumable upload sent in
