@@ -357,6 +357,36 @@ def bench_loop(cfg: LoopConfig, servers: S3Servers, data: Dataset, scratch: str,
             "contenders": out, "ratios": ratios, "store_ceiling": ceiling}
 
 
+def bench_cpu_cost(data: Dataset, reps: int) -> dict[str, Any]:
+    """CPU seconds per GB to turn local shards into samples in one process (no loader, no network).
+
+    Separates the readers' own CPU cost from the loop's stall, which on a loaded machine is mostly
+    CPU starvation of the DataLoader processes. streamio verifies every sample's CRC32C here;
+    webdataset verifies nothing.
+    """
+    import webdataset as wds
+
+    from streamio.data.dataset import StreamingDataset
+
+    def cost(fn: Callable[[], int]) -> Callable[[], float]:
+        def run() -> float:
+            t = time.process_time()
+            n = fn()
+            if n != data.samples:
+                raise RuntimeError(f"read {n} samples of {data.samples}")
+            return (time.process_time() - t) / (data.bytes / GB)
+        return run
+
+    urls = [os.path.join(data.local, f) for f in data.files]
+    contenders = {
+        "streamio StreamingDataset": cost(lambda: sum(1 for _ in StreamingDataset(data.local, shuffle=False))),
+        "webdataset WebDataset": cost(lambda: sum(1 for _ in wds.WebDataset(urls, shardshuffle=False, empty_check=False))),
+    }
+    runs = interleave(contenders, reps)
+    out = {k: summary(v) for k, v in runs.items()}
+    return {"cpu_s_per_GB": out, "ratio streamio / webdataset": ratio(out["streamio StreamingDataset"]["median"], out["webdataset WebDataset"]["median"])}
+
+
 # ----------------------------------------------------------------------------- scale
 def bench_scale(servers: S3Servers, data: Dataset, scratch: str, *, nodes: int = 2, ranks_per_node: int = 2, workers: int = 1,
                 batch_size: int = 16, epochs: int = 2) -> dict[str, Any]:
@@ -500,6 +530,7 @@ def run(quick: bool = False, *, sections: Sequence[str] = ("dataset", "scale"), 
                     log(f"nginx skipped: {nginx.why}")
             if "dataset" in sections:
                 out["dataset"] = bench_loop(cfg, servers, data, scratch, nginx_url, log, quick_mode=quick)
+                out["dataset"]["cpu_cost"] = bench_cpu_cost(data, max(3, cfg.reps))
             if "scale" in sections:
                 servers.set_latency(0.0)  # counts do not depend on latency; keep the section short
                 out["scale"] = bench_scale(servers, data, scratch, workers=1 if quick else 2)

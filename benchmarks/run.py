@@ -187,6 +187,8 @@ def headline(res: dict[str, Any]) -> list[tuple[str, float]]:
         c = ds["contenders"]
         for k, v in ds["ratios"].items():
             out.append((f"data: {k}", v))
+        if "cpu_cost" in ds:
+            out.append(("data: reader CPU s per GB, one process, streamio / webdataset (lower is better)", ds["cpu_cost"]["ratio streamio / webdataset"]))
         for name in ("streamio cold", "streamio warm", "webdataset stream", "webdataset cold", "webdataset warm"):
             if name in c:
                 out.append((f"data: {name} stall fraction (steady state, after the first batch)", c[name]["stall_steady"]["median"]))
@@ -285,6 +287,14 @@ def write_report(res: dict[str, Any], out_dir: Path, plots: list[str]) -> Path:
         if ceil:
             L += ["", f"Store ceiling (boto3, {ceil['concurrency']} threads, whole objects, same proxy): GET {_med(ceil['get_MBps'], 0)} MB/s, "
                   f"PUT {_med(ceil['put_MBps'], 0)} MB/s ({ceil['objects']} objects, {ceil['bytes'] / 1e6:,.0f} MB)."]
+        cpu = sec.get("cpu_cost")
+        if cpu:
+            cs = cpu["cpu_s_per_GB"]
+            L += ["", "Reader CPU cost, one process, local shards, no loader (CPU seconds per GB, median [min-max]): "
+                  + ", ".join(f"{k} {_med(v, 2)}" for k, v in cs.items())
+                  + f"; streamio / webdataset = {_f(cpu['ratio streamio / webdataset'], 2)} (streamio verifies every sample's CRC32C)."]
+        L += ["", "When the load average exceeds the CPU count (see the section list above), the stall measures CPU starvation",
+              "of the DataLoader processes as much as storage: compare contenders within one run, not with the targets alone."]
         if sec.get("nginx_skipped"):
             L += ["", f"nginx rows skipped: {sec['nginx_skipped']}"]
         L += ["", "| ratio | value |", "|---|---|"] + [f"| {k} | {_f(v, 2)} |" for k, v in sec["ratios"].items()]
