@@ -52,7 +52,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import MB, REPO, Nginx, S3Servers, boto3_ceiling, interleave, ratio, summary  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    MB, REPO, Nginx, S3Servers, boto3_ceiling, http_parallel_ceiling, interleave, ratio, summary, timed_rate,
+)
 
 GB = 1_000_000_000
 
@@ -329,6 +331,12 @@ def bench_loop(cfg: LoopConfig, servers: S3Servers, data: Dataset, scratch: str,
     ceiling = boto3_ceiling(s3.boto3_client(servers.proxies[0]), s3.bucket, [f"{data.prefix}/{f}" for f in data.files],
                             concurrency=8, reps=cfg.reps)
     log(f"store ceiling through the proxy: GET {ceiling['get_MBps']['median']:.0f} MB/s, PUT {ceiling['put_MBps']['median']:.0f} MB/s")
+    http_ceiling = None
+    if nginx_url:  # the same bytes from a fast server: how far below a real server moto + proxy are
+        shard_urls = [f"{nginx_url}/{f}" for f in data.files]
+        http_ceiling = {"concurrency": 8, "MBps": summary([timed_rate(lambda: http_parallel_ceiling(shard_urls, concurrency=8))
+                                                           for _ in range(cfg.reps)])}
+        log(f"nginx ceiling (8 threads): GET {http_ceiling['MBps']['median']:.0f} MB/s")
     try:
         runs = interleave(contenders, cfg.reps, log=log)
     finally:
@@ -354,7 +362,7 @@ def bench_loop(cfg: LoopConfig, servers: S3Servers, data: Dataset, scratch: str,
     if nginx_url:
         ratios["streamio cold nginx / webdataset stream nginx (samples/s)"] = ratio(med["streamio cold (nginx)"], med["webdataset stream (nginx)"])
     return {"config": asdict(cfg), "compute_bound_samples_per_s": bound, "dataset_bytes": data.bytes, "dataset_samples": data.samples,
-            "contenders": out, "ratios": ratios, "store_ceiling": ceiling}
+            "contenders": out, "ratios": ratios, "store_ceiling": ceiling, "http_ceiling": http_ceiling}
 
 
 def bench_cpu_cost(data: Dataset, reps: int) -> dict[str, Any]:

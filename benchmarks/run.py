@@ -44,7 +44,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import common  # noqa: E402
-from benchmarks.common import REPO, machine, machine_line  # noqa: E402
+from benchmarks.common import REPO, machine, machine_line, ratio  # noqa: E402
 
 SECTIONS = ("references", "dataset", "scale", "read", "shard", "plan", "checkpoint")
 HERE = Path(__file__).resolve().parent
@@ -287,6 +287,10 @@ def write_report(res: dict[str, Any], out_dir: Path, plots: list[str]) -> Path:
         if ceil:
             L += ["", f"Store ceiling (boto3, {ceil['concurrency']} threads, whole objects, same proxy): GET {_med(ceil['get_MBps'], 0)} MB/s, "
                   f"PUT {_med(ceil['put_MBps'], 0)} MB/s ({ceil['objects']} objects, {ceil['bytes'] / 1e6:,.0f} MB)."]
+        hc = sec.get("http_ceiling")
+        if hc:
+            L += ["", f"nginx ceiling (plain http.client, {hc['concurrency']} threads, the same files): GET {_med(hc['MBps'], 0)} MB/s "
+                  f"= {_f(ratio(hc['MBps']['median'], ceil['get_MBps']['median']) if ceil else float('nan'), 1)}x the moto + proxy ceiling."]
         cpu = sec.get("cpu_cost")
         if cpu:
             cs = cpu["cpu_s_per_GB"]
