@@ -66,7 +66,9 @@ class LoopConfig:
     shards: int = 32
     shard_mb: int = 16
     sample_kb: int = 64
-    batch_size: int = 16
+    # 2 ranks x 8 samples / 20 ms = 800 samples/s (~52 MB/s): half of what the loader delivers
+    # here without compute, a tenth of moto's ceiling, so a stall is the reader's, not the CPUs'
+    batch_size: int = 8
     compute_ms: float = 20.0
     ranks: int = 2
     workers: int = 2

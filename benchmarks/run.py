@@ -269,7 +269,9 @@ def write_report(res: dict[str, Any], out_dir: Path, plots: list[str]) -> Path:
             f"{sec['dataset_samples']:,} samples of {c['sample_kb']} KB in {c['shards']} shards ({sec['dataset_bytes'] / 1e6:,.0f} MB) written by",
             f"`write_dataset`; {c['ranks']} ranks (processes with RANK/WORLD_SIZE, one simulated node) x {c['workers']} DataLoader",
             f"workers, batch {c['batch_size']}, {c['compute_ms']:.0f} ms simulated compute per batch (sleep; compute bound = "
-            f"{_f(sec['compute_bound_samples_per_s'], 0)} samples/s), streamio prefetch depth {c['prefetch']}, no shuffling (same order for both).",
+            f"{_f(sec['compute_bound_samples_per_s'], 0)} samples/s = "
+            f"{_f(sec['compute_bound_samples_per_s'] * sec['dataset_bytes'] / sec['dataset_samples'] / 1e6, 0)} MB/s of demand), "
+            f"streamio prefetch depth {c['prefetch']}, no shuffling (same order for both).",
             f"Storage: moto behind the FaultProxy with {c['latency_ms']:.0f} ms first-byte latency per response; `(nginx)` rows read",
             "the same files from nginx on 127.0.0.1 without added latency. webdataset reads S3 through s3fs (its `s3` gopen scheme),",
             "`cold`/`warm` use its `cache_dir` (whole shard downloaded before its first sample). "
