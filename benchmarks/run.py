@@ -505,10 +505,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--quick", action="store_true", help="small sizes, 1 repetition: checks the suite runs (CI), ~2 min when idle")
     ap.add_argument("--only", help=f"comma-separated sections of {', '.join(SECTIONS)}")
-    ap.add_argument("--out", type=Path, default=HERE, help="where RESULTS.md, results.json and the plots go (default: benchmarks/)")
+    ap.add_argument("--out", type=Path, help="where RESULTS.md, results.json and the plots go (default: benchmarks/, and "
+                    "benchmarks/out/quick/ with --quick so a smoke run never replaces the committed figures)")
     ap.add_argument("--no-nginx", action="store_true", help="skip the nginx rows (no apt-get)")
     ap.add_argument("--report-only", action="store_true", help="re-render RESULTS.md and the plots from DIR/results.json")
     args = ap.parse_args(argv)
+    if args.out is None:
+        args.out = HERE / "out" / "quick" if args.quick else HERE
     if args.report_only:
         res = json.loads((args.out / "results.json").read_text())
         path = write_report(res, args.out, make_plots(res, args.out))
