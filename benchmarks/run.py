@@ -1,7 +1,9 @@
 """The benchmark suite: one command runs every section and writes RESULTS.md, results.json and plots.
 
 Run: ``python -m benchmarks.run [--quick] [--only NAME[,NAME]] [--out DIR]`` (``make bench`` /
-``make bench-quick``). Sections, in order:
+``make bench-quick``). The full suite (~15 min on 2 CPUs) writes into ``benchmarks/``, the figures
+that are committed; ``--quick`` (~2 min, what CI runs) writes into ``benchmarks/out/quick/``.
+``--report-only`` re-renders the report and plots from ``results.json``. Sections, in order:
 
 * ``references`` — memory copy bandwidth and local disk sequential write (fsync'd) / read (page
   cache dropped or bypassed where possible, and warm): :mod:`benchmarks.common`.
