@@ -397,6 +397,51 @@ def bench_cpu_cost(data: Dataset, reps: int) -> dict[str, Any]:
     return {"cpu_s_per_GB": out, "ratio streamio / webdataset": ratio(out["streamio StreamingDataset"]["median"], out["webdataset WebDataset"]["median"])}
 
 
+def _strip_int_fields(sample: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in sample.items() if k not in ("__shard__", "__index__")}
+
+
+def bench_loader_overhead(quick: bool = False, scratch_dir: str | None = None) -> dict[str, Any]:
+    """One rank, local shards, 2 DataLoader workers, batch 8, no compute: samples/s of the loader.
+
+    Isolates what the DataLoader path costs per batch (no network, no sleep), and in particular
+    the integer fields ``__shard__`` / ``__index__`` of streamio's samples, which ``default_collate``
+    turns into tensors that cross from each worker to the main process through shared memory
+    (one segment per tensor per batch). ``streamio, ints dropped`` removes them with ``transform``.
+    """
+    import webdataset as wds
+
+    from streamio.data.dataset import StreamingDataLoader, StreamingDataset
+
+    reps = 2 if quick else 5
+    root = tempfile.mkdtemp(prefix="bench-loader-", dir=scratch_dir)
+    try:
+        data = make_dataset(os.path.join(root, "data"), 4 if quick else 8, 4 if quick else 8, 64)
+
+        def streamio(transform: Callable[[dict[str, Any]], Any] | None) -> Callable[[], float]:
+            def run() -> float:
+                ds = StreamingDataset(data.local, batch_size=8, shuffle=False, transform=transform)
+                t = time.perf_counter()
+                n = sum(len(b["__key__"]) for b in StreamingDataLoader(ds, num_workers=2))
+                return n / (time.perf_counter() - t)
+            return run
+
+        def webdataset() -> float:
+            ds = wds.WebDataset([os.path.join(data.local, f) for f in data.files], shardshuffle=False, empty_check=False)
+            t = time.perf_counter()
+            n = sum(len(b["__key__"]) for b in wds.WebLoader(ds, batch_size=8, num_workers=2))
+            return n / (time.perf_counter() - t)
+
+        runs = interleave({"streamio (default sample)": streamio(None), "streamio, ints dropped": streamio(_strip_int_fields),
+                           "webdataset": webdataset}, reps)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    out = {k: summary(v) for k, v in runs.items()}
+    return {"samples": data.samples, "bytes": data.bytes, "reps": reps, "samples_per_s": out,
+            "ratios": {"streamio default / webdataset": ratio(out["streamio (default sample)"]["median"], out["webdataset"]["median"]),
+                       "streamio ints dropped / webdataset": ratio(out["streamio, ints dropped"]["median"], out["webdataset"]["median"])}}
+
+
 # ----------------------------------------------------------------------------- scale
 def bench_scale(servers: S3Servers, data: Dataset, scratch: str, *, nodes: int = 2, ranks_per_node: int = 2, workers: int = 1,
                 batch_size: int = 16, epochs: int = 2) -> dict[str, Any]:

@@ -12,6 +12,8 @@ that are committed; ``--quick`` (~2 min, what CI runs) writes into ``benchmarks/
   :mod:`benchmarks.bench_dataset` (in-process driver, rank processes).
 * ``scale``      — 2 simulated nodes x 2 ranks: GETs / bytes per node from proxy logs, and the
   planner-derived model for 64 nodes x 8 GPUs (same module; shares the dataset's setup).
+* ``loader``     — one rank, local shards, no compute: the DataLoader path's own cost per batch,
+  with and without streamio's integer sample fields (same module).
 * ``read``       — the prefetching caching reader vs boto3/s3fs/local ceilings (issue 5's
   ``benchmarks/bench_read.py --json``, a subprocess).
 * ``shard``      — writer throughput vs webdataset ``ShardWriter`` and a plain copy (issue 3's
@@ -48,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import common  # noqa: E402
 from benchmarks.common import REPO, machine, machine_line, ratio  # noqa: E402
 
-SECTIONS = ("references", "dataset", "scale", "read", "shard", "plan", "checkpoint")
+SECTIONS = ("references", "dataset", "scale", "loader", "read", "shard", "plan", "checkpoint")
 HERE = Path(__file__).resolve().parent
 
 
@@ -71,6 +73,12 @@ def section_references(quick: bool, scratch: str) -> dict[str, Any]:
         "memcpy": common.memcpy_reference(64 if quick else 256, 3 if quick else 5),
         "disk": common.disk_reference(scratch, 64 if quick else 512, 1 if quick else 3),
     }
+
+
+def section_loader(quick: bool, scratch: str) -> dict[str, Any]:
+    from benchmarks.bench_dataset import bench_loader_overhead
+
+    return bench_loader_overhead(quick, scratch)
 
 
 def section_read(quick: bool, scratch: str) -> dict[str, Any]:
@@ -123,7 +131,7 @@ def run_sections(names: list[str], quick: bool, scratch: str, use_nginx: bool,
 
     out: dict[str, Any] = {}
     simple: dict[str, Callable[[bool, str], dict[str, Any]]] = {
-        "references": section_references, "read": section_read, "shard": section_shard,
+        "references": section_references, "loader": section_loader, "read": section_read, "shard": section_shard,
         "plan": section_plan, "checkpoint": section_checkpoint,
     }
     data_secs = [n for n in ("dataset", "scale") if n in names]
@@ -194,6 +202,10 @@ def headline(res: dict[str, Any]) -> list[tuple[str, float]]:
         for name in ("streamio cold", "streamio warm", "webdataset stream", "webdataset cold", "webdataset warm"):
             if name in c:
                 out.append((f"data: {name} stall fraction (steady state, after the first batch)", c[name]["stall_steady"]["median"]))
+    ld = res.get("loader", {})
+    if ld.get("status") == "ok":
+        for k, v in ld["ratios"].items():
+            out.append((f"loader (1 rank, local, no compute, samples/s): {k}", v))
     rd = res.get("read", {})
     if rd.get("status") == "ok":
         for k, v in rd.get("ratios", {}).items():
@@ -351,6 +363,21 @@ def write_report(res: dict[str, Any], out_dir: Path, plots: list[str]) -> Path:
         L += ["", "Reading: with a node cache, bytes fetched stay ~1x what is consumed at any scale (ranks of a node read",
               "consecutive blocks, so only the shards at block boundaries are fetched by two nodes); GETs grow with",
               "shards x epochs, not with ranks x workers; without the cache every (rank, worker) run is its own request.", ""]
+
+    # loader
+    L += ["## DataLoader path: one rank, local shards, no compute", ""]
+    sec = res.get("loader")
+    st = _status("loader", sec)
+    if st:
+        L += st
+    else:
+        assert sec is not None
+        L += [f"{sec['samples']:,} samples of 64 KB ({sec['bytes'] / 1e6:,.0f} MB) on local disk, 1 rank, 2 DataLoader workers, batch 8,",
+              f"no compute, {sec['reps']} repetitions interleaved. `ints dropped`: streamio's `__shard__`/`__index__` removed by",
+              "`transform`, so `default_collate` makes no tensors (each tensor of a batch crosses from a worker to the main process",
+              "through its own shared-memory segment).", ""]
+        L += _table(["contender", "samples/s"], [[k, _med(v, 0)] for k, v in sec["samples_per_s"].items()])
+        L += ["", "| ratio | value |", "|---|---|"] + [f"| {k} | {_f(v, 2)} |" for k, v in sec["ratios"].items()] + [""]
 
     # read
     L += ["## Reader and cache (issue 5: `benchmarks/bench_read.py`)", ""]

@@ -94,6 +94,10 @@ def _synthetic() -> dict[str, Any]:
                     "compute_bound_samples_per_s": 1600.0, "dataset_bytes": 31_000_000, "dataset_samples": 488,
                     "contenders": contenders, "ratios": {"streamio cold / webdataset stream (samples/s)": 1.25},
                     "store_ceiling": {"concurrency": 8, "objects": 8, "bytes": 31_000_000, "get_MBps": s([500.0]), "put_MBps": s([100.0])}},
+        "loader": {"status": "ok", "samples": 976, "bytes": 64_000_000, "reps": 2,
+                   "samples_per_s": {"streamio (default sample)": s([1000.0, 1200.0]), "streamio, ints dropped": s([2000.0]),
+                                     "webdataset": s([1800.0])},
+                   "ratios": {"streamio ints dropped / webdataset": 1.11}},
         "checkpoint": {"status": "failed", "error": "RuntimeError: boom"},
     }
 
@@ -106,6 +110,8 @@ def test_report_and_plots_from_results(tmp_path: Path) -> None:
     text = run.write_report(res, tmp_path, plots).read_text()
     assert "| streamio cold / webdataset stream (samples/s) | 1.25 |" in text  # headline and section table
     assert "| streamio warm | 110 [100-120] | 6 [6-7] | 15.0 [10.0-20.0] | 1.5 [1.0-2.0] |" in text
+    assert "| streamio (default sample) | 1,100 [1,000-1,200] |" in text
+    assert "| loader (1 rank, local, no compute, samples/s): streamio ints dropped / webdataset | 1.11 |" in text
     assert "**FAILED**" in text and "RuntimeError: boom" in text  # a broken section is shown, not hidden
     assert "_Not run yet: `python -m benchmarks.run --only read`._" in text
     assert "![dataset_stall.png](dataset_stall.png)" in text
