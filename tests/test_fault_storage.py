@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import time
 
 import pytest
 
@@ -322,12 +323,20 @@ def test_s3_writer_killed_mid_upload_leaves_nothing_visible(
 
     def kill() -> None:  # runs in the proxy before it forwards the rest: a deterministic cut point
         os.kill(child.pid, signal.SIGKILL)  # type: ignore[arg-type]
-        child.join()
+        # wait until it is gone (reaped by the forkserver), without join(): two threads joining
+        # one forkserver child race for its exit status
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                os.kill(child.pid, 0)  # type: ignore[arg-type]
+            except ProcessLookupError:
+                return
+            time.sleep(0.01)
 
     s3_proxy.on_upload_bytes(size // 2 + 1000, kill)  # inside the body (multipart: inside part 2)
     child.start()
     child.join(timeout=120)
-    assert child.exitcode == -signal.SIGKILL
+    assert child.exitcode == -signal.SIGKILL, (child.exitcode, s3_proxy.log())
     assert store.read("victim") == b"old"
     assert [o.path for o in store.list()] == ["victim"]
     if multipart:  # invisible, but billed until aborted or expired by a lifecycle rule
