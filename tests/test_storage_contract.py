@@ -10,6 +10,7 @@ import pytest
 
 from streamio.errors import ObjectNotFoundError, StorageError, WriteConflictError
 from streamio.storage import ObjectInfo, Store
+from streamio.testing import S3Endpoint
 
 
 def test_put_read_roundtrip_and_ranges(store: Store) -> None:
@@ -211,3 +212,22 @@ def test_gcs_resumable_upload_keeps_conditions(gcs, monkeypatch: pytest.MonkeyPa
         store.put("big", data[::-1], if_match="1")
     v2 = store.put("big", data[::-1], if_match=v1)
     assert v2 != v1 and store.read("big") == data[::-1]
+
+
+def test_incomplete_multipart_uploads_are_listed_and_aborted(s3: S3Endpoint) -> None:
+    """A killed writer's multipart upload is invisible to listings; the store can find and abort it."""
+    store = Store(s3.url("root"), s3.storage_options())
+    client = s3.boto3_client()
+    upload_id = client.create_multipart_upload(Bucket=s3.bucket, Key="root/ckpt/part.bin")["UploadId"]
+    client.create_multipart_upload(Bucket=s3.bucket, Key="elsewhere/x.bin")
+    assert store.list() == []
+    found = store.incomplete_uploads()
+    assert [(u.path, u.upload_id) for u in found] == [("ckpt/part.bin", upload_id)]
+    assert found[0].initiated is not None
+    store.abort_upload(found[0])
+    assert store.incomplete_uploads() == []
+    assert [u["Key"] for u in client.list_multipart_uploads(Bucket=s3.bucket)["Uploads"]] == ["elsewhere/x.bin"]
+
+
+def test_incomplete_uploads_are_empty_where_the_backend_has_none(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    assert Store(str(tmp_path)).incomplete_uploads() == []

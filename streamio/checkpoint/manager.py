@@ -82,6 +82,7 @@ from streamio.errors import (
     CheckpointNotFoundError,
     CorruptDataError,
     ObjectNotFoundError,
+    StorageError,
     WriteConflictError,
 )
 from streamio.storage import RetryPolicy, Store
@@ -868,26 +869,20 @@ def collect_garbage(store: Store, *, dry_run: bool = False, min_age_s: float = 3
 
 
 def _abandoned_uploads(store: Store, *, dry_run: bool, min_age_s: float) -> tuple[str, ...]:
-    """S3 only: incomplete multipart uploads under the root, older than ``min_age_s``."""
-    if store.protocol not in ("s3", "s3a"):
-        return ()
-    fs = store.fs
-    root = store.root_url.split("://", 1)[1]
-    bucket, _, prefix = root.partition("/")
-    found: list[str] = []
+    """Incomplete multipart uploads under the root older than ``min_age_s`` (S3 only), aborted."""
     try:
-        uploads = fs.call_s3("list_multipart_uploads", Bucket=bucket, Prefix=prefix).get("Uploads", [])
-    except Exception as exc:
+        uploads = store.incomplete_uploads()
+    except StorageError as exc:
         log.warning("could not list multipart uploads under %s: %s", store.root_url, exc)
         return ()
     now = datetime.now(timezone.utc)
-    for u in uploads:
-        initiated = u.get("Initiated")
-        if initiated is not None and (now - initiated).total_seconds() < min_age_s:
+    found: list[str] = []
+    for upload in uploads:
+        if upload.initiated is not None and (now - upload.initiated).total_seconds() < min_age_s:
             continue
-        found.append(f"s3://{bucket}/{u['Key']} (upload {u['UploadId']})")
+        found.append(f"{store.url(upload.path)} (upload {upload.upload_id})")
         if not dry_run:
-            fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=u["Key"], UploadId=u["UploadId"])
+            store.abort_upload(upload)
     return tuple(found)
 
 

@@ -517,3 +517,22 @@ def _gcs_resumable(fs: Any, base: str, key: str, data: memoryview, params: dict[
             sync(fs.loop, fs._call, "DELETE", location)
         raise
     return json.loads(txt)
+
+
+def incomplete_uploads_s3(fs: Any, full: str) -> list[tuple[str, str, Any]]:
+    """``(key, upload id, initiated)`` of every incomplete multipart upload under ``full``."""
+    bucket, _, prefix = full.partition("/")
+    found: list[tuple[str, str, Any]] = []
+    marker: dict[str, str] = {}
+    while True:
+        page = sync(fs.loop, _s3_call, fs, "list_multipart_uploads", Bucket=bucket, Prefix=prefix, **marker)
+        found += [(u["Key"], u["UploadId"], u.get("Initiated")) for u in page.get("Uploads", [])]
+        if not page.get("IsTruncated"):
+            return found
+        marker = {"KeyMarker": page["NextKeyMarker"], "UploadIdMarker": page["NextUploadIdMarker"]}
+
+
+def abort_upload_s3(fs: Any, full: str, key: str, upload_id: str) -> None:
+    """Abort one multipart upload (its parts stop being stored and billed)."""
+    bucket = full.partition("/")[0]
+    sync(fs.loop, _s3_call, fs, "abort_multipart_upload", Bucket=bucket, Key=key, UploadId=upload_id)

@@ -100,6 +100,21 @@ class _SecretRef:
         return "<secret>"
 
 
+@dataclass(frozen=True)
+class IncompleteUpload:
+    """A multipart upload that was started and never completed (see :meth:`Store.incomplete_uploads`).
+
+    Attributes:
+        path: the object it would have written, relative to the store root.
+        upload_id: the store's id of the upload.
+        initiated: when it started (a timezone-aware datetime), if the store says.
+    """
+
+    path: str
+    upload_id: str
+    initiated: Any
+
+
 class Store:
     """A root URL plus how to reach it; see the module docstring.
 
@@ -373,6 +388,29 @@ class Store:
                 pass
 
         self.retry.call(op, self.url(path))
+
+    def incomplete_uploads(self, prefix: str = "") -> list[IncompleteUpload]:
+        """Multipart uploads under ``prefix`` that were started and never completed or aborted.
+
+        A killed writer leaves them behind, invisible to listings and billed on S3 (the
+        ``AbortIncompleteMultipartUpload`` lifecycle rule also removes them). Only S3 has them;
+        other backends return ``[]``.
+        """
+        if self.protocol not in ("s3", "s3a"):
+            return []
+        full = self._full(prefix)
+        root_key = self._root_key("")
+        base = root_key + "/" if root_key else ""
+        found = self.retry.call(lambda: backends.incomplete_uploads_s3(self.fs, full), self.url(prefix))
+        return [IncompleteUpload(key[len(base) :] if key.startswith(base) else key, upload_id, initiated) for key, upload_id, initiated in found]
+
+    def abort_upload(self, upload: IncompleteUpload) -> None:
+        """Abort one upload from :meth:`incomplete_uploads` (its parts are deleted)."""
+        self.retry.call(lambda: backends.abort_upload_s3(self.fs, self._full(""), self._root_key(upload.path), upload.upload_id), self.url(upload.path))
+
+    def _root_key(self, path: str) -> str:
+        """The object key of ``path`` inside its bucket."""
+        return self._full(path).partition("/")[2].rstrip("/")
 
     def put_many(self, items: Iterable[tuple[str, bytes]], *, concurrency: int = 8) -> None:
         """Upload many objects in parallel, at most ``concurrency`` at a time.
