@@ -62,6 +62,7 @@ _TRANSIENT_BOTOCORE = {
     "EndpointConnectionError", "ConnectionClosedError", "ReadTimeoutError", "ConnectTimeoutError",
     "IncompleteReadError", "ResponseStreamingError", "HTTPClientError", "ProxyConnectionError",
     "ConnectionError", "ResponseParserError", "FSTimeoutError",
+    "FlexibleChecksumError",  # the body failed the checksum the store recorded: bytes damaged in transit
 }
 _PERMISSION_BOTOCORE = {"NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError"}
 _TRANSIENT_AIOHTTP = {
