@@ -305,3 +305,14 @@ def test_cache_serves_the_second_pass_and_bit_rot_in_it_is_refetched(s3_ds: tupl
     assert third == first
     assert "failed its checksum" in caplog.text
     assert proxy.count("GET", ".tar") >= 1  # the damaged shard came from the store again
+
+
+def test_default_collate_keeps_metadata_as_lists(local_ds: str, as_rank: Any) -> None:
+    import torch
+
+    as_rank(0, 1)
+    ds = StreamingDataset(local_ds, shuffle=False, batch_size=4, decode="auto", transform=lambda s: {**s, "x": torch.tensor([float(s["cls"])])})
+    batch = next(iter(StreamingDataLoader(ds)))
+    assert batch["__key__"] == [key(0, 0), key(1, 0), key(1, 1), key(1, 2)]
+    assert batch["__shard__"] == [0, 1, 1, 1] and batch["__index__"] == [0, 0, 1, 2]
+    assert batch["x"].shape == (4, 1) and batch["cls"].tolist() == [0, 0, 1, 2]
