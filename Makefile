@@ -12,7 +12,7 @@ STAMP  := $(VENV)/.installed
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test,bench]'
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -29,13 +29,11 @@ test-fast: $(STAMP)
 demo: $(STAMP)
 	$(PY) -m streamio.train.demo
 
-bench-deps: $(STAMP)
-	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test,bench]'
-
-bench: bench-deps
+# The test environment includes the bench extra: CI runs a quick benchmark so they cannot rot.
+bench: $(STAMP)
 	$(PY) -m benchmarks.run
 
-bench-quick: bench-deps
+bench-quick: $(STAMP)
 	$(PY) -m benchmarks.run --quick
 
 clean:
