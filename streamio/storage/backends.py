@@ -59,7 +59,7 @@ import fsspec
 from fsspec.asyn import sync
 
 from streamio.checksum import crc32c
-from streamio.errors import WriteConflictError
+from streamio.errors import CorruptDataError, WriteConflictError
 from streamio.storage.retry import RetryPolicy
 
 TMP_SUFFIX = ".streamio-tmp"
@@ -221,6 +221,33 @@ def _generic_stream(
                 return
             pos += len(data)
             yield data
+
+
+def read_local(full: str, url: str, start: int, end: int | None) -> bytes:
+    """Bytes ``[start, end)`` of a local file in one ``read`` (straight into the result, no
+    pieces to join): the whole-object read a checkpoint restore does is bound by the page cache
+    copy, not by Python. A file shorter than ``end`` raises :class:`CorruptDataError` (as the
+    streamed path does), never a retry loop."""
+    with open(full, "rb", buffering=0) as f:
+        size = os.fstat(f.fileno()).st_size
+        stop = size if end is None else end
+        if stop > size:
+            raise CorruptDataError(
+                f"{url} ends at byte {size}, before the requested end {stop}: the object is "
+                f"shorter than the caller (index, manifest) expects; re-run `streamio verify` on it"
+            )
+        if stop <= start:
+            return b""
+        if start:
+            f.seek(start)
+        want = stop - start
+        data = f.read(want)  # FileIO.read(n): one allocation, read(2) into it
+        if len(data) != want:  # the file shrank under us: read the rest, the length is checked
+            rest = f.read(want - len(data))
+            data += rest or b""
+        if len(data) != want:
+            raise CorruptDataError(f"{url}: read {len(data)} bytes of [{start}, {stop}), the file shrank while being read")
+        return data
 
 
 # --------------------------------------------------------------------------- info

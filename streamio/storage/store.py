@@ -208,6 +208,9 @@ class Store:
         """
         if start is not None and end is not None and end <= start:
             return b""
+        if self.protocol == "file":  # one read(2) into the result: no 1 MiB pieces to join (restore speed)
+            full = self._full(path)
+            return self.retry.call(lambda: backends.read_local(full, self.url(path), start or 0, end), self.url(path))
         return b"".join(self.iter_bytes(path, start or 0, end, chunk_size=1 << 20))
 
     def iter_bytes(

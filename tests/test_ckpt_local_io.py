@@ -1,0 +1,82 @@
+"""Checkpoints on local disk: how a local root is cut into parts and read back.
+
+Local roots get one part per upload thread (each part pays a temp file, fsync, link and a
+directory fsync; there are no slow requests to spread) and a ``Store.read`` that reads a file in
+one call instead of joining 1 MiB pieces. These tests pin both down, and that speed did not cost
+a guarantee: a corrupt part is still refused before anything is loaded.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+
+from streamio.checkpoint import CheckpointManager, KeepLast, SaveOptions
+from streamio.checkpoint import manifest as mf
+from streamio.checkpoint.manager import part_size_for, read_manifest
+from streamio.errors import CorruptDataError, ObjectNotFoundError
+from streamio.storage import Store
+
+MiB = 1 << 20
+
+
+def _state(seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {"w": torch.randn(5 * MiB // 4, generator=g), "b": torch.randn(3 * MiB // 4, generator=g)}  # 8 MiB
+
+
+def test_part_size_local_is_one_part_per_thread_remote_two() -> None:
+    opts = SaveOptions(part_size=64 * MiB, concurrency=8)
+    total = 300 * MiB
+    assert part_size_for(total, opts, local=True) == math.ceil(total / 8)
+    assert part_size_for(total, opts) == math.ceil(total / 16)
+    assert part_size_for(total, SaveOptions(part_size=16 * MiB, concurrency=8), local=True) == 16 * MiB  # cap kept
+    assert part_size_for(1 * MiB, opts, local=True) == 4 * MiB  # floor kept
+
+
+@pytest.mark.parametrize(("url_kind", "parts"), [("file", 4), ("memory", 6)])
+def test_saved_part_count_per_backend(tmp_path, url_kind: str, parts: int) -> None:  # type: ignore[no-untyped-def]
+    root = str(tmp_path / "ckpt") if url_kind == "file" else f"memory://ckpt-local-io-{os.getpid()}-{id(tmp_path)}"
+    state = {"t": torch.arange(6 * MiB, dtype=torch.float32)}  # 24 MiB: 4 parts of 6 MiB on disk, 6 of 4 MiB elsewhere
+    with CheckpointManager(root, async_save=False, options=SaveOptions(concurrency=4)) as mgr:
+        mgr.save(1, state)
+        assert mgr.last_stats is not None and mgr.last_stats.files == parts
+        live = {"t": torch.zeros_like(state["t"])}
+        assert mgr.restore(live) == 1
+    assert torch.equal(live["t"], state["t"])
+
+
+def test_local_restore_refuses_a_corrupt_part_before_loading(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    root = tmp_path / "ckpt"
+    with CheckpointManager(str(root), async_save=False, retention=KeepLast(5), options=SaveOptions(concurrency=4)) as mgr:
+        mgr.save(1, _state(1))
+        mgr.save(2, _state(2))
+    manifest = read_manifest(Store(str(root)), 2)
+    part = root / mf.step_dir(2) / manifest.files[1].path
+    raw = bytearray(part.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    part.write_bytes(bytes(raw))
+    live = {k: torch.zeros_like(v) for k, v in _state(0).items()}
+    with CheckpointManager(str(root)) as mgr:
+        with pytest.raises(CorruptDataError, match="checksum"):
+            mgr.restore(live, step=2)
+        assert all(not v.any() for v in live.values())  # nothing was loaded from the bad step
+        assert mgr.restore(live) == 1  # walks back to the good one
+    assert all(torch.equal(live[k], v) for k, v in _state(1).items())
+
+
+def test_local_store_read_matches_streamed_read(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    store = Store(str(tmp_path / "root"))
+    data = os.urandom(3 * MiB + 17)
+    store.put("d/x", data)
+    assert store.read("d/x") == data == b"".join(store.iter_bytes("d/x"))
+    assert store.read("d/x", 5) == data[5:]
+    assert store.read("d/x", MiB, 2 * MiB + 3) == data[MiB : 2 * MiB + 3]
+    assert store.read("d/x", len(data)) == b""
+    with pytest.raises(CorruptDataError, match="d/x"):
+        store.read("d/x", 0, len(data) + 1)  # a manifest promising more than the file holds
+    with pytest.raises(ObjectNotFoundError, match="d/missing"):
+        store.read("d/missing")
