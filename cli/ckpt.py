@@ -24,38 +24,20 @@ from streamio.checkpoint.manager import (
     read_manifest,
     verify_checkpoint,
 )
+from streamio.cli.common import parse_storage_options, storage_option
 from streamio.errors import StreamioError
 from streamio.storage import Store
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def _storage_options(pairs: tuple[str, ...]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise click.BadParameter(f"{pair!r} is not key=value", param_hint="--storage-option")
-        try:
-            parsed: Any = json.loads(value)
-        except json.JSONDecodeError:
-            parsed = value
-        node = out
-        *parents, leaf = key.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = parsed
-    return out
-
-
 def _root_args(fn: F) -> F:
-    fn = click.option("--storage-option", "-o", "storage_option", multiple=True, metavar="KEY=VALUE",
-                      help="fsspec storage option (repeatable; dotted keys nest, JSON values).")(fn)
+    fn = storage_option(fn)
     fn = click.argument("root")(fn)
 
     @functools.wraps(fn)
-    def wrapper(root: str, storage_option: tuple[str, ...], **kwargs: Any) -> Any:
-        store = Store(root, _storage_options(storage_option))
+    def wrapper(root: str, storage_options: tuple[str, ...], **kwargs: Any) -> Any:
+        store = Store(root, parse_storage_options(storage_options))
         try:
             return fn(store=store, **kwargs)
         except StreamioError as exc:

@@ -10,13 +10,12 @@ is bad. ``--json`` prints machine-readable output on the read-only verbs.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import re
 import time
-from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from collections.abc import Iterator
+from typing import Any
 
 import click
 from tqdm import tqdm
@@ -37,10 +36,9 @@ from streamio.data.writer import (
     samples_from_jsonl,
     samples_from_shards,
 )
-from streamio.errors import StreamioError
+from streamio.cli.common import friendly, parse_storage_options, storage_option
 from streamio.storage import Store
 
-F = TypeVar("F", bound=Callable[..., Any])
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40}
 
 
@@ -52,36 +50,7 @@ def parse_size(text: str) -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
 
 
-def _options(pairs: tuple[str, ...]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise click.BadParameter(f"{pair!r} is not key=value", param_hint="--storage-option")
-        try:
-            out[key] = json.loads(value)
-        except ValueError:
-            out[key] = value
-    return out
-
-
-def _friendly(fn: F) -> F:
-    """Turn streamio errors into a one-line message and exit status 1."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except StreamioError as exc:
-            raise click.ClickException(str(exc)) from exc
-
-    return wrapper  # type: ignore[return-value]
-
-
-_storage_option = click.option(
-    "-o", "--storage-option", "storage_options", multiple=True, metavar="KEY=VALUE",
-    help="fsspec storage option (repeatable), e.g. -o endpoint_url=http://127.0.0.1:9000",
-)
+_storage_option = storage_option
 _json = click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON on stdout.")
 
 
@@ -131,13 +100,13 @@ def _sources(src: str, options: dict[str, Any], seed: int | None, file_fields: t
 @click.option("--file-field", "file_fields", multiple=True, metavar="EXT", help="JSONL field naming a file to read (repeatable; default: any string naming an existing file).")
 @click.option("--overwrite", is_flag=True, help="Replace a dataset already at DEST.")
 @_storage_option
-@_friendly
+@friendly
 def shard_cmd(
     src: str, dest: str, max_size: str, max_count: int | None, compress: str | None, shuffle: bool, seed: int,
     prefix: str, file_fields: tuple[str, ...], overwrite: bool, storage_options: tuple[str, ...],
 ) -> None:
     """Pack SRC (directory tree, JSONL file or .tar glob) into shards + index.json at DEST."""
-    options = _options(storage_options)
+    options = parse_storage_options(storage_options)
     samples = _sources(src, options, seed if shuffle else None, file_fields)
     progress = _Progress("shard")
     with DatasetWriter(
@@ -158,11 +127,11 @@ def shard_cmd(
 @click.option("--concurrency", type=click.IntRange(min=1), default=8, show_default=True, help="Shards scanned at once.")
 @_json
 @_storage_option
-@_friendly
+@friendly
 def index_cmd(url: str, concurrency: int, as_json: bool, storage_options: tuple[str, ...]) -> None:
     """Index existing WebDataset shards: URL is a prefix or a pattern (shard-{000000..000099}.tar)."""
     root, pattern = split_pattern(url)
-    store = Store(root, _options(storage_options))
+    store = Store(root, parse_storage_options(storage_options))
     progress = _Progress("index", unit="shard")
     index = build_index(store, pattern, concurrency=concurrency, progress=lambda s: progress.update(1, s.bytes))
     progress.close()
@@ -177,10 +146,10 @@ def index_cmd(url: str, concurrency: int, as_json: bool, storage_options: tuple[
 @click.argument("url")
 @_json
 @_storage_option
-@_friendly
+@friendly
 def ls_cmd(url: str, as_json: bool, storage_options: tuple[str, ...]) -> None:
     """List the shards of the dataset at URL (path, samples, bytes)."""
-    index = load_index(Store(url, _options(storage_options)))
+    index = load_index(Store(url, parse_storage_options(storage_options)))
     if as_json:
         click.echo(json.dumps([_shard_json(s) for s in index.shards]))
         return
@@ -193,10 +162,10 @@ def ls_cmd(url: str, as_json: bool, storage_options: tuple[str, ...]) -> None:
 @click.argument("url")
 @_json
 @_storage_option
-@_friendly
+@friendly
 def inspect_cmd(url: str, as_json: bool, storage_options: tuple[str, ...]) -> None:
     """Summarise the dataset at URL: shards, samples, bytes, keys, compression, fingerprint."""
-    store = Store(url, _options(storage_options))
+    store = Store(url, parse_storage_options(storage_options))
     summary = _summary(store, load_index(store))
     if as_json:
         click.echo(json.dumps(summary))
@@ -211,10 +180,10 @@ def inspect_cmd(url: str, as_json: bool, storage_options: tuple[str, ...]) -> No
 @click.option("--concurrency", type=click.IntRange(min=1), default=8, show_default=True, help="Shards read at once.")
 @_json
 @_storage_option
-@_friendly
+@friendly
 def verify_cmd(url: str, quick: bool, concurrency: int, as_json: bool, storage_options: tuple[str, ...]) -> None:
     """Re-read every shard of URL and check sizes, checksums and sample counts; exit 1 if any is bad."""
-    store = Store(url, _options(storage_options))
+    store = Store(url, parse_storage_options(storage_options))
     report = validate(store, load_index(store), deep=not quick, concurrency=concurrency)
     if as_json:
         click.echo(json.dumps({"url": url, "checked": report.checked, "deep": report.deep, "ok": report.ok,

@@ -16,21 +16,9 @@ import click
 
 from streamio.data.index import DatasetIndex, load_index
 from streamio.data.plan import EpochPlan, Run, Shuffle, plan_epoch
+from streamio.cli.common import parse_storage_options
 from streamio.errors import StreamioError
 from streamio.storage import Store
-
-
-def _options(pairs: tuple[str, ...]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise click.BadParameter(f"{pair!r} is not key=value", param_hint="--storage-option")
-        try:
-            out[key] = json.loads(value)
-        except ValueError:
-            out[key] = value
-    return out
 
 
 def _run_text(index: DatasetIndex, run: Run) -> str:
@@ -132,7 +120,7 @@ def plan_cmd(
     """
     shuffle = Shuffle(shards=not no_shard_shuffle, window=window)
     try:
-        index = load_index(Store(url, _options(storage_options)))
+        index = load_index(Store(url, parse_storage_options(storage_options)))
         plan = plan_epoch(
             index.sample_counts(), seed=seed, epoch=epoch, world_size=world_size, num_workers=workers,
             batch_size=batch_size, policy=policy,  # type: ignore[arg-type]
