@@ -15,12 +15,18 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 from typing import Any
 
 import torch
 
 PART_SIZE = 256 << 10
 FAULT_PART_SIZE = 32 << 10
+
+# The builders seed torch's global generator: tests that build states from several threads at once
+# (the kill tests run four cases in parallel) would otherwise interleave draws and build states
+# that match no step.
+_SEEDED = threading.Lock()
 
 
 class Net(torch.nn.Module):
@@ -37,6 +43,11 @@ class Net(torch.nn.Module):
 
 def state_for(step: int, width: int = 256) -> dict[str, Any]:
     """A state whose every tensor depends on ``step`` (and nothing else)."""
+    with _SEEDED:
+        return _state_for(step, width)
+
+
+def _state_for(step: int, width: int) -> dict[str, Any]:
     torch.manual_seed(1000 + step)
     model = Net(width)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
@@ -57,8 +68,9 @@ def state_for(step: int, width: int = 256) -> dict[str, Any]:
 
 def fresh_state(width: int = 256) -> dict[str, Any]:
     """A state of the same structure with different values (what restore loads into)."""
-    torch.manual_seed(99)
-    model = Net(width)
+    with _SEEDED:
+        torch.manual_seed(99)
+        model = Net(width)
     opt = torch.optim.Adam(model.parameters(), lr=5e-2)
     return {
         "model": model,
@@ -86,9 +98,10 @@ def assert_same_state(got: dict[str, Any], want: dict[str, Any]) -> None:
 
 def light_state_for(step: int) -> dict[str, Any]:
     """A smaller state for the kill tests: no optimizer step (it imports torch._dynamo: seconds)."""
-    torch.manual_seed(2000 + step)
-    model = Net(128)
-    moments = {name: torch.randn_like(p) for name, p in model.named_parameters()}
+    with _SEEDED:
+        torch.manual_seed(2000 + step)
+        model = Net(128)
+        moments = {name: torch.randn_like(p) for name, p in model.named_parameters()}
     return {"model": model, "moments": moments, "counters": {"step": step}, "extra": torch.full((3,), float(step), dtype=torch.bfloat16)}
 
 
