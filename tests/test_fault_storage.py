@@ -187,6 +187,73 @@ def test_s3_truncated_ranged_read_is_retried(s3_store: Store, s3_proxy: FaultPro
     assert s3_proxy.count("GET") == 2
 
 
+def test_s3_whole_read_cut_by_a_reset_starts_the_range_again(s3_store: Store, s3_proxy: FaultProxy) -> None:
+    # Store.read on S3 reads in the calling thread (s3sync): a body lost mid-way is fetched again
+    data = os.urandom(2 << 20)
+    s3_store.put("w", data)
+    s3_proxy.clear()
+    s3_proxy.reset_after(700_000, times=2)
+    assert s3_store.read("w") == data
+    gets = [r for r in s3_proxy.log() if r.method == "GET"]
+    assert [(r.fault, r.range) for r in gets] == [("reset", None), ("reset", None), (None, None)]
+    s3_proxy.clear()
+    s3_proxy.truncate_next(1, 1000)
+    assert s3_store.read("w", 5) == data[5:]
+    gets = s3_proxy.log()
+    assert [r.fault for r in gets] == ["truncate", None] and gets[1].range == "bytes=5-"  # no HEAD for the length: botocore checks it
+
+
+def test_s3_read_past_the_end_is_corrupt_data_not_a_retry(s3_store: Store, s3_proxy: FaultProxy) -> None:
+    from streamio.errors import CorruptDataError
+
+    s3_store.put("short", b"0123456789")
+    s3_proxy.clear()
+    with pytest.raises(CorruptDataError, match="ends at byte 10, before the requested end 50"):
+        s3_store.read("short", 2, 50)
+    assert s3_proxy.count("GET") == 1
+
+
+def test_s3_reads_in_parallel_threads_use_one_client(s3_store: Store, s3_proxy: FaultProxy) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from streamio.storage import s3sync
+
+    blobs = {f"p{i}": os.urandom(300_000 + i) for i in range(8)}
+    for k, v in blobs.items():
+        s3_store.put(k, v)
+    with ThreadPoolExecutor(8) as pool:
+        assert list(pool.map(s3_store.read, blobs)) == list(blobs.values())
+    assert s3sync.client(s3_store.fs) is s3sync.client(s3_store.fs)
+    assert s3_store.read_many(list(blobs)) == list(blobs.values())
+
+
+def test_s3_sync_client_mirrors_the_filesystem_settings(s3: S3Endpoint) -> None:
+    from botocore import UNSIGNED
+
+    from streamio.storage import s3sync
+
+    opts = {**s3.storage_options(), "requester_pays": True, "s3_additional_kwargs": {"ACL": "private", "SSECustomerAlgorithm": "AES256"}}
+    fs = Store(s3.url("x"), opts).fs
+    client = s3sync.client(fs)
+    assert client.meta.endpoint_url == s3.endpoint_url
+    assert client.meta.config.retries["total_max_attempts"] == 1  # the store's policy retries, not botocore
+    # only what GetObject takes (ACL is a PutObject parameter)
+    assert s3sync._extra_kwargs(fs, client) == {"RequestPayer": "requester", "SSECustomerAlgorithm": "AES256"}
+    anon = Store(s3.url("x"), {"anon": True, "endpoint_url": s3.endpoint_url}).fs
+    assert s3sync.client(anon).meta.config.signature_version is UNSIGNED
+
+
+def test_s3_caller_session_keeps_the_s3fs_path(s3: S3Endpoint) -> None:
+    from aiobotocore.session import AioSession
+
+    from streamio.storage import s3sync
+
+    store = Store(s3.url("sess"), {**s3.storage_options(), "session": AioSession()})
+    store.put("k", b"v" * 1000)
+    assert store.read("k") == b"v" * 1000 and store.read("k", 10, 20) == b"v" * 10
+    assert store.fs not in s3sync._CLIENTS
+
+
 def test_s3_reset_with_no_progress_exhausts_the_policy(s3_store: Store, s3_proxy: FaultProxy) -> None:
     s3_store.put("r", os.urandom(100_000))
     s3_proxy.clear()

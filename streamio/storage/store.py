@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from streamio.errors import CorruptDataError, StoragePermissionError
-from streamio.storage import backends
+from streamio.storage import backends, s3sync
 from streamio.storage.retry import RetryPolicy, TruncatedBodyError
 
 log = logging.getLogger(__name__)
@@ -198,8 +198,11 @@ class Store:
     def read(self, path: str, start: int | None = None, end: int | None = None) -> bytes:
         """Bytes ``[start, end)`` of ``path`` (whole object by default).
 
-        One GET (a whole-object read without ``start`` needs no HEAD first), resumed like
-        :meth:`iter_bytes` if the connection drops, length verified.
+        One GET (a whole-object read without ``start`` needs no HEAD first), length verified. A
+        connection dropped mid-body is retried under the policy: on S3 the read runs in the
+        calling thread and starts the range again (:mod:`~streamio.storage.s3sync`: parallel
+        reads scale past s3fs's event loop); elsewhere it resumes like :meth:`iter_bytes`. For
+        objects too large to hold, stream them with :meth:`iter_bytes`.
 
         Raises:
             ObjectNotFoundError: no such object or bucket (one attempt).
@@ -211,6 +214,9 @@ class Store:
         if self.protocol == "file":  # one read(2) into the result: no 1 MiB pieces to join (restore speed)
             full = self._full(path)
             return self.retry.call(lambda: backends.read_local(full, self.url(path), start or 0, end), self.url(path))
+        if self.protocol == "s3" and "session" not in self._options:  # in this thread, not on s3fs's loop (s3sync)
+            full, url = self._full(path), self.url(path)
+            return self.retry.call(lambda: s3sync.read(self.fs, full, start or 0, end, url), url)
         return b"".join(self.iter_bytes(path, start or 0, end, chunk_size=1 << 20))
 
     def iter_bytes(
