@@ -9,13 +9,19 @@ format can move to another algorithm without ambiguity.
 from __future__ import annotations
 
 import google_crc32c
+import numpy as np
 
 PREFIX = "crc32c:"
 
 
 def crc32c(data: bytes | bytearray | memoryview, value: int = 0) -> int:
     """CRC32C of ``data``, continuing from ``value`` (the CRC of what came before)."""
-    return google_crc32c.extend(value, bytes(data) if isinstance(data, memoryview) else data)
+    if not isinstance(data, bytes):
+        # The extension takes only buffers without a release hook (bytes, ndarrays): a bytearray
+        # or memoryview is handed over as a zero-copy ndarray view, never copied (bytes(view)
+        # cost a full copy of every cached shard and restored part).
+        data = np.frombuffer(data, dtype=np.uint8)
+    return google_crc32c.extend(value, data)
 
 
 def format_checksum(value: int) -> str:

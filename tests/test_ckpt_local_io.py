@@ -80,3 +80,33 @@ def test_local_store_read_matches_streamed_read(tmp_path) -> None:  # type: igno
         store.read("d/x", 0, len(data) + 1)  # a manifest promising more than the file holds
     with pytest.raises(ObjectNotFoundError, match="d/missing"):
         store.read("d/missing")
+
+
+def test_local_read_view_maps_the_file_read_only(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    store = Store(str(tmp_path / "root"))
+    data = os.urandom(2 * MiB + 5)
+    store.put("p", data)
+    store.put("empty", b"")
+    view = store.read_view("p")
+    assert isinstance(view, memoryview) and view.readonly and view == data
+    os.unlink(tmp_path / "root" / "p")  # retention deleting a part while a restore reads it
+    assert view == data
+    assert store.read_view("empty") == b""
+    with pytest.raises(ObjectNotFoundError, match="nope"):
+        store.read_view("nope")
+
+
+def test_local_restore_refuses_a_truncated_part(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    root = tmp_path / "ckpt"
+    with CheckpointManager(str(root), async_save=False, retention=KeepLast(5), options=SaveOptions(concurrency=4)) as mgr:
+        mgr.save(1, _state(1))
+        mgr.save(2, _state(2))
+    manifest = read_manifest(Store(str(root)), 2)
+    part = root / mf.step_dir(2) / manifest.files[0].path
+    part.write_bytes(part.read_bytes()[:-100])
+    live = {k: torch.zeros_like(v) for k, v in _state(0).items()}
+    with CheckpointManager(str(root)) as mgr:
+        with pytest.raises(CorruptDataError, match="truncated"):
+            mgr.restore(live, step=2)
+        assert mgr.restore(live) == 1
+    assert all(torch.equal(live[k], v) for k, v in _state(1).items())

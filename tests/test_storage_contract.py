@@ -166,6 +166,14 @@ def test_store_pickles_into_a_working_store(store: Store) -> None:
     assert repr(clone) == repr(store)
 
 
+def test_read_view_is_the_whole_object(store: Store) -> None:
+    data = os.urandom(70_000)
+    store.put("v", data)
+    assert bytes(store.read_view("v")) == data
+    with pytest.raises(ObjectNotFoundError):
+        store.read_view("missing")
+
+
 def test_all_storage_errors_are_streamio_errors(store: Store) -> None:
     with pytest.raises(StorageError):
         store.read("missing")

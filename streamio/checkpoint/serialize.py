@@ -334,7 +334,7 @@ def encode_part(raw: np.ndarray, compression: str | None, level: int = 3) -> tup
     return memoryview(raw), format_checksum(crc32c(readonly(raw)))  # type: ignore[arg-type]
 
 
-def verify_file(data: bytes, entry: FileEntry, url: str) -> None:
+def verify_file(data: bytes | memoryview, entry: FileEntry, url: str) -> None:
     """Raise :class:`CorruptDataError` unless ``data`` has the recorded size and checksum."""
     if len(data) != entry.size:
         raise CorruptDataError(f"{url} is {len(data)} bytes, the manifest says {entry.size}: the object is truncated or was replaced")
@@ -343,7 +343,7 @@ def verify_file(data: bytes, entry: FileEntry, url: str) -> None:
         raise CorruptDataError(f"{url} has checksum {got}, the manifest says {entry.checksum}: the object is corrupt")
 
 
-def decode_part(data: bytes, entry: FileEntry, url: str) -> bytes:
+def decode_part(data: bytes | memoryview, entry: FileEntry, url: str) -> bytes | memoryview:
     """Raw bytes of a verified part (decompressed if needed, size checked)."""
     if entry.compression is None:
         raw = data
@@ -364,7 +364,7 @@ def decode_part(data: bytes, entry: FileEntry, url: str) -> bytes:
 class StreamReader:
     """Reads tensors out of one rank's verified, decoded parts (``start -> raw bytes``)."""
 
-    def __init__(self, parts: Mapping[int, bytes], rank: int, url: str) -> None:
+    def __init__(self, parts: Mapping[int, bytes | memoryview], rank: int, url: str) -> None:
         self._starts = sorted(parts)
         self._parts = parts
         self._rank = rank

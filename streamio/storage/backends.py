@@ -46,6 +46,7 @@ import contextlib
 import fcntl
 import io
 import json
+import mmap
 import os
 import tempfile
 import threading
@@ -221,6 +222,21 @@ def _generic_stream(
                 return
             pos += len(data)
             yield data
+
+
+def map_local(full: str) -> bytes | memoryview:
+    """A local file as a read-only memory map (``b""`` if empty).
+
+    Reading a part through the map costs one pass over the page cache; a ``read`` first fills
+    fresh anonymous memory, page fault by page fault (measured: CRC32C + copy into tensors of
+    8 x 38 MB parts, 8 threads, 0.05 s mapped vs 0.16 s read). The map outlives an unlink of the
+    file; streamio never rewrites a file in place (temp + link/rename), and only such a
+    truncation by another writer could fault a reader (SIGBUS), so use it for immutable objects.
+    """
+    with open(full, "rb", buffering=0) as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            return b""
+        return memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
 
 
 def read_local(full: str, url: str, start: int, end: int | None) -> bytes:

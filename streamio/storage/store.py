@@ -219,6 +219,17 @@ class Store:
             return self.retry.call(lambda: s3sync.read(self.fs, full, start or 0, end, url), url)
         return b"".join(self.iter_bytes(path, start or 0, end, chunk_size=1 << 20))
 
+    def read_view(self, path: str) -> bytes | memoryview:
+        """The whole of an object that is never rewritten in place, for reading once.
+
+        On local disk a read-only memory map (no copy into fresh memory: a checkpoint restore
+        verifies and copies parts straight from the page cache); elsewhere :meth:`read`.
+        """
+        if self.protocol != "file":
+            return self.read(path)
+        full, url = self._full(path), self.url(path)
+        return self.retry.call(lambda: backends.map_local(full), url)
+
     def iter_bytes(
         self, path: str, start: int = 0, end: int | None = None, *, chunk_size: int = 8 << 20
     ) -> Iterator[bytes]:
