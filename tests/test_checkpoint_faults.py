@@ -131,6 +131,10 @@ def _case(zygote: Zygote, s3: S3Endpoint, phase: str, kill_at: int | None) -> tu
         assert torch.equal(a, b), (phase, kill_at, k)
     assert all(torch.equal(got["moments"][k], v) for k, v in want["moments"].items())
     assert got["counters"] == {"step": step} and torch.equal(got["extra"], want["extra"])
+    # and the job goes on: the next step saves, even over a manifest the killed save left unpointed
+    mgr.save(step + 1, light_state_for(step + 1))
+    mgr.wait()
+    assert CheckpointManager(root, storage_options=s3.storage_options()).latest_step() == step + 1
     print(f"case {phase} {kill_at}: {time.monotonic() - t0:.1f}s")
     return root, step, log
 

@@ -160,6 +160,29 @@ def test_save_same_step_twice_is_refused(tmp_path) -> None:  # type: ignore[no-u
             mgr.save(1, {"a": 2})
 
 
+def test_a_save_that_died_before_its_pointer_swap_does_not_block_the_resumed_job(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    with _manager(store, retention=KeepLast(5), async_save=False) as crashed:
+        crashed.save(1, state_for(1))
+        pointer_at_1 = store.read(mf.LATEST)
+        crashed.save(2, state_for(2))
+    store.put(mf.LATEST, pointer_at_1)  # step 2's manifest landed, the job died before the swap
+    with pytest.raises(CheckpointConflictError, match="already committed"):
+        _manager(store, async_save=False).save(2, state_for(2))  # no restore: nothing says it resumed
+    resumed = _manager(store, async_save=False)
+    assert resumed.restore(fresh_state()) == 1
+    with caplog.at_level(logging.WARNING, logger="streamio"):
+        resumed.save(2, state_for(12))
+    assert "never swapped" in caplog.text
+    with pytest.raises(CheckpointConflictError, match="already committed"):
+        resumed.save(2, state_for(2))  # now committed by this job: saving it again is a mistake
+    got = fresh_state()
+    assert _manager(store).restore(got) == 2
+    assert_same_state(got, state_for(12))
+    assert verify_checkpoint(store, 2) == []
+
+
 # --------------------------------------------------------------------------- walk back
 def _two_checkpoints(store: Store) -> tuple[mf.Manifest, mf.Manifest]:
     with _manager(store, retention=KeepLast(5)) as mgr:

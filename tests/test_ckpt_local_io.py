@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -49,23 +50,31 @@ def test_saved_part_count_per_backend(tmp_path, url_kind: str, parts: int) -> No
     assert torch.equal(live["t"], state["t"])
 
 
-def test_local_restore_refuses_a_corrupt_part_before_loading(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    root = tmp_path / "ckpt"
+def _two_steps(root: Path) -> list[Path]:
+    """Save steps 1 and 2 under ``root``; the paths of step 2's part files."""
     with CheckpointManager(str(root), async_save=False, retention=KeepLast(5), options=SaveOptions(concurrency=4)) as mgr:
         mgr.save(1, _state(1))
         mgr.save(2, _state(2))
-    manifest = read_manifest(Store(str(root)), 2)
-    part = root / mf.step_dir(2) / manifest.files[1].path
-    raw = bytearray(part.read_bytes())
-    raw[len(raw) // 2] ^= 0xFF
-    part.write_bytes(bytes(raw))
+    return [root / mf.step_dir(2) / f.path for f in read_manifest(Store(str(root)), 2).files]
+
+
+def _restore_walks_back(root: Path, error: str) -> None:
+    """Step 2 is refused naming ``error`` with nothing loaded; the default restore returns step 1."""
     live = {k: torch.zeros_like(v) for k, v in _state(0).items()}
     with CheckpointManager(str(root)) as mgr:
-        with pytest.raises(CorruptDataError, match="checksum"):
+        with pytest.raises(CorruptDataError, match=error):
             mgr.restore(live, step=2)
         assert all(not v.any() for v in live.values())  # nothing was loaded from the bad step
         assert mgr.restore(live) == 1  # walks back to the good one
     assert all(torch.equal(live[k], v) for k, v in _state(1).items())
+
+
+def test_local_restore_refuses_a_corrupt_part_before_loading(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    part = _two_steps(tmp_path / "ckpt")[1]
+    raw = bytearray(part.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    part.write_bytes(bytes(raw))
+    _restore_walks_back(tmp_path / "ckpt", "checksum")
 
 
 def test_local_store_read_matches_streamed_read(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -97,16 +106,6 @@ def test_local_read_view_maps_the_file_read_only(tmp_path) -> None:  # type: ign
 
 
 def test_local_restore_refuses_a_truncated_part(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    root = tmp_path / "ckpt"
-    with CheckpointManager(str(root), async_save=False, retention=KeepLast(5), options=SaveOptions(concurrency=4)) as mgr:
-        mgr.save(1, _state(1))
-        mgr.save(2, _state(2))
-    manifest = read_manifest(Store(str(root)), 2)
-    part = root / mf.step_dir(2) / manifest.files[0].path
+    part = _two_steps(tmp_path / "ckpt")[0]
     part.write_bytes(part.read_bytes()[:-100])
-    live = {k: torch.zeros_like(v) for k, v in _state(0).items()}
-    with CheckpointManager(str(root)) as mgr:
-        with pytest.raises(CorruptDataError, match="truncated"):
-            mgr.restore(live, step=2)
-        assert mgr.restore(live) == 1
-    assert all(torch.equal(live[k], v) for k, v in _state(1).items())
+    _restore_walks_back(tmp_path / "ckpt", "truncated")

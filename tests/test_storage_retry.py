@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import time
 
 import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError, ReadTimeoutError
@@ -172,3 +173,24 @@ def test_policy_validates_and_pickles() -> None:
         RetryPolicy(max_attempts=0)
     p = RetryPolicy(max_attempts=3)
     assert pickle.loads(pickle.dumps(p)) == p
+
+
+def test_gather_keeps_order_and_stops_at_the_first_error() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from streamio.storage.store import gather
+
+    ran: list[int] = []
+
+    def job(i: int) -> int:
+        ran.append(i)
+        if i == 1:
+            raise ValueError("job 1 failed")
+        time.sleep(0.01)
+        return i * i
+
+    with ThreadPoolExecutor(1) as pool:
+        assert gather(pool, lambda i: i * i, range(5)) == [0, 1, 4, 9, 16]
+        with pytest.raises(ValueError, match="job 1 failed"):
+            gather(pool, job, range(50))
+    assert ran[:2] == [0, 1] and len(ran) < 50  # the jobs queued behind the failure were cancelled

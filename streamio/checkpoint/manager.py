@@ -87,6 +87,7 @@ from streamio.errors import (
     WriteConflictError,
 )
 from streamio.storage import RetryPolicy, Store
+from streamio.storage.store import gather
 
 log = logging.getLogger(__name__)
 
@@ -236,6 +237,7 @@ class CheckpointManager:
         self._pending: concurrent.futures.Future[SaveStats] | None = None
         self._pointer_version: Any = _UNKNOWN
         self._metrics: dict[int, Mapping[str, Any]] = {}
+        self._restored_at: datetime | None = None  # when restore() last succeeded
         self._closed = False
         self.last_stats: SaveStats | None = None
 
@@ -369,7 +371,7 @@ class CheckpointManager:
 
             with concurrent.futures.ThreadPoolExecutor(max(1, opts.concurrency), thread_name_prefix="streamio-ckpt-put") as pool:
                 entries_future = pool.submit(job.entries)  # tensor checksums, beside the uploads
-                files = _gather(pool, upload, range(len(ranges)))
+                files = gather(pool, upload, range(len(ranges)))
                 rep_entries, rank_entries = entries_future.result()
             self._check_uploaded(sdir, files)
             written, nfiles = sum(f.size for f in files), len(files)
@@ -447,11 +449,50 @@ class CheckpointManager:
         _phase("pointer")
 
     def _check_step_free(self, step: int) -> None:
-        if self.store.exists(mf.manifest_path(step)):
-            raise CheckpointConflictError(
+        path = mf.manifest_path(step)
+        try:
+            data = self.store.read(path)
+        except FileNotFoundError:
+            return
+        if self._abandoned(data):
+            log.warning(
+                "%s was written by a save that never swapped %s (the job died in between) before this job "
+                "resumed from an older step; it is removed so that step %d can be saved again",
+                self.store.url(path), self.store.url(mf.LATEST), step,
+            )
+            self.store.delete(path)
+            return
+        raise CheckpointConflictError(
                 f"step {step} is already committed at {self.store.url(mf.step_dir(step))}: another job writes this "
                 f"root, or this job saves a step twice (save steps after the one restore() returned)"
             )
+
+    def _abandoned(self, manifest_data: bytes) -> bool:
+        """Whether a manifest in the way of a save is left from an earlier run's crashed save.
+
+        It is if the pointer never named it (its step is past the pointer's) and it was written
+        before this manager restored: the job that wrote it died between the manifest and the
+        pointer swap, and this job resumed from the previous checkpoint. Anything else (a
+        manifest the pointer names, or one written after our restore: a live second job) stays
+        a conflict.
+        """
+        if self._restored_at is None:
+            return False
+        try:
+            found = mf.manifest_from_bytes(manifest_data)
+        except ManifestError:
+            return False
+        try:
+            created = datetime.fromisoformat(found.created)
+        except ValueError:
+            return False
+        if created >= self._restored_at:
+            return False
+        try:
+            pointed: int | None = mf.pointer_from_bytes(self.store.read(mf.LATEST)).step
+        except (FileNotFoundError, ManifestError):
+            pointed = None
+        return pointed is None or pointed < found.step
 
     def _check_uploaded(self, sdir: str, files: list[FileEntry]) -> None:
         if not files:
@@ -560,6 +601,7 @@ class CheckpointManager:
             bad = [p for p in problems if p is not None]
             if not bad and loaded is not None:
                 self._apply(state, s, *loaded)
+                self._restored_at = datetime.now(timezone.utc)
                 if self._pointer_version is _UNKNOWN and comm.rank == 0:
                     self._pointer_version = self._read_pointer_version()
                 return s
@@ -675,18 +717,6 @@ def part_size_for(total: int, options: SaveOptions, *, local: bool = False) -> i
     return max(min(options.part_size, per_thread), min(options.part_size, 4 << 20))
 
 
-def _gather(pool: concurrent.futures.ThreadPoolExecutor, fn: Callable[[Any], Any], items: Iterable[Any]) -> list[Any]:
-    """``[fn(x) for x in items]`` on ``pool``; the first error is raised once the rest stop."""
-    futures = [pool.submit(fn, x) for x in items]
-    concurrent.futures.wait(futures, return_when=concurrent.futures.FIRST_EXCEPTION)
-    for f in futures:
-        if f.done() and f.exception() is not None:
-            for other in futures:
-                other.cancel()
-            raise f.exception()  # type: ignore[misc]
-    return [f.result() for f in futures]
-
-
 def _phase(name: str) -> None:
     if _phase_hook is not None:
         _phase_hook(name)
@@ -768,7 +798,7 @@ def load_tensors(
 
     parts: dict[int, dict[int, bytes | memoryview]] = {}
     with concurrent.futures.ThreadPoolExecutor(max(1, concurrency), thread_name_prefix="streamio-ckpt-get") as pool:
-        for f, raw in zip(needed, _gather(pool, fetch, needed), strict=True):
+        for f, raw in zip(needed, gather(pool, fetch, needed), strict=True):
             parts.setdefault(f.rank, {})[f.start] = raw
     readers = {r: StreamReader(p, r, store.url(sdir)) for r, p in parts.items()}
 
@@ -787,7 +817,7 @@ def load_tensors(
 
     items = list(wanted.items())
     with concurrent.futures.ThreadPoolExecutor(max(1, concurrency), thread_name_prefix="streamio-ckpt-crc") as pool:
-        verified = _gather(pool, check, items)
+        verified = gather(pool, check, items)
     return {key: v for (key, _), v in zip(items, verified, strict=True)}
 
 

@@ -39,15 +39,17 @@ import os
 import posixpath
 import threading
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
-from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import FIRST_EXCEPTION, Executor, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from streamio.errors import CorruptDataError, StoragePermissionError
 from streamio.storage import backends, s3sync
 from streamio.storage.retry import RetryPolicy, TruncatedBodyError
 
+T = TypeVar("T")
+R = TypeVar("R")
 log = logging.getLogger(__name__)
 
 WriteMode = Literal["overwrite", "create"]
@@ -444,19 +446,25 @@ class Store:
         """Download many objects in parallel; results in the order of ``paths``."""
         return self._parallel([(lambda p=p: self.read(p)) for p in paths], concurrency)
 
-    def _parallel(self, jobs: list[Any], concurrency: int) -> list[Any]:
+    def _parallel(self, jobs: list[Callable[[], Any]], concurrency: int) -> list[Any]:
         if not jobs:
             return []
         self.fs  # noqa: B018 - create the filesystem once, before the threads
         with ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(jobs)))) as pool:
-            futures: list[Future[Any]] = [pool.submit(job) for job in jobs]
-            done, pending = wait(futures, return_when=FIRST_EXCEPTION)
-            for f in futures:
-                if f.done() and f.exception() is not None:
-                    for p in pending:
-                        p.cancel()
-                    raise f.exception()  # type: ignore[misc]
-            return [f.result() for f in futures]
+            return gather(pool, lambda job: job(), jobs)
+
+
+def gather(pool: Executor, fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
+    """``[fn(x) for x in items]`` run on ``pool``, in order; the first error is raised as soon as
+    it happens, the jobs not yet started are cancelled (running ones finish)."""
+    futures: list[Future[R]] = [pool.submit(fn, x) for x in items]
+    _, pending = wait(futures, return_when=FIRST_EXCEPTION)
+    for f in futures:
+        if f.done() and f.exception() is not None:
+            for p in pending:
+                p.cancel()
+            raise f.exception()  # type: ignore[misc]
+    return [f.result() for f in futures]
 
 
 def _redact(options: Any) -> Any:
