@@ -31,7 +31,7 @@ demo: $(STAMP)
 
 # The test environment includes the bench extra: CI runs a quick benchmark so they cannot rot.
 bench: $(STAMP)
-	$(PY) -m benchmarks.run
+	$(PY) -m benchmarks.run --peers mosaicml
 
 bench-quick: $(STAMP)
 	$(PY) -m benchmarks.run --quick

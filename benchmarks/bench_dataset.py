@@ -53,7 +53,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import (  # noqa: E402
-    MB, REPO, Nginx, S3Servers, boto3_ceiling, http_parallel_ceiling, interleave, ratio, summary, timed_rate,
+    MB, REPO, Nginx, S3Servers, boto3_ceiling, free_port, http_parallel_ceiling, interleave, ratio, summary, timed_rate,
 )
 
 GB = 1_000_000_000
@@ -165,12 +165,12 @@ class RankPool:
     Protocol: one JSON config per line on stdin; the answer is one ``RESULT {json}`` line on stdout.
     """
 
-    def __init__(self, envs: Sequence[dict[str, str]]) -> None:
+    def __init__(self, envs: Sequence[dict[str, str]], cmd: Sequence[str] | None = None) -> None:
         self._logs = [tempfile.TemporaryFile(mode="w+") for _ in envs]
         base = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
         self._procs = [
             subprocess.Popen(
-                [sys.executable, "-m", "benchmarks.bench_dataset", "--rank-server"],
+                list(cmd or [sys.executable, "-m", "benchmarks.bench_dataset", "--rank-server"]),
                 env={**base, **env, "PYTHONPATH": str(REPO)}, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
                 text=True, cwd=REPO,
             )
@@ -292,7 +292,7 @@ def _trial_stats(results: list[dict[str, Any]], sample_bytes: float, epoch_i: in
 
 
 def bench_loop(cfg: LoopConfig, servers: S3Servers, data: Dataset, scratch: str, nginx_url: str | None, log: Callable[[str], None],
-               quick_mode: bool = False) -> dict[str, Any]:
+               quick_mode: bool = False, peers: Sequence[str] = ()) -> dict[str, Any]:
     """The interleaved loop trials; returns per-contender summaries and the headline ratios."""
     s3 = servers.s3
     options = s3.storage_options(servers.proxies[0])
@@ -328,6 +328,8 @@ def bench_loop(cfg: LoopConfig, servers: S3Servers, data: Dataset, scratch: str,
         contenders["streamio cold, no compute"] = lambda: (
             wipe(dirs["streamio"]), trial(method="streamio", url=s3_url, options=options, cache=dirs["streamio"], compute_s=0.0))[1]
         contenders["webdataset stream, no compute"] = lambda: trial(method="webdataset", urls=s3_urls, options=options, compute_s=0.0)
+    if "mosaicml" in peers:
+        contenders.update(mosaicml_contenders(cfg, servers, data, scratch, base, log))
     # No untimed fill run is needed: in the first repetition (dict order) each cold contender runs
     # before its warm one and leaves the cache full; later repetitions find it full or refill it.
     ceiling = boto3_ceiling(s3.boto3_client(servers.proxies[0]), s3.bucket, [f"{data.prefix}/{f}" for f in data.files],
@@ -361,10 +363,54 @@ def bench_loop(cfg: LoopConfig, servers: S3Servers, data: Dataset, scratch: str,
         ratios["streamio cold, no compute / store ceiling GET (MB/s)"] = ratio(mbps["streamio cold, no compute"], ceiling["get_MBps"]["median"])
         ratios["webdataset stream, no compute / store ceiling GET (MB/s)"] = ratio(mbps["webdataset stream, no compute"], ceiling["get_MBps"]["median"])
         ratios["streamio cold / webdataset stream, no compute (samples/s)"] = ratio(med["streamio cold, no compute"], med["webdataset stream, no compute"])
+    if "mosaicml cold" in med:
+        ratios["streamio cold / mosaicml-streaming cold (samples/s)"] = ratio(med["streamio cold"], med["mosaicml cold"])
+        ratios["streamio warm / mosaicml-streaming warm (samples/s)"] = ratio(med["streamio warm"], med["mosaicml warm"])
     if nginx_url:
         ratios["streamio cold nginx / webdataset stream nginx (samples/s)"] = ratio(med["streamio cold (nginx)"], med["webdataset stream (nginx)"])
     return {"config": asdict(cfg), "compute_bound_samples_per_s": bound, "dataset_bytes": data.bytes, "dataset_samples": data.samples,
             "contenders": out, "ratios": ratios, "store_ceiling": ceiling, "http_ceiling": http_ceiling}
+
+
+def mosaicml_contenders(cfg: LoopConfig, servers: S3Servers, data: Dataset, scratch: str, base: dict[str, Any],
+                        log: Callable[[str], None]) -> dict[str, Callable[[], dict[str, float]]]:
+    """mosaicml-streaming over the same samples, bucket and latency proxy, from its own environment.
+
+    The samples are converted to MDS (same shard size, no compression) and uploaded beside the tar
+    shards. Each trial starts fresh rank processes (the peer environment's interpreter running
+    ``benchmarks/peer_mosaicml.py``; start-up is not timed), as a real job does. Its local
+    directory is its cache: emptied for ``cold``, kept for ``warm``. Seen here: about one cold
+    trial in three stalls ~60 s once (in reused and in fresh processes alike; 60 s is both
+    mosaicml's shared-memory barrier timeout and botocore's default read timeout; the cause was
+    not established), which is why its figures are medians with their range.
+    """
+    from benchmarks import peer_env
+
+    exe = peer_env.python("mosaicml", log=log)
+    script = str(REPO / "benchmarks" / "peer_mosaicml.py")
+    mds_dir = os.path.join(scratch, "mds")
+    subprocess.run([str(exe), script, "convert", data.local, mds_dir, "--size-limit", str(cfg.shard_mb * MB)],
+                   check=True, capture_output=True, text=True)
+    s3 = servers.s3
+    client = s3.boto3_client()
+    for name in os.listdir(mds_dir):
+        client.put_object(Bucket=s3.bucket, Key=f"mds/{name}", Body=Path(mds_dir, name).read_bytes())
+    opts = s3.storage_options(servers.proxies[0])
+    env = {"S3_ENDPOINT_URL": servers.proxies[0], "AWS_ACCESS_KEY_ID": opts["key"], "AWS_SECRET_ACCESS_KEY": opts["secret"],
+           "AWS_DEFAULT_REGION": s3.region, "LOCAL_WORLD_SIZE": str(cfg.ranks), "MASTER_ADDR": "127.0.0.1"}
+    local = os.path.join(scratch, "mosaicml-cache")
+    c = {**base, "remote": f"s3://{s3.bucket}/mds", "local": local}
+
+    def trial(wipe: bool) -> dict[str, float]:
+        if wipe:
+            shutil.rmtree(local, ignore_errors=True)
+        envs = [{**_rank_env(r, cfg.ranks, r), **env, "MASTER_PORT": str(free_port())} for r in range(cfg.ranks)]
+        envs = [{**e, "MASTER_PORT": envs[0]["MASTER_PORT"]} for e in envs]
+        with RankPool(envs, cmd=[str(exe), script, "--rank-server"]) as pool:
+            return _trial_stats(pool.run([c] * cfg.ranks), data.bytes / data.samples)
+
+    log(f"mosaicml-streaming: {exe.parent.parent.name} environment, {len(os.listdir(mds_dir))} MDS files uploaded")
+    return {"mosaicml cold": lambda: trial(True), "mosaicml warm": lambda: trial(False)}
 
 
 def bench_cpu_cost(data: Dataset, reps: int) -> dict[str, Any]:
@@ -563,7 +609,7 @@ def model_table(quick: bool = False) -> list[dict[str, Any]]:
 
 # ----------------------------------------------------------------------------- entry points
 def run(quick: bool = False, *, sections: Sequence[str] = ("dataset", "scale"), log: Callable[[str], None] = print,
-        use_nginx: bool = True, scratch_dir: str | None = None) -> dict[str, Any]:
+        use_nginx: bool = True, scratch_dir: str | None = None, peers: Sequence[str] = ()) -> dict[str, Any]:
     """Prepare data + servers once, run the requested sections; returns their results."""
     cfg = LoopConfig.quick() if quick else LoopConfig()
     out: dict[str, Any] = {}
@@ -584,7 +630,7 @@ def run(quick: bool = False, *, sections: Sequence[str] = ("dataset", "scale"), 
                     out["nginx_skipped"] = nginx.why
                     log(f"nginx skipped: {nginx.why}")
             if "dataset" in sections:
-                out["dataset"] = bench_loop(cfg, servers, data, scratch, nginx_url, log, quick_mode=quick)
+                out["dataset"] = bench_loop(cfg, servers, data, scratch, nginx_url, log, quick_mode=quick, peers=peers)
                 out["dataset"]["cpu_cost"] = bench_cpu_cost(data, max(3, cfg.reps))
             if "scale" in sections:
                 servers.set_latency(0.0)  # counts do not depend on latency; keep the section short
@@ -604,13 +650,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--sections", default="dataset,scale")
     ap.add_argument("--no-nginx", action="store_true")
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--peers", default="", help="comma-separated peers from their own environments: mosaicml")
     args = ap.parse_args(argv)
     if args.rank_server:
         _rank_server()
         sys.stdout.flush()
         os._exit(0)  # no interpreter teardown races with DataLoader workers (KNOWN-BEHAVIOUR.md)
     res = run(args.quick, sections=args.sections.split(","), use_nginx=not args.no_nginx,
-              log=lambda s: print(s, file=sys.stderr, flush=True))
+              log=lambda s: print(s, file=sys.stderr, flush=True), peers=[p for p in args.peers.split(",") if p])
     text = json.dumps(res, indent=2, default=str)
     if args.json:
         Path(args.json).write_text(text)

@@ -412,7 +412,7 @@ def _serve(n_proxies: int, latency: float) -> None:
 
 
 # ----------------------------------------------------------------------------- nginx
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -459,7 +459,7 @@ class Nginx:
             self.why = "nginx was installed but no nginx binary was found"
             return False
         self._dir = tempfile.mkdtemp(prefix="bench-nginx-")
-        port = _free_port()
+        port = free_port()
         conf = os.path.join(self._dir, "nginx.conf")
         Path(conf).write_text(
             ("user root;\n" if os.geteuid() == 0 else "")  # the served tree may be private (mkdtemp)

@@ -41,7 +41,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -121,7 +121,7 @@ def section_checkpoint(quick: bool, scratch: str) -> dict[str, Any]:
 
 
 def run_sections(names: list[str], quick: bool, scratch: str, use_nginx: bool,
-                 on_result: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+                 on_result: Callable[[dict[str, Any]], None] | None = None, peers: Sequence[str] = ()) -> dict[str, Any]:
     """Run ``names`` in suite order; each result carries its status, duration and date.
 
     ``on_result`` is called with each section's results as soon as they exist (saved at once, so
@@ -143,7 +143,7 @@ def run_sections(names: list[str], quick: bool, scratch: str, use_nginx: bool,
         group = data_secs if name in ("dataset", "scale") else [name]
         try:
             if name in ("dataset", "scale"):
-                res = bench_dataset.run(quick, sections=data_secs, log=log, use_nginx=use_nginx, scratch_dir=scratch)
+                res = bench_dataset.run(quick, sections=data_secs, log=log, use_nginx=use_nginx, scratch_dir=scratch, peers=peers)
                 results = {n: {"status": "ok", **res[n]} for n in data_secs}
                 if "nginx_skipped" in res:
                     results.setdefault("dataset", {})["nginx_skipped"] = res["nginx_skipped"]
@@ -199,7 +199,7 @@ def headline(res: dict[str, Any]) -> list[tuple[str, float]]:
             out.append((f"data: {k}", v))
         if "cpu_cost" in ds:
             out.append(("data: reader CPU s per GB, one process, streamio / webdataset (lower is better)", ds["cpu_cost"]["ratio streamio / webdataset"]))
-        for name in ("streamio cold", "streamio warm", "webdataset stream", "webdataset cold", "webdataset warm"):
+        for name in ("streamio cold", "streamio warm", "webdataset stream", "webdataset cold", "webdataset warm", "mosaicml cold", "mosaicml warm"):
             if name in c:
                 out.append((f"data: {name} stall fraction (steady state, after the first batch)", c[name]["stall_steady"]["median"]))
     ld = res.get("loader", {})
@@ -453,11 +453,17 @@ def write_report(res: dict[str, Any], out_dir: Path, plots: list[str]) -> Path:
         L += [f"![{p}]({p})" for p in plots if p.startswith("checkpoint")] + [""]
 
     L += [
-        "## Peers not run here",
+        "## Peers in their own environments",
         "",
-        "mosaicml-streaming and litdata cannot share this virtual environment with s3fs/gcsfs (pins of google-cloud-storage,",
-        "numpy and botocore conflict; their torchvision from the index fails to import beside the CPU torch build:",
-        "KNOWN-BEHAVIOUR.md). They would need their own environments and are not compared here.",
+        "mosaicml-streaming and litdata cannot share streamio's virtual environment (pins of google-cloud-storage, numpy",
+        "and botocore conflict with s3fs/gcsfs; PyPI's torchvision, which mosaicml-streaming imports, does not load beside",
+        "the CPU torch 2.13.0: KNOWN-BEHAVIOUR.md). With `--peers mosaicml` (what `make bench` passes) mosaicml-streaming",
+        "runs in the loop benchmark from `.venv-peers/mosaicml`, built once from the pins in `benchmarks/peers/mosaicml.txt`",
+        "(torch 2.14.1 + torchvision 0.29.1, the pair on these machines' disk that imports together): the same samples as",
+        "MDS shards of the same size in the same bucket, behind the same latency proxy, the same loop"
+        + (" (rows `mosaicml cold` / `mosaicml warm` above)." if "mosaicml cold" in res.get("dataset", {}).get("contenders", {})
+           else "; this run did not include it."),
+        "litdata is not compared: it would need the same treatment (its own environment and format conversion).",
         "",
     ]
     path = out_dir / "RESULTS.md"
@@ -538,6 +544,8 @@ def main(argv: list[str] | None = None) -> int:
                     "benchmarks/out/quick/ with --quick so a smoke run never replaces the committed figures)")
     ap.add_argument("--no-nginx", action="store_true", help="skip the nginx rows (no apt-get)")
     ap.add_argument("--report-only", action="store_true", help="re-render RESULTS.md and the plots from DIR/results.json")
+    ap.add_argument("--peers", default="", help="comma-separated peers run from their own environments (benchmarks/peers/NAME.txt, "
+                    "built once into .venv-peers/NAME): mosaicml")
     args = ap.parse_args(argv)
     if args.out is None:
         args.out = HERE / "out" / "quick" if args.quick else HERE
@@ -561,7 +569,8 @@ def main(argv: list[str] | None = None) -> int:
             res.update(part)
             store.write_text(json.dumps(res, indent=1, default=str))
 
-        run_sections(names, args.quick, scratch, use_nginx=not args.no_nginx, on_result=save)
+        run_sections(names, args.quick, scratch, use_nginx=not args.no_nginx, on_result=save,
+                     peers=[p.strip() for p in args.peers.split(",") if p.strip()])
     store.write_text(json.dumps(res, indent=1, default=str))
     plots = make_plots(res, args.out)
     path = write_report(res, args.out, plots)

@@ -143,3 +143,23 @@ def test_quick_suite_runs_and_writes_its_report(tmp_path: Path) -> None:
     assert fetched == res["scale"]["model_same_setup"]["cached_downloads"]
     text = (tmp_path / "RESULTS.md").read_text()
     assert "## Scale: simulated nodes and a model (issue 9)" in text and "| 8 x 8 |" in text
+
+
+def test_peer_environment_needs_its_pins_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from benchmarks import peer_env
+
+    with pytest.raises(FileNotFoundError, match="no pins for peer 'nope'"):
+        peer_env.python("nope")
+    # a built environment whose pins match is reused without pip
+    monkeypatch.setattr(peer_env, "REPO", tmp_path)
+    monkeypatch.setattr(peer_env, "PEERS", tmp_path / "peers")
+    (tmp_path / "peers").mkdir()
+    (tmp_path / "peers" / "x.txt").write_text("six==1.16.0\n")
+    venv = tmp_path / ".venv-peers" / "x"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text("")
+    import hashlib
+
+    (venv / ".pins-sha256").write_text(hashlib.sha256(b"six==1.16.0\n").hexdigest())
+    monkeypatch.setattr(peer_env.subprocess, "run", lambda *a, **k: pytest.fail(f"pip ran: {a}"))
+    assert peer_env.python("x") == venv / "bin" / "python"

@@ -1,0 +1,105 @@
+"""mosaicml-streaming as a peer in the loop benchmark; runs in ITS OWN virtual environment.
+
+mosaicml-streaming cannot share streamio's environment (it pins google-cloud-storage < 3.3 and
+numpy < 2.2 against s3fs/gcsfs, and imports torchvision, whose PyPI build does not load beside the
+CPU torch 2.13.0: KNOWN-BEHAVIOUR.md), so :mod:`benchmarks.peer_env` builds ``.venv-peers/mosaicml``
+from ``benchmarks/peers/mosaicml.txt`` and this file runs there. It imports neither streamio nor
+the rest of ``benchmarks`` (they are not installed there): stdlib, torch and ``streaming`` only.
+
+Modes:
+
+* ``convert SRC OUT --size-limit BYTES``: the same samples as streamio's shards in ``SRC`` (tar
+  members ``KEY.bin``) written as an MDS dataset in ``OUT`` (columns ``key: str``, ``bin: bytes``,
+  no compression, like the tar shards), for the driver to upload to the same moto bucket.
+* ``--rank-server``: one rank of a trial, the protocol of ``bench_dataset.RankPool`` (a JSON
+  config per stdin line, a ``RESULT {json}`` line back): ``StreamingDataset(remote=s3://...,
+  local=cache dir)`` + a torch ``DataLoader``, the same loop, compute and timing as the other
+  contenders; the driver starts fresh rank processes for each trial. S3 goes through boto3 to ``S3_ENDPOINT_URL`` (the same 30 ms latency proxy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tarfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+
+def convert(src: str, out: str, size_limit: int) -> dict[str, Any]:
+    from streaming import MDSWriter
+
+    n = 0
+    with MDSWriter(out=out, columns={"key": "str", "bin": "bytes"}, size_limit=size_limit) as writer:
+        for shard in sorted(Path(src).glob("*.tar")):
+            with tarfile.open(shard) as tar:
+                for member in tar:
+                    if not member.isfile():
+                        continue
+                    key, _, ext = member.name.partition(".")
+                    f = tar.extractfile(member)
+                    assert f is not None and ext == "bin", member.name
+                    writer.write({"key": key, "bin": f.read()})
+                    n += 1
+    return {"samples": n, "files": sorted(p.name for p in Path(out).iterdir())}
+
+
+def collate(batch: list[dict[str, Any]]) -> dict[str, list[Any]]:
+    """Lists, as streamio's and webdataset's loaders give bytes (default_collate would split them)."""
+    return {"__key__": [s["key"] for s in batch], "bin": [s["bin"] for s in batch]}
+
+
+def rank_main(cfg: dict[str, Any]) -> dict[str, Any]:
+    from streaming import StreamingDataset
+    from torch.utils.data import DataLoader
+
+    bs, nw = cfg["batch_size"], cfg["workers"]
+    ds = StreamingDataset(remote=cfg["remote"], local=cfg["local"], batch_size=bs, shuffle=False)
+    loader = DataLoader(ds, batch_size=bs, num_workers=nw, collate_fn=collate)
+    samples, waited, first = 0, 0.0, None
+    t0 = time.perf_counter()
+    it = iter(loader)
+    while True:
+        t = time.perf_counter()
+        try:
+            batch = next(it)
+        except StopIteration:
+            break
+        dt = time.perf_counter() - t
+        waited += dt
+        first = dt if first is None else first
+        samples += len(batch["__key__"])
+        if cfg["compute_s"]:
+            time.sleep(cfg["compute_s"])
+    wall = time.perf_counter() - t0
+    return {"rank": int(os.environ["RANK"]), "epochs": [{"epoch": 0, "samples": samples, "wall_s": wall, "wait_s": waited,
+                                                        "first_batch_s": first or 0.0}]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    ap.add_argument("--rank-server", action="store_true")
+    ap.add_argument("mode", nargs="?")
+    ap.add_argument("src", nargs="?")
+    ap.add_argument("out", nargs="?")
+    ap.add_argument("--size-limit", type=int, default=16_000_000)
+    args = ap.parse_args()
+    if args.rank_server:
+        for line in sys.stdin:
+            try:
+                res = rank_main(json.loads(line))
+            except Exception:  # noqa: BLE001 - reported to the driver, which raises
+                res = {"error": traceback.format_exc()}
+            print("RESULT " + json.dumps(res), flush=True)
+    elif args.mode == "convert":
+        print(json.dumps(convert(args.src, args.out, args.size_limit)))
+    else:
+        ap.error("convert SRC OUT, or --rank-server")
+
+
+if __name__ == "__main__":
+    main()
