@@ -112,6 +112,13 @@ class _Fault:
         return self.path_contains is None or self.path_contains in path
 
 
+class _Server(ThreadingHTTPServer):
+    # socketserver listens with a backlog of 5: 16 loaders connecting at once (2 ranks x 2
+    # workers x 4 prefetches) overflowed it, and a dropped handshake costs the client a SYN
+    # retransmit (1 s, 3 s, ...) or, once it thinks it is connected, its whole read timeout.
+    request_queue_size = 1024
+
+
 class FaultProxy:
     """A threaded HTTP/1.1 forwarding proxy on 127.0.0.1 that injects faults; see module docstring.
 
@@ -147,7 +154,7 @@ class FaultProxy:
         if self._server is not None:
             return self
         handler = type("_BoundHandler", (_Handler,), {"proxy": self})
-        server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        server = _Server(("127.0.0.1", 0), handler)
         server.daemon_threads = True
         server.block_on_close = False
         self._server = server
