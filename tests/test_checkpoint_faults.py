@@ -158,12 +158,13 @@ def test_kill_minus_9_anywhere_leaves_a_restorable_checkpoint(zygote: Zygote, s3
     # for that response, so it can never have sent the pointer: step 1 must come back. Inside the
     # pointer PUT, bytes already in the socket still reach the server after the kill (as on a
     # real network), so either step may come back; both must be complete and exact.
-    offsets = {int(parts * f): {1} for f in (0.0, 0.3, 0.6, 0.97)}
+    offsets = {int(parts * f): {1} for f in (0.0, 0.1, 0.2, 0.3, 0.45, 0.6, 0.75, 0.85, 0.97, 1.0)}
     offsets[parts + marker // 2] = {1}
     offsets[parts + marker + manifest // 2] = {1}
     offsets[parts + marker + manifest] = {1}
     offsets[parts + marker + manifest + pointer // 2] = {1, 2}
     cases = [(p, None, {PHASE_EXPECT[p]}) for p in PHASES] + [("-", t1 + off, want) for off, want in offsets.items()]
+    assert len(cases) == 20  # the "20 different points": 6 phases + 14 byte counts
     with ThreadPoolExecutor(4) as pool:
         results = list(pool.map(lambda c: _case(zygote, s3, c[0], c[1]), cases))
     bad = [(c[0], c[1], r[1]) for c, r in zip(cases, results, strict=True) if r[1] not in c[2]]
