@@ -55,6 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import (  # noqa: E402
     MB, REPO, Nginx, S3Servers, boto3_ceiling, free_port, http_parallel_ceiling, interleave, ratio, summary, timed_rate,
 )
+from benchmarks.loop import timed_epoch  # noqa: E402
 
 GB = 1_000_000_000
 
@@ -136,23 +137,7 @@ def rank_main(cfg: dict[str, Any]) -> dict[str, Any]:
     for epoch in epochs:
         if hasattr(ds, "set_epoch"):
             ds.set_epoch(epoch)
-        samples, waited, first = 0, 0.0, None
-        t0 = time.perf_counter()
-        it = iter(loader)
-        while True:
-            t = time.perf_counter()
-            try:
-                batch = next(it)
-            except StopIteration:
-                break
-            dt = time.perf_counter() - t
-            waited += dt
-            first = dt if first is None else first
-            samples += len(batch["__key__"])
-            if cfg["compute_s"]:
-                time.sleep(cfg["compute_s"])
-        wall = time.perf_counter() - t0
-        out.append({"epoch": epoch, "samples": samples, "wall_s": wall, "wait_s": waited, "first_batch_s": first or 0.0})
+        out.append(timed_epoch(loader, cfg["compute_s"], epoch))
     return {"rank": int(os.environ["RANK"]), "epochs": out}
 
 

@@ -4,7 +4,8 @@ mosaicml-streaming cannot share streamio's environment (it pins google-cloud-sto
 numpy < 2.2 against s3fs/gcsfs, and imports torchvision, whose PyPI build does not load beside the
 CPU torch 2.13.0: KNOWN-BEHAVIOUR.md), so :mod:`benchmarks.peer_env` builds ``.venv-peers/mosaicml``
 from ``benchmarks/peers/mosaicml.txt`` and this file runs there. It imports neither streamio nor
-the rest of ``benchmarks`` (they are not installed there): stdlib, torch and ``streaming`` only.
+the rest of ``benchmarks`` (not installed there), only the stdlib-only ``benchmarks.loop`` (the
+rank pool puts the repository on ``PYTHONPATH``), torch and ``streaming``.
 
 Modes:
 
@@ -24,7 +25,6 @@ import json
 import os
 import sys
 import tarfile
-import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -57,27 +57,12 @@ def rank_main(cfg: dict[str, Any]) -> dict[str, Any]:
     from streaming import StreamingDataset
     from torch.utils.data import DataLoader
 
+    from benchmarks.loop import timed_epoch  # stdlib only; the rank pool puts the repository on PYTHONPATH
+
     bs, nw = cfg["batch_size"], cfg["workers"]
     ds = StreamingDataset(remote=cfg["remote"], local=cfg["local"], batch_size=bs, shuffle=False)
     loader = DataLoader(ds, batch_size=bs, num_workers=nw, collate_fn=collate)
-    samples, waited, first = 0, 0.0, None
-    t0 = time.perf_counter()
-    it = iter(loader)
-    while True:
-        t = time.perf_counter()
-        try:
-            batch = next(it)
-        except StopIteration:
-            break
-        dt = time.perf_counter() - t
-        waited += dt
-        first = dt if first is None else first
-        samples += len(batch["__key__"])
-        if cfg["compute_s"]:
-            time.sleep(cfg["compute_s"])
-    wall = time.perf_counter() - t0
-    return {"rank": int(os.environ["RANK"]), "epochs": [{"epoch": 0, "samples": samples, "wall_s": wall, "wait_s": waited,
-                                                        "first_batch_s": first or 0.0}]}
+    return {"rank": int(os.environ["RANK"]), "epochs": [timed_epoch(loader, cfg["compute_s"])]}
 
 
 def main() -> None:
