@@ -55,7 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import (  # noqa: E402
     MB, REPO, Nginx, S3Servers, boto3_ceiling, free_port, http_parallel_ceiling, interleave, ratio, summary, timed_rate,
 )
-from benchmarks.loop import timed_epoch  # noqa: E402
+from benchmarks.loop import serve, timed_epoch  # noqa: E402
 
 GB = 1_000_000_000
 
@@ -206,14 +206,7 @@ class RankPool:
 
 def _rank_server() -> None:
     """Child mode of :class:`RankPool`."""
-    import traceback
-
-    for line in sys.stdin:
-        try:
-            res = rank_main(json.loads(line))
-        except Exception:  # noqa: BLE001 - reported to the driver, which raises
-            res = {"error": traceback.format_exc()}
-        print("RESULT " + json.dumps(res), flush=True)
+    serve(rank_main)
 
 
 def _rank_env(rank: int, world: int, local: int) -> dict[str, str]:

@@ -1,10 +1,10 @@
-"""The timed training loop every data contender runs (stdlib only: peers import it from their own
-environments too, see ``benchmarks/peer_mosaicml.py``)."""
+"""The timed training loop every data contender runs, and the rank-process protocol around it
+(stdlib only: peers import it from their own environments too, see ``benchmarks/peer_mosaicml.py``)."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 
@@ -31,3 +31,18 @@ def timed_epoch(loader: Iterable[dict[str, Any]], compute_s: float, epoch: int =
             time.sleep(compute_s)
     wall = time.perf_counter() - t0
     return {"epoch": epoch, "samples": samples, "wall_s": wall, "wait_s": waited, "first_batch_s": first or 0.0}
+
+
+def serve(run: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+    """A rank process of ``bench_dataset.RankPool``: one JSON config per stdin line, answered by
+    one ``RESULT {json}`` line (``{"error": traceback}`` when ``run`` raised)."""
+    import json
+    import sys
+    import traceback
+
+    for line in sys.stdin:
+        try:
+            res = run(json.loads(line))
+        except Exception:  # noqa: BLE001 - reported to the driver, which raises
+            res = {"error": traceback.format_exc()}
+        print("RESULT " + json.dumps(res), flush=True)

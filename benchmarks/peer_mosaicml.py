@@ -23,9 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tarfile
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -74,12 +72,9 @@ def main() -> None:
     ap.add_argument("--size-limit", type=int, default=16_000_000)
     args = ap.parse_args()
     if args.rank_server:
-        for line in sys.stdin:
-            try:
-                res = rank_main(json.loads(line))
-            except Exception:  # noqa: BLE001 - reported to the driver, which raises
-                res = {"error": traceback.format_exc()}
-            print("RESULT " + json.dumps(res), flush=True)
+        from benchmarks.loop import serve
+
+        serve(rank_main)
     elif args.mode == "convert":
         print(json.dumps(convert(args.src, args.out, args.size_limit)))
     else:
