@@ -221,9 +221,11 @@ def test_s3_reads_in_parallel_threads_use_one_client(s3_store: Store, s3_proxy: 
     blobs = {f"p{i}": os.urandom(300_000 + i) for i in range(8)}
     for k, v in blobs.items():
         s3_store.put(k, v)
+    assert s3_store.fs not in s3sync._CLIENTS  # puts go through s3fs
     with ThreadPoolExecutor(8) as pool:
         assert list(pool.map(s3_store.read, blobs)) == list(blobs.values())
-    assert s3sync.client(s3_store.fs) is s3sync.client(s3_store.fs)
+    assert s3_store.fs in s3sync._CLIENTS  # the reads made it, once for all threads
+    assert s3sync.client(s3_store.fs) is s3sync._CLIENTS[s3_store.fs]
     assert s3_store.read_many(list(blobs)) == list(blobs.values())
 
 

@@ -42,7 +42,7 @@ import platform
 import time
 import urllib.parse
 import uuid
-from collections.abc import Callable, Iterable, Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -463,9 +463,9 @@ class CheckpointManager:
             self.store.delete(path)
             return
         raise CheckpointConflictError(
-                f"step {step} is already committed at {self.store.url(mf.step_dir(step))}: another job writes this "
-                f"root, or this job saves a step twice (save steps after the one restore() returned)"
-            )
+            f"step {step} is already committed at {self.store.url(mf.step_dir(step))}: another job writes this "
+            f"root, or this job saves a step twice (save steps after the one restore() returned)"
+        )
 
     def _abandoned(self, manifest_data: bytes) -> bool:
         """Whether a manifest in the way of a save is left from an earlier run's crashed save.
@@ -488,10 +488,7 @@ class CheckpointManager:
             return False
         if created >= self._restored_at:
             return False
-        try:
-            pointed: int | None = mf.pointer_from_bytes(self.store.read(mf.LATEST)).step
-        except (FileNotFoundError, ManifestError):
-            pointed = None
+        pointed = self.latest_step()
         return pointed is None or pointed < found.step
 
     def _check_uploaded(self, sdir: str, files: list[FileEntry]) -> None:
@@ -686,11 +683,11 @@ def _part_reader(root_url: str, storage_options: Mapping[str, Any] | None, retry
     """The Store that restore reads parts through: on S3, one whose client skips botocore's
     response-checksum pass (``response_checksum_validation="when_required"``), else ``store``.
 
-    Why: aiobotocore runs that CRC32 over every body on s3fs's single event loop, serialised with
-    all the socket reads (~0.12 s of loop time per 300 MB, measured with cProfile on the loop
-    thread), while each part is checked anyway: its size and CRC32C are verified end to end
-    (``verify_file``, in the reading threads, GIL released) before any byte reaches a tensor. The
-    manifest and the pointer keep the default client. A caller's own setting is kept.
+    Why: that CRC32 is one more pass over every body (it cost ~0.12 s of s3fs's event-loop time
+    per 300 MB when parts were read through s3fs; ``Store.read`` now runs it in the reading
+    thread, :mod:`streamio.storage.s3sync`), while each part is checked anyway: its size and
+    CRC32C are verified end to end (``verify_file``, GIL released) before any byte reaches a
+    tensor. The manifest and the pointer keep the default client. A caller's own setting is kept.
     """
     if urllib.parse.urlsplit(root_url).scheme not in ("s3", "s3a"):
         return store

@@ -239,6 +239,15 @@ def map_local(full: str) -> bytes | memoryview:
         return memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
 
 
+def shorter_than_expected(url: str, ends_at: int, wanted_end: int) -> CorruptDataError:
+    """The error for an object that ends before the byte a caller (index, manifest) asked for:
+    permanent, never retried, the same words on every backend and read path."""
+    return CorruptDataError(
+        f"{url} ends at byte {ends_at}, before the requested end {wanted_end}: the object is "
+        f"shorter than the caller (index, manifest) expects; re-run `streamio verify` on it"
+    )
+
+
 def read_local(full: str, url: str, start: int, end: int | None) -> bytes:
     """Bytes ``[start, end)`` of a local file in one ``read`` (straight into the result, no
     pieces to join): the whole-object read a checkpoint restore does is bound by the page cache
@@ -248,10 +257,7 @@ def read_local(full: str, url: str, start: int, end: int | None) -> bytes:
         size = os.fstat(f.fileno()).st_size
         stop = size if end is None else end
         if stop > size:
-            raise CorruptDataError(
-                f"{url} ends at byte {size}, before the requested end {stop}: the object is "
-                f"shorter than the caller (index, manifest) expects; re-run `streamio verify` on it"
-            )
+            raise shorter_than_expected(url, size, stop)
         if stop <= start:
             return b""
         if start:

@@ -26,7 +26,7 @@ import threading
 import weakref
 from typing import Any
 
-from streamio.errors import CorruptDataError
+from streamio.storage.backends import shorter_than_expected
 
 _CLIENTS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
@@ -92,10 +92,7 @@ def read(fs: Any, full: str, start: int, end: int | None, url: str) -> bytes:
     finally:
         body.close()
     if end is not None and len(data) < end - start:
-        raise CorruptDataError(
-            f"{url} ends at byte {start + len(data)}, before the requested end {end}: the object is "
-            f"shorter than the caller (index, manifest) expects; re-run `streamio verify` on it"
-        )
+        raise shorter_than_expected(url, start + len(data), end)
     return data
 
 

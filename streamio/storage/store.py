@@ -265,10 +265,7 @@ class Store:
             if bound[0] is None:
                 bound[0] = absolute
             elif absolute < bound[0]:
-                raise CorruptDataError(
-                    f"{url} ends at byte {absolute}, before the requested end {bound[0]}: the object is "
-                    f"shorter than the caller (index, manifest) expects; re-run `streamio verify` on it"
-                )
+                raise backends.shorter_than_expected(url, absolute, bound[0])
 
         while bound[0] is None or pos < bound[0]:
             stream = backends.open_stream(self.fs, self._full(path), pos, bound[0], piece, on_end)
