@@ -16,7 +16,7 @@ of ``--reps`` after one untimed warm-up each, to local disk and to S3 (moto in a
 * ``copy``            a plain copy of the state into reused host buffers (what blocking costs).
 
 Run:  .venv/bin/python -m benchmarks.bench_checkpoint --size-mb 300 --reps 3
-moto caveats (KNOWN-BEHAVIOUR.md): uploads ~0.13-0.20 GB/s whatever the concurrency; ranged GETs
+moto caveats (docs/design.md "Measured behaviour"): uploads ~0.13-0.20 GB/s whatever the concurrency; ranged GETs
 read the whole object, so streamio reads whole parts (no ranges) on restore.
 """
 

@@ -19,7 +19,7 @@ order rotates each round) and reported as medians:
 * ``local_sequential`` — plain ``open().read()`` in 4 MB pieces of the same cached files: the
   local ceiling for the warm case.
 
-Caveats (KNOWN-BEHAVIOUR.md): moto makes every ranged GET read the whole object, and serves
+Caveats (docs/design.md "Measured behaviour"): moto makes every ranged GET read the whole object, and serves
 ~1.1-1.25 GB/s at best with 8 parallel downloads, so absolute network numbers are moto's; compare
 ratios against ``boto3_parallel`` measured in the same run. The machine has 2 shared cores.
 (webdataset / litdata / mosaicml-streaming comparisons belong to the shared benchmark suite.)

@@ -13,7 +13,7 @@ What is measured (contenders interleaved round by round; the median is reported)
    ``write_dataset`` (shard N+1 is built while shard N uploads) vs ``ShardWriter`` writing local
    files with a ``post=`` hook uploading each finished one with boto3 (the documented way), vs
    boto3 ``put_object`` of the same shard bytes (the limit through the same server). moto is slow
-   on writes (~0.13-0.2 GB/s, KNOWN-BEHAVIOUR.md): these are ratios to that ceiling, not S3 figures.
+   on writes (~0.13-0.2 GB/s, docs/design.md): these are ratios to that ceiling, not S3 figures.
 3. ``read``: reading the warm local shards back: ``iter_samples`` without and with per-sample
    CRC32C verification vs ``webdataset.WebDataset`` (no decoding).
 4. ``index``: loading a 5,000-shard index (layouts in sidecars) and one shard's sidecar.

@@ -16,7 +16,7 @@ one large object (BIG):
 * ``store_iter_bytes``  — one streaming GET.  ``s3fs_cat_file`` — s3fs's concurrent ranged GETs.
 * ``store_put_multipart`` — parallel parts (16 MiB, 8 at a time). ``s3fs_pipe_file`` — s3fs's.
 
-Caveats (KNOWN-BEHAVIOUR.md): moto is the bottleneck (PUT ~0.13-0.2 GB/s whatever the
+Caveats (docs/design.md "Measured behaviour"): moto is the bottleneck (PUT ~0.13-0.2 GB/s whatever the
 concurrency; a ranged GET makes moto read the whole object, which penalises s3fs's concurrent
 ranged reads of one object here and not on real S3). Compare ratios, not absolute figures.
 """

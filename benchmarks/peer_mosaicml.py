@@ -2,7 +2,7 @@
 
 mosaicml-streaming cannot share streamio's environment (it pins google-cloud-storage < 3.3 and
 numpy < 2.2 against s3fs/gcsfs, and imports torchvision, whose PyPI build does not load beside the
-CPU torch 2.13.0: KNOWN-BEHAVIOUR.md), so :mod:`benchmarks.peer_env` builds ``.venv-peers/mosaicml``
+CPU torch 2.13.0: docs/design.md), so :mod:`benchmarks.peer_env` builds ``.venv-peers/mosaicml``
 from ``benchmarks/peers/mosaicml.txt`` and this file runs there. It imports neither streamio nor
 the rest of ``benchmarks`` (not installed there), only the stdlib-only ``benchmarks.loop`` (the
 rank pool puts the repository on ``PYTHONPATH``), torch and ``streaming``.

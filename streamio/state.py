@@ -1,6 +1,6 @@
 """Capture and restore every random number generator a training rank uses.
 
-Exact resume (DESIGN.md invariant 9) needs more than weights and optimizer moments: dropout masks,
+Exact resume (docs/design.md "Bit-exact resume") needs more than weights and optimizer moments: dropout masks,
 data augmentation and any sampling a user does draw from RNGs whose state must continue where the
 crashed run left it. :class:`RNGState` is a stateful object (``state_dict`` / ``load_state_dict``)
 that a :class:`~streamio.CheckpointManager` saves *per rank*, next to the model:
@@ -13,7 +13,7 @@ that a :class:`~streamio.CheckpointManager` saves *per rank*, next to the model:
 
 Why the representation looks the way it does: the checkpoint format never unpickles from storage,
 so the state dict holds only JSON types and tensors. ``np.random.get_state()`` contains an ndarray
-that ``torch.load(weights_only=True)`` refuses (KNOWN-BEHAVIOUR), so the MT19937 key becomes an
+that ``torch.load(weights_only=True)`` refuses (docs/design.md "Measured behaviour"), so the MT19937 key becomes an
 int64 tensor; a NumPy ``Generator``'s 128-bit PCG64 words exceed JSON's portable integer range, so
 integers beyond int64 are stored as decimal strings.
 

@@ -133,7 +133,7 @@ def test_unstamped_cache_file_is_verified_once(s3_store: Store, proxy: FaultProx
 
 
 def test_corrupted_download_is_discarded_not_committed(s3_store: Store, proxy: FaultProxy, tmp_path) -> None:
-    """A flipped byte on a ranged GET passes s3fs silently (KNOWN-BEHAVIOUR): only our CRC sees it."""
+    """A flipped byte on a ranged GET passes s3fs silently (docs/design.md): only our CRC sees it."""
     (shard, data), = make_shards(s3_store, 1, MB)
     cache = cache_for(tmp_path / "c")
     proxy.clear()

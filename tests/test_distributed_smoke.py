@@ -3,7 +3,7 @@
 Run STREAMIO_SMOKE_REPEAT times (3 by default, CI) back to back, because the failure this guards
 against is intermittent: after a collective, a gloo rank sometimes aborts at interpreter exit
 ("terminate called without an active exception", exit 1). The worker's ending is the measured
-fix (KNOWN-BEHAVIOUR.md): destroy_process_group(), flush stdout/stderr, then os._exit(0).
+fix (docs/design.md "Measured behaviour"): destroy_process_group(), flush stdout/stderr, then os._exit(0).
 """
 
 from __future__ import annotations

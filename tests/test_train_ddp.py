@@ -1,6 +1,6 @@
 """The trainer under torchrun: 2 CPU ranks (gloo), data and checkpoints over real HTTP to moto.
 
-Bit-exact resume (DESIGN.md invariant 9): 40 optimizer steps uninterrupted vs the same run crashed
+Bit-exact resume (docs/design.md "Bit-exact resume"): 40 optimizer steps uninterrupted vs the same run crashed
 by ``--fail-at-step 20`` (every rank ``os._exit``s: no cleanup, the async save in flight is lost,
 as after kill -9) and resumed from ``latest.json``; with dropout, shuffling, 2 DataLoader workers
 per rank (StreamingDataset + StreamingDataLoader over 11 uneven shards), gradient accumulation

@@ -2,7 +2,7 @@
 
 ``CheckpointManager`` (manager.py) runs the commit protocol; manifest.py holds the pure layout,
 schemas and retention policies; serialize.py turns state dicts into raw tensor bytes + JSON and
-back without ever unpickling. See DESIGN.md "Checkpoint root" and "Commit protocol".
+back without ever unpickling. See docs/design.md "Checkpoints" (layout, formats, commit protocol).
 """
 
 from streamio.checkpoint.manager import CheckpointManager, SaveOptions, SaveStats

@@ -1,1 +1,1 @@
-"""See DESIGN.md for this package's place in the layout."""
+"""The dataset side of streamio; see docs/design.md "Layout and the direction of dependencies"."""

@@ -5,7 +5,7 @@
 
 Each rank ends with ``destroy_process_group()``, flushes its output and leaves with ``os._exit``:
 after DDP has run, a normal interpreter exit sometimes aborts a rank ("terminate called without an
-active exception"), which would turn a finished run into a failed one (KNOWN-BEHAVIOUR.md).
+active exception"), which would turn a finished run into a failed one (docs/design.md "Measured behaviour").
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The bundled demo dataset: a deterministic, learnable synthetic classification task.
 
 No download and no file to ship: the same ``seed`` gives the same bytes on every machine (NumPy's
-``default_rng`` with a structured seed, STYLE.md). Each sample is a 32-dimensional point from one of
+``default_rng`` with a structured seed: a tuple, not arithmetic). Each sample is a 32-dimensional point from one of
 8 overlapping Gaussian clusters pushed through a fixed random nonlinearity, so a small MLP's loss
 starts at ``ln 8 = 2.08`` and visibly falls, without reaching zero in a few hundred steps.
 
