@@ -1,0 +1,165 @@
+"""What :class:`~streamio.testing.proxy.FaultProxy` does to traffic, as values, and the table of them.
+
+* :class:`Fault`: one rule (kind, how many uses, byte offset, error answer, method/path filters).
+  Its methods are pure: whether a request matches, whether a body is long enough, what a body
+  piece becomes once the fault applies, the S3-style XML body of an injected error.
+* :class:`RequestRecord`: one request as the proxy saw it; the request log is a list of them.
+* :class:`FaultTable`: the faults in force, the latency and bandwidth settings and the request
+  log, behind one lock: the proxy's public methods write it from the test's thread, the
+  forwarding handler threads read and consume it.
+
+Body faults (reset, truncate, corrupt) apply only to a body longer than their offset: a ``HEAD``,
+a listing shorter than the cut or an error body never consumes one.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from dataclasses import dataclass
+
+FAIL = "fail"
+RESET = "reset"
+TRUNCATE = "truncate"
+CORRUPT = "corrupt"
+BODY_FAULTS = (RESET, TRUNCATE, CORRUPT)
+"""The kinds that act on a response body (``fail`` answers instead of forwarding)."""
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """One request that went through the proxy.
+
+    Attributes:
+        method: HTTP method.
+        path: URL path, percent-decoded, without the query (``/bucket/key`` on S3 path-style).
+        query: the raw query string ('' if none).
+        range: the request's ``Range`` header, or None.
+        status: status sent to the client (0 if the connection died before a status).
+        request_bytes: request-body bytes received from the client.
+        response_bytes: response-body bytes sent to the client.
+        fault: the fault applied (``"fail"``, ``"reset"``, ``"truncate"``, ``"corrupt"``) or None.
+    """
+
+    method: str
+    path: str
+    query: str
+    range: str | None
+    status: int
+    request_bytes: int
+    response_bytes: int
+    fault: str | None = None
+
+
+@dataclass
+class Fault:
+    """One fault rule; ``remaining`` uses left (None: until cleared), consumed by :meth:`FaultTable.take`."""
+
+    kind: str
+    remaining: int | None  # None: unlimited
+    offset: int = 0
+    status: int = 503
+    code: str = "SlowDown"
+    method: str | None = None
+    path_contains: str | None = None
+
+    def matches(self, method: str, path: str) -> bool:
+        """Whether the method/path filters let this fault apply to a request."""
+        if self.method is not None and self.method.upper() != method:
+            return False
+        return self.path_contains is None or self.path_contains in path
+
+    def fits(self, body_len: int | None) -> bool:
+        """Whether a body of ``body_len`` bytes (None: not known) reaches this fault's offset."""
+        return self.kind == FAIL or body_len is None or body_len > self.offset
+
+    def apply(self, piece: bytes, sent: int) -> tuple[bytes, str | None, bool]:
+        """What to send of the body ``piece`` that starts ``sent`` bytes into the body.
+
+        Returns ``(piece to send, kind applied or None, stop after it)``: a reset or truncate
+        keeps the bytes before its offset and stops there; a corrupt flips every bit of the byte
+        at its offset and goes on.
+        """
+        end = sent + len(piece)
+        if self.kind in (RESET, TRUNCATE) and end >= self.offset:
+            return piece[: self.offset - sent], self.kind, True
+        if self.kind == CORRUPT and sent <= self.offset < end:
+            i = self.offset - sent
+            return piece[:i] + bytes([piece[i] ^ 0xFF]) + piece[i + 1 :], CORRUPT, False
+        return piece, None, False
+
+    def error_body(self, path: str) -> bytes:
+        """The S3-style XML error document a ``fail`` fault answers with."""
+        return (
+            '<?xml version="1.0" encoding="UTF-8"?>\n'
+            f"<Error><Code>{self.code}</Code><Message>injected by FaultProxy</Message>"
+            f"<Resource>{path}</Resource><RequestId>{uuid.uuid4().hex}</RequestId></Error>"
+        ).encode()
+
+
+class FaultTable:
+    """The faults in force, the latency and bandwidth settings and the request log, thread-safe.
+
+    ``requests`` is the log itself (appended under the lock, cleared in place), so a holder of
+    the list sees every record.
+    """
+
+    def __init__(self) -> None:
+        self.requests: list[RequestRecord] = []
+        self._lock = threading.Lock()
+        self._faults: list[Fault] = []
+        self._latency = 0.0
+        self._bandwidth: float | None = None
+
+    def add(self, fault: Fault) -> None:
+        """Put ``fault`` in force after those already there (one with no use left is ignored)."""
+        if fault.remaining is not None and fault.remaining <= 0:
+            return
+        with self._lock:
+            self._faults.append(fault)
+
+    def take(self, kinds: tuple[str, ...], method: str, path: str, body_len: int | None = None) -> Fault | None:
+        """Consume one use of the first matching fault of ``kinds`` (body faults need a longer body)."""
+        with self._lock:
+            for fault in self._faults:
+                if fault.kind not in kinds or not fault.matches(method, path) or not fault.fits(body_len):
+                    continue
+                if fault.remaining is not None:
+                    fault.remaining -= 1
+                    if fault.remaining <= 0:
+                        self._faults.remove(fault)
+                return fault
+        return None
+
+    def set_latency(self, first_byte_s: float) -> None:
+        """Delay before every response's first byte (negative values count as 0)."""
+        with self._lock:
+            self._latency = max(0.0, float(first_byte_s))
+
+    def set_bandwidth(self, bytes_per_s: float | None) -> None:
+        """Per-connection response-body rate cap (None: no cap)."""
+        with self._lock:
+            self._bandwidth = None if bytes_per_s is None else float(bytes_per_s)
+
+    def timing(self) -> tuple[float, float | None]:
+        """``(first-byte latency in s, bandwidth cap in bytes/s or None)``."""
+        with self._lock:
+            return self._latency, self._bandwidth
+
+    def record(self, record: RequestRecord) -> None:
+        """Append one request to the log."""
+        with self._lock:
+            self.requests.append(record)
+
+    def log(self) -> list[RequestRecord]:
+        """A snapshot of the request log."""
+        with self._lock:
+            return list(self.requests)
+
+    def clear(self) -> None:
+        """Forget the request log, every fault, the latency and the bandwidth cap."""
+        with self._lock:
+            self.requests.clear()
+            self._faults.clear()
+            self._latency = 0.0
+            self._bandwidth = None
