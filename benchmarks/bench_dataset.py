@@ -112,15 +112,16 @@ def rank_main(cfg: dict[str, Any]) -> dict[str, Any]:
     epochs = cfg.get("epochs", [0])
     if method == "streamio":
         from streamio.data.cache import CacheConfig
-        from streamio.data.dataset import StreamingDataLoader, StreamingDataset
+        from streamio.data.dataset import DatasetOptions, StreamingDataset
+        from streamio.data.loader import StreamingDataLoader
         from streamio.data.plan import Shuffle
         from streamio.data.prefetch import PrefetchConfig
 
         cache = CacheConfig(cfg["cache"], max_bytes=cfg["cache_bytes"], min_free_bytes=0) if cfg.get("cache") else None
         shuffle = Shuffle(shards=True, window=0) if cfg.get("shuffle") else False
         ds = StreamingDataset(
-            cfg["url"], batch_size=bs, shuffle=shuffle, policy="drop", cache=cache,
-            prefetch=PrefetchConfig(workers=cfg["prefetch"]), storage_options=cfg.get("options"),
+            cfg["url"], batch_size=bs, shuffle=shuffle, storage_options=cfg.get("options"),
+            options=DatasetOptions(policy="drop", cache=cache, prefetch=PrefetchConfig(workers=cfg["prefetch"])),
         )
         loader: Any = StreamingDataLoader(ds, num_workers=nw)
     else:
@@ -445,7 +446,8 @@ def bench_loader_overhead(quick: bool = False, scratch_dir: str | None = None) -
     """
     import webdataset as wds
 
-    from streamio.data.dataset import StreamingDataLoader, StreamingDataset
+    from streamio.data.dataset import StreamingDataset
+    from streamio.data.loader import StreamingDataLoader
 
     reps = 2 if quick else 5
     root = tempfile.mkdtemp(prefix="bench-loader-", dir=scratch_dir)
@@ -539,7 +541,7 @@ def scale_model(counts: Sequence[int], shard_bytes: float, *, nodes: int, gpus: 
     """
     import numpy as np
 
-    from streamio.data.plan import Shuffle, plan_epoch
+    from streamio.data.plan import Sampling, Shuffle, Topology, plan_epoch
 
     counts_a = np.asarray(counts, dtype=np.int64)
     world = nodes * gpus
@@ -548,8 +550,8 @@ def scale_model(counts: Sequence[int], shard_bytes: float, *, nodes: int, gpus: 
     per_shard_fetches = np.zeros(len(counts_a), dtype=np.int64)
     fetched_per_node = np.zeros(nodes, dtype=np.int64)
     for epoch in range(epochs):
-        plan = plan_epoch(counts_a, seed=seed, epoch=epoch, world_size=world, num_workers=workers, batch_size=batch_size,
-                          policy="drop", shuffle=Shuffle(shards=True, window=0))
+        plan = plan_epoch(counts_a, seed=seed, epoch=epoch, topology=Topology(world, workers, batch_size),
+                          sampling=Sampling(Shuffle(shards=True, window=0), policy="drop"))
         touched: list[set[int]] = []
         for n in range(nodes):
             shards: set[int] = set()
@@ -643,7 +645,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.rank_server:
         _rank_server()
         sys.stdout.flush()
-        os._exit(0)  # no interpreter teardown races with DataLoader workers (KNOWN-BEHAVIOUR.md)
+        os._exit(0)  # no interpreter teardown races with DataLoader workers (docs/design.md)
     res = run(args.quick, sections=args.sections.split(","), use_nginx=not args.no_nginx,
               log=lambda s: print(s, file=sys.stderr, flush=True), peers=[p for p in args.peers.split(",") if p])
     text = json.dumps(res, indent=2, default=str)

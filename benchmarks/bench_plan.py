@@ -28,11 +28,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from streamio.data.plan import EpochPlan, Shuffle, plan_epoch  # noqa: E402
+from streamio.data.plan import EpochPlan, Sampling, Shuffle, Topology, plan_epoch  # noqa: E402
 
 
 def _one_rank(counts: np.ndarray, window: int, rank: int = 137, world: int = 512, workers: int = 8) -> int:
-    plan = plan_epoch(counts, seed=17, epoch=4, world_size=world, num_workers=workers, batch_size=32, shuffle=Shuffle(window=window))
+    sampling = Sampling(Shuffle(window=window))
+    plan = plan_epoch(counts, seed=17, epoch=4, topology=Topology(world, workers, 32), sampling=sampling)
     runs = 0
     for s in plan.streams(rank):
         runs += len(s.runs)
@@ -69,17 +70,17 @@ def bench_planning(repeat: int) -> list[dict[str, Any]]:
 
 def bench_resume(repeat: int) -> dict[str, Any]:
     counts = np.full(5_000, 10_000, dtype=np.int64)
-    kw: dict[str, Any] = {"seed": 17, "epoch": 4, "shuffle": Shuffle(window=4096)}
-    plan = plan_epoch(counts, world_size=512, num_workers=8, batch_size=32, **kw)
+    kw: dict[str, Any] = {"seed": 17, "epoch": 4, "sampling": Sampling(Shuffle(window=4096))}
+    plan = plan_epoch(counts, topology=Topology(512, 8, 32), **kw)
     state = plan.state_dict(1000)  # 32,000 samples per rank: mid-window on most workers
     state = json.loads(json.dumps(state))
 
     def resume() -> int:
-        p = plan_epoch(counts, world_size=384, num_workers=6, batch_size=32, resume=state, **kw)
+        p = plan_epoch(counts, topology=Topology(384, 6, 32), resume=state, **kw)
         return sum(len(s.runs) for s in p.streams(5))
 
     ms, cpu, mib, runs = _measure(resume, max(1, repeat // 3))
-    p = plan_epoch(counts, world_size=384, num_workers=6, batch_size=32, resume=state, **kw)
+    p = plan_epoch(counts, topology=Topology(384, 6, 32), resume=state, **kw)
     wins = [w for s in p.streams(5) for w in s.windows()]
     reads = sum(len(w.spans) for w in wins)
     read = sum(sp.end - sp.first for w in wins for sp in w.spans)
@@ -108,7 +109,10 @@ def _quality(plan: EpochPlan, window: int) -> dict[str, Any]:
 
 def bench_quality() -> list[dict[str, Any]]:
     counts = np.full(400, 1_000, dtype=np.int64)  # 400k samples, shards of 1,000
-    return [_quality(plan_epoch(counts, seed=1, epoch=0, world_size=8, num_workers=4, shuffle=Shuffle(window=w)), w) for w in (0, 256, 1024, 4096, 16384)]
+    def plan(window: int) -> EpochPlan:
+        return plan_epoch(counts, seed=1, epoch=0, topology=Topology(8, 4), sampling=Sampling(Shuffle(window=window)))
+
+    return [_quality(plan(w), w) for w in (0, 256, 1024, 4096, 16384)]
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -6,8 +6,9 @@ This module only re-exports the public API (``__all__`` is pinned by a test).
 from streamio import errors
 from streamio.checkpoint import CheckpointManager, KeepAll, KeepBest, KeepEvery, KeepLast, RetentionPolicy, SaveOptions, SaveStats
 from streamio.data.cache import CacheConfig
-from streamio.data.dataset import StreamingDataLoader, StreamingDataset
+from streamio.data.dataset import DatasetOptions, StreamingDataset
 from streamio.data.index import DatasetIndex, build_index, load_index
+from streamio.data.loader import StreamingDataLoader
 from streamio.data.plan import Shuffle
 from streamio.data.prefetch import PrefetchConfig
 from streamio.data.writer import write_dataset
@@ -20,6 +21,7 @@ __all__ = [
     "CacheConfig",
     "CheckpointManager",
     "DatasetIndex",
+    "DatasetOptions",
     "KeepAll",
     "KeepBest",
     "KeepEvery",

@@ -15,7 +15,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from streamio.data.dataset import StreamingDataLoader, StreamingDataset
+from streamio.data.dataset import DatasetOptions, StreamingDataset
+from streamio.data.loader import StreamingDataLoader
 from streamio.errors import PlanError
 
 BATCH = 4
@@ -33,11 +34,11 @@ def main() -> None:
     result: dict = {"rank": rank, "world": world}
     if mode == "full":  # first: ranks that disagree on the seed are stopped at construction
         try:
-            StreamingDataset(url, seed=rank, batch_size=BATCH, decode="auto", policy="drop")
+            StreamingDataset(url, seed=rank, batch_size=BATCH, decode="auto", options=DatasetOptions(policy="drop"))
             result["seed_error"] = None
         except PlanError as exc:
             result["seed_error"] = str(exc)
-    ds = StreamingDataset(url, batch_size=BATCH, decode="auto", policy="drop")
+    ds = StreamingDataset(url, batch_size=BATCH, decode="auto", options=DatasetOptions(policy="drop"))
     loader = StreamingDataLoader(ds, num_workers=workers, collate_fn=collate)
     model = DDP(torch.nn.Linear(1, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)

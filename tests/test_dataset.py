@@ -16,7 +16,8 @@ import pytest
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from dataset_support import UNEVEN_37, all_keys, key, make_dataset
-from streamio.data.dataset import StreamingDataLoader, StreamingDataset
+from streamio.data.dataset import DatasetOptions, StreamingDataset
+from streamio.data.loader import StreamingDataLoader
 from streamio.errors import (
     DatasetError,
     IndexNotFoundError,
@@ -50,7 +51,7 @@ def as_rank(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
 
 
 def read_rank(url: str, *, batch_size: int, workers: int, epoch: int = 0, policy: str = "drop", state: Any = None, stop_after: int | None = None, **kw: Any) -> tuple[list[list[str]], Any]:
-    ds = StreamingDataset(url, batch_size=batch_size, policy=policy, **kw)  # type: ignore[arg-type]
+    ds = StreamingDataset(url, batch_size=batch_size, options=DatasetOptions(policy=policy), **kw)  # type: ignore[arg-type]
     ds.set_epoch(epoch)
     loader = StreamingDataLoader(ds, num_workers=workers, collate_fn=keys_of)
     if state is not None:
@@ -73,7 +74,7 @@ def test_every_sample_once_per_epoch_and_equal_batches(local_ds: str, as_rank: A
         batches, _ = read_rank(local_ds, batch_size=4, workers=workers, policy=policy)
         batch_counts.append(len(batches))
         seen += [k for b in batches for k in b]
-    ds = StreamingDataset(local_ds, batch_size=4, policy=policy)  # type: ignore[arg-type]
+    ds = StreamingDataset(local_ds, batch_size=4, options=DatasetOptions(policy=policy))  # type: ignore[arg-type]
     plan = ds.plan(workers)
     counts = collections.Counter(seen)
     assert len(set(batch_counts)) == 1, batch_counts
@@ -127,7 +128,7 @@ def test_resume_on_another_topology_gives_the_rest_exactly_once(local_ds: str, a
         rest += [k for b in batches for k in b]
     everything = collections.Counter(consumed + rest)
     assert max(everything.values()) == 1
-    ds = StreamingDataset(local_ds, batch_size=4, policy="drop")
+    ds = StreamingDataset(local_ds, batch_size=4, options=DatasetOptions(policy="drop"))
     lost = len(all_keys(UNEVEN_37)) - len(everything)
     as_rank(0, 2)
     first_stage_dropped = ds.plan(2).dropped
@@ -213,6 +214,54 @@ def test_loader_batch_size_must_match_dataset(local_ds: str) -> None:
         StreamingDataLoader(StreamingDataset(local_ds, batch_size=4), batch_size=8)
 
 
+def _warns_in_worker(ds: StreamingDataset, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> bool:
+    """Whether reading ``ds`` in (a simulated) DataLoader worker of a plain DataLoader warns."""
+    import sys
+
+    import streamio.data.dataset as mod
+
+    class Info:
+        id, num_workers = 0, 2
+
+    caplog.clear()
+    with monkeypatch.context() as m:
+        m.setattr(mod, "get_worker_info", lambda: Info())
+        m.delitem(sys.modules, "torchdata.stateful_dataloader", raising=False)  # torchdata's loader is exact too
+        with caplog.at_level(logging.WARNING, logger="streamio.data.dataset"):
+            next(iter(ds))
+    return "cannot be exact" in caplog.text
+
+
+def test_a_counting_loader_attaches_through_the_public_method(
+    local_ds: str, as_rank: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    as_rank(0, 1)
+    ds = StreamingDataset(local_ds, batch_size=4)
+    assert ds.state_after(1)["plan"]["stages"][-1]["num_workers"] == 1  # no loader yet: main process
+    assert _warns_in_worker(ds, monkeypatch, caplog)
+    StreamingDataLoader(ds, num_workers=2)
+    # the loader's worker count is what the state is planned for, and what load_state_dict checks
+    state = ds.state_after(2)
+    assert state["plan"]["stages"][-1]["num_workers"] == 2
+    ds.load_state_dict(state)
+    # an attached dataset read inside a worker does not warn that its position cannot be exact
+    assert not _warns_in_worker(ds, monkeypatch, caplog)
+
+
+def test_bad_states_and_options_raise_plan_error_naming_them(local_ds: str, as_rank: Any) -> None:
+    as_rank(0, 1)
+    with pytest.raises(PlanError, match="policy='wrap' is not one of"):
+        DatasetOptions(policy="wrap")  # type: ignore[arg-type]
+    ds = StreamingDataset(local_ds, batch_size=4)
+    with pytest.raises(PlanError, match="dataset state has version 2, but this streamio reads version 1"):
+        ds.load_state_dict({"version": 2, "epoch": 0})
+    with pytest.raises(PlanError, match="dataset state must be a dict made by state_dict"):
+        ds.load_state_dict([1])  # type: ignore[arg-type]
+    loader = StreamingDataLoader(ds)
+    with pytest.raises(PlanError, match="StreamingDataLoader state has version None"):
+        loader.load_state_dict({"dataset": ds.state_after(0)})
+
+
 def test_samples_carry_their_origin_and_decode(local_ds: str, as_rank: Any) -> None:
     as_rank(0, 1)
     ds = StreamingDataset(local_ds, shuffle=False, decode="auto")
@@ -272,7 +321,8 @@ def test_missing_shard_is_named_or_skipped_and_counted(s3_ds: tuple[S3Endpoint, 
     Store(url, s3.storage_options()).delete("part003-000000.tar")
     with pytest.raises(ObjectNotFoundError, match="part003-000000.tar"):
         list(StreamingDataset(url, storage_options=s3.storage_options()))
-    ds = StreamingDataset(url, storage_options=s3.storage_options(), handler=lambda exc: isinstance(exc, ObjectNotFoundError))
+    skip_missing = DatasetOptions(handler=lambda exc: isinstance(exc, ObjectNotFoundError))
+    ds = StreamingDataset(url, storage_options=s3.storage_options(), options=skip_missing)
     got = [s["__key__"] for s in ds]
     assert ds.lost_samples == UNEVEN_37[3]
     assert sorted(got) == sorted(k for k in all_keys(UNEVEN_37[:12]) if not k.startswith("s003-"))
@@ -285,12 +335,12 @@ def test_cache_serves_the_second_pass_and_bit_rot_in_it_is_refetched(s3_ds: tupl
 
     s3, url = s3_ds
     as_rank(0, 1)
-    cache = CacheConfig(tmp_path / "cache", max_bytes=64 << 20, min_free_bytes=0)
+    cached = DatasetOptions(cache=CacheConfig(tmp_path / "cache", max_bytes=64 << 20, min_free_bytes=0))
     with FaultProxy(s3.endpoint_url) as proxy:
         opts = s3.storage_options(proxy.endpoint_url)
-        first = [s["__key__"] for s in StreamingDataset(url, cache=cache, storage_options=opts)]
+        first = [s["__key__"] for s in StreamingDataset(url, options=cached, storage_options=opts)]
         proxy.clear()
-        second = [s["__key__"] for s in StreamingDataset(url, cache=cache, storage_options=opts)]
+        second = [s["__key__"] for s in StreamingDataset(url, options=cached, storage_options=opts)]
         assert second == first
         assert proxy.count("GET", ".tar") == 0  # warm: every shard from local disk
         # flip a byte inside a cached shard, keeping its size and mtime (the stamp cannot see it)
@@ -300,8 +350,8 @@ def test_cache_serves_the_second_pass_and_bit_rot_in_it_is_refetched(s3_ds: tupl
         data[len(data) // 2] ^= 0xFF
         victim.write_bytes(bytes(data))
         os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))
-        with caplog.at_level(logging.WARNING, logger="streamio.data.dataset"):
-            third = [s["__key__"] for s in StreamingDataset(url, cache=cache, storage_options=opts)]
+        with caplog.at_level(logging.WARNING, logger="streamio.data.reader"):
+            third = [s["__key__"] for s in StreamingDataset(url, options=cached, storage_options=opts)]
     assert third == first
     assert "failed its checksum" in caplog.text
     assert proxy.count("GET", ".tar") >= 1  # the damaged shard came from the store again

@@ -17,7 +17,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 from plan_helpers import all_streams, dataloader_batches, dataloader_order, global_sequence, multiset
 
-from streamio.data.plan import STATE_VERSION, EpochPlan, Shuffle, Window, WorkerStream, plan_epoch
+from streamio.data.plan import STATE_VERSION, EpochPlan, Sampling, Shuffle, Topology, Window, WorkerStream, plan_epoch
 from streamio.errors import PlanError, StateMismatchError
 
 # Shards with 0 and 1 samples are common on purpose; totals stay small so 64 ranks x 8 workers is fast.
@@ -34,9 +34,11 @@ def _plannable(counts: list[int], world: int, policy: str) -> bool:
     return total > 0 and (policy == "pad" or total >= world)
 
 
-def _plan(counts: list[int], topo: tuple[int, int, int], **kw: object) -> EpochPlan:
-    world, workers, batch = topo
-    return plan_epoch(counts, world_size=world, num_workers=workers, batch_size=batch, **kw)  # type: ignore[arg-type]
+def _plan(
+    counts: list[int], topo: tuple[int, int, int], *, policy: str = "pad", shuffle: Shuffle | None = None, **kw: object
+) -> EpochPlan:
+    sampling = Sampling(Shuffle() if shuffle is None else shuffle, policy)  # type: ignore[arg-type]
+    return plan_epoch(counts, topology=Topology(*topo), sampling=sampling, **kw)  # type: ignore[arg-type]
 
 
 # --------------------------------------------------------------------------- 1, 2, 8
@@ -73,7 +75,7 @@ def test_exactly_once_and_equal_work(counts, topo, shuffle, seed, epoch, policy)
 
 
 def test_check_detects_lost_and_unequal_work(monkeypatch: pytest.MonkeyPatch) -> None:
-    plan = plan_epoch([10, 3, 7], seed=2, epoch=0, world_size=2, num_workers=2, policy="pad")
+    plan = plan_epoch([10, 3, 7], seed=2, epoch=0, topology=Topology(2, 2), sampling=Sampling(policy="pad"))
     assert plan.check() == []
     real = WorkerStream.runs.fget  # type: ignore[attr-defined]
 
@@ -96,29 +98,46 @@ def test_check_detects_lost_and_unequal_work(monkeypatch: pytest.MonkeyPatch) ->
 
 def test_world_larger_than_shards_and_samples_with_pad() -> None:
     # 8. one sample, 64 ranks: every rank gets it once; 63 repeats are stated
-    plan = plan_epoch([0, 1, 0], seed=0, epoch=0, world_size=64, num_workers=8, policy="pad")
+    plan = plan_epoch([0, 1, 0], seed=0, epoch=0, topology=Topology(64, 8), sampling=Sampling(policy="pad"))
     assert plan.samples_per_rank == 1 and plan.padding == 63
     assert all(dataloader_order(plan, r) == [(1, 0)] for r in range(64))
     # more ranks than shards with drop: whole samples, not whole shards, are assigned
-    plan = plan_epoch([10, 0, 7], seed=3, epoch=1, world_size=16, num_workers=3, policy="drop")
+    plan = plan_epoch([10, 0, 7], seed=3, epoch=1, topology=Topology(16, 3), sampling=Sampling(policy="drop"))
     assert plan.samples_per_rank == 1 and plan.dropped == 1
 
 
 def test_impossible_topologies_raise_plan_error_naming_the_fix() -> None:
     with pytest.raises(PlanError, match=r"world_size=8 exceeds the 5 samples.*policy='pad'"):
-        plan_epoch([5], seed=0, epoch=0, world_size=8, policy="drop")
+        plan_epoch([5], seed=0, epoch=0, topology=Topology(8), sampling=Sampling(policy="drop"))
     with pytest.raises(PlanError, match="no samples"):
-        plan_epoch([0, 0], seed=0, epoch=0, world_size=1)
+        plan_epoch([0, 0], seed=0, epoch=0, topology=Topology(1))
     with pytest.raises(PlanError, match="rank 4 is outside world_size=4"):
-        plan_epoch([5], seed=0, epoch=0, world_size=4).stream(4)
+        plan_epoch([5], seed=0, epoch=0, topology=Topology(4)).stream(4)
     with pytest.raises(PlanError, match="worker 2 is outside num_workers=2"):
-        plan_epoch([5], seed=0, epoch=0, world_size=1, num_workers=2).stream(0, 2)
-    for bad in ({"seed": -1}, {"epoch": -2}, {"world_size": 0}, {"batch_size": 0}, {"num_workers": -1}, {"policy": "wrap"}):
-        kw = {"seed": 0, "epoch": 0, "world_size": 1, **bad}
-        with pytest.raises(PlanError):
-            plan_epoch([5], **kw)  # type: ignore[arg-type]
+        plan_epoch([5], seed=0, epoch=0, topology=Topology(1, num_workers=2)).stream(0, 2)
+    for bad in ({"seed": -1}, {"epoch": -2}, {"seed": True}, {"epoch": 1.5}):
+        kw = {"seed": 0, "epoch": 0, **bad}
+        with pytest.raises(PlanError, match=rf"{next(iter(bad))}=.* must be an int >= 0"):
+            plan_epoch([5], topology=Topology(1), **kw)  # type: ignore[arg-type]
+    # the config values refuse bad settings where they are written, naming the field
+    for bad_topo, name in (
+        ({"world_size": 0}, "world_size=0"),
+        ({"world_size": 1, "batch_size": 0}, "batch_size=0"),
+        ({"world_size": 1, "num_workers": -1}, "num_workers=-1"),
+        ({"world_size": "2"}, "world_size='2'"),
+    ):
+        with pytest.raises(PlanError, match=name):
+            Topology(**bad_topo)  # type: ignore[arg-type]
+    with pytest.raises(PlanError, match="policy='wrap' is not one of"):
+        Sampling(policy="wrap")  # type: ignore[arg-type]
+    with pytest.raises(PlanError, match="must be a streamio.data.plan.Shuffle"):
+        Sampling(shuffle=True)  # type: ignore[arg-type]
+    with pytest.raises(PlanError, match="must be a streamio.data.plan.Topology"):
+        plan_epoch([5], seed=0, epoch=0, topology=(1, 0, 1))  # type: ignore[arg-type]
+    with pytest.raises(PlanError, match="must be a streamio.data.plan.Sampling"):
+        plan_epoch([5], seed=0, epoch=0, topology=Topology(1), sampling=Shuffle())  # type: ignore[arg-type]
     with pytest.raises(PlanError, match="1-D sequence of ints"):
-        plan_epoch([3, -1], seed=0, epoch=0, world_size=1)
+        plan_epoch([3, -1], seed=0, epoch=0, topology=Topology(1))
     with pytest.raises(PlanError, match="window"):
         Shuffle(window=-1)
 
@@ -138,9 +157,9 @@ def test_deterministic(counts, topo, shuffle, seed, epoch, policy) -> None:
 
 _PROBE = """
 import json, sys
-from streamio.data.plan import Shuffle, plan_epoch
-p = plan_epoch([7, 0, 1, 13, 4, 9], seed=12345, epoch=6, world_size=3, num_workers=2, batch_size=2,
-               shuffle=Shuffle(window=4))
+from streamio.data.plan import Sampling, Shuffle, Topology, plan_epoch
+p = plan_epoch([7, 0, 1, 13, 4, 9], seed=12345, epoch=6, topology=Topology(3, 2, 2),
+               sampling=Sampling(Shuffle(window=4)))
 print(json.dumps([p.shard_order, [[list(s) for s in p.streams(r)] for r in range(3)]]))
 """
 
@@ -154,15 +173,16 @@ def test_deterministic_across_processes_and_pinned() -> None:
     env = {"PYTHONHASHSEED": "4242", "PATH": "/usr/bin:/bin"}
     res = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, check=True, env=env)
     outs = [json.loads(res.stdout)]
-    here = plan_epoch([7, 0, 1, 13, 4, 9], seed=12345, epoch=6, world_size=3, num_workers=2, batch_size=2, shuffle=Shuffle(window=4))
+    here = plan_epoch([7, 0, 1, 13, 4, 9], seed=12345, epoch=6, topology=Topology(3, 2, 2),
+                      sampling=Sampling(Shuffle(window=4)))
     assert outs[0][0] == list(here.shard_order) == _GOLDEN_ORDER
     assert outs[0][1] == [[[list(x) for x in s] for s in here.streams(r)] for r in range(3)]
 
 
 def test_seed_is_structured_not_summed() -> None:
     counts = [1] * 40
-    a = plan_epoch(counts, seed=1, epoch=0, world_size=1).shard_order
-    b = plan_epoch(counts, seed=0, epoch=1, world_size=1).shard_order
+    a = plan_epoch(counts, seed=1, epoch=0, topology=Topology(1)).shard_order
+    b = plan_epoch(counts, seed=0, epoch=1, topology=Topology(1)).shard_order
     assert a != b
 
 
@@ -196,11 +216,11 @@ def test_resume_same_topology_is_the_uninterrupted_remainder(counts, topo, shuff
 
 
 def test_num_workers_zero_and_one_are_the_same_stream() -> None:
-    kw = {"seed": 9, "epoch": 1, "world_size": 2, "batch_size": 3, "shuffle": Shuffle(window=4)}
-    zero = plan_epoch([9, 4, 0, 11], num_workers=0, **kw)  # type: ignore[arg-type]
-    one = plan_epoch([9, 4, 0, 11], num_workers=1, **kw)  # type: ignore[arg-type]
+    kw = {"seed": 9, "epoch": 1, "sampling": Sampling(Shuffle(window=4))}
+    zero = plan_epoch([9, 4, 0, 11], topology=Topology(2, 0, 3), **kw)  # type: ignore[arg-type]
+    one = plan_epoch([9, 4, 0, 11], topology=Topology(2, 1, 3), **kw)  # type: ignore[arg-type]
     assert list(zero.rank_order(1)) == list(one.rank_order(1))
-    resumed = plan_epoch([9, 4, 0, 11], num_workers=1, resume=zero.state_dict(2), **kw)  # type: ignore[arg-type]
+    resumed = plan_epoch([9, 4, 0, 11], topology=Topology(2, 1, 3), resume=zero.state_dict(2), **kw)  # type: ignore[arg-type]
     assert resumed.stage == 0 and list(resumed.rank_order(1)) == list(zero.rank_order(1))[6:]
 
 
@@ -274,7 +294,7 @@ def test_resume_after_a_topology_change_continues_the_new_stage_exactly(counts, 
 
 
 def test_unequal_consumption_replans_to_equal_work() -> None:
-    kw = {"seed": 4, "epoch": 0, "world_size": 3, "num_workers": 2, "policy": "drop"}
+    kw = {"seed": 4, "epoch": 0, "topology": Topology(3, 2), "sampling": Sampling(policy="drop")}
     plan = plan_epoch([10, 10, 10], **kw)  # type: ignore[arg-type]
     state = plan.state_dict([1, 4, 2])
     resumed = plan_epoch([10, 10, 10], resume=state, **kw)  # type: ignore[arg-type]
@@ -323,10 +343,10 @@ def test_locality_runs_are_long(counts, topo, shuffle, seed, epoch, policy) -> N
 
 
 def test_spans_coalesce_fragments_of_a_resume_inside_windows() -> None:
-    kw = {"seed": 5, "epoch": 0, "shuffle": Shuffle(window=64)}
-    plan = plan_epoch([500] * 8, world_size=4, num_workers=2, **kw)  # type: ignore[arg-type]
+    kw = {"seed": 5, "epoch": 0, "sampling": Sampling(Shuffle(window=64))}
+    plan = plan_epoch([500] * 8, topology=Topology(4, 2), **kw)  # type: ignore[arg-type]
     state = plan.state_dict(100)  # 50 per worker: inside the first 64-sample window
-    resumed = plan_epoch([500] * 8, world_size=3, num_workers=1, resume=state, **kw)  # type: ignore[arg-type]
+    resumed = plan_epoch([500] * 8, topology=Topology(3, 1), resume=state, **kw)  # type: ignore[arg-type]
     wins = [w for s in resumed.streams(0) for w in s.windows()]
     assert sum(len(w.runs) for w in wins) > 2 * sum(len(w.spans) for w in wins)  # fragments exist...
     for w in wins:
@@ -335,19 +355,20 @@ def test_spans_coalesce_fragments_of_a_resume_inside_windows() -> None:
 
 def test_cost_does_not_grow_with_samples() -> None:
     # 5,000 shards of 10^9 samples (5 * 10^12): anything allocated per sample would exhaust memory
-    plan = plan_epoch([10**9] * 5000, seed=1, epoch=0, world_size=512, num_workers=8, batch_size=256, shuffle=Shuffle(window=4096))
+    big = {"seed": 1, "epoch": 0, "topology": Topology(512, 8, 256), "sampling": Sampling(Shuffle(window=4096))}
+    plan = plan_epoch([10**9] * 5000, **big)  # type: ignore[arg-type]
     runs = [s.runs for s in plan.streams(511)]
     assert sum(run.end - run.first for r in runs for run in r) == plan.samples_per_rank == -(-5 * 10**12 // 512)
     first = next(plan.stream(511, 7).windows())
     assert first.size == 4096 and first.order is not None
     state = plan.state_dict(10**6)
-    resumed = plan_epoch([10**9] * 5000, seed=1, epoch=0, world_size=512, num_workers=8, batch_size=256, shuffle=Shuffle(window=4096), resume=state)
+    resumed = plan_epoch([10**9] * 5000, resume=state, **big)  # type: ignore[arg-type]
     assert resumed.stream(3, 1).skipped == plan.positions(10**6)[(10**6 + 1) % 8]
 
 
 def test_locality_at_scale_is_one_read_per_shard() -> None:
     counts = [1000] * 500
-    plan = plan_epoch(counts, seed=1, epoch=3, world_size=64, num_workers=8, batch_size=32)
+    plan = plan_epoch(counts, seed=1, epoch=3, topology=Topology(64, 8, 32))
     for s in plan.streams(17):
         assert len(s.runs) <= -(-s.size // 1000) + 1  # about its share of shards
 
@@ -358,7 +379,7 @@ def test_locality_at_scale_is_one_read_per_shard() -> None:
 @given(st.integers(16, 60), st.integers(2, 8), seed_st, epoch_st)
 def test_epochs_differ(shards, world, seed, epoch) -> None:
     counts = [5] * shards
-    plans = [plan_epoch(counts, seed=seed, epoch=e, world_size=world) for e in (epoch, epoch + 1, epoch + 2)]
+    plans = [plan_epoch(counts, seed=seed, epoch=e, topology=Topology(world)) for e in (epoch, epoch + 1, epoch + 2)]
     assert plans[0].shard_order != plans[1].shard_order
     rank0 = [frozenset(run.shard for run in p.stream(0).runs) for p in plans]
     assert len(set(rank0)) > 1  # not a fixed shard-to-rank mapping
@@ -368,13 +389,13 @@ def test_epochs_differ(shards, world, seed, epoch) -> None:
 
 
 def _state_plan(**over: object) -> tuple[dict, dict]:
-    kw = {"seed": 7, "epoch": 1, "world_size": 2, "num_workers": 2, "policy": "pad", "shuffle": Shuffle(window=4)}
+    kw = {"seed": 7, "epoch": 1, "topology": Topology(2, 2), "sampling": Sampling(Shuffle(window=4), "pad")}
     kw.update(over)
     return plan_epoch([5, 6, 7], index_fingerprint="idx-1", **kw).state_dict(1), kw  # type: ignore[arg-type]
 
 
 def test_state_is_small_versioned_json() -> None:
-    plan = plan_epoch([10] * 5000, seed=3, epoch=2, world_size=512, num_workers=8, batch_size=4)
+    plan = plan_epoch([10] * 5000, seed=3, epoch=2, topology=Topology(512, 8, 4))
     state = plan.state_dict(7)
     assert state["version"] == STATE_VERSION and state["epoch"] == 2
     assert json.loads(json.dumps(state)) == state and len(json.dumps(state)) < 400
@@ -385,8 +406,8 @@ def test_state_is_small_versioned_json() -> None:
     ("change", "names"),
     [
         ({"seed": 8}, "seed"),
-        ({"policy": "drop"}, "policy"),
-        ({"shuffle": Shuffle(window=5)}, "shuffle"),
+        ({"sampling": Sampling(Shuffle(window=4), "drop")}, "policy"),
+        ({"sampling": Sampling(Shuffle(window=5), "pad")}, "shuffle"),
         ({"epoch": 2}, "epoch"),
         ({"counts": [5, 6, 8]}, "samples"),
         ({"index_fingerprint": "idx-2"}, "index"),
@@ -422,9 +443,9 @@ def test_bad_states_raise_plan_error() -> None:
 
 
 def test_finished_epoch_resumes_to_nothing_on_any_topology() -> None:
-    kw = {"seed": 1, "epoch": 0, "policy": "pad"}
-    plan = plan_epoch([3, 4], world_size=2, num_workers=2, **kw)  # type: ignore[arg-type]
+    kw = {"seed": 1, "epoch": 0, "sampling": Sampling(policy="pad")}
+    plan = plan_epoch([3, 4], topology=Topology(2, 2), **kw)  # type: ignore[arg-type]
     state = plan.state_dict(plan.batches_per_rank)
     for world, workers in ((2, 2), (5, 3)):
-        rest = plan_epoch([3, 4], world_size=world, num_workers=workers, resume=state, **kw)  # type: ignore[arg-type]
+        rest = plan_epoch([3, 4], topology=Topology(world, workers), resume=state, **kw)  # type: ignore[arg-type]
         assert rest.samples_per_rank == 0 and all(list(s) == [] for s in rest.streams(0))

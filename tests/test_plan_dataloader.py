@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from streamio.data.plan import EpochPlan, Shuffle, plan_epoch
+from streamio.data.plan import EpochPlan, Sampling, Shuffle, Topology, plan_epoch
 
 pytestmark = pytest.mark.slow
 
@@ -43,7 +43,7 @@ def _expected(plan: EpochPlan, rank: int) -> list[int]:
 @pytest.mark.parametrize("workers", [0, 3])
 def test_real_dataloader_order_and_exact_resume(workers: int) -> None:
     counts = [17, 0, 5, 1, 23, 9, 4]
-    kw = {"seed": 11, "epoch": 3, "world_size": 2, "num_workers": workers, "batch_size": 4, "shuffle": Shuffle(window=6)}
+    kw = {"seed": 11, "epoch": 3, "topology": Topology(2, workers, 4), "sampling": Sampling(Shuffle(window=6))}
     plan = plan_epoch(counts, **kw)  # type: ignore[arg-type]
     full = _load(plan, 1)
     assert full == _expected(plan, 1) and len(full) == plan.samples_per_rank == 30
@@ -55,6 +55,6 @@ def test_real_dataloader_order_and_exact_resume(workers: int) -> None:
 
 
 def test_real_dataloader_drop_last_drops_only_the_ranks_last_partial_batch() -> None:
-    plan = plan_epoch([10, 11], seed=0, epoch=0, world_size=1, num_workers=2, batch_size=4)
+    plan = plan_epoch([10, 11], seed=0, epoch=0, topology=Topology(1, 2, 4))
     got = _load(plan, 0, drop_last=True)
     assert got == _expected(plan, 0)[: (21 // 4) * 4]

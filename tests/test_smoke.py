@@ -11,7 +11,7 @@ from streamio.storage import Store
 
 def test_public_api_is_pinned() -> None:
     assert sorted(streamio.__all__) == sorted([
-        "CacheConfig", "CheckpointManager", "DatasetIndex", "KeepAll", "KeepBest", "KeepEvery", "KeepLast",
+        "CacheConfig", "CheckpointManager", "DatasetIndex", "DatasetOptions", "KeepAll", "KeepBest", "KeepEvery", "KeepLast",
         "PrefetchConfig", "RNGState", "RetentionPolicy", "RetryPolicy", "SaveOptions", "SaveStats", "Shuffle",
         "Store", "StreamingDataLoader", "StreamingDataset", "__version__", "build_index", "errors", "load_index",
         "write_dataset",

@@ -15,6 +15,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from streamio.distributed import rank_and_world
 from streamio.train.config import parse_args
 from streamio.train.loop import Trainer, setup_distributed, teardown_distributed
 
@@ -24,7 +25,7 @@ log = logging.getLogger("streamio.train")
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one rank; return its exit status."""
     cfg = parse_args(argv)
-    rank = os.environ.get("RANK", "0")
+    rank, _ = rank_and_world()
     logging.basicConfig(
         level=logging.WARNING,  # third-party INFO (botocore's "Found credentials ...") stays quiet
         stream=sys.stdout,

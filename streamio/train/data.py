@@ -197,12 +197,13 @@ class StreamingTrainLoader:
     """
 
     def __init__(self, url: str, cfg: TrainConfig, *, pin_memory: bool, storage_options: Mapping[str, Any] | None = None) -> None:
-        from streamio.data.dataset import StreamingDataLoader, StreamingDataset
+        from streamio.data.dataset import DatasetOptions, StreamingDataset
+        from streamio.data.loader import StreamingDataLoader
 
         self.transform = XYTransform(seed=cfg.seed, noise=0.05)
         self.dataset = StreamingDataset(
-            url, shuffle=True, seed=cfg.seed, batch_size=cfg.batch_size, policy="drop",
-            decode="auto", transform=self.transform, storage_options=storage_options,
+            url, shuffle=True, seed=cfg.seed, batch_size=cfg.batch_size, decode="auto", transform=self.transform,
+            storage_options=storage_options, options=DatasetOptions(policy="drop"),
         )
         self.seed = cfg.seed
         self.generator = torch.Generator()

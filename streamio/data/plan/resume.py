@@ -1,0 +1,134 @@
+"""The planner's resume state: its keys, fingerprint, parsing and checks (see :mod:`streamio.data.plan`).
+
+A state is a small JSON-safe dict: a version, a fingerprint of everything the plan is a function of
+(samples per shard, index fingerprint, seed, sampling), the epoch, and one record per stage (its
+topology and the batches each rank's consumer took). This module builds and reads those dicts; the
+replay of the stages is :func:`streamio.data.plan.plan_epoch`'s.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from streamio.data.plan.config import Sampling, Topology, check_int
+from streamio.errors import PlanError, StateMismatchError
+from streamio.state_version import VERSION_KEY, check_version
+
+__all__ = [
+    "STATE_VERSION",
+    "StageRecord",
+    "check_state",
+    "fingerprint",
+    "make_state",
+    "parse_stages",
+    "per_rank_counts",
+    "stage_record",
+]
+
+STATE_VERSION = 1
+"""Version of the resume-state dict; a state of another version is rejected."""
+
+# State keys (constants so the dataset and tests never spell them differently).
+K_VERSION, K_FINGERPRINT, K_EPOCH, K_STAGES = VERSION_KEY, "fingerprint", "epoch", "stages"
+K_WORLD, K_WORKERS, K_BATCH, K_BATCHES = "world_size", "num_workers", "batch_size", "batches"
+
+_FROM_STATE_DICT = "pass a dict made by EpochPlan.state_dict()"
+
+
+class StageRecord(NamedTuple):
+    """One parsed stage of a state: its topology (as streams), per-rank batches, and the raw dict."""
+
+    topology: Topology
+    batches: list[int]
+    raw: dict[str, Any]
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+
+
+def per_rank_counts(batches: Any, world: int, what: str) -> list[int]:
+    """``batches`` (one int, or one int per rank) as one count per rank, each >= 0.
+
+    Raises:
+        PlanError: not an int or a list of ints, a list of the wrong length, or a negative count;
+            the message starts with ``what``.
+    """
+    if _is_int(batches):
+        per = [int(batches)] * world
+    elif isinstance(batches, Sequence) and not isinstance(batches, str) and all(_is_int(x) for x in batches):
+        per = [int(x) for x in batches]
+        if len(per) != world:
+            raise PlanError(f"{what}: {len(per)} per-rank counts for world_size={world}; give one per rank or one int.")
+    else:
+        raise PlanError(f"{what}: expected an int or a list of ints, one per rank.")
+    if any(c < 0 for c in per):
+        raise PlanError(f"{what}: consumed counts must be >= 0.")
+    return per
+
+
+def fingerprint(counts: np.ndarray, index_fingerprint: str | None, seed: int, sampling: Sampling) -> dict[str, Any]:
+    """What a plan is a function of, besides epoch and topology; a state must match it to resume."""
+    digest = hashlib.sha256(counts.astype("<i8").tobytes()).hexdigest()[:32]
+    return {"samples": f"sha256:{digest}", "index": index_fingerprint, "seed": seed, **sampling.as_json()}
+
+
+def stage_record(topology: Topology, batches: list[int]) -> dict[str, Any]:
+    """A stage's entry in the state: its topology and the batches each rank's consumer took."""
+    taken: int | list[int] = batches[0] if len(set(batches)) == 1 else batches
+    return {K_WORLD: topology.world_size, K_WORKERS: topology.workers, K_BATCH: topology.batch_size, K_BATCHES: taken}
+
+
+def make_state(fp: Mapping[str, Any], epoch: int, stages: list[dict[str, Any]]) -> dict[str, Any]:
+    """The resume state of ``epoch`` after ``stages`` (the last one still being read)."""
+    return {K_VERSION: STATE_VERSION, K_FINGERPRINT: dict(fp), K_EPOCH: epoch, K_STAGES: stages}
+
+
+def parse_stages(state: Mapping[str, Any]) -> list[StageRecord]:
+    """The stages of a state, validated (topologies, counts); not yet checked against the data.
+
+    Raises:
+        PlanError: no stage list, or a malformed stage.
+    """
+    stages = state.get(K_STAGES)
+    if not isinstance(stages, list):
+        raise PlanError(f"resume state has no {K_STAGES!r} list; {_FROM_STATE_DICT}.")
+    out = []
+    for i, st in enumerate(stages):
+        if not isinstance(st, Mapping) or not all(k in st for k in (K_WORLD, K_WORKERS, K_BATCH, K_BATCHES)):
+            raise PlanError(f"resume state stage {i} is malformed ({st!r}); {_FROM_STATE_DICT}.")
+        topo = Topology(
+            check_int(f"stage {i} world_size", st[K_WORLD], 1),
+            check_int(f"stage {i} num_workers", st[K_WORKERS], 1),
+            check_int(f"stage {i} batch_size", st[K_BATCH], 1),
+        )
+        per = per_rank_counts(st[K_BATCHES], topo.world_size, f"resume state stage {i}")
+        out.append(StageRecord(topo, per, dict(st)))
+    return out
+
+
+def check_state(state: object, fp: Mapping[str, Any], epoch: int) -> Mapping[str, Any]:
+    """``state`` when its version, fingerprint and epoch are this plan's.
+
+    Raises:
+        PlanError: another state version, or no fingerprint.
+        StateMismatchError: the state belongs to another data set, seed, sampling or epoch; the
+            message names each difference.
+    """
+    state = check_version(state, STATE_VERSION, what="resume state", error=PlanError)
+    theirs = state.get(K_FINGERPRINT)
+    if not isinstance(theirs, Mapping):
+        raise PlanError(f"resume state has no fingerprint; {_FROM_STATE_DICT}.")
+    diffs = [f"{k}: state has {theirs.get(k)!r}, this plan has {fp[k]!r}" for k in fp if theirs.get(k) != fp[k]]
+    if state.get(K_EPOCH) != epoch:
+        diffs.append(f"epoch: state has {state.get(K_EPOCH)!r}, this plan has {epoch!r}")
+    if diffs:
+        raise StateMismatchError(
+            f"resume state does not belong to this plan ({'; '.join(diffs)}); resume with the data set, seed, "
+            "policy, shuffle and epoch it was taken with, or start fresh."
+        )
+    return state
