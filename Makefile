@@ -19,6 +19,8 @@ venv: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/ruff check streamio cli tests benchmarks scripts
+	$(PY) scripts/check_sizes.py streamio cli
 
 test: $(STAMP) lint
 	$(PY) -m pytest -p no:cacheprovider --hypothesis-profile=ci
