@@ -3,8 +3,9 @@
 Thin by design: argument parsing and output; the logic lives in :mod:`streamio.checkpoint`.
 Storage options come from the environment the way s3fs/gcsfs read it (``AWS_ENDPOINT_URL_S3``,
 credentials, ...) plus ``--storage-option key=value`` (dotted keys nest, values parsed as JSON when
-they parse). A streamio error becomes a one-line message and exit status 1; ``verify`` exits 1
-naming each bad object.
+they parse). Errors follow the contract of :mod:`streamio.cli.exits`: ``verify`` exits 1 naming
+each bad object it found, 3 when it could not check (no checkpoint at ROOT, no such step, storage
+unreachable or refusing access).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
+from streamio.cli.common import storage_option
+from streamio.cli.exits import ExitCode, exit_codes_help, exit_codes_short
 
 from streamio.checkpoint import manifest as mf
 from streamio.checkpoint.manager import (
@@ -24,8 +27,7 @@ from streamio.checkpoint.manager import (
     read_manifest,
     verify_checkpoint,
 )
-from streamio.cli.common import parse_storage_options, storage_option
-from streamio.errors import StreamioError
+from streamio.errors import CheckpointNotFoundError, StreamioError
 from streamio.storage import Store
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -36,12 +38,8 @@ def _root_args(fn: F) -> F:
     fn = click.argument("root")(fn)
 
     @functools.wraps(fn)
-    def wrapper(root: str, storage_options: tuple[str, ...], **kwargs: Any) -> Any:
-        store = Store(root, parse_storage_options(storage_options))
-        try:
-            return fn(store=store, **kwargs)
-        except StreamioError as exc:
-            raise click.ClickException(str(exc)) from exc
+    def wrapper(root: str, storage_options: dict[str, Any], **kwargs: Any) -> Any:
+        return fn(store=Store(root, storage_options), **kwargs)
 
     return wrapper  # type: ignore[return-value]
 
@@ -62,7 +60,7 @@ def _default_step(store: Store, step: int | None) -> int:
         return pointed
     steps = committed_steps(store)
     if not steps:
-        raise click.ClickException(f"no checkpoint under {store.root_url} ({'; '.join(problems)})")
+        raise CheckpointNotFoundError(f"no checkpoint under {store.root_url} ({'; '.join(problems)})")
     return steps[-1]
 
 
@@ -71,7 +69,7 @@ def ckpt() -> None:
     """Inspect, verify and clean checkpoint roots written by streamio.CheckpointManager."""
 
 
-@ckpt.command("ls")
+@ckpt.command("ls", epilog=exit_codes_short())
 @_root_args
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def ls_cmd(store: Store, as_json: bool) -> None:
@@ -99,9 +97,9 @@ def ls_cmd(store: Store, as_json: bool) -> None:
         click.echo(f"{mark} {r['step']:>10}  {_size(r['bytes']):>10}  {r['files']:>4} files  world {r['world_size']}  {r['created']}  {metrics}")
 
 
-@ckpt.command("inspect")
+@ckpt.command("inspect", epilog=exit_codes_short())
 @_root_args
-@click.argument("step", type=int, required=False)
+@click.argument("step", type=click.IntRange(min=0), required=False)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def inspect_cmd(store: Store, step: int | None, as_json: bool) -> None:
     """Show a checkpoint's tensors, sizes, metrics, world size and software (default: latest)."""
@@ -126,26 +124,26 @@ def inspect_cmd(store: Store, step: int | None, as_json: bool) -> None:
         click.echo(f"    {section:<10} {key:<60} {e.dtype:<9} {list(e.shape)!s:<18} {_size(e.nbytes):>10}  (rank {e.rank})")
 
 
-@ckpt.command("verify")
+@ckpt.command("verify", epilog=exit_codes_help())
 @_root_args
-@click.argument("step", type=int, required=False)
+@click.argument("step", type=click.IntRange(min=0), required=False)
 @click.option("--all", "all_steps", is_flag=True, help="Verify every committed checkpoint.")
 def verify_cmd(store: Store, step: int | None, all_steps: bool) -> None:
     """Check sizes and CRC32C of every object of a checkpoint (default: latest.json and its step).
 
-    Exits 1 naming each bad object.
+    Exits 1 naming each bad object, 3 when there is nothing to check (no checkpoint under ROOT,
+    no such STEP) or storage could not be read.
     """
     problems: list[str] = []
-    if all_steps:
-        steps = committed_steps(store)
-        problems += check_pointer(store)[1]
-    elif step is None:
-        pointed, problems = check_pointer(store)
-        steps = [pointed] if pointed is not None and not problems else []
-        if not steps and not committed_steps(store) and not problems:
-            raise click.ClickException(f"no checkpoint under {store.root_url}")
-    else:
+    if step is not None and not all_steps:
+        _require_step(store, step)
         steps = [step]
+    else:
+        pointed, problems = check_pointer(store)
+        committed = committed_steps(store) if all_steps or pointed is None else []
+        if pointed is None and not committed and not store.exists(mf.LATEST):
+            raise CheckpointNotFoundError(f"no checkpoint under {store.root_url}: {'; '.join(problems)}")
+        steps = committed if all_steps else [pointed] if pointed is not None and not problems else []
     for s in steps:
         found = verify_checkpoint(store, s)
         click.echo(f"step {s}: {'OK' if not found else f'{len(found)} problem(s)'}")
@@ -153,13 +151,23 @@ def verify_cmd(store: Store, step: int | None, all_steps: bool) -> None:
     for p in problems:
         click.echo(f"BAD {p}", err=True)
     if problems:
-        raise SystemExit(1)
+        raise click.exceptions.Exit(ExitCode.BAD)
 
 
-@ckpt.command("gc")
+def _require_step(store: Store, step: int) -> None:
+    """Raise CheckpointNotFoundError when ``step`` has no manifest: then there is nothing to check."""
+    path = mf.manifest_path(step)
+    if not store.exists(path):
+        raise CheckpointNotFoundError(
+            f"{store.url(path)} does not exist: step {step} was never committed under {store.root_url} or was "
+            f"deleted; `streamio ckpt ls {store.root_url}` lists the committed steps"
+        )
+
+
+@ckpt.command("gc", epilog=exit_codes_short())
 @_root_args
 @click.option("--dry-run", is_flag=True, help="Only list what would be deleted.")
-@click.option("--min-age", type=float, default=3600.0, show_default=True,
+@click.option("--min-age", type=click.FloatRange(min=0), default=3600.0, show_default=True,
               help="Abort multipart uploads only when older than this many seconds.")
 def gc_cmd(store: Store, dry_run: bool, min_age: float) -> None:
     """Delete orphans: abandoned step prefixes, losing saves' parts, stale multipart uploads."""

@@ -1,52 +1,50 @@
-"""What every verb group shares: ``-o KEY=VALUE`` storage options and one-line error exits."""
+"""What every verb group shares: ``-o KEY=VALUE`` storage options and option types.
+
+Errors are not handled here: every verb runs under the ``streamio`` group, which applies the exit
+contract of :mod:`streamio.cli.exits` to whatever escapes (one line, the status its class means).
+"""
 
 from __future__ import annotations
 
-import functools
 import json
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 
-from streamio.errors import StreamioError
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-storage_option = click.option(
-    "-o", "--storage-option", "storage_options", multiple=True, metavar="KEY=VALUE",
-    help="fsspec storage option (repeatable; dotted keys nest, values parse as JSON when they can), "
-    "e.g. -o endpoint_url=http://127.0.0.1:9000 -o client_kwargs.region_name=eu-west-1",
-)
-
 
 def parse_storage_options(pairs: tuple[str, ...]) -> dict[str, Any]:
-    """``("a=1", "b.c=x")`` -> ``{"a": 1, "b": {"c": "x"}}``; a pair without ``=`` is a usage error."""
+    """``("a=1", "b.c=x")`` -> ``{"a": 1, "b": {"c": "x"}}``; a malformed pair is a usage error."""
     out: dict[str, Any] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise click.BadParameter(f"{pair!r} is not key=value", param_hint="--storage-option")
+        parts = key.split(".")
+        if not sep or not all(parts):
+            raise click.BadParameter(f"{pair!r} is not KEY=VALUE (KEY: names joined by dots)", param_hint="'-o'")
         try:
             parsed: Any = json.loads(value)
-        except ValueError:
+        except (ValueError, RecursionError):
             parsed = value
         node = out
-        *parents, leaf = key.split(".")
-        for p in parents:
+        *parents, leaf = parts
+        for depth, p in enumerate(parents):
             node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise click.BadParameter(
+                    f"{pair!r}: {'.'.join(parents[: depth + 1])} was already given a value, not a group of options",
+                    param_hint="'-o'",
+                )
         node[leaf] = parsed
     return out
 
 
-def friendly(fn: F) -> F:
-    """Turn streamio errors into a one-line message and exit status 1 (no traceback for users)."""
+def _storage_options_callback(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> dict[str, Any]:
+    return parse_storage_options(value)
 
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except StreamioError as exc:
-            raise click.ClickException(str(exc)) from exc
 
-    return wrapper  # type: ignore[return-value]
+storage_option = click.option(
+    "-o", "--storage-option", "storage_options", multiple=True, metavar="KEY=VALUE",
+    callback=_storage_options_callback,
+    help="fsspec storage option (repeatable; dotted keys nest, values parse as JSON when they can), "
+    "e.g. -o endpoint_url=http://127.0.0.1:9000 -o client_kwargs.region_name=eu-west-1",
+)
+"""The ``-o KEY=VALUE`` option; the command receives ``storage_options`` as a parsed dict."""

@@ -4,8 +4,10 @@ Thin by design: argument parsing, progress bars (tqdm, samples/s and MB/s on std
 formatting; everything else is :mod:`streamio.data.writer` / :mod:`streamio.data.index`. Storage
 options come from the environment the way s3fs/gcsfs read it (``AWS_ENDPOINT_URL_S3``,
 credentials, ...) plus ``--storage-option key=value`` (values parsed as JSON when they parse).
-A streamio error becomes a one-line message and exit status 1; ``verify`` exits 1 when a shard
-is bad. ``--json`` prints machine-readable output on the read-only verbs.
+Errors follow the contract of :mod:`streamio.cli.exits` (one line; 1 bad data, 2 usage, 3 could
+not check): ``verify`` exits 1 only when it read a shard and found it bad, 3 when it could not
+read. Option values are validated by click types, so a bad one is a usage error (2) before any
+I/O. ``--json`` prints machine-readable output on the read-only verbs.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import click
+from streamio.cli.common import storage_option
+from streamio.cli.exits import ExitCode, exit_codes_help, exit_codes_short
 from tqdm import tqdm
 
 from streamio.data.index import (
@@ -30,24 +34,48 @@ from streamio.data.index import (
     validate,
     write_index,
 )
+from streamio.data.samples import unsafe_reason
 from streamio.data.writer import (
     DatasetWriter,
     samples_from_directory,
     samples_from_jsonl,
     samples_from_shards,
 )
-from streamio.cli.common import friendly, parse_storage_options, storage_option
 from streamio.storage import Store
 
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40}
 
 
 def parse_size(text: str) -> int:
-    """``"256MB"`` -> 256_000_000, ``"1GiB"`` -> 1 << 30, ``"4096"`` -> 4096."""
+    """``"256MB"`` -> 256_000_000, ``"1GiB"`` -> 1 << 30, ``"4096"`` -> 4096; at least one byte."""
     m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", text)
     if not m or m.group(2).upper() not in _UNITS:
         raise click.BadParameter(f"{text!r} is not a size such as 256MB, 1GiB or 4096")
-    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+    size = int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+    if size < 1:
+        raise click.BadParameter(f"{text!r} is {size} bytes; a shard size limit must be at least 1 byte (e.g. 256MB)")
+    return size
+
+
+class _Size(click.ParamType):
+    """A byte size with a unit (``256MB``, ``1GiB``, ``4096``), parsed while the options are."""
+
+    name = "size"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_size(str(value))
+        except click.BadParameter as exc:
+            self.fail(exc.message, param, ctx)
+
+
+def _plain_prefix(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    reason = unsafe_reason(value) or ("it contains '/'" if "/" in value else None)
+    if reason:
+        raise click.BadParameter(f"{value!r} cannot start a shard file name: {reason}")
+    return value
 
 
 _storage_option = storage_option
@@ -79,6 +107,8 @@ def _sources(src: str, options: dict[str, Any], seed: int | None, file_fields: t
     if os.path.isdir(src):
         return samples_from_directory(src, shuffle_seed=seed)
     if src.endswith((".jsonl", ".ndjson")):
+        if not os.path.isfile(src):
+            raise click.BadParameter(f"{src!r} is not a file", param_hint="SRC")
         return samples_from_jsonl(src, file_fields=file_fields or None, shuffle_seed=seed)
     root, pattern = split_pattern(src)
     if pattern is not None:
@@ -88,30 +118,32 @@ def _sources(src: str, options: dict[str, Any], seed: int | None, file_fields: t
     raise click.UsageError(f"SRC {src!r} is not a directory, a .jsonl file or a .tar glob")
 
 
-@click.command("shard")
+@click.command("shard", epilog=exit_codes_short())
 @click.argument("src")
 @click.argument("dest")
-@click.option("--max-size", default="256MB", show_default=True, help="Shard size limit (256MB, 1GiB, ...).")
+@click.option("--max-size", type=_Size(), default="256MB", show_default=True, help="Shard size limit (1GiB, ...).")
 @click.option("--max-count", type=click.IntRange(min=1), default=None, help="Samples per shard limit.")
 @click.option("--compress", type=click.Choice(["zstd"]), default=None, help="One zstd frame per sample (.tar.zst).")
 @click.option("--shuffle", is_flag=True, help="Shuffle the sample order (directory / JSONL sources).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of --shuffle.")
-@click.option("--prefix", default="data", show_default=True, help="Shard names: PREFIX-000000.tar.")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Seed of --shuffle.")
+@click.option("--prefix", default="data", show_default=True, callback=_plain_prefix, help="Names: PREFIX-000000.tar.")
 @click.option("--file-field", "file_fields", multiple=True, metavar="EXT", help="JSONL field naming a file to read (repeatable; default: any string naming an existing file).")
 @click.option("--overwrite", is_flag=True, help="Replace a dataset already at DEST.")
 @_storage_option
-@friendly
 def shard_cmd(
-    src: str, dest: str, max_size: str, max_count: int | None, compress: str | None, shuffle: bool, seed: int,
-    prefix: str, file_fields: tuple[str, ...], overwrite: bool, storage_options: tuple[str, ...],
+    src: str, dest: str, max_size: int, max_count: int | None, compress: str | None, shuffle: bool, seed: int,
+    prefix: str, file_fields: tuple[str, ...], overwrite: bool, storage_options: dict[str, Any],
 ) -> None:
     """Pack SRC (directory tree, JSONL file or .tar glob) into shards + index.json at DEST."""
-    options = parse_storage_options(storage_options)
-    samples = _sources(src, options, seed if shuffle else None, file_fields)
+    samples = _sources(src, storage_options, seed if shuffle else None, file_fields)
+    target = Store(dest, storage_options)
+    if not overwrite and target.exists(INDEX_NAME):
+        raise click.UsageError(
+            f"{target.url(INDEX_NAME)} exists: DEST already holds a dataset; pass --overwrite to replace it"
+        )
     progress = _Progress("shard")
     with DatasetWriter(
-        dest, options, max_bytes=parse_size(max_size), max_count=max_count, compression=compress, prefix=prefix,
-        overwrite=overwrite,
+        target, max_bytes=max_size, max_count=max_count, compression=compress, prefix=prefix, overwrite=overwrite,
     ) as writer:
         for sample in samples:
             before = writer.bytes_written
@@ -122,16 +154,15 @@ def shard_cmd(
     click.echo(f"{dest}: {len(index.shards)} shards, {index.samples} samples, {_total(index) / 1e6:.1f} MB")
 
 
-@click.command("index")
+@click.command("index", epilog=exit_codes_short())
 @click.argument("url")
 @click.option("--concurrency", type=click.IntRange(min=1), default=8, show_default=True, help="Shards scanned at once.")
 @_json
 @_storage_option
-@friendly
-def index_cmd(url: str, concurrency: int, as_json: bool, storage_options: tuple[str, ...]) -> None:
+def index_cmd(url: str, concurrency: int, as_json: bool, storage_options: dict[str, Any]) -> None:
     """Index existing WebDataset shards: URL is a prefix or a pattern (shard-{000000..000099}.tar)."""
     root, pattern = split_pattern(url)
-    store = Store(root, parse_storage_options(storage_options))
+    store = Store(root, storage_options)
     progress = _Progress("index", unit="shard")
     index = build_index(store, pattern, concurrency=concurrency, progress=lambda s: progress.update(1, s.bytes))
     progress.close()
@@ -142,14 +173,13 @@ def index_cmd(url: str, concurrency: int, as_json: bool, storage_options: tuple[
         click.echo(f"{store.url(INDEX_NAME)}: {len(index.shards)} shards, {index.samples} samples, keys {', '.join(index.keys)}")
 
 
-@click.command("ls")
+@click.command("ls", epilog=exit_codes_short())
 @click.argument("url")
 @_json
 @_storage_option
-@friendly
-def ls_cmd(url: str, as_json: bool, storage_options: tuple[str, ...]) -> None:
+def ls_cmd(url: str, as_json: bool, storage_options: dict[str, Any]) -> None:
     """List the shards of the dataset at URL (path, samples, bytes)."""
-    index = load_index(Store(url, parse_storage_options(storage_options)))
+    index = load_index(Store(url, storage_options))
     if as_json:
         click.echo(json.dumps([_shard_json(s) for s in index.shards]))
         return
@@ -158,14 +188,13 @@ def ls_cmd(url: str, as_json: bool, storage_options: tuple[str, ...]) -> None:
         click.echo(f"{s.path:<{width}}  {s.samples:>9} samples  {s.bytes:>14,} bytes  {s.checksum}")
 
 
-@click.command("inspect")
+@click.command("inspect", epilog=exit_codes_short())
 @click.argument("url")
 @_json
 @_storage_option
-@friendly
-def inspect_cmd(url: str, as_json: bool, storage_options: tuple[str, ...]) -> None:
+def inspect_cmd(url: str, as_json: bool, storage_options: dict[str, Any]) -> None:
     """Summarise the dataset at URL: shards, samples, bytes, keys, compression, fingerprint."""
-    store = Store(url, parse_storage_options(storage_options))
+    store = Store(url, storage_options)
     summary = _summary(store, load_index(store))
     if as_json:
         click.echo(json.dumps(summary))
@@ -174,16 +203,19 @@ def inspect_cmd(url: str, as_json: bool, storage_options: tuple[str, ...]) -> No
         click.echo(f"{key:<12} {', '.join(value) if isinstance(value, list) else value}")
 
 
-@click.command("verify")
+@click.command("verify", epilog=exit_codes_help())
 @click.argument("url")
 @click.option("--quick", is_flag=True, help="Only check that every shard exists with its recorded size.")
 @click.option("--concurrency", type=click.IntRange(min=1), default=8, show_default=True, help="Shards read at once.")
 @_json
 @_storage_option
-@friendly
-def verify_cmd(url: str, quick: bool, concurrency: int, as_json: bool, storage_options: tuple[str, ...]) -> None:
-    """Re-read every shard of URL and check sizes, checksums and sample counts; exit 1 if any is bad."""
-    store = Store(url, parse_storage_options(storage_options))
+def verify_cmd(url: str, quick: bool, concurrency: int, as_json: bool, storage_options: dict[str, Any]) -> None:
+    """Re-read every shard of URL and check sizes, checksums and sample counts.
+
+    Exits 1 when it read the dataset and found a bad shard (each is named), 3 when it could not
+    check (no index.json at URL, storage unreachable, access denied).
+    """
+    store = Store(url, storage_options)
     report = validate(store, load_index(store), deep=not quick, concurrency=concurrency)
     if as_json:
         click.echo(json.dumps({"url": url, "checked": report.checked, "deep": report.deep, "ok": report.ok,
@@ -195,7 +227,7 @@ def verify_cmd(url: str, quick: bool, concurrency: int, as_json: bool, storage_o
         for b in report.bad:
             click.echo(f"  {b.path}: {b.reason}", err=True)
     if not report.ok:
-        raise SystemExit(1)
+        raise click.exceptions.Exit(ExitCode.BAD)
 
 
 def _total(index: DatasetIndex) -> int:

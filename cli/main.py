@@ -1,17 +1,37 @@
-"""``streamio``: the command-line entry point; each verb group lives in its own module."""
+"""``streamio``: the command-line entry point; each verb group lives in its own module.
+
+The group is where the error contract of :mod:`streamio.cli.exits` is applied: any exception that
+escapes a verb becomes one ``Error: ...`` line on stderr and the exit status its class means
+(0 ok, 1 the data or checkpoint is bad, 2 usage, 3 could not check). click's own usage errors keep
+click's handling (status 2). ``-vv`` adds the traceback.
+"""
 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import click
+from streamio.cli.exits import exit_codes_help, fail
 
 from streamio import __version__
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Group(click.Group):
+    """A click group that turns every escaping exception into the documented one-line exit."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except (Exception, KeyboardInterrupt) as exc:
+            fail(exc, verbose=ctx.params.get("verbose") or 0)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]}, epilog=exit_codes_help())
 @click.version_option(__version__, prog_name="streamio")
-@click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
+@click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug and tracebacks of errors).")
 def cli(verbose: int) -> None:
     """Stream datasets from and checkpoint to object storage (S3, GCS, any fsspec URL)."""
     level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG

@@ -4,7 +4,9 @@ Thin by design: it loads the index (:func:`streamio.data.index.load_index`), cal
 (:func:`streamio.data.plan.plan_epoch`) and prints, per rank, the samples, batches and shard runs,
 the padding or dropping the tail policy states, and the result of :meth:`EpochPlan.check`
 (invariants 1 "exactly once" and 2 "equal work" for this topology). Exit status 1 when a check
-fails or on a streamio error (one-line message). ``--json`` prints the same as one JSON document.
+fails; other errors follow :mod:`streamio.cli.exits` (a split this dataset cannot give, such as
+more ranks than samples with ``--policy drop``, is a usage error: 2). ``--json`` prints the same
+as one JSON document.
 """
 
 from __future__ import annotations
@@ -13,11 +15,11 @@ import json
 from typing import Any
 
 import click
+from streamio.cli.common import storage_option
+from streamio.cli.exits import ExitCode, exit_codes_help
 
 from streamio.data.index import DatasetIndex, load_index
-from streamio.data.plan import EpochPlan, Run, Shuffle, plan_epoch
-from streamio.cli.common import parse_storage_options
-from streamio.errors import StreamioError
+from streamio.data.plan import EpochPlan, Run, Sampling, Shuffle, Topology, plan_epoch
 from streamio.storage import Store
 
 
@@ -92,7 +94,7 @@ def _print_human(rep: dict[str, Any], index: DatasetIndex, plan: EpochPlan, show
         echo(f"  problem: {p}", err=True)
 
 
-@click.command("plan")
+@click.command("plan", epilog=exit_codes_help())
 @click.argument("url")
 @click.option("--world-size", "-R", type=click.IntRange(min=1), required=True, help="Ranks (processes) in the job.")
 @click.option("--workers", "-W", type=click.IntRange(min=0), default=0, show_default=True, help="DataLoader workers per rank.")
@@ -103,31 +105,26 @@ def _print_human(rep: dict[str, Any], index: DatasetIndex, plan: EpochPlan, show
 @click.option("--window", type=click.IntRange(min=0), default=0, show_default=True, help="Sample-level shuffle window (0 = none).")
 @click.option("--no-shard-shuffle", is_flag=True, help="Keep shards in index order (evaluation).")
 @click.option("--runs", "show_runs", type=click.IntRange(min=0), default=3, show_default=True, help="Runs listed per rank.")
-@click.option(
-    "-o", "--storage-option", "storage_options", multiple=True, metavar="KEY=VALUE",
-    help="fsspec storage option (repeatable), e.g. -o endpoint_url=http://127.0.0.1:9000",
-)
+@storage_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON on stdout.")
 def plan_cmd(
     url: str, world_size: int, workers: int, epoch: int, seed: int, policy: str, batch_size: int, window: int,
-    no_shard_shuffle: bool, show_runs: int, storage_options: tuple[str, ...], as_json: bool,
+    no_shard_shuffle: bool, show_runs: int, storage_options: dict[str, Any], as_json: bool,
 ) -> None:
     """Show and check how an epoch of the dataset at URL is split over ranks and workers.
 
     Prints per-rank samples and batches, the padding or dropping of the tail policy, each rank's
     shard runs, and checks that every sample is yielded once (+- the stated tail) and that every
-    rank does the same work. Exits 1 when a check fails.
+    rank does the same work. Exits 1 when a check fails, 2 when this dataset cannot be split this
+    way, 3 when the dataset could not be read.
     """
     shuffle = Shuffle(shards=not no_shard_shuffle, window=window)
-    try:
-        index = load_index(Store(url, parse_storage_options(storage_options)))
-        plan = plan_epoch(
-            index.sample_counts(), seed=seed, epoch=epoch, world_size=world_size, num_workers=workers,
-            batch_size=batch_size, policy=policy,  # type: ignore[arg-type]
-            shuffle=shuffle, index_fingerprint=index.fingerprint,
-        )
-    except StreamioError as exc:
-        raise click.ClickException(str(exc)) from exc
+    index = load_index(Store(url, storage_options))
+    plan = plan_epoch(
+        index.sample_counts(), seed=seed, epoch=epoch, topology=Topology(world_size, workers, batch_size),
+        sampling=Sampling(shuffle, policy),  # type: ignore[arg-type]
+        index_fingerprint=index.fingerprint,
+    )
     problems = plan.check()
     rep = _report(url, index, plan, shuffle, seed, problems)
     if as_json:
@@ -135,7 +132,7 @@ def plan_cmd(
     else:
         _print_human(rep, index, plan, show_runs)
     if problems:
-        raise click.exceptions.Exit(1)
+        raise click.exceptions.Exit(ExitCode.BAD)
 
 
 def register(group: click.Group) -> None:

@@ -130,7 +130,7 @@ def test_bad_inputs_give_one_clear_line(tmp_path, case: str) -> None:
         _, err = run("shard", str(src), str(dest), code=1)
         assert "cannot read" in err and "c.jpg" in err
     elif case == "no-index":
-        _, err = run("ls", str(src), code=1)
+        _, err = run("ls", str(src), code=3)  # nothing to read there: could not check
         assert f"no index.json at {src}/index.json" in err and f"`streamio index {src}`" in err
     elif case == "unknown-version":
         (src / INDEX_NAME).write_text(json.dumps({"format": "streamio.dataset/9", "shards": []}))
@@ -143,7 +143,7 @@ def test_bad_inputs_give_one_clear_line(tmp_path, case: str) -> None:
     else:
         (src / "a.txt").write_text("x")
         run("shard", str(src), str(dest))
-        _, err = run("shard", str(src), str(dest), code=1)
+        _, err = run("shard", str(src), str(dest), code=2)  # usage: DEST is taken, --overwrite is the fix
         assert "already holds a dataset" in err and "--overwrite" in err
         run("shard", str(src), str(dest), "--overwrite")
 

@@ -71,10 +71,10 @@ def test_epochs_move_shards_between_ranks(dataset: str) -> None:
 
 
 def test_errors_are_one_line_with_the_fix(dataset: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    code, out = _run(dataset, "-R", "200", "--policy", "drop")
-    assert code == 1 and "world_size=200 exceeds the 103 samples" in out and "policy='pad'" in out
-    code, out = _run(str(tmp_path / "nothing"), "-R", "2")
-    assert code == 1 and "streamio index" in out
+    code, out = _run(dataset, "-R", "200", "--policy", "drop")  # a split this dataset cannot give: usage
+    assert code == 2 and "world_size=200 exceeds the 103 samples" in out and "policy='pad'" in out
+    code, out = _run(str(tmp_path / "nothing"), "-R", "2")  # no dataset there: could not check
+    assert code == 3 and "streamio index" in out
 
 
 def test_failed_check_exits_1(dataset: str, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -60,7 +60,9 @@ process's prefetch depth needs.
 
 Safety. The directory is created ``0700``; an existing one must be a real directory owned by this
 user and not writable by others. Every file is opened relative to a directory file descriptor with
-``O_NOFOLLOW``; a symlink or non-regular file found under a cache name is removed, never followed.
+``O_NOFOLLOW`` (and ``O_NONBLOCK``, so a planted FIFO cannot block an open); a symlink or
+non-regular file found under a cache name (``.lock`` included) is removed, never followed, and one
+that cannot be (a directory) raises :class:`~streamio.errors.CacheError` naming it.
 Nothing is ever unpickled from the cache.
 
 Fork/spawn safety: a ``ShardCache`` holds only its :class:`CacheConfig` until first use in a
@@ -105,6 +107,8 @@ __all__ = ["CacheConfig", "ReadStats", "ShardCache"]
 _DIR_LOCK = ".lock"
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # opening a planted FIFO must not block (no effect on files)
+_LOCK_FLAGS = os.O_RDWR | os.O_CREAT | _O_NOFOLLOW | _O_CLOEXEC | _O_NONBLOCK
 
 # progress / verification record kept in KEY.dl
 _MAGIC = b"SIOC"
@@ -464,7 +468,7 @@ class ShardCache:
         dfd = self._dir()
         name = key + ".data"
         try:
-            fd = os.open(name, os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC, dir_fd=dfd)
+            fd = os.open(name, os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC | _O_NONBLOCK, dir_fd=dfd)
         except FileNotFoundError:
             return None
         except OSError as exc:
@@ -653,7 +657,7 @@ class ShardCache:
         delay = self.config.poll_interval
         start = pos
         try:
-            fd = os.open(key + ".part", os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC, dir_fd=dfd)
+            fd = os.open(key + ".part", os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC | _O_NONBLOCK, dir_fd=dfd)
         except OSError:
             # not created yet, or committed/removed meanwhile: let the caller look again
             if not self._exists(key + ".data") and self._download_locked(key):
@@ -800,7 +804,10 @@ class ShardCache:
             raise CacheError(
                 f"cache directory {path!r} is writable by other users (mode {stat.S_IMODE(st.st_mode):o}); run `chmod 700 {path}`"
             )
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | _O_NOFOLLOW | _O_CLOEXEC)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | _O_NOFOLLOW | _O_CLOEXEC)
+        except OSError as exc:  # swapped for a symlink or removed since the check: refuse, never follow
+            raise CacheError(f"cache directory {path!r} changed while being opened ({exc.strerror or exc}); retry") from exc
         if os.fstat(fd).st_ino != st.st_ino:
             os.close(fd)
             raise CacheError(f"cache directory {path!r} changed while being opened; retry")
@@ -843,16 +850,28 @@ class ShardCache:
             self.stats.add(discarded=1)
 
     def _lock(self, name: str, *, shared: bool, blocking: bool) -> int | None:
-        """flock ``name`` (created 0600 if missing, never through a symlink); the fd, or None if busy."""
+        """flock ``name`` (created 0600 if missing, never through a symlink); the fd, or None if busy.
+
+        A symlink or other non-regular file (FIFO, socket) under the name is removed, never used;
+        one that cannot be removed or opened (a directory) raises :class:`CacheError` naming it.
+        """
         dfd = self._dir()
         flags = (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | (0 if blocking else fcntl.LOCK_NB)
         while True:
             try:
-                fd = os.open(name, os.O_RDWR | os.O_CREAT | _O_NOFOLLOW | _O_CLOEXEC, 0o600, dir_fd=dfd)
+                fd = os.open(name, _LOCK_FLAGS, 0o600, dir_fd=dfd)
             except OSError as exc:
                 if exc.errno != errno.ELOOP:
-                    raise CacheError(f"cannot open lock file {self._path(name)!r}: {exc}") from exc
+                    raise CacheError(
+                        f"cannot open lock file {self._path(name)!r}: {exc.strerror or exc}; remove it: the cache "
+                        f"directory {self._dirname!r} must hold only the cache's own files"
+                    ) from exc
                 log.warning("cache %s: lock file %s is a symlink; removed, never followed", self._dirname, name)
+                self._unlink(name)
+                continue
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                os.close(fd)
+                log.warning("cache %s: lock file %s is not a regular file; removed, never used", self._dirname, name)
                 self._unlink(name)
                 continue
             try:
@@ -884,11 +903,11 @@ class ShardCache:
 
     def _read_record_at(self, key: str) -> _Record | None:
         try:
-            fd = os.open(key + ".dl", os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC, dir_fd=self._dir())
+            fd = os.open(key + ".dl", os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC | _O_NONBLOCK, dir_fd=self._dir())
         except OSError:
             return None
         try:
-            return self._read_record(fd)
+            return self._read_record(fd) if stat.S_ISREG(os.fstat(fd).st_mode) else None
         finally:
             os.close(fd)
 
@@ -942,8 +961,10 @@ class _DirLock:
         self._fd = -1
 
     def __enter__(self) -> None:
-        self._fd = os.open(_DIR_LOCK, os.O_RDWR | os.O_CREAT | _O_NOFOLLOW | _O_CLOEXEC, 0o600, dir_fd=self._cache._dir())
-        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        fd = self._cache._lock(_DIR_LOCK, shared=False, blocking=True)  # never through a symlink, as every lock
+        if fd is None:  # pragma: no cover - blocking locks always return an fd
+            raise CacheError(f"cannot lock {self._cache._path(_DIR_LOCK)!r}")
+        self._fd = fd
 
     def __exit__(self, *exc: object) -> None:
         os.close(self._fd)
