@@ -5,9 +5,13 @@ refines, so callers can catch either (``except FileNotFoundError`` keeps working
 
     StreamioError
     ├── StorageError (OSError)                    bytes could not move to or from storage
-    │   ├── ObjectNotFoundError (FileNotFoundError)   missing object, prefix or bucket
+    │   ├── ObjectNotFoundError (FileNotFoundError)   missing object or prefix (the bucket exists)
+    │   ├── BucketNotFoundError                       the bucket itself does not exist (NOT a
+    │   │                                             FileNotFoundError: never "nothing there yet")
     │   ├── StoragePermissionError (PermissionError)  403 / bad credentials: check credentials
     │   ├── TransientStorageError                     5xx / throttling / resets, retries exhausted
+    │   │   └── StorageUnreachableError (ConnectionError)  refused / DNS / connect timeout
+    │   ├── UnsupportedProtocolError (ValueError)     unknown URL scheme, or its package missing
     │   └── WriteConflictError (FileExistsError)      a conditional write lost (create-only, CAS)
     ├── CorruptDataError (ValueError)             bytes do not match their recorded size/checksum
     ├── DatasetError (ValueError)                 a dataset or its index is unusable
@@ -24,6 +28,11 @@ refines, so callers can catch either (``except FileNotFoundError`` keeps working
         └── CheckpointConflictError (FileExistsError) another job writes the same root
 
 Messages are one f-string that names the URL / shard / step at fault and what to do about it.
+
+Why a missing bucket is not a ``FileNotFoundError``: code that treats "not found" as "nothing
+there yet" (no checkpoint: start from scratch; no index: build one) must not treat a wrong bucket
+name, endpoint or account that way, or the mistake shows only at the first write, hours later.
+An object or prefix missing in a bucket that exists stays ``ObjectNotFoundError``.
 """
 
 from __future__ import annotations
@@ -38,7 +47,14 @@ class StorageError(StreamioError, OSError):
 
 
 class ObjectNotFoundError(StorageError, FileNotFoundError):
-    """The object, prefix or bucket does not exist."""
+    """The object or prefix does not exist (in a bucket that does, where the store has buckets)."""
+
+
+class BucketNotFoundError(StorageError):
+    """The bucket of a URL does not exist (wrong name, endpoint, account or project).
+
+    Deliberately not a ``FileNotFoundError``: see the module docstring.
+    """
 
 
 class StoragePermissionError(StorageError, PermissionError):
@@ -47,6 +63,15 @@ class StoragePermissionError(StorageError, PermissionError):
 
 class TransientStorageError(StorageError):
     """A transient failure (5xx, throttling, reset, truncation) outlasted the retry policy."""
+
+
+class StorageUnreachableError(TransientStorageError, ConnectionError):
+    """The storage endpoint cannot be reached (connection refused, name not resolved, connect
+    timeout) through the retry policy; the message names the endpoint."""
+
+
+class UnsupportedProtocolError(StorageError, ValueError):
+    """A URL's protocol is unknown to fsspec, or the package that implements it is not installed."""
 
 
 class WriteConflictError(StorageError, FileExistsError):

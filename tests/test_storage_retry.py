@@ -9,6 +9,7 @@ import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError, ReadTimeoutError
 
 from streamio.errors import (
+    BucketNotFoundError,
     ObjectNotFoundError,
     StorageError,
     StoragePermissionError,
@@ -129,7 +130,7 @@ def test_exhausted_transient_raises_transient_storage_error_naming_url_and_attem
     ("exc", "expected"),
     [
         (client_error("AccessDenied", 403), StoragePermissionError),
-        (client_error("NoSuchBucket", 404), ObjectNotFoundError),
+        (client_error("NoSuchBucket", 404), BucketNotFoundError),
         (client_error("PreconditionFailed", 412), WriteConflictError),
         (OSError(5, "weird"), StorageError),
     ],

@@ -19,7 +19,7 @@ from streamio.data.writer import (
     samples_from_shards,
     write_dataset,
 )
-from streamio.errors import DatasetError
+from streamio.errors import BucketNotFoundError, DatasetError
 from streamio.storage import Store
 from streamio.testing import S3Endpoint
 
@@ -148,7 +148,7 @@ def test_values_are_encoded_by_type() -> None:
 
 def test_upload_errors_surface_and_no_index_is_written(s3: S3Endpoint) -> None:
     store = Store(f"s3://no-such-bucket-{uuid.uuid4().hex[:8]}/ds", s3.storage_options())
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(BucketNotFoundError):
         write_dataset(make_samples(6), store, max_count=2)
 
 

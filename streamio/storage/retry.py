@@ -8,15 +8,28 @@ policy alone decides: exponential backoff with full jitter, bounded in attempts 
 Classification (:func:`classify`) walks the exception and its causes (s3fs wraps botocore's
 ``ClientError`` in ``OSError``s, gcsfs raises its own ``HttpError``) and sorts it into:
 
-* ``"not_found"``  NoSuchKey / NoSuchBucket / 404             -> ObjectNotFoundError, one attempt
+* ``"not_found"``  NoSuchKey / 404                            -> ObjectNotFoundError, one attempt
+                   NoSuchBucket                                -> BucketNotFoundError, one attempt
 * ``"permission"`` 403 / AccessDenied / InvalidAccessKeyId /
   SignatureDoesNotMatch / expired or missing credentials      -> StoragePermissionError, one attempt
 * ``"conflict"``   412 PreconditionFailed / 409 conflict       -> WriteConflictError, one attempt
 * ``"transient"``  5xx, SlowDown / 429 / throttling, timeouts,
   connection resets, truncated bodies                         -> retried, then TransientStorageError
+                   connection refused, name not resolved, connect
+                   timeout (anywhere in the chain)              -> retried, then StorageUnreachableError
 * ``"permanent"``  anything else (bad request, bugs)           -> raised at once, unchanged
 
 Every raised error is a :mod:`streamio.errors` class whose message names the URL and what to check.
+
+Endpoints that cannot be reached are retried like any transient error (a refused connection or
+a failed name lookup is often a server restarting, a fail-over or a pod whose DNS entry is not
+there yet; the policy bounds the cost: ~5 s with the defaults), then raised as
+:class:`~streamio.errors.StorageUnreachableError` naming the endpoint. A connect failure wins
+over the error wrapped around it: fsspec's HTTP filesystem turns one into ``FileNotFoundError``,
+and "connection refused" must never read as "no such object".
+
+Messages never carry a secret: third-party text quoted in them goes through
+:func:`~streamio.storage.redact.scrub`, and a cause chain whose text would show one is cut.
 """
 
 from __future__ import annotations
@@ -26,19 +39,29 @@ import http.client
 import logging
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal, TypeVar
 
 import tenacity
 
 from streamio.errors import (
+    BucketNotFoundError,
     ObjectNotFoundError,
     StorageError,
     StoragePermissionError,
     TransientStorageError,
     WriteConflictError,
 )
+from streamio.storage.failures import (
+    bucket_not_found,
+    chain,
+    code_of,
+    has_code,
+    unreachable,
+    unreachable_error,
+)
+from streamio.storage.redact import leaks, scrub
 
 log = logging.getLogger(__name__)
 
@@ -72,82 +95,87 @@ _TRANSIENT_AIOHTTP = {
 }
 
 
+def _cause(exc: BaseException) -> BaseException | None:
+    """``exc`` as the cause to chain, or ``None`` when its text (or a cause's) would show a secret:
+    a traceback prints the whole chain, and third-party messages quote URLs with userinfo."""
+    return None if any(leaks(f"{e!r} {e}") for e in chain(exc)) else exc
+
+
 class TruncatedBodyError(ConnectionError):
     """A response body ended before the length it announced (transient: the read resumes)."""
 
 
-def _chain(exc: BaseException) -> Iterator[BaseException]:
-    seen: set[int] = set()
-    cur: BaseException | None = exc
-    while cur is not None and id(cur) not in seen and len(seen) < 8:
-        seen.add(id(cur))
-        yield cur
-        cur = cur.__cause__ or cur.__context__
+def _by_code(exc: BaseException) -> ErrorKind | None:
+    """The kind an error code or HTTP status says, or ``None`` if ``exc`` carries neither."""
+    code, status = code_of(exc)
+    if code is None and status is None:
+        return None
+    for value in (code, str(status) if status else None):
+        if value in _NOT_FOUND_CODES:
+            return "not_found"
+        if value in _PERMISSION_CODES:
+            return "permission"
+        if value in _CONFLICT_CODES:
+            return "conflict"
+        if value in _TRANSIENT_CODES:
+            return "transient"
+    if status is not None and status >= 500:
+        return "transient"
+    return "permanent"
 
 
-def _code_of(exc: BaseException) -> tuple[str | None, int | None]:
-    """(error code, HTTP status) of a botocore ClientError or gcsfs HttpError, else (None, None)."""
-    response = getattr(exc, "response", None)
-    if isinstance(response, dict) and "Error" in response:
-        code = response.get("Error", {}).get("Code")
-        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        return (str(code) if code is not None else None), status
-    code = getattr(exc, "code", None)
-    if type(exc).__name__ == "HttpError" and code is not None:
-        return str(code), int(code) if str(code).isdigit() else None
-    status = getattr(exc, "status", None)  # aiohttp ClientResponseError
-    if isinstance(status, int) and type(exc).__name__ == "ClientResponseError":
-        return str(status), status
-    return None, None
+#: ours (an inner policy or a backend already decided), then builtin types, in this order
+_OURS: tuple[tuple[type[BaseException] | tuple[type[BaseException], ...], ErrorKind], ...] = (
+    (WriteConflictError, "conflict"),
+    ((ObjectNotFoundError, BucketNotFoundError), "not_found"),
+    (StoragePermissionError, "permission"),
+    (TransientStorageError, "transient"),
+)
+_BUILTIN: tuple[tuple[type[BaseException] | tuple[type[BaseException], ...], ErrorKind], ...] = (
+    ((TimeoutError, asyncio.TimeoutError, ConnectionError, http.client.IncompleteRead), "transient"),
+    (FileExistsError, "conflict"),
+    (FileNotFoundError, "not_found"),
+    (PermissionError, "permission"),
+)
 
 
 def _classify_one(exc: BaseException) -> ErrorKind | None:
-    if isinstance(exc, WriteConflictError):
-        return "conflict"
-    if isinstance(exc, ObjectNotFoundError):
-        return "not_found"
-    if isinstance(exc, StoragePermissionError):
-        return "permission"
-    if isinstance(exc, TransientStorageError):
-        return "transient"
-    code, status = _code_of(exc)
-    if code is not None or status is not None:
-        for value in (code, str(status) if status else None):
-            if value in _NOT_FOUND_CODES:
-                return "not_found"
-            if value in _PERMISSION_CODES:
-                return "permission"
-            if value in _CONFLICT_CODES:
-                return "conflict"
-            if value in _TRANSIENT_CODES:
-                return "transient"
-        if status is not None and status >= 500:
-            return "transient"
-        return "permanent"
+    for cls, kind in _OURS:
+        if isinstance(exc, cls):
+            return kind
+    by_code = _by_code(exc)
+    if by_code is not None:
+        return by_code
     name = type(exc).__name__
     if name in _PERMISSION_BOTOCORE:
         return "permission"
     if name in _TRANSIENT_BOTOCORE or name in _TRANSIENT_AIOHTTP:
         return "transient"
-    if isinstance(exc, (TimeoutError, asyncio.TimeoutError, ConnectionError, http.client.IncompleteRead)):
-        return "transient"
-    if isinstance(exc, FileExistsError):
-        return "conflict"
-    if isinstance(exc, FileNotFoundError):
-        return "not_found"
-    if isinstance(exc, PermissionError):
-        return "permission"
+    for cls, kind in _BUILTIN:
+        if isinstance(exc, cls):
+            return kind
     if isinstance(exc, OSError) and str(exc).startswith("Forbidden"):  # gcsfs's 403
         return "permission"
     return None
 
 
 def classify(exc: BaseException) -> ErrorKind:
-    """Sort ``exc`` (or the first of its causes that says) into an :data:`ErrorKind`."""
-    for e in _chain(exc):
+    """Sort ``exc`` (or the first of its causes that says) into an :data:`ErrorKind`.
+
+    A failed connection anywhere in the chain makes it ``"transient"`` whatever wraps it, and a
+    bare ``FileNotFoundError`` defers to a cause that carries the store's answer: fsspec's HTTP
+    filesystem raises one for any failure (401, 403, 500 alike).
+    """
+    if unreachable(exc) and not isinstance(exc, StorageError):
+        return "transient"
+    for e in chain(exc):
         kind = _classify_one(e)
-        if kind is not None:
-            return kind
+        if kind is None:
+            continue
+        if kind == "not_found" and not isinstance(e, StorageError) and code_of(e) == (None, None):
+            coded = next((k for c in chain(e) if c is not e and (k := _by_code(c)) is not None), None)
+            return coded or kind
+        return kind
     return "permanent"
 
 
@@ -161,19 +189,23 @@ def is_transient(exc: BaseException) -> bool:
 
 
 def _detail(exc: BaseException) -> str:
-    for e in _chain(exc):
-        code, status = _code_of(e)
+    """A short description of ``exc`` for a message: its error code, else its first line (scrubbed)."""
+    for e in chain(exc):
+        code, status = code_of(e)
         if code is not None:
-            return f"{code} (HTTP {status})" if status and str(status) != code else str(code)
-    return f"{type(exc).__name__}: {exc}".strip()
+            return scrub(f"{code} (HTTP {status})" if status and str(status) != code else str(code))
+    first = f"{type(exc).__name__}: {exc}".strip().splitlines()[0]
+    return scrub(first if len(first) <= 300 else first[:297] + "...")
 
 
 def to_storage_error(exc: BaseException, url: str, *, attempts: int = 1, elapsed: float = 0.0) -> BaseException:
     """The :mod:`streamio.errors` exception for ``exc`` at ``url`` (``exc`` itself if permanent and not ours)."""
     kind = classify(exc)
-    detail = _detail(exc)
+    detail, url = _detail(exc), scrub(url)
     if isinstance(exc, StorageError):  # already ours (from an inner policy or a backend): as is
         return exc
+    if kind == "not_found" and has_code(exc, "NoSuchBucket"):
+        return bucket_not_found(url, detail)
     if kind == "not_found":
         return ObjectNotFoundError(
             f"{url} does not exist ({detail}): check the bucket name, the path and the endpoint"
@@ -188,15 +220,19 @@ def to_storage_error(exc: BaseException, url: str, *, attempts: int = 1, elapsed
             f"conditional write to {url} lost ({detail}): the object exists or changed since it was read; "
             f"re-read it and decide again"
         )
+    if kind == "transient" and unreachable(exc):
+        return unreachable_error(url, exc, detail, attempts=attempts, elapsed=elapsed)
     if kind == "transient":
         return TransientStorageError(
             f"{url}: transient storage errors persisted through {attempts} attempt(s) over {elapsed:.1f} s "
             f"(last: {detail}); check the endpoint and network, or allow more in the RetryPolicy"
         )
     if (isinstance(exc, OSError) and not isinstance(exc, StorageError)) or any(
-        _code_of(e) != (None, None) for e in _chain(exc)
+        code_of(e) != (None, None) for e in chain(exc)
     ):
-        return StorageError(f"{url}: the store refused the request ({detail}); check the URL, the range and the options")
+        return StorageError(
+            f"{url}: the store refused the request ({detail}); check the URL, the range and the options"
+        )
     return exc
 
 
@@ -250,7 +286,7 @@ class RetryPolicy:
             retry=tenacity.retry_if_exception(is_transient),
             sleep=self.sleep,
             before_sleep=lambda state: log.info(
-                "retrying %s after attempt %d: %s", url, state.attempt_number, _detail(state.outcome.exception())
+                "retrying %s after attempt %d: %s", scrub(url), state.attempt_number, _detail(state.outcome.exception())
             ),
             reraise=True,
         )
@@ -261,7 +297,7 @@ class RetryPolicy:
             err = to_storage_error(exc, url, attempts=attempts, elapsed=time.monotonic() - start)
             if err is exc:
                 raise
-            raise err from exc
+            raise err from _cause(exc)
 
     def budget(self) -> RetryBudget:
         """A fresh attempt budget for a loop that resumes (see :class:`RetryBudget`)."""
@@ -296,7 +332,7 @@ class RetryBudget:
             err = to_storage_error(exc, url, attempts=self.failures, elapsed=elapsed)
             if err is exc:
                 raise exc
-            raise err from exc
-        log.info("resuming %s after failure %d: %s", url, self.failures, _detail(exc))
+            raise err from _cause(exc)
+        log.info("resuming %s after failure %d: %s", scrub(url), self.failures, _detail(exc))
         self.policy.sleep(self.policy.backoff(self.failures))
 

@@ -27,6 +27,7 @@ import weakref
 from typing import Any
 
 from streamio.storage.backends import shorter_than_expected
+from streamio.storage.redact import guard_library_logs
 
 _CLIENTS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
@@ -39,6 +40,7 @@ def client(fs: Any) -> Any:
         found = _CLIENTS.get(fs)
         if found is None:
             found = _CLIENTS[fs] = _make_client(fs)
+            guard_library_logs()  # botocore's modules imported for this client log secrets at DEBUG
         return found
 
 

@@ -3,17 +3,27 @@
 A ``Store`` is ``(url, storage_options, retry policy)`` and nothing live: the fsspec filesystem
 is created lazily, once per process (s3fs objects are not fork-safe and hold credentials), so a
 ``Store`` pickles into DataLoader workers and spawned processes as its three fields — with every
-credential in the options replaced by an opaque reference into this process's memory. A forked
-child (the DataLoader default on Linux) resolves the references; a spawned process or another
-machine cannot, and gets a clear error at first use: give it credentials the way the library
-takes them from its environment (``AWS_ACCESS_KEY_ID``..., ``GOOGLE_APPLICATION_CREDENTIALS``)
-or build the Store there. streamio never writes a secret into a pickle, a log or a repr.
+secret replaced by an opaque reference into this process's memory. Every option value is a
+secret unless its key is on a short allow-list of non-secret settings, and so is the userinfo
+of the URL (``http://user:pass@host``): see :mod:`~streamio.storage.redact`. A forked child (the
+DataLoader default on Linux) resolves the references; a spawned process or another machine
+cannot, and gets a clear error at first use: give it credentials the way the library takes them
+from its environment (``AWS_ACCESS_KEY_ID``..., ``GOOGLE_APPLICATION_CREDENTIALS``) or build the
+Store there. streamio never writes a secret into a pickle, a log, a repr or an error message:
+``root_url``, ``url()`` and every message show the URL with its userinfo replaced by ``***``.
 
 Paths given to the methods are relative to the root (``store.read("index.json")``) and use
 ``/``; ``store.url(path)`` gives the full URL for messages. Every operation is retried by the
 store's :class:`~streamio.storage.retry.RetryPolicy` on transient errors (the libraries' own
 retries are configured down to one attempt, so attempts never multiply) and maps permanent ones
 to :mod:`streamio.errors` classes naming the URL, at once.
+
+"Nothing there" is only said of a root that is there: an unknown protocol fails when the Store
+is made (:class:`~streamio.errors.UnsupportedProtocolError`); an endpoint that cannot be reached
+raises :class:`~streamio.errors.StorageUnreachableError` (never "not found", never an empty
+listing); and on S3 and GCS a read, ``info``/``exists`` or write that finds nothing, and a listing
+that comes back empty, are checked against the bucket itself (once per Store, see
+:mod:`~streamio.storage.roots`): a missing bucket raises :class:`~streamio.errors.BucketNotFoundError`.
 
 Reads: ``read`` joins ``iter_bytes``. ``iter_bytes`` is one streaming GET whose
 body is yielded as it arrives; when the connection drops or the body ends short, it continues
@@ -38,33 +48,22 @@ import logging
 import os
 import posixpath
 import threading
-import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import FIRST_EXCEPTION, Executor, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
-from streamio.errors import CorruptDataError, StoragePermissionError
-from streamio.storage import backends, s3sync
-from streamio.storage.retry import RetryPolicy, TruncatedBodyError
+from streamio.errors import CorruptDataError, ObjectNotFoundError, StoragePermissionError
+from streamio.storage import backends, redact, roots, s3sync
+from streamio.storage.failures import has_code
+from streamio.storage.redact import SecretRef
+from streamio.storage.retry import RetryPolicy, TruncatedBodyError, classify
 
 T = TypeVar("T")
 R = TypeVar("R")
 log = logging.getLogger(__name__)
 
 WriteMode = Literal["overwrite", "create"]
-
-#: option names whose values are credentials (at any nesting depth of ``storage_options``)
-SECRET_OPTION_NAMES = frozenset(
-    {
-        "key", "secret", "token", "session_token", "password", "client_secret", "access_token",
-        "refresh_token", "aws_access_key_id", "aws_secret_access_key", "aws_session_token",
-        "account_key", "sas_token", "credentials", "private_key",
-    }
-)
-_NOT_SECRET_VALUES = frozenset({"anon", "google_default", "cache", "cloud", "browser"})
-_VAULT: dict[str, Any] = {}
-_VAULT_LOCK = threading.Lock()
 
 MULTIPART_THRESHOLD = 64 << 20
 PART_SIZE = 16 << 20
@@ -85,21 +84,6 @@ class ObjectInfo:
     path: str
     size: int
     version: str | None
-
-
-class _SecretRef:
-    """A credential left behind in the pickling process; pickles as its random id only."""
-
-    __slots__ = ("ref",)
-
-    def __init__(self, ref: str) -> None:
-        self.ref = ref
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_SecretRef, (self.ref,))
-
-    def __repr__(self) -> str:
-        return "<secret>"
 
 
 @dataclass(frozen=True)
@@ -126,6 +110,9 @@ class Store:
         storage_options: passed to the fsspec filesystem (endpoint, credentials, ...). Never
             logged or persisted by streamio.
         retry: the retry policy for transient errors.
+
+    Raises:
+        UnsupportedProtocolError: fsspec knows no such protocol.
     """
 
     def __init__(
@@ -135,29 +122,35 @@ class Store:
         *,
         retry: RetryPolicy | None = None,
     ) -> None:
-        self._url = url.rstrip("/") if url not in ("/",) else url
+        real = url.rstrip("/") if url not in ("/",) else url
+        self._url = redact.strip_userinfo(real)  # what is shown; the real one only reaches fsspec
+        self._real_url: str | SecretRef = real
+        roots.check_protocol(real, self._url)
+        redact.guard_library_logs()
         self._options = dict(storage_options or {})
+        self._sealed = redact.seal(self._options)  # now: its secrets are known to redact.scrub
+        if self._url != real:
+            redact.seal_value(real)
         self.retry = retry or RetryPolicy()
         self._fs: Any = None
         self._root: str = ""
         self._proto: str = ""
         self._pid = -1
         self._lock = threading.Lock()
-        self._redacted: dict[str, Any] | None = None
+        self._buckets = roots.BucketCheck()  # shared with child stores
 
-    # pickling: the three fields with credentials replaced by references, never the live filesystem
+    # pickling: the three fields with secrets replaced by references, never the live filesystem
     def __reduce__(self) -> tuple[Any, ...]:
-        if self._redacted is None:
-            self._redacted = _redact(self._options)
-        return (_rebuild_store, (self._url, self._redacted, self.retry))
+        real = None if self._real_url == self._url else redact.seal_value(self._real_url)
+        return (_rebuild_store, (self._url, real, self._sealed, self.retry))
 
     def __repr__(self) -> str:
-        # never the storage options: they may hold credentials
+        # never the storage options, never the URL's userinfo: they may hold credentials
         return f"Store({self._url!r})"
 
     @property
     def root_url(self) -> str:
-        """The root URL this store was made with (no trailing slash)."""
+        """The root URL this store was made with (no trailing slash; userinfo shown as ``***``)."""
         return self._url
 
     @property
@@ -172,14 +165,20 @@ class Store:
         if self._fs is None or self._pid != os.getpid():
             with self._lock:
                 if self._fs is None or self._pid != os.getpid():
-                    missing = _missing_secrets(self._options)
+                    missing = redact.missing(self._options)
+                    if isinstance(self._real_url, SecretRef):
+                        missing.insert(0, "the URL's user:password@")
                     if missing:
                         raise StoragePermissionError(
                             f"the Store for {self._url} was unpickled in a process that does not hold its "
-                            f"credentials ({', '.join(missing)}): streamio never pickles secrets. Give this "
+                            f"secrets ({', '.join(missing)}): streamio never pickles secrets. Give this "
                             f"process credentials through its environment or create the Store in it"
                         )
-                    fs, root = backends.make_fs(self._url, self._options)
+                    try:
+                        fs, root = backends.make_fs(str(self._real_url), self._options)
+                    except ImportError as exc:
+                        raise roots.missing_package(self._url, exc) from exc
+                    redact.guard_library_logs()  # the loggers of the modules it just imported
                     self._fs, self._root, self._proto = fs, root, backends.protocol_of(fs)
                     self._pid = os.getpid()
         return self._fs
@@ -190,7 +189,20 @@ class Store:
 
     def child(self, path: str) -> Store:
         """A store rooted at ``path`` below this one, with the same options and policy."""
-        return Store(self.url(path), self._options, retry=self.retry)
+        real = self._real_url
+        out = Store(f"{real}/{path}" if isinstance(real, str) else self.url(path), self._options, retry=self.retry)
+        if not isinstance(real, str):
+            out._real_url = real  # unresolved here (unpickled elsewhere): the child is as unusable
+        out._buckets = self._buckets
+        return out
+
+    def _call(self, fn: Callable[[], T], url: str) -> T:
+        """``fn`` under the retry policy; a not-found is checked against the bucket (see module doc)."""
+        try:
+            return self.retry.call(fn, url)
+        except ObjectNotFoundError as exc:
+            self._buckets.ensure(self, url, exc)
+            raise
 
     def _full(self, path: str) -> str:
         self.fs  # noqa: B018 - resolves the root
@@ -218,7 +230,7 @@ class Store:
             return self.retry.call(lambda: backends.read_local(full, self.url(path), start or 0, end), self.url(path))
         if self.protocol == "s3" and "session" not in self._options:  # in this thread, not on s3fs's loop (s3sync)
             full, url = self._full(path), self.url(path)
-            return self.retry.call(lambda: s3sync.read(self.fs, full, start or 0, end, url), url)
+            return self._call(lambda: s3sync.read(self.fs, full, start or 0, end, url), url)
         return b"".join(self.iter_bytes(path, start or 0, end, chunk_size=1 << 20))
 
     def read_view(self, path: str) -> bytes | memoryview:
@@ -248,9 +260,16 @@ class Store:
             chunk_size: upper bound of one piece.
 
         Raises:
-            ObjectNotFoundError, StoragePermissionError: at once.
+            ObjectNotFoundError, BucketNotFoundError, StoragePermissionError: at once.
             TransientStorageError: no progress within the retry policy.
         """
+        try:
+            yield from self._stream(path, start, end, chunk_size)
+        except ObjectNotFoundError as exc:
+            self._buckets.ensure(self, self.url(path), exc)
+            raise
+
+    def _stream(self, path: str, start: int, end: int | None, chunk_size: int) -> Iterator[bytes]:
         url = self.url(path)
         piece = max(1, min(chunk_size, 1 << 20))
         budget = self.retry.budget()
@@ -298,10 +317,11 @@ class Store:
             size, version = backends.info_object(self.fs, self._full(path))
             return ObjectInfo(path=path, size=size, version=version)
 
-        return self.retry.call(op, self.url(path))
+        return self._call(op, self.url(path))
 
     def exists(self, path: str) -> bool:
-        """Whether ``path`` exists now (fresh; permission and transient errors are raised)."""
+        """Whether ``path`` exists now (fresh; a missing bucket, permission and transient errors
+        are raised: only a reachable root answers ``False``)."""
         try:
             self.info(path)
         except FileNotFoundError:
@@ -309,14 +329,23 @@ class Store:
         return True
 
     def list(self, prefix: str = "") -> list[ObjectInfo]:
-        """Every object below ``prefix`` (recursive), fresh from the store, sorted by path."""
+        """Every object below ``prefix`` (recursive), fresh from the store, sorted by path.
+
+        Empty only for a root that is there: a missing bucket raises
+        :class:`~streamio.errors.BucketNotFoundError`, an unreachable endpoint
+        :class:`~streamio.errors.StorageUnreachableError`.
+        """
 
         def op() -> list[ObjectInfo]:
             full = self._full(prefix)
             self.fs.invalidate_cache(full)
+            # fsspec's generic walk omits directories it fails to list (refused, 403) unless told
+            kw = {} if self._proto in ("s3", "gs") else {"on_error": "raise"}
             try:
-                found = self.fs.find(full, detail=True)
-            except FileNotFoundError:
+                found = self.fs.find(full, detail=True, **kw)
+            except FileNotFoundError as exc:
+                if classify(exc) != "not_found" or has_code(exc, "NoSuchBucket"):
+                    raise  # a failed connection, or no bucket: the policy maps it
                 return []
             base = self._root + "/" if self._root else ""
             out = []
@@ -326,7 +355,10 @@ class Store:
                 out.append(self._to_info(d, name[len(base) :] if name.startswith(base) else name))
             return sorted(out, key=lambda o: o.path)
 
-        return self.retry.call(op, self.url(prefix))
+        found = self._call(op, self.url(prefix))
+        if not found:
+            self._buckets.ensure(self, self.url(prefix))
+        return found
 
     def _to_info(self, d: Mapping[str, Any], path: str) -> ObjectInfo:
         proto = self._proto
@@ -395,7 +427,7 @@ class Store:
             self.fs.pipe_file(full, bytes(view), mode=mode)
             return backends.info_object(self.fs, full)[1]
 
-        return self.retry.call(op, url)
+        return self._call(op, url)
 
     def delete(self, path: str) -> None:
         """Delete ``path``; deleting what is already gone is not an error."""
@@ -420,7 +452,7 @@ class Store:
         full = self._full(prefix)
         root_key = self._root_key("")
         base = root_key + "/" if root_key else ""
-        found = self.retry.call(lambda: backends.incomplete_uploads_s3(self.fs, full), self.url(prefix))
+        found = self._call(lambda: backends.incomplete_uploads_s3(self.fs, full), self.url(prefix))
         return [IncompleteUpload(key[len(base) :] if key.startswith(base) else key, upload_id, initiated) for key, upload_id, initiated in found]
 
     def abort_upload(self, upload: IncompleteUpload) -> None:
@@ -464,43 +496,8 @@ def gather(pool: Executor, fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
     return [f.result() for f in futures]
 
 
-def _redact(options: Any) -> Any:
-    """``options`` with every credential replaced by a :class:`_SecretRef` into ``_VAULT``."""
-    if isinstance(options, Mapping):
-        out = {}
-        for k, v in options.items():
-            if isinstance(k, str) and k.lower() in SECRET_OPTION_NAMES and v is not None and not (
-                isinstance(v, str) and v in _NOT_SECRET_VALUES
-            ):
-                ref = uuid.uuid4().hex
-                with _VAULT_LOCK:
-                    _VAULT[ref] = v
-                out[k] = _SecretRef(ref)
-            else:
-                out[k] = _redact(v)
-        return out
-    return options
-
-
-def _resolve(options: Any) -> Any:
-    if isinstance(options, Mapping):
-        return {k: _resolve(v) for k, v in options.items()}
-    if isinstance(options, _SecretRef):
-        with _VAULT_LOCK:
-            return _VAULT.get(options.ref, options)
-    return options
-
-
-def _missing_secrets(options: Any, prefix: str = "") -> list[str]:
-    out: list[str] = []
-    if isinstance(options, Mapping):
-        for k, v in options.items():
-            if isinstance(v, _SecretRef):
-                out.append(f"{prefix}{k}")
-            else:
-                out.extend(_missing_secrets(v, f"{prefix}{k}."))
-    return out
-
-
-def _rebuild_store(url: str, options: dict[str, Any], retry: RetryPolicy) -> Store:
-    return Store(url, _resolve(options), retry=retry)
+def _rebuild_store(url: str, real: SecretRef | None, options: dict[str, Any], retry: RetryPolicy) -> Store:
+    store = Store(url, redact.unseal(options), retry=retry)
+    if real is not None:
+        store._real_url = redact.unseal(real)  # a str where this process holds it, else still a ref
+    return store
