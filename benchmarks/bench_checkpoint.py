@@ -231,7 +231,8 @@ class Bench:
         t0 = time.perf_counter()
         with ThreadPoolExecutor(8) as pool:
             if self.client is not None:
-                list(pool.map(lambda ic: self.client.put_object(Bucket=self.s3.bucket, Key=f"ceiling/{ic[0]}", Body=ic[1]),
+                bucket = self.s3.bucket
+                list(pool.map(lambda ic: self.client.put_object(Bucket=bucket, Key=f"ceiling/{ic[0]}", Body=ic[1]),
                               enumerate(chunks)))
             else:
                 os.makedirs(f"{self.root}/ceiling", exist_ok=True)
@@ -245,7 +246,9 @@ class Bench:
         t0 = time.perf_counter()
         with ThreadPoolExecutor(8) as pool:
             if self.client is not None:
-                list(pool.map(lambda i: self.client.get_object(Bucket=self.s3.bucket, Key=f"ceiling/{i}")["Body"].read(), range(n)))
+                bucket = self.s3.bucket
+                list(pool.map(lambda i: self.client.get_object(Bucket=bucket, Key=f"ceiling/{i}")["Body"].read(),
+                              range(n)))
             else:
                 list(pool.map(lambda i: Path(f"{self.root}/ceiling/{i}").read_bytes(), range(n)))
         dt = time.perf_counter() - t0
@@ -290,7 +293,8 @@ def report(target: str, b: Bench, nbytes: int) -> dict[str, Any]:
     print(f"\n== {target}: state {nbytes / MB:.0f} MB, medians of {len(b.results['copy'])} (s; GB/s)")
     for k in sorted(med):
         v = summary(b.results[k])
-        print(f"  {k:<22} {v['median']:8.3f} s  [{v['min']:.3f}-{v['max']:.3f}]  {nbytes / v['median'] / 1e9:6.2f} GB/s")
+        print(f"  {k:<22} {v['median']:8.3f} s  [{v['min']:.3f}-{v['max']:.3f}]  "
+              f"{nbytes / v['median'] / 1e9:6.2f} GB/s")
     for k, v in ratios.items():
         print(f"  {k:<45} {v:6.2f}")
     return {"medians_s": med, "runs_s": b.results, "ratios": ratios, "extra_rss_bytes": b.extra_rss}

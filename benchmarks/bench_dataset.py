@@ -7,7 +7,8 @@ Loop (issue 6's benchmark). A dataset of ``shards x shard_mb`` MB of ``sample_kb
 samples is written once with :func:`streamio.data.writer.write_dataset` (to local disk, then the
 same files are uploaded to moto). ``ranks`` long-lived processes with ``RANK`` / ``WORLD_SIZE`` set
 (one simulated node: torchrun's environment without paying its launch and ``import torch`` per
-trial, see :class:`RankPool`) each build a fresh dataset and loader per trial and run a DataLoader with ``workers`` workers and a fixed simulated compute time per batch
+trial, see :class:`RankPool`) each build a fresh dataset and loader per trial and run a DataLoader
+with ``workers`` workers and a fixed simulated compute time per batch
 (``time.sleep(compute)``; no collectives). Per rank: samples, loop wall time from ``iter(loader)``
 to the last batch (worker start-up included) and the time spent waiting in ``next(loader)``.
 Stall fraction = waiting / wall; a trial reports the slowest rank's stall (DDP runs at the pace of
@@ -53,11 +54,22 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import (  # noqa: E402
-    MB, REPO, Nginx, S3Servers, boto3_ceiling, free_port, http_parallel_ceiling, interleave, ratio, summary, timed_rate,
+    MB,
+    REPO,
+    Nginx,
+    S3Servers,
+    boto3_ceiling,
+    free_port,
+    http_parallel_ceiling,
+    interleave,
+    ratio,
+    summary,
+    timed_rate,
 )
 from benchmarks.loop import serve, timed_epoch  # noqa: E402
 
 GB = 1_000_000_000
+SCALE_SEED = 0  # the scale ranks' StreamingDataset seed (its default): the model plans with the same one
 
 
 @dataclass(frozen=True)
@@ -160,12 +172,12 @@ class RankPool:
                 env={**base, **env, "PYTHONPATH": str(REPO)}, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
                 text=True, cwd=REPO,
             )
-            for env, err in zip(envs, self._logs)
+            for env, err in zip(envs, self._logs, strict=True)
         ]
 
     def run(self, cfgs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         """Run one trial: ``cfgs[i]`` on rank process ``i``, all at once; their results in order."""
-        for p, cfg in zip(self._procs, cfgs):
+        for p, cfg in zip(self._procs, cfgs, strict=True):
             assert p.stdin is not None
             p.stdin.write(json.dumps(cfg) + "\n")
             p.stdin.flush()
@@ -249,7 +261,8 @@ def upload_dataset(ds: Dataset, client: Any, bucket: str, prefix: str) -> None:
 
     names = [p.name for p in Path(ds.local).iterdir() if p.is_file()]
     with ThreadPoolExecutor(8) as pool:
-        list(pool.map(lambda n: client.put_object(Bucket=bucket, Key=f"{prefix}/{n}", Body=Path(ds.local, n).read_bytes()), names))
+        list(pool.map(lambda n: client.put_object(Bucket=bucket, Key=f"{prefix}/{n}",
+                                                  Body=Path(ds.local, n).read_bytes()), names))
     ds.prefix = prefix
 
 
@@ -262,7 +275,8 @@ def _trial_stats(results: list[dict[str, Any]], sample_bytes: float, epoch_i: in
         "stall": max(e["wait_s"] / e["wall_s"] for e in eps),
         "stall_mean": sum(e["wait_s"] / e["wall_s"] for e in eps) / len(eps),
         # after the first batch: start-up (workers, index, first request) excluded
-        "stall_steady": max((e["wait_s"] - e["first_batch_s"]) / max(1e-9, e["wall_s"] - e["first_batch_s"]) for e in eps),
+        "stall_steady": max((e["wait_s"] - e["first_batch_s"]) / max(1e-9, e["wall_s"] - e["first_batch_s"])
+                            for e in eps),
         "MBps": sum(e["samples"] for e in eps) * sample_bytes / wall / MB,
         "first_batch_s": max(e["first_batch_s"] for e in eps),
         "wall_s": wall,
@@ -270,15 +284,16 @@ def _trial_stats(results: list[dict[str, Any]], sample_bytes: float, epoch_i: in
     }
 
 
-def bench_loop(cfg: LoopConfig, servers: S3Servers, data: Dataset, scratch: str, nginx_url: str | None, log: Callable[[str], None],
-               quick_mode: bool = False, peers: Sequence[str] = ()) -> dict[str, Any]:
+def bench_loop(cfg: LoopConfig, servers: S3Servers, data: Dataset, scratch: str, nginx_url: str | None,
+               log: Callable[[str], None], quick_mode: bool = False, peers: Sequence[str] = ()) -> dict[str, Any]:
     """The interleaved loop trials; returns per-contender summaries and the headline ratios."""
     s3 = servers.s3
     options = s3.storage_options(servers.proxies[0])
     s3_url = s3.url(data.prefix)
     s3_urls = [f"{s3_url}/{f}" for f in data.files]
     cache_bytes = data.bytes * 2 + 256 * MB
-    base = {"batch_size": cfg.batch_size, "workers": cfg.workers, "prefetch": cfg.prefetch, "compute_s": cfg.compute_ms / 1000, "cache_bytes": cache_bytes}
+    base = {"batch_size": cfg.batch_size, "workers": cfg.workers, "prefetch": cfg.prefetch,
+            "compute_s": cfg.compute_ms / 1000, "cache_bytes": cache_bytes}
     dirs = {name: os.path.join(scratch, name.replace(" ", "-")) for name in ("streamio", "webdataset", "streamio-http")}
 
     pool = RankPool([_rank_env(r, cfg.ranks, r) for r in range(cfg.ranks)])
@@ -287,49 +302,72 @@ def bench_loop(cfg: LoopConfig, servers: S3Servers, data: Dataset, scratch: str,
         c = {**base, **over}
         return _trial_stats(pool.run([c] * cfg.ranks), data.bytes / data.samples)
 
-    def wipe(d: str) -> None:
+    def cold(d: str, **over: Any) -> dict[str, float]:
+        """A trial on an empty cache directory ``d``."""
         shutil.rmtree(d, ignore_errors=True)
         os.makedirs(d, mode=0o700)
+        return trial(**over, cache=d)
 
+    streamio = {"method": "streamio", "url": s3_url, "options": options}
+    wds_s3 = {"method": "webdataset", "urls": s3_urls, "options": options}
     contenders: dict[str, Callable[[], Any]] = {
-        "streamio cold": lambda: (wipe(dirs["streamio"]), trial(method="streamio", url=s3_url, options=options, cache=dirs["streamio"]))[1],
-        "streamio warm": lambda: trial(method="streamio", url=s3_url, options=options, cache=dirs["streamio"]),
-        "webdataset stream": lambda: trial(method="webdataset", urls=s3_urls, options=options),
-        "webdataset cold": lambda: (wipe(dirs["webdataset"]), trial(method="webdataset", urls=s3_urls, options=options, cache=dirs["webdataset"]))[1],
-        "webdataset warm": lambda: trial(method="webdataset", urls=s3_urls, options=options, cache=dirs["webdataset"]),
+        "streamio cold": lambda: cold(dirs["streamio"], **streamio),
+        "streamio warm": lambda: trial(**streamio, cache=dirs["streamio"]),
+        "webdataset stream": lambda: trial(**wds_s3),
+        "webdataset cold": lambda: cold(dirs["webdataset"], **wds_s3),
+        "webdataset warm": lambda: trial(**wds_s3, cache=dirs["webdataset"]),
     }
     if nginx_url:
-        http_url = f"{nginx_url}/"
-        contenders["streamio cold (nginx)"] = lambda: (
-            wipe(dirs["streamio-http"]), trial(method="streamio", url=http_url.rstrip("/"), cache=dirs["streamio-http"]))[1]
-        contenders["webdataset stream (nginx)"] = lambda: trial(method="webdataset", urls=[f"{nginx_url}/{f}" for f in data.files])
+        contenders["streamio cold (nginx)"] = lambda: cold(dirs["streamio-http"], method="streamio",
+                                                            url=nginx_url.rstrip("/"))
+        contenders["webdataset stream (nginx)"] = lambda: trial(method="webdataset",
+                                                                urls=[f"{nginx_url}/{f}" for f in data.files])
     if not quick_mode:  # the loop's own ceiling: no compute, as fast as the loader delivers
-        contenders["streamio cold, no compute"] = lambda: (
-            wipe(dirs["streamio"]), trial(method="streamio", url=s3_url, options=options, cache=dirs["streamio"], compute_s=0.0))[1]
-        contenders["webdataset stream, no compute"] = lambda: trial(method="webdataset", urls=s3_urls, options=options, compute_s=0.0)
+        contenders["streamio cold, no compute"] = lambda: cold(dirs["streamio"], **streamio, compute_s=0.0)
+        contenders["webdataset stream, no compute"] = lambda: trial(**wds_s3, compute_s=0.0)
     if "mosaicml" in peers:
         contenders.update(mosaicml_contenders(cfg, servers, data, scratch, base, log))
     # No untimed fill run is needed: in the first repetition (dict order) each cold contender runs
     # before its warm one and leaves the cache full; later repetitions find it full or refill it.
-    ceiling = boto3_ceiling(s3.boto3_client(servers.proxies[0]), s3.bucket, [f"{data.prefix}/{f}" for f in data.files],
-                            concurrency=8, reps=cfg.reps)
-    log(f"store ceiling through the proxy: GET {ceiling['get_MBps']['median']:.0f} MB/s, PUT {ceiling['put_MBps']['median']:.0f} MB/s")
-    http_ceiling = None
-    if nginx_url:  # the same bytes from a fast server: how far below a real server moto + proxy are
-        shard_urls = [f"{nginx_url}/{f}" for f in data.files]
-        http_ceiling = {"concurrency": 8, "MBps": summary([timed_rate(lambda: http_parallel_ceiling(shard_urls, concurrency=8))
-                                                           for _ in range(cfg.reps)])}
-        log(f"nginx ceiling (8 threads): GET {http_ceiling['MBps']['median']:.0f} MB/s")
+    ceiling, http_ceiling = _ceilings(servers, data, nginx_url, cfg.reps, log)
     try:
         runs = interleave(contenders, cfg.reps, log=log)
     finally:
         pool.close()
     out: dict[str, Any] = {}
     for name, trials in runs.items():
-        out[name] = {k: summary([t[k] for t in trials]) for k in ("samples_per_s", "MBps", "stall", "stall_steady", "stall_mean", "first_batch_s", "wall_s")}
+        out[name] = {k: summary([t[k] for t in trials]) for k in TRIAL_STATS}
         out[name]["samples"] = trials[0]["samples"]
-    med = {k: v["samples_per_s"]["median"] for k, v in out.items()}
     bound = cfg.ranks * cfg.batch_size / (cfg.compute_ms / 1000) if cfg.compute_ms else float("nan")
+    return {"config": asdict(cfg), "compute_bound_samples_per_s": bound, "dataset_bytes": data.bytes,
+            "dataset_samples": data.samples, "contenders": out, "ratios": _loop_ratios(out, bound, ceiling),
+            "store_ceiling": ceiling, "http_ceiling": http_ceiling}
+
+
+TRIAL_STATS = ("samples_per_s", "MBps", "stall", "stall_steady", "stall_mean", "first_batch_s", "wall_s")
+
+
+def _ceilings(servers: S3Servers, data: Dataset, nginx_url: str | None, reps: int,
+              log: Callable[[str], None]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """boto3 through the proxy (the store's ceiling) and, with nginx, plain HTTP GETs of the same files."""
+    s3 = servers.s3
+    ceiling = boto3_ceiling(s3.boto3_client(servers.proxies[0]), s3.bucket, [f"{data.prefix}/{f}" for f in data.files],
+                            concurrency=8, reps=reps)
+    log(f"store ceiling through the proxy: GET {ceiling['get_MBps']['median']:.0f} MB/s, "
+        f"PUT {ceiling['put_MBps']['median']:.0f} MB/s")
+    if not nginx_url:
+        return ceiling, None
+    # the same bytes from a fast server: how far below a real server moto + proxy are
+    shard_urls = [f"{nginx_url}/{f}" for f in data.files]
+    rates = [timed_rate(lambda: http_parallel_ceiling(shard_urls, concurrency=8)) for _ in range(reps)]
+    http_ceiling = {"concurrency": 8, "MBps": summary(rates)}
+    log(f"nginx ceiling (8 threads): GET {http_ceiling['MBps']['median']:.0f} MB/s")
+    return ceiling, http_ceiling
+
+
+def _loop_ratios(out: dict[str, Any], bound: float, ceiling: dict[str, Any]) -> dict[str, float]:
+    """The loop's headline ratios, for the contenders that ran."""
+    med = {k: v["samples_per_s"]["median"] for k, v in out.items()}
     ratios = {
         "streamio cold / webdataset stream (samples/s)": ratio(med["streamio cold"], med["webdataset stream"]),
         "streamio cold / webdataset cold (samples/s)": ratio(med["streamio cold"], med["webdataset cold"]),
@@ -339,19 +377,25 @@ def bench_loop(cfg: LoopConfig, servers: S3Servers, data: Dataset, scratch: str,
     }
     if "streamio cold, no compute" in out:
         mbps = {k: v["MBps"]["median"] for k, v in out.items()}
-        ratios["streamio cold, no compute / store ceiling GET (MB/s)"] = ratio(mbps["streamio cold, no compute"], ceiling["get_MBps"]["median"])
-        ratios["webdataset stream, no compute / store ceiling GET (MB/s)"] = ratio(mbps["webdataset stream, no compute"], ceiling["get_MBps"]["median"])
-        ratios["streamio cold / webdataset stream, no compute (samples/s)"] = ratio(med["streamio cold, no compute"], med["webdataset stream, no compute"])
+        get = ceiling["get_MBps"]["median"]
+        ratios["streamio cold, no compute / store ceiling GET (MB/s)"] = ratio(mbps["streamio cold, no compute"], get)
+        ratios["webdataset stream, no compute / store ceiling GET (MB/s)"] = ratio(
+            mbps["webdataset stream, no compute"], get)
+        ratios["streamio cold / webdataset stream, no compute (samples/s)"] = ratio(
+            med["streamio cold, no compute"], med["webdataset stream, no compute"])
     if "mosaicml cold" in med:
-        ratios["streamio cold / mosaicml-streaming cold (samples/s)"] = ratio(med["streamio cold"], med["mosaicml cold"])
-        ratios["streamio warm / mosaicml-streaming warm (samples/s)"] = ratio(med["streamio warm"], med["mosaicml warm"])
+        ratios["streamio cold / mosaicml-streaming cold (samples/s)"] = ratio(
+            med["streamio cold"], med["mosaicml cold"])
+        ratios["streamio warm / mosaicml-streaming warm (samples/s)"] = ratio(
+            med["streamio warm"], med["mosaicml warm"])
         # its cold trials stall ~60 s now and then (see mosaicml_contenders): the best trials too
         best = {k: v["samples_per_s"]["max"] for k, v in out.items()}
-        ratios["streamio cold / mosaicml-streaming cold, best trials (samples/s)"] = ratio(best["streamio cold"], best["mosaicml cold"])
-    if nginx_url:
-        ratios["streamio cold nginx / webdataset stream nginx (samples/s)"] = ratio(med["streamio cold (nginx)"], med["webdataset stream (nginx)"])
-    return {"config": asdict(cfg), "compute_bound_samples_per_s": bound, "dataset_bytes": data.bytes, "dataset_samples": data.samples,
-            "contenders": out, "ratios": ratios, "store_ceiling": ceiling, "http_ceiling": http_ceiling}
+        ratios["streamio cold / mosaicml-streaming cold, best trials (samples/s)"] = ratio(
+            best["streamio cold"], best["mosaicml cold"])
+    if "streamio cold (nginx)" in out:
+        ratios["streamio cold nginx / webdataset stream nginx (samples/s)"] = ratio(
+            med["streamio cold (nginx)"], med["webdataset stream (nginx)"])
+    return ratios
 
 
 def mosaicml_contenders(cfg: LoopConfig, servers: S3Servers, data: Dataset, scratch: str, base: dict[str, Any],
@@ -382,8 +426,9 @@ def mosaicml_contenders(cfg: LoopConfig, servers: S3Servers, data: Dataset, scra
     for name in os.listdir(mds_dir):
         client.put_object(Bucket=s3.bucket, Key=f"mds/{name}", Body=Path(mds_dir, name).read_bytes())
     opts = s3.storage_options(servers.proxies[0])
-    env = {"S3_ENDPOINT_URL": servers.proxies[0], "AWS_ACCESS_KEY_ID": opts["key"], "AWS_SECRET_ACCESS_KEY": opts["secret"],
-           "AWS_DEFAULT_REGION": s3.region, "LOCAL_WORLD_SIZE": str(cfg.ranks), "MASTER_ADDR": "127.0.0.1"}
+    env = {"S3_ENDPOINT_URL": servers.proxies[0], "AWS_ACCESS_KEY_ID": opts["key"],
+           "AWS_SECRET_ACCESS_KEY": opts["secret"], "AWS_DEFAULT_REGION": s3.region,
+           "LOCAL_WORLD_SIZE": str(cfg.ranks), "MASTER_ADDR": "127.0.0.1"}
     c = {**base, "remote": f"s3://{s3.bucket}/mds"}
     caches: list[str] = []
 
@@ -425,11 +470,13 @@ def bench_cpu_cost(data: Dataset, reps: int) -> dict[str, Any]:
     urls = [os.path.join(data.local, f) for f in data.files]
     contenders = {
         "streamio StreamingDataset": cost(lambda: sum(1 for _ in StreamingDataset(data.local, shuffle=False))),
-        "webdataset WebDataset": cost(lambda: sum(1 for _ in wds.WebDataset(urls, shardshuffle=False, empty_check=False))),
+        "webdataset WebDataset": cost(lambda: sum(1 for _ in wds.WebDataset(urls, shardshuffle=False,
+                                                                            empty_check=False))),
     }
     runs = interleave(contenders, reps)
     out = {k: summary(v) for k, v in runs.items()}
-    return {"cpu_s_per_GB": out, "ratio streamio / webdataset": ratio(out["streamio StreamingDataset"]["median"], out["webdataset WebDataset"]["median"])}
+    vs_wds = ratio(out["streamio StreamingDataset"]["median"], out["webdataset WebDataset"]["median"])
+    return {"cpu_s_per_GB": out, "ratio streamio / webdataset": vs_wds}
 
 
 def _strip_int_fields(sample: dict[str, Any]) -> dict[str, Any]:
@@ -463,24 +510,26 @@ def bench_loader_overhead(quick: bool = False, scratch_dir: str | None = None) -
             return run
 
         def webdataset() -> float:
-            ds = wds.WebDataset([os.path.join(data.local, f) for f in data.files], shardshuffle=False, empty_check=False)
+            urls = [os.path.join(data.local, f) for f in data.files]
+            ds = wds.WebDataset(urls, shardshuffle=False, empty_check=False)
             t = time.perf_counter()
             n = sum(len(b["__key__"]) for b in wds.WebLoader(ds, batch_size=8, num_workers=2))
             return n / (time.perf_counter() - t)
 
-        runs = interleave({"streamio (default sample)": streamio(None), "streamio, ints dropped": streamio(_strip_int_fields),
-                           "webdataset": webdataset}, reps)
+        runs = interleave({"streamio (default sample)": streamio(None),
+                           "streamio, ints dropped": streamio(_strip_int_fields), "webdataset": webdataset}, reps)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     out = {k: summary(v) for k, v in runs.items()}
+    med = {k: v["median"] for k, v in out.items()}
     return {"samples": data.samples, "bytes": data.bytes, "reps": reps, "samples_per_s": out,
-            "ratios": {"streamio default / webdataset": ratio(out["streamio (default sample)"]["median"], out["webdataset"]["median"]),
-                       "streamio ints dropped / webdataset": ratio(out["streamio, ints dropped"]["median"], out["webdataset"]["median"])}}
+            "ratios": {"streamio default / webdataset": ratio(med["streamio (default sample)"], med["webdataset"]),
+                       "streamio ints dropped / webdataset": ratio(med["streamio, ints dropped"], med["webdataset"])}}
 
 
 # ----------------------------------------------------------------------------- scale
-def bench_scale(servers: S3Servers, data: Dataset, scratch: str, *, nodes: int = 2, ranks_per_node: int = 2, workers: int = 1,
-                batch_size: int = 16, epochs: int = 2) -> dict[str, Any]:
+def bench_scale(servers: S3Servers, data: Dataset, scratch: str, *, nodes: int = 2, ranks_per_node: int = 2,
+                workers: int = 1, batch_size: int = 16, epochs: int = 2) -> dict[str, Any]:
     """2 simulated nodes x 2 ranks: GETs/bytes per node and GETs per shard from the proxy logs."""
     if len(servers.proxies) < nodes:
         raise ValueError(f"bench_scale needs {nodes} proxies (one per node), got {len(servers.proxies)}")
@@ -496,9 +545,10 @@ def bench_scale(servers: S3Servers, data: Dataset, scratch: str, *, nodes: int =
         servers.clear()
         cfgs = []
         for n in range(nodes):
-            for lr in range(ranks_per_node):
-                cfgs.append({"method": "streamio", "url": s3.url(data.prefix), "options": s3.storage_options(servers.proxies[n]),
-                             "cache": caches[n], "cache_bytes": data.bytes * 2 + 256 * MB, "batch_size": batch_size, "workers": workers,
+            for _local_rank in range(ranks_per_node):
+                cfgs.append({"method": "streamio", "url": s3.url(data.prefix),
+                             "options": s3.storage_options(servers.proxies[n]), "cache": caches[n],
+                             "cache_bytes": data.bytes * 2 + 256 * MB, "batch_size": batch_size, "workers": workers,
                              "prefetch": 4, "compute_s": 0.0, "shuffle": True, "epochs": [epoch]})
         try:
             results = pool.run(cfgs)
@@ -514,22 +564,29 @@ def bench_scale(servers: S3Servers, data: Dataset, scratch: str, *, nodes: int =
         per_epoch.append({
             "epoch": epoch,
             "samples": sum(r["epochs"][0]["samples"] for r in results),
-            "per_node": [{"gets": lg["gets"], "shard_gets": sum(k for p, k in lg["gets_per_path"].items() if p.endswith(".tar")),
-                          "bytes": lg["bytes"], "shards_fetched": sum(1 for p in lg["gets_per_path"] if p.endswith(".tar"))} for lg in logs],
+            "per_node": [_node_counts(lg) for lg in logs],
             "gets_per_shard_max": max(shard_gets.values(), default=0),
             "gets_per_shard_mean": (sum(shard_gets.values()) / len(data.files)),
         })
     pool.close()
     predicted = scale_model(
-        [data.samples // len(data.files)] * len(data.files), data.bytes / len(data.files), nodes=nodes, gpus=ranks_per_node,
-        workers=workers, epochs=epochs, batch_size=batch_size, cache_epochs=epochs,
+        [data.samples // len(data.files)] * len(data.files), data.bytes / len(data.files), nodes=nodes,
+        gpus=ranks_per_node, workers=workers, epochs=epochs, batch_size=batch_size, cache_epochs=epochs,
     )
-    return {"nodes": nodes, "ranks_per_node": ranks_per_node, "workers": workers, "epochs": epochs, "shards": len(data.files),
-            "shard_bytes": data.bytes // len(data.files), "measured": per_epoch, "model_same_setup": predicted}
+    return {"nodes": nodes, "ranks_per_node": ranks_per_node, "workers": workers, "epochs": epochs,
+            "shards": len(data.files), "shard_bytes": data.bytes // len(data.files), "measured": per_epoch,
+            "model_same_setup": predicted}
 
 
-def scale_model(counts: Sequence[int], shard_bytes: float, *, nodes: int, gpus: int, workers: int, epochs: int, batch_size: int = 32,
-                cache_epochs: int = 1, seed: int = 0) -> dict[str, Any]:
+def _node_counts(lg: dict[str, Any]) -> dict[str, int]:
+    """One node's proxy log summary: all GETs, GETs of shards, bytes, distinct shards fetched."""
+    shard_gets = {p: k for p, k in lg["gets_per_path"].items() if p.endswith(".tar")}
+    return {"gets": lg["gets"], "shard_gets": sum(shard_gets.values()), "bytes": lg["bytes"],
+            "shards_fetched": len(shard_gets)}
+
+
+def scale_model(counts: Sequence[int], shard_bytes: float, *, nodes: int, gpus: int, workers: int, epochs: int,
+                batch_size: int = 32, cache_epochs: int = 1) -> dict[str, Any]:
     """GETs and bytes of an ``epochs``-epoch job, derived from the planner's runs for every rank.
 
     Model: every run of a (rank, worker) stream is one ranged read; with a node cache each node
@@ -537,7 +594,8 @@ def scale_model(counts: Sequence[int], shard_bytes: float, *, nodes: int, gpus: 
     resumed on reset). ``cache_epochs``: how many epochs' worth of a node's shards its cache holds
     (1: shards are fetched again in a later epoch unless touched in the previous one; >= epochs:
     nothing is fetched twice by one node). Shard order is reshuffled every epoch (``Shuffle``
-    shards, no sample window); ranks are consecutive per node (torchrun's numbering).
+    shards, no sample window, seed :data:`SCALE_SEED` as the measured ranks); ranks are consecutive per node
+    (torchrun's numbering).
     """
     import numpy as np
 
@@ -550,7 +608,7 @@ def scale_model(counts: Sequence[int], shard_bytes: float, *, nodes: int, gpus: 
     per_shard_fetches = np.zeros(len(counts_a), dtype=np.int64)
     fetched_per_node = np.zeros(nodes, dtype=np.int64)
     for epoch in range(epochs):
-        plan = plan_epoch(counts_a, seed=seed, epoch=epoch, topology=Topology(world, workers, batch_size),
+        plan = plan_epoch(counts_a, seed=SCALE_SEED, epoch=epoch, topology=Topology(world, workers, batch_size),
                           sampling=Sampling(Shuffle(shards=True, window=0), policy="drop"))
         touched: list[set[int]] = []
         for n in range(nodes):
@@ -562,7 +620,9 @@ def scale_model(counts: Sequence[int], shard_bytes: float, *, nodes: int, gpus: 
                         shards.add(run.shard)
                         consumed += run.end - run.first
             # fetched = touched minus what the node's cache still holds from recent epochs
-            held: set[int] = set().union(*(h[n] for h in history[-cache_epochs:])) if history and cache_epochs > 0 else set()
+            held: set[int] = set()
+            if history and cache_epochs > 0:
+                held = held.union(*(h[n] for h in history[-cache_epochs:]))
             new = shards - held
             fetched_per_node[n] += len(new)
             for s in new:
@@ -593,7 +653,8 @@ def model_table(quick: bool = False) -> list[dict[str, Any]]:
     if quick:
         setups = [(8, 8, 8, 1, 1), (64, 8, 8, 1, 1)]
     for nodes, gpus, workers, epochs, cache_epochs in setups:
-        rows.append(scale_model(counts, 10 * GB, nodes=nodes, gpus=gpus, workers=workers, epochs=epochs, cache_epochs=cache_epochs))
+        rows.append(scale_model(counts, 10 * GB, nodes=nodes, gpus=gpus, workers=workers, epochs=epochs,
+                                cache_epochs=cache_epochs))
     return rows
 
 
@@ -610,7 +671,8 @@ def run(quick: bool = False, *, sections: Sequence[str] = ("dataset", "scale"), 
         data = make_dataset(os.path.join(scratch, "data"), cfg.shards, cfg.shard_mb, cfg.sample_kb)
         with S3Servers(proxies=2, latency=cfg.latency_ms / 1000) as servers:
             upload_dataset(data, servers.s3.boto3_client(), servers.s3.bucket, "ds")
-            log(f"dataset: {len(data.files)} shards, {data.samples} samples, {data.bytes / MB:.0f} MB, ready in {time.perf_counter() - t0:.1f} s")
+            log(f"dataset: {len(data.files)} shards, {data.samples} samples, {data.bytes / MB:.0f} MB, "
+                f"ready in {time.perf_counter() - t0:.1f} s")
             nginx_url = None
             if use_nginx and "dataset" in sections:
                 nginx = Nginx(data.local)

@@ -21,6 +21,7 @@ import sys
 import time
 import tracemalloc
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -63,8 +64,9 @@ def bench_planning(repeat: int) -> list[dict[str, Any]]:
     for shards, per_shard in ((5_000, 10_000), (5_000, 1_000_000), (50_000, 10_000)):
         counts = np.full(shards, per_shard, dtype=np.int64)
         for window in (0, 4096):
-            ms, cpu, mib, runs = _measure(lambda: _one_rank(counts, window), repeat)
-            rows.append({"shards": shards, "samples": shards * per_shard, "window": window, "ms": round(ms, 2), "cpu_ms": round(cpu, 2), "peak_MiB": round(mib, 2), "runs_rank": runs})
+            ms, cpu, mib, runs = _measure(partial(_one_rank, counts, window), repeat)
+            rows.append({"shards": shards, "samples": shards * per_shard, "window": window, "ms": round(ms, 2),
+                         "cpu_ms": round(cpu, 2), "peak_MiB": round(mib, 2), "runs_rank": runs})
     return rows
 
 
@@ -85,8 +87,9 @@ def bench_resume(repeat: int) -> dict[str, Any]:
     reads = sum(len(w.spans) for w in wins)
     read = sum(sp.end - sp.first for w in wins for sp in w.spans)
     return {
-        "from": "512x8 (1000 batches of 32 in)", "to": "384x6", "state_bytes": len(json.dumps(state)), "ms": round(ms, 1), "cpu_ms": round(cpu, 1),
-        "peak_MiB": round(mib, 1), "runs_rank": runs, "reads_rank": reads, "read_amplification": round(read / p.samples_per_rank, 3),
+        "from": "512x8 (1000 batches of 32 in)", "to": "384x6", "state_bytes": len(json.dumps(state)),
+        "ms": round(ms, 1), "cpu_ms": round(cpu, 1), "peak_MiB": round(mib, 1), "runs_rank": runs, "reads_rank": reads,
+        "read_amplification": round(read / p.samples_per_rank, 3),
         "samples_per_rank": p.samples_per_rank,
     }
 
@@ -121,7 +124,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--quick", action="store_true", help="fewer repeats")
     args = ap.parse_args(argv)
     repeat = 3 if args.quick else 15
-    out: dict[str, Any] = {"planning": bench_planning(repeat), "elastic_resume": bench_resume(repeat), "shuffle_quality": bench_quality()}
+    out: dict[str, Any] = {"planning": bench_planning(repeat), "elastic_resume": bench_resume(repeat),
+                           "shuffle_quality": bench_quality()}
     for part, rows in out.items():
         for row in rows if isinstance(rows, list) else [rows]:
             print(json.dumps({"bench": f"plan.{part}", **row}))

@@ -106,93 +106,114 @@ def main() -> None:
 
 def run(args: argparse.Namespace, moto: str, proxy_url: str) -> dict[str, list[float]]:
     s3 = S3Endpoint(moto, "unused").new_bucket()
+    shards = _upload(s3, args.shards, args.shard_mb * MB)
+    c = _Contenders(s3, shards, args.shard_mb * MB, proxy_url, args.workers)
+    c.fill_warm()  # fill the warm cache once (and warm every code path)
+    results = _rounds(c, args.rounds)
+    shutil.rmtree(c.tmp, ignore_errors=True)
+    return results
+
+
+def _upload(s3: S3Endpoint, count: int, size: int) -> list[ShardInfo]:
+    """``count`` shards of ``size`` random bytes, PUT directly (no proxy); their index entries."""
     direct = s3.boto3_client()
-    size = args.shard_mb * MB
     shards: list[ShardInfo] = []
     t0 = time.perf_counter()
-    for i in range(args.shards):
+    for i in range(count):
         data = os.urandom(size)
         path = f"bench/shard-{i:06d}.tar"
         direct.put_object(Bucket=s3.bucket, Key=path, Body=data)
         shards.append(ShardInfo(path.split("/", 1)[1], size, 1, checksum_bytes(data)))
-    print(f"uploaded {args.shards} x {args.shard_mb} MB in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
-    total = args.shards * size
-    store = Store(s3.url("bench"), s3.storage_options(proxy_url))
-    client = s3.boto3_client(proxy_url)
-    import s3fs
+    print(f"uploaded {count} x {size // MB} MB in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
+    return shards
 
-    fs = s3fs.S3FileSystem(**s3.storage_options(proxy_url))
-    tmp = Path(tempfile.mkdtemp(prefix="streamio-bench-"))
-    warm_dir = tmp / "warm"
-    runs = [ByteRun(s) for s in shards]
-    pcfg = PrefetchConfig(workers=args.workers, max_bytes=256 * MB)
 
-    def cache_at(d: Path) -> ShardCache:
-        return ShardCache(CacheConfig(d, max_bytes=total + 64 * MB, min_free_bytes=0))
+class _Contenders:
+    """The contenders of the module docstring, each a method returning the bytes it read (or wrote)."""
 
-    def boto3_parallel() -> int:
+    NAMES = ("boto3_parallel", "s3fs_sequential", "streamio_nocache", "streamio_cold", "local_write", "streamio_warm",
+             "local_sequential")
+
+    def __init__(self, s3: S3Endpoint, shards: list[ShardInfo], size: int, proxy_url: str, workers: int) -> None:
+        import s3fs
+
+        self.s3, self.shards, self.size = s3, shards, size
+        self.total = len(shards) * self.size
+        self.store = Store(s3.url("bench"), s3.storage_options(proxy_url))
+        self.client = s3.boto3_client(proxy_url)
+        self.fs = s3fs.S3FileSystem(**s3.storage_options(proxy_url))
+        self.tmp = Path(tempfile.mkdtemp(prefix="streamio-bench-"))
+        self.warm_dir = self.tmp / "warm"
+        self.runs = [ByteRun(s) for s in shards]
+        self.pcfg = PrefetchConfig(workers=workers, max_bytes=256 * MB)
+        self.payload = os.urandom(self.size)
+
+    def functions(self) -> dict[str, Callable[[], int]]:
+        return {name: getattr(self, name) for name in self.NAMES}
+
+    def cache_at(self, d: Path) -> ShardCache:
+        return ShardCache(CacheConfig(d, max_bytes=self.total + 64 * MB, min_free_bytes=0))
+
+    def fill_warm(self) -> None:
+        cache = self.cache_at(self.warm_dir)
+        sum(_drain(c) for _, c in Prefetcher(self.store, self.runs, cache=cache, config=self.pcfg))
+
+    def boto3_parallel(self) -> int:
         def get(s: ShardInfo) -> int:
-            return len(client.get_object(Bucket=s3.bucket, Key=f"bench/{s.path}")["Body"].read())
+            return len(self.client.get_object(Bucket=self.s3.bucket, Key=f"bench/{s.path}")["Body"].read())
 
         with ThreadPoolExecutor(16) as pool:
-            return sum(pool.map(get, shards))
+            return sum(pool.map(get, self.shards))
 
-    def s3fs_sequential() -> int:
-        return sum(len(fs.cat_file(f"{s3.bucket}/bench/{s.path}")) for s in shards)
+    def s3fs_sequential(self) -> int:
+        return sum(len(self.fs.cat_file(f"{self.s3.bucket}/bench/{s.path}")) for s in self.shards)
 
-    def streamio_nocache() -> int:
-        return sum(_drain(c) for _, c in Prefetcher(store, runs, config=pcfg))
+    def streamio_nocache(self) -> int:
+        return sum(_drain(c) for _, c in Prefetcher(self.store, self.runs, config=self.pcfg))
 
-    def wipe_cold() -> None:  # untimed: deleting 512 MB (TRIM on this mount) is not reading
-        shutil.rmtree(tmp / "cold", ignore_errors=True)
-        shutil.rmtree(tmp / "written", ignore_errors=True)
+    def wipe_cold(self) -> None:  # untimed: deleting 512 MB (TRIM on this mount) is not reading
+        shutil.rmtree(self.tmp / "cold", ignore_errors=True)
+        shutil.rmtree(self.tmp / "written", ignore_errors=True)
 
-    def streamio_cold() -> int:
-        return sum(_drain(c) for _, c in Prefetcher(store, runs, cache=cache_at(tmp / "cold"), config=pcfg))
+    def streamio_cold(self) -> int:
+        cache = self.cache_at(self.tmp / "cold")
+        return sum(_drain(c) for _, c in Prefetcher(self.store, self.runs, cache=cache, config=self.pcfg))
 
-    payload = os.urandom(size)
-
-    def local_write() -> int:
-        d = tmp / "written"
+    def local_write(self) -> int:
+        d = self.tmp / "written"
         d.mkdir()
-        for i in range(args.shards):
+        for i in range(len(self.shards)):
             with open(d / f"{i}", "wb", buffering=0) as f:
-                for off in range(0, size, MB):
-                    f.write(payload[off : off + MB])
-        return total
+                for off in range(0, self.size, MB):
+                    f.write(self.payload[off : off + MB])
+        return self.total
 
-    def streamio_warm() -> int:
-        pf = Prefetcher(store, runs, cache=cache_at(warm_dir), config=pcfg)
+    def streamio_warm(self) -> int:
+        pf = Prefetcher(self.store, self.runs, cache=self.cache_at(self.warm_dir), config=self.pcfg)
         n = sum(_drain(c) for _, c in pf)
         assert pf.stats.bytes_from_network == 0, pf.stats.as_dict()
         return n
 
-    def local_sequential() -> int:
+    def local_sequential(self) -> int:
         n = 0
-        for name in sorted(os.listdir(warm_dir)):
+        for name in sorted(os.listdir(self.warm_dir)):
             if name.endswith(".data"):
-                with open(warm_dir / name, "rb", buffering=0) as f:
+                with open(self.warm_dir / name, "rb", buffering=0) as f:
                     while chunk := f.read(4 * MB):
                         n += len(chunk)
         return n
 
-    # fill the warm cache once (and warm every code path)
-    sum(_drain(c) for _, c in Prefetcher(store, runs, cache=cache_at(warm_dir), config=pcfg))
-    contenders: dict[str, Callable[[], int]] = {
-        "boto3_parallel": boto3_parallel,
-        "s3fs_sequential": s3fs_sequential,
-        "streamio_nocache": streamio_nocache,
-        "streamio_cold": streamio_cold,
-        "local_write": local_write,
-        "streamio_warm": streamio_warm,
-        "local_sequential": local_sequential,
-    }
+
+def _rounds(c: _Contenders, rounds: int) -> dict[str, list[float]]:
+    """``rounds`` rounds of every contender, the order rotating each round; MB/s per run."""
+    contenders = c.functions()
+    total = c.total
     results: dict[str, list[float]] = {k: [] for k in contenders}
     names = list(contenders)
-    for r in range(args.rounds):
+    for r in range(rounds):
         order = names[r % len(names) :] + names[: r % len(names)]
         for name in order:
-            wipe_cold()
+            c.wipe_cold()
             t = time.perf_counter()
             n = contenders[name]()
             dt = time.perf_counter() - t
@@ -200,7 +221,6 @@ def run(args: argparse.Namespace, moto: str, proxy_url: str) -> dict[str, list[f
                 raise RuntimeError(f"{name} read {n} bytes, expected {total}")
             results[name].append(total / dt / 1e6)
             print(f"round {r} {name:18s} {total / dt / 1e6:8.1f} MB/s", file=sys.stderr)
-    shutil.rmtree(tmp, ignore_errors=True)
     return results
 
 

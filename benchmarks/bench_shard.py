@@ -55,7 +55,8 @@ def make_samples(total: int, size: int) -> list[dict[str, Any]]:
     n = max(1, total // size)
     step = 7919 * 64
     return [
-        {"__key__": f"{i:08d}", "jpg": pool[(o := (i * step) % (len(pool) - size)) : o + size], "cls": str(i % 1000).encode()}
+        {"__key__": f"{i:08d}", "jpg": pool[(o := (i * step) % (len(pool) - size)) : o + size],
+         "cls": str(i % 1000).encode()}
         for i in range(n)
     ]
 
@@ -214,7 +215,8 @@ def bench_s3(samples: list[dict[str, Any]], rounds: int, scratch: str) -> dict[s
                 total += len(data)
             return total
 
-        rates = run_rounds({"streamio -> s3": ours, "webdataset + boto3": theirs, "boto3 put_object": copy}, rounds, scratch)
+        rates = run_rounds({"streamio -> s3": ours, "webdataset + boto3": theirs, "boto3 put_object": copy}, rounds,
+                           scratch)
         return summarise("moto S3", rates, "streamio -> s3", "webdataset + boto3", "boto3 put_object")
     finally:
         server.terminate()
@@ -243,7 +245,7 @@ def bench_read(samples: list[dict[str, Any]], rounds: int, scratch: str) -> dict
         return n
 
     def theirs() -> int:
-        pattern = os.path.join(root, "data-{000000..%06d}.tar" % (len(index.shards) - 1))
+        pattern = os.path.join(root, f"data-{{000000..{len(index.shards) - 1:06d}}}.tar")
         return sum(1 for _ in wds.WebDataset(pattern, shardshuffle=False))
 
     fns = {"streamio iter_samples": lambda: ours(False), "streamio verified": lambda: ours(True), "webdataset": theirs}

@@ -59,7 +59,7 @@ def run(quick: bool) -> dict[str, Any]:
         fs = fsspec.filesystem("s3", skip_instance_cache=True, **s3.storage_options(endpoint))
         blobs = [os.urandom(size) for _ in range(n)]
         keys = [f"obj-{i:03d}" for i in range(n)]
-        store.put_many(list(zip(keys, blobs)), concurrency=conc)
+        store.put_many(list(zip(keys, blobs, strict=True)), concurrency=conc)
         full = [f"{s3.bucket}/bench/{k}" for k in keys]
         total = n * size
 
@@ -69,7 +69,11 @@ def run(quick: bool) -> dict[str, Any]:
 
         def boto3_put() -> None:
             with ThreadPoolExecutor(conc) as pool:
-                list(pool.map(lambda kb: client.put_object(Bucket=s3.bucket, Key=f"scratch/{kb[0]}", Body=kb[1]), zip(keys, blobs)))
+                list(pool.map(lambda kb: client.put_object(Bucket=s3.bucket, Key=f"scratch/{kb[0]}", Body=kb[1]),
+                              zip(keys, blobs, strict=True)))
+
+        def store_put_many() -> None:
+            store.child("scratch2").put_many(list(zip(keys, blobs, strict=True)), concurrency=conc)
 
         many = interleave(
             {
@@ -77,7 +81,7 @@ def run(quick: bool) -> dict[str, Any]:
                 "store_read_many": lambda: _rate(total, lambda: store.read_many(keys, concurrency=conc)),
                 "s3fs_cat": lambda: _rate(total, lambda: fs.cat(full)),
                 "boto3_put": lambda: _rate(total, boto3_put),
-                "store_put_many": lambda: _rate(total, lambda: store.child("scratch2").put_many(list(zip(keys, blobs)), concurrency=conc)),
+                "store_put_many": lambda: _rate(total, store_put_many),
             },
             reps,
         )
@@ -124,7 +128,8 @@ def main() -> None:
         print(json.dumps(out, indent=2, default=str))
         return
     print(machine_line(out["machine"]))
-    print(f"{out['objects']} x {out['size'] // MiB} MiB objects, one {out['big'] // MiB} MiB object, concurrency {out['concurrency']}")
+    print(f"{out['objects']} x {out['size'] // MiB} MiB objects, one {out['big'] // MiB} MiB object, "
+          f"concurrency {out['concurrency']}")
     for section in ("many", "large"):
         for name, s in out[section].items():
             print(f"  {name:22s} {s['median']:8.1f} MB/s  (min {s['min']:.1f}, max {s['max']:.1f}, n={s['n']})")

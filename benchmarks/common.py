@@ -264,7 +264,8 @@ class _suppress:
         return exc[0] is not None and issubclass(exc[0], OSError)  # type: ignore[arg-type]
 
 
-def boto3_ceiling(client: Any, bucket: str, keys: Sequence[str], *, concurrency: int = 16, reps: int = 3) -> dict[str, Any]:
+def boto3_ceiling(client: Any, bucket: str, keys: Sequence[str], *, concurrency: int = 16,
+                  reps: int = 3) -> dict[str, Any]:
     """The store's raw ceiling: parallel whole-object GETs, and PUTs of the same bytes, with boto3.
 
     ``client`` should point at the same endpoint (proxy) the contenders use. PUTs go to a scratch
@@ -282,11 +283,15 @@ def boto3_ceiling(client: Any, bucket: str, keys: Sequence[str], *, concurrency:
             t0 = time.perf_counter()
             n = sum(len(b) for b in pool.map(get, keys))
             gets.append(n / (time.perf_counter() - t0) / MB)
+            scratch = f"ceiling-{r}"
             t0 = time.perf_counter()
-            list(pool.map(lambda kb: client.put_object(Bucket=bucket, Key=f"ceiling-{r}/{kb[0]}", Body=kb[1]), zip(keys, blobs)))
+            list(pool.map(lambda kb, prefix=scratch: client.put_object(Bucket=bucket, Key=f"{prefix}/{kb[0]}",
+                                                                      Body=kb[1]),
+                          zip(keys, blobs, strict=True)))
             puts.append(total / (time.perf_counter() - t0) / MB)
-            list(pool.map(lambda k: client.delete_object(Bucket=bucket, Key=f"ceiling-{r}/{k}"), keys))
-    return {"objects": len(keys), "bytes": total, "concurrency": concurrency, "reps": reps, "get_MBps": summary(gets), "put_MBps": summary(puts)}
+            list(pool.map(lambda k, prefix=scratch: client.delete_object(Bucket=bucket, Key=f"{prefix}/{k}"), keys))
+    return {"objects": len(keys), "bytes": total, "concurrency": concurrency, "reps": reps, "get_MBps": summary(gets),
+            "put_MBps": summary(puts)}
 
 
 # ----------------------------------------------------------------------------- moto + proxies
@@ -320,7 +325,8 @@ class S3Servers:
 
         clean_aws_env()
         self._child = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.common", "--serve", "--proxies", str(self.n_proxies), "--latency", str(self.latency)],
+            [sys.executable, "-m", "benchmarks.common", "--serve", "--proxies", str(self.n_proxies),
+             "--latency", str(self.latency)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO,
         )
         urls = json.loads(self._child.stdout.readline())  # type: ignore[union-attr]
@@ -444,7 +450,8 @@ class Nginx:
         for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "nginx-light"]):
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
             if proc.returncode != 0 and cmd[1] == "install":
-                proc = subprocess.run(["apt-get", "install", "-y", "-qq", "nginx"], env=env, capture_output=True, text=True, timeout=600)
+                proc = subprocess.run(["apt-get", "install", "-y", "-qq", "nginx"], env=env, capture_output=True,
+                                      text=True, timeout=600)
             if proc.returncode != 0:
                 self.why = f"`{' '.join(cmd)}` failed: {proc.stderr.strip()[-300:]}"
                 return False
@@ -471,7 +478,8 @@ class Nginx:
             "  types { application/x-tar tar; application/json json; }\n"
             f"  server {{ listen 127.0.0.1:{port}; root {self.root}; }}\n}}\n"
         )
-        self._proc = subprocess.Popen([binary, "-c", conf, "-p", self._dir], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self._proc = subprocess.Popen([binary, "-c", conf, "-p", self._dir], stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.PIPE)
         for _ in range(100):
             try:
                 with socket.create_connection(("127.0.0.1", port), timeout=0.2):

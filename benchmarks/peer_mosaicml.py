@@ -15,7 +15,8 @@ Modes:
 * ``--rank-server``: one rank of a trial, the protocol of ``bench_dataset.RankPool`` (a JSON
   config per stdin line, a ``RESULT {json}`` line back): ``StreamingDataset(remote=s3://...,
   local=cache dir)`` + a torch ``DataLoader``, the same loop, compute and timing as the other
-  contenders; the driver starts fresh rank processes for each trial. S3 goes through boto3 to ``S3_ENDPOINT_URL`` (the same 30 ms latency proxy).
+  contenders; the driver starts fresh rank processes for each trial. S3 goes through boto3 to
+  ``S3_ENDPOINT_URL`` (the same 30 ms latency proxy).
 """
 
 from __future__ import annotations
