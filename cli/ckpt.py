@@ -16,8 +16,8 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
-from streamio.cli.common import storage_option
-from streamio.cli.exits import ExitCode, exit_codes_help, exit_codes_short
+from .common import storage_option
+from .exits import ExitCode, exit_codes_help, exit_codes_short
 
 from streamio.checkpoint import manifest as mf
 from streamio.checkpoint.manager import (

@@ -20,8 +20,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import click
-from streamio.cli.common import storage_option
-from streamio.cli.exits import ExitCode, exit_codes_help, exit_codes_short
+from .common import storage_option
+from .exits import ExitCode, exit_codes_help, exit_codes_short
 from tqdm import tqdm
 
 from streamio.data.index import (

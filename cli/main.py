@@ -12,7 +12,7 @@ import logging
 from typing import Any
 
 import click
-from streamio.cli.exits import exit_codes_help, fail
+from .exits import exit_codes_help, fail
 
 from streamio import __version__
 
@@ -39,7 +39,7 @@ def cli(verbose: int) -> None:
 
 
 def _register() -> None:
-    from streamio.cli import ckpt, dataset, plan
+    from . import ckpt, dataset, plan
 
     for module in (dataset, plan, ckpt):
         module.register(cli)

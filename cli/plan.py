@@ -15,8 +15,8 @@ import json
 from typing import Any
 
 import click
-from streamio.cli.common import storage_option
-from streamio.cli.exits import ExitCode, exit_codes_help
+from .common import storage_option
+from .exits import ExitCode, exit_codes_help
 
 from streamio.data.index import DatasetIndex, load_index
 from streamio.data.plan import EpochPlan, Run, Sampling, Shuffle, Topology, plan_epoch
