@@ -96,6 +96,24 @@ def assert_same_state(got: dict[str, Any], want: dict[str, Any]) -> None:
     assert torch.equal(got["extra"], want["extra"]) and got["extra"].dtype == torch.bfloat16
 
 
+def rewrite_manifest(store: Any, step: int, doc: dict[str, Any], *, repoint: bool = False) -> bytes:
+    """Store ``doc`` as ``step``'s manifest sealed the way streamio seals it (and, with
+    ``repoint``, make ``latest.json`` record its checksum): a careful forger, for tests of the
+    checks that lie behind the seal and the pointer's checksum."""
+    from streamio.checkpoint import manifest as mf
+    from streamio.checkpoint import validate
+    from streamio.checksum import checksum_bytes
+
+    body = {k: v for k, v in doc.items() if k != validate.SEAL_KEY}
+    data = validate.seal(json.dumps(body, separators=(",", ":")).encode())
+    store.put(mf.manifest_path(step), data)
+    if repoint:
+        pointer = json.loads(store.read(mf.LATEST))
+        pointer["manifest_checksum"] = checksum_bytes(data)
+        store.put(mf.LATEST, json.dumps(pointer).encode())
+    return data
+
+
 def light_state_for(step: int) -> dict[str, Any]:
     """A smaller state for the kill tests: no optimizer step (it imports torch._dynamo: seconds)."""
     with _SEEDED:

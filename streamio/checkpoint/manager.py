@@ -1,6 +1,6 @@
 """``CheckpointManager``: parallel save/restore of a training state behind an atomic pointer.
 
-Commit protocol (DESIGN.md "Checkpoint root"); at every instant ``latest.json`` names a complete
+Commit protocol (docs/design.md "Commit protocol"); at every instant ``latest.json`` names a complete
 checkpoint, so a ``kill -9`` anywhere costs at most the save in progress:
 
 1. ``save`` encodes each state object's ``state_dict()`` (JSON tree + tensors) and copies the
@@ -28,10 +28,13 @@ Replicated state must really be equal on every rank; the one known exception, mo
 (BatchNorm statistics, which DDP re-broadcasts from rank 0 at each forward), is always taken from
 rank 0, and JSON (non-tensor) replicated state is rank 0's.
 
-Restore reads the pointer fresh (never a cached listing), reads every part this rank needs with
-concurrent GETs, verifies sizes and CRC32C of files and tensors, and only then loads anything. If
-the pointer is missing, corrupt or names a checkpoint that fails verification, it walks back to
-the newest complete checkpoint that verifies and logs why (explicit ``step=`` never walks back).
+Restore reads the pointer fresh (never a cached listing), checks the manifest against the
+checksum the pointer recorded and against its own seal and step, reads every part this rank needs
+with concurrent GETs, verifies sizes and CRC32C of files and tensors, decodes the whole state and
+checks it against the live objects, and only then loads anything. If the pointer is missing,
+corrupt or names a checkpoint that fails any of this, it walks back to the newest complete
+checkpoint that verifies and logs why (explicit ``step=`` never walks back); a checkpoint that
+verifies but does not fit the live objects (another model) raises, with nothing loaded.
 """
 
 from __future__ import annotations
@@ -61,20 +64,18 @@ from streamio.checkpoint.manifest import (
     RetentionPolicy,
     Section,
 )
+from streamio.checkpoint.restore_plan import RestorePlan, apply, decode_state, mismatches
 from streamio.checkpoint.serialize import (
     HostBuffer,
     StreamReader,
-    TreeEncoder,
-    VerifiedTensor,
     assign_shares,
     decode_part,
-    decode_tree,
     encode_part,
     plan_layout,
-    run_copies,
     tensor_entries,
     verify_file,
 )
+from streamio.checkpoint.tree import TreeEncoder, VerifiedTensor
 from streamio.checksum import checksum_bytes
 from streamio.errors import (
     CheckpointConflictError,
@@ -553,7 +554,10 @@ class CheckpointManager:
         """Load a checkpoint into ``state`` in place and return its step.
 
         Objects with ``load_state_dict`` are loaded through it (tensors copied into the live
-        ones where shapes match); plain values are replaced in ``state``.
+        ones where shapes match); plain values are replaced in ``state``. All or nothing: the
+        manifest (against the pointer's checksum and its own), every part this rank needs, the
+        decoding of the whole state and its fit with the live objects are all checked before
+        the first live object changes (:mod:`.restore_plan`).
 
         Args:
             state: the same names as were saved.
@@ -562,13 +566,15 @@ class CheckpointManager:
 
         Raises:
             CheckpointNotFoundError: no checkpoint under the root (or not ``step``).
-            CheckpointFormatError: an unknown format version, or a root written by another tool.
-            CheckpointError: no checkpoint verifies, or ``state`` names something not saved.
+            CheckpointFormatError: an unknown format version, a root written by another tool,
+                or (with ``step``) a manifest or tree that does not verify or decode.
+            CheckpointError: no checkpoint verifies, or the checkpoint does not fit ``state``
+                (a name not saved, another model's keys, shapes or dtypes): nothing was loaded.
         """
         self._wait_pending()
-        comm = self._comm
-        if step is not None:
-            candidates = [step]
+        comm, explicit = self._comm, step is not None
+        if explicit:
+            candidates: list[tuple[int, str | None]] = [(step, None)]
         else:
             # the pointer alone first (no listing); the full list only if it fails
             candidates = comm.broadcast(self._candidates(full=False) if comm.rank == 0 else None)
@@ -577,50 +583,79 @@ class CheckpointManager:
         reasons: list[str] = []
         tried: set[int] = set()
         while candidates:
-            s = candidates.pop(0)
+            s, expected = candidates.pop(0)
             tried.add(s)
-            loaded: tuple[Manifest, dict[str, VerifiedTensor]] | None = None
-            problem: str | None = None
-            fatal: BaseException | None = None
-            try:
-                loaded = self._load_verified(s)
-            except CheckpointFormatError as exc:
-                fatal, problem = exc, str(exc)
-            except (CorruptDataError, CheckpointError, ManifestError, FileNotFoundError) as exc:
-                if step is not None:
-                    if isinstance(exc, FileNotFoundError):
-                        raise CheckpointNotFoundError(f"no complete checkpoint for step {s} under {self.store.root_url}: {exc}") from exc
-                    raise
-                problem = str(exc)
-            problems = comm.all_gather(problem)
-            if fatal is not None:
-                raise fatal
-            bad = [p for p in problems if p is not None]
-            if not bad and loaded is not None:
-                self._apply(state, s, *loaded)
+            plan, bad = self._try_step(state, s, expected, explicit=explicit)
+            if plan is not None:
+                apply(plan, state, concurrency=self.options.concurrency, where=f"step {s} under {self.store.root_url}")
+                log.info("restored checkpoint step %d from %s", s, self.store.url(mf.step_dir(s)))
                 self._restored_at = datetime.now(timezone.utc)
                 if self._pointer_version is _UNKNOWN and comm.rank == 0:
                     self._pointer_version = self._read_pointer_version()
                 return s
-            reasons.append(f"step {s}: {bad[0]}")
-            log.warning("checkpoint step %d under %s is unusable (%s); falling back to the previous complete checkpoint", s, self.store.root_url, bad[0])
-            if not candidates and step is None and len(tried) == 1:
+            reasons.append(f"step {s}: {bad}")
+            log.warning("checkpoint step %d under %s is unusable (%s); falling back to the previous complete "
+                        "checkpoint", s, self.store.root_url, bad)
+            if not candidates and not explicit and len(tried) == 1:
                 more = comm.broadcast(self._candidates(full=True) if comm.rank == 0 else None)
                 if isinstance(more, BaseException):
                     raise more
-                candidates = [c for c in more if c not in tried]
+                candidates = [c for c in more if c[0] not in tried]
         if reasons:
             raise CheckpointError(f"no checkpoint under {self.store.root_url} verifies: {'; '.join(reasons)}")
         raise CheckpointNotFoundError(f"no checkpoint under {self.store.root_url}: nothing to restore (start from scratch)")
 
-    def _candidates(self, *, full: bool) -> list[int] | BaseException:
-        """Rank 0: the pointer's step (if usable), then (``full``, or no usable pointer) every
-        committed step, newest first. Errors are returned, to be raised on every rank."""
+    def _try_step(
+        self, state: Mapping[str, Any], s: int, expected: str | None, *, explicit: bool
+    ) -> tuple[RestorePlan | None, str]:
+        """Prepare step ``s`` on every rank and agree on the outcome (a collective).
+
+        Returns:
+            ``(plan, "")`` to load, or ``(None, why)`` to walk past a damaged checkpoint.
+
+        Raises:
+            every rank raises alike: this rank its own error where the failure is fatal (see
+            :func:`_classify`), the others a ``CheckpointError`` naming it; ``CheckpointError``
+            when the checkpoint does not fit the live state.
+        """
+        plan: RestorePlan | None = None
+        own: BaseException | None = None
+        outcome: tuple[str, str] | None = None
         try:
-            order: list[int] = []
+            plan = self._prepare(state, s, expected, explicit=explicit)
+            mismatch = mismatches(plan)
+            if mismatch is not None:
+                outcome = ("mismatch", f"checkpoint step {s} under {self.store.root_url} does not fit the live state: "
+                                       f"{mismatch}; nothing was loaded")
+        except Exception as exc:  # classified, agreed on by every rank, then raised or walked past
+            own, outcome = exc, (_classify(exc, explicit), str(exc))
+        # kind -> the first rank's message of that kind
+        outcomes = dict(reversed([o for o in self._comm.all_gather(outcome) if o is not None]))
+        if "fatal" in outcomes:
+            if own is None or outcome is None or outcome[0] != "fatal":
+                raise CheckpointError(
+                    f"restoring step {s} under {self.store.root_url} failed on another rank: {outcomes['fatal']}"
+                )
+            if explicit and isinstance(own, FileNotFoundError) and not isinstance(own, CheckpointError):
+                raise CheckpointNotFoundError(
+                    f"no complete checkpoint for step {s} under {self.store.root_url}: {own}"
+                ) from own
+            raise own
+        if "bad" in outcomes:  # walked past before its fit with the live state is judged
+            return None, outcomes["bad"]
+        if "mismatch" in outcomes:
+            raise CheckpointError(outcomes["mismatch"])
+        return plan, ""
+
+    def _candidates(self, *, full: bool) -> list[tuple[int, str | None]] | BaseException:
+        """Rank 0: the pointer's step (if usable) with the manifest checksum it recorded, then
+        (``full``, or no usable pointer) every committed step, newest first. Errors are returned,
+        to be raised on every rank."""
+        try:
+            order: list[tuple[int, str | None]] = []
             try:
                 pointer = mf.pointer_from_bytes(self.store.read(mf.LATEST))
-                order.append(pointer.step)
+                order.append((pointer.step, pointer.manifest_checksum))
             except FileNotFoundError:
                 pass
             except ManifestError as exc:
@@ -630,10 +665,10 @@ class CheckpointManager:
             if order and not full:
                 return order
             steps = committed_steps(self.store)
-            if order and order[0] not in steps:
+            if order and order[0][0] not in steps:
                 log.warning("%s names step %d whose manifest is gone; falling back to the newest complete checkpoint",
-                            self.store.url(mf.LATEST), order[0])
-            order += [s for s in reversed(steps) if s not in order]
+                            self.store.url(mf.LATEST), order[0][0])
+            order += [(s, None) for s in reversed(steps) if not order or s != order[0][0]]
             if not order:
                 foreign = detect_foreign(self.store)
                 if foreign:
@@ -642,8 +677,20 @@ class CheckpointManager:
         except Exception as exc:
             return exc
 
-    def _load_verified(self, step: int) -> tuple[Manifest, dict[str, VerifiedTensor]]:
-        manifest = read_manifest(self.store, step)
+    def _prepare(self, state: Mapping[str, Any], step: int, expected: str | None, *, explicit: bool) -> RestorePlan:
+        """Everything of a restore that touches no live object: the manifest verified against
+        ``expected`` (the pointer's checksum, if it names ``step``), its own seal and ``step``;
+        every part this rank needs read and verified; the whole state decoded."""
+        manifest = read_manifest(self.store, step, checksum=expected)
+        if not manifest.checksum and expected is None:
+            url = self.store.url(mf.manifest_path(step))
+            if not explicit:
+                raise CheckpointError(
+                    f"{url} carries no checksum of its own (written by an older streamio) and {mf.LATEST} does not "
+                    f"name it, so its JSON cannot be verified; restore it explicitly with step={step} if you trust it"
+                )
+            log.warning("%s carries no checksum of its own (written by an older streamio): its JSON is restored unverified",
+                        url)
         rank, world = self._comm.rank, self._comm.world
         src_rank = rank % manifest.world_size
         wanted = dict(manifest.replicated.tensors)
@@ -652,30 +699,21 @@ class CheckpointManager:
         if world != manifest.world_size:
             log.warning("checkpoint step %d was saved by %d ranks and is restored by %d: rank %d gets rank %d's per-rank state",
                         step, manifest.world_size, world, rank, src_rank)
-        return manifest, tensors
+        return decode_state(state, manifest.replicated.tree, manifest.per_rank[src_rank].tree, tensors)
 
-    def _apply(self, state: MutableMapping[str, Any], step: int, manifest: Manifest, tensors: dict[str, VerifiedTensor]) -> None:
-        rep_tree = manifest.replicated.tree or {}
-        rank_tree = manifest.per_rank[self._comm.rank % manifest.world_size].tree or {}
-        missing = [n for n in state if n not in rep_tree and n not in rank_tree]
-        if missing:
-            raise CheckpointError(
-                f"checkpoint step {step} under {self.store.root_url} has no {missing!r} (it holds "
-                f"{sorted(set(rep_tree) | set(rank_tree))!r}): restore with the names that were saved"
-            )
-        for name in list(state):
-            tree = rep_tree[name] if name in rep_tree else rank_tree[name]
-            obj = state[name]
-            copies: list[tuple[VerifiedTensor, torch.Tensor]] = []
-            if callable(getattr(obj, "load_state_dict", None)):
-                template = obj.state_dict() if callable(getattr(obj, "state_dict", None)) else None
-                value = decode_tree(tree, tensors, template, path=name, defer=copies)
-                run_copies(copies, self.options.concurrency)
-                obj.load_state_dict(value)
-            else:
-                state[name] = decode_tree(tree, tensors, obj, path=name, defer=copies)
-                run_copies(copies, self.options.concurrency)
-        log.info("restored checkpoint step %d from %s", step, self.store.url(mf.step_dir(step)))
+
+def _classify(exc: BaseException, explicit: bool) -> str:
+    """How restore treats a failure before any live object changed: ``"bad"`` walks back to the
+    previous checkpoint (damaged or missing objects, an invalid manifest or tree), ``"fatal"``
+    raises on every rank (an explicit ``step=``, a format this streamio cannot read, a storage
+    failure other than a missing object, anything unexpected)."""
+    if explicit or getattr(exc, "unknown_version", False):
+        return "fatal"
+    if isinstance(exc, (CorruptDataError, CheckpointError)):
+        return "bad"
+    if isinstance(exc, FileNotFoundError):
+        return "bad"
+    return "fatal"
 
 
 # ---------------------------------------------------------------------------------- helpers
@@ -749,13 +787,17 @@ def committed_steps(store: Store) -> list[int]:
     return sorted(steps)
 
 
-def read_manifest(store: Store, step: int) -> Manifest:
-    """Read and parse ``step``'s manifest.
+def read_manifest(store: Store, step: int, *, checksum: str | None = None) -> Manifest:
+    """Read, verify and parse ``step``'s manifest.
+
+    Args:
+        checksum: what ``latest.json`` recorded for this manifest, when it names ``step``.
 
     Raises:
         CheckpointNotFoundError: no manifest (the step was never committed or was deleted).
-        CheckpointFormatError: an unknown format version.
-        CheckpointError: the manifest is corrupt.
+        ManifestError: (a :class:`CheckpointFormatError`) an unknown format version
+            (``unknown_version``), or a manifest that is invalid, claims another step, names a
+            path outside its step directory, or does not match its own or ``checksum``.
     """
     path = mf.manifest_path(step)
     try:
@@ -763,11 +805,10 @@ def read_manifest(store: Store, step: int) -> Manifest:
     except FileNotFoundError as exc:
         raise CheckpointNotFoundError(f"{store.url(path)} does not exist: step {step} was never committed or was deleted") from exc
     try:
-        return mf.manifest_from_bytes(data)
+        return mf.manifest_from_bytes(data, step=step, checksum=checksum)
     except ManifestError as exc:
-        if exc.unknown_version:
-            raise CheckpointFormatError(f"{store.url(path)}: {exc}") from exc
-        raise CheckpointError(f"{store.url(path)} is corrupt: {exc}") from exc
+        prefix = f"{store.url(path)}:" if exc.unknown_version else f"{store.url(path)} is unusable:"
+        raise ManifestError(f"{prefix} {exc}", unknown_version=exc.unknown_version) from exc
 
 
 def load_tensors(

@@ -4,6 +4,8 @@ This module is plain data: it imports neither torch nor fsspec nor the storage l
 import-linter contract checks it), so the format can be read, validated and reasoned about by
 the CLI, by tests and by other tools without a training stack.
 
+The records (:mod:`.records`) and retention policies (:mod:`.retention`) are re-exported here.
+
 Layout of a checkpoint root::
 
     ROOT/latest.json                         the only mutable object (the pointer), replaced last
@@ -25,15 +27,35 @@ recorded size and checksum. The manifest is written only after every rank's done
 the pointer only after the manifest; retention deletes only after the pointer naming a newer
 checkpoint is written, and deletes a step's manifest first so that a half-deleted step is never
 mistaken for a complete one.
+
+These documents are read back from storage that others can write, so the parsers here trust
+nothing: size and nesting are bounded (:mod:`streamio.limits`), every field is checked, paths
+must stay below the step directory and sizes must add up (:mod:`.validate`), and a manifest
+carries its own checksum as its last field, which the parser verifies, so the JSON half of a
+checkpoint is verified even for a step that ``latest.json`` does not name.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
+from typing import Any
+
+from streamio.checkpoint import validate as vd
+from streamio.checkpoint.records import DoneMarker, FileEntry, Manifest, Pointer, Section, TensorEntry
+from streamio.checkpoint.retention import CheckpointRecord as CheckpointRecord  # re-exported: retention.py
+from streamio.checkpoint.retention import KeepAll as KeepAll
+from streamio.checkpoint.retention import KeepAny as KeepAny
+from streamio.checkpoint.retention import KeepBest as KeepBest
+from streamio.checkpoint.retention import KeepEvery as KeepEvery
+from streamio.checkpoint.retention import KeepLast as KeepLast
+from streamio.checkpoint.retention import RetentionPolicy as RetentionPolicy
+from streamio.checkpoint.retention import steps_to_delete as steps_to_delete
+from streamio.checkpoint.validate import ManifestError  # defined beside the checks that raise it
+from streamio.checksum import checksum_bytes
+from streamio.limits import MAX_JSON_BYTES, MAX_JSON_DEPTH, json_depth, load_json
 
 FORMAT = "streamio.checkpoint/1"
 POINTER_FORMAT = "streamio.checkpoint.latest/1"
@@ -45,14 +67,11 @@ _POINTER_FAMILY = "streamio.checkpoint.latest/"
 
 _STEP_RE = re.compile(r"^step-(\d{9,})$")
 _RANK_RE = re.compile(r"^rank-(\d{5,})$")
-
-
-class ManifestError(ValueError):
-    """A manifest, marker or pointer document is invalid; ``unknown_version`` says why."""
-
-    def __init__(self, message: str, *, unknown_version: bool = False) -> None:
-        super().__init__(message)
-        self.unknown_version = unknown_version
+_DTYPE_RE = re.compile(r"[a-z][a-z0-9_]{0,31}")
+_COMPRESSIONS = (None, "zstd")
+_MAX_DIMS = 64
+_MAX_WORLD = 1 << 20
+_MAX_POINTER_BYTES = 64 << 10
 
 
 # ------------------------------------------------------------------------------------ paths
@@ -95,152 +114,55 @@ def split_ranges(total: int, part_size: int) -> list[tuple[int, int]]:
     return [(s, min(s + part_size, total)) for s in range(0, total, part_size)]
 
 
-# ------------------------------------------------------------------------------------ records
-@dataclass(frozen=True)
-class FileEntry:
-    """One stored object of a checkpoint.
-
-    Attributes:
-        path: relative to the step directory.
-        rank: the rank whose stream this part belongs to (who uploaded it).
-        start: offset of the part's first raw byte in that rank's stream.
-        raw_size: raw (uncompressed) bytes of the part.
-        size: stored bytes (``raw_size`` unless compressed).
-        checksum: ``"crc32c:..."`` of the stored bytes.
-        compression: ``None`` or ``"zstd"``.
-    """
-
-    path: str
-    rank: int
-    start: int
-    raw_size: int
-    size: int
-    checksum: str
-    compression: str | None = None
-
-
-@dataclass(frozen=True)
-class TensorEntry:
-    """Where a tensor's raw bytes live and what they are.
-
-    Attributes:
-        rank: whose stream holds the bytes.
-        offset: offset in that stream (may span consecutive parts).
-        nbytes: raw size.
-        dtype: torch dtype name without the ``torch.`` prefix (``"float32"``, ``"bfloat16"``).
-        shape: sizes.
-        checksum: ``"crc32c:..."`` of the raw bytes.
-    """
-
-    rank: int
-    offset: int
-    nbytes: int
-    dtype: str
-    shape: tuple[int, ...]
-    checksum: str
-
-
-@dataclass(frozen=True)
-class Section:
-    """One group of state: a JSON tree whose tensors are referenced by key.
-
-    Attributes:
-        tree: JSON-able tree (tagged encoding; tensors as references to ``tensors`` keys).
-        tensors: key -> :class:`TensorEntry`.
-    """
-
-    tree: Any
-    tensors: Mapping[str, TensorEntry] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Manifest:
-    """The checkpoint of one step: written last, create-only.
-
-    Attributes:
-        step: the training step.
-        save_id: random id of the save that wrote it (names its parts and markers).
-        world_size: ranks that wrote it.
-        replicated: the state that was identical on every rank (tensors spread over ranks).
-        per_rank: one section per rank (RNG, data position ...), index = rank.
-        files: every object of the checkpoint other than the manifest itself.
-        metrics: user metrics (what ``KeepBest`` ranks by).
-        software: versions of streamio / torch / CUDA / Python that wrote it.
-        created: ISO-8601 UTC time of the commit.
-    """
-
-    step: int
-    save_id: str
-    world_size: int
-    replicated: Section
-    per_rank: tuple[Section, ...]
-    files: tuple[FileEntry, ...]
-    metrics: Mapping[str, Any] = field(default_factory=dict)
-    software: Mapping[str, Any] = field(default_factory=dict)
-    created: str = ""
-
-    @property
-    def total_bytes(self) -> int:
-        """Stored bytes of all files."""
-        return sum(f.size for f in self.files)
-
-    def files_for(self, ranks: Iterable[int]) -> list[FileEntry]:
-        """The parts of the given ranks' streams."""
-        wanted = set(ranks)
-        return [f for f in self.files if f.rank in wanted]
-
-
-@dataclass(frozen=True)
-class DoneMarker:
-    """What a rank uploaded, written create-only after its parts are verified in the store."""
-
-    rank: int
-    save_id: str
-    files: tuple[FileEntry, ...]
-    replicated_tensors: Mapping[str, TensorEntry]
-    per_rank: Section
-    replicated_tree: Any = None  # rank 0 only
-
-
-@dataclass(frozen=True)
-class Pointer:
-    """``latest.json``: which checkpoint is current."""
-
-    step: int
-    path: str
-    manifest_checksum: str
-    save_id: str
-    created: str = ""
-
-
 # ------------------------------------------------------------------------------------ encoding
+# Every parser below checks every field before it returns (see validate.py): a document that
+# parses names only confined paths, consistent sizes and well-formed checksums.
 def _file_to_json(f: FileEntry) -> dict[str, Any]:
     return asdict(f)
 
 
-def _file_from_json(d: Mapping[str, Any]) -> FileEntry:
-    return FileEntry(
-        path=_str(d, "path"),
-        rank=_int(d, "rank"),
-        start=_int(d, "start"),
-        raw_size=_int(d, "raw_size"),
-        size=_int(d, "size"),
-        checksum=_str(d, "checksum"),
-        compression=d.get("compression"),
+def _file_from_json(d: Any, what: str) -> FileEntry:
+    if not isinstance(d, dict):
+        raise ManifestError(f"{what}: must be an object, got {type(d).__name__}")
+    compression = d.get("compression")
+    if compression not in _COMPRESSIONS:
+        raise ManifestError(f"{what}: compression {vd.short(compression)} is not 'zstd' or null")
+    entry = FileEntry(
+        path=vd.relative_path(d.get("path"), what),
+        rank=vd.integer(d, "rank", what),
+        start=vd.integer(d, "start", what),
+        raw_size=vd.integer(d, "raw_size", what),
+        size=vd.integer(d, "size", what),
+        checksum=vd.checksum(d, "checksum", what),
+        compression=compression,
     )
+    if compression is None and entry.size != entry.raw_size:
+        raise ManifestError(
+            f"{what}: uncompressed part {entry.path!r} has size {entry.size} but raw_size {entry.raw_size}"
+        )
+    return entry
 
 
 def _tensor_to_json(t: TensorEntry) -> dict[str, Any]:
-    return {"rank": t.rank, "offset": t.offset, "nbytes": t.nbytes, "dtype": t.dtype, "shape": list(t.shape), "checksum": t.checksum}
+    return {"rank": t.rank, "offset": t.offset, "nbytes": t.nbytes, "dtype": t.dtype, "shape": list(t.shape),
+            "checksum": t.checksum}
 
 
-def _tensor_from_json(d: Mapping[str, Any]) -> TensorEntry:
+def _tensor_from_json(d: Any, what: str) -> TensorEntry:
+    if not isinstance(d, dict):
+        raise ManifestError(f"{what}: must be an object, got {type(d).__name__}")
     shape = d.get("shape")
-    if not isinstance(shape, list) or not all(isinstance(s, int) and s >= 0 for s in shape):
-        raise ManifestError(f"tensor entry has an invalid shape {shape!r}")
+    if (
+        not isinstance(shape, list) or len(shape) > _MAX_DIMS
+        or not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s <= vd.MAX_INT for s in shape)
+    ):
+        raise ManifestError(f"{what}: invalid shape {vd.short(shape)} (at most {_MAX_DIMS} non-negative integers)")
+    dtype = vd.string(d, "dtype", what)
+    if not _DTYPE_RE.fullmatch(dtype):
+        raise ManifestError(f"{what}: invalid dtype name {vd.short(dtype)}")
     return TensorEntry(
-        rank=_int(d, "rank"), offset=_int(d, "offset"), nbytes=_int(d, "nbytes"),
-        dtype=_str(d, "dtype"), shape=tuple(shape), checksum=_str(d, "checksum"),
+        rank=vd.integer(d, "rank", what), offset=vd.integer(d, "offset", what), nbytes=vd.integer(d, "nbytes", what),
+        dtype=dtype, shape=tuple(shape), checksum=vd.checksum(d, "checksum", what),
     )
 
 
@@ -248,14 +170,33 @@ def _section_to_json(s: Section) -> dict[str, Any]:
     return {"tree": s.tree, "tensors": {k: _tensor_to_json(v) for k, v in s.tensors.items()}}
 
 
-def _section_from_json(d: Any) -> Section:
-    if not isinstance(d, Mapping) or not isinstance(d.get("tensors", {}), Mapping):
-        raise ManifestError(f"section must be an object with 'tree' and 'tensors', got {type(d).__name__}")
-    return Section(tree=d.get("tree"), tensors={str(k): _tensor_from_json(v) for k, v in d.get("tensors", {}).items()})
+def _section_from_json(d: Any, what: str) -> Section:
+    if not isinstance(d, dict):
+        raise ManifestError(f"{what}: must be an object with 'tree' and 'tensors', got {type(d).__name__}")
+    tree = d.get("tree")
+    if tree is not None and not isinstance(tree, dict):
+        raise ManifestError(f"{what}: 'tree' must be an object of state names, got {type(tree).__name__}")
+    tensors = vd.mapping(d, "tensors", what)
+    return Section(tree=tree, tensors={k: _tensor_from_json(v, f"{what}, tensor {k!r}") for k, v in tensors.items()})
+
+
+def _files(doc: Mapping[str, Any], what: str) -> tuple[FileEntry, ...]:
+    return tuple(_file_from_json(f, f"{what}, file {i}") for i, f in enumerate(_list(doc, "files", what)))
+
+
+def _dump(doc: dict[str, Any], what: str) -> bytes:
+    """JSON bytes of a document that the readers will accept back (depth checked here, at save)."""
+    depth = json_depth(doc, limit=MAX_JSON_DEPTH)
+    if depth > MAX_JSON_DEPTH:
+        raise ManifestError(
+            f"{what} would nest {depth}+ levels deep, over the {MAX_JSON_DEPTH} levels a checkpoint may hold: "
+            f"flatten the deepest value of the state"
+        )
+    return json.dumps(doc, allow_nan=False, separators=(",", ":")).encode()
 
 
 def manifest_to_bytes(m: Manifest) -> bytes:
-    """Serialize a manifest (UTF-8 JSON, keys in a stable order)."""
+    """Serialize a manifest (UTF-8 JSON, keys in a stable order), sealed with its own checksum."""
     doc = {
         "format": FORMAT,
         "step": m.step,
@@ -268,37 +209,61 @@ def manifest_to_bytes(m: Manifest) -> bytes:
         "replicated": _section_to_json(m.replicated),
         "per_rank": [_section_to_json(s) for s in m.per_rank],
     }
-    return json.dumps(doc, allow_nan=False, separators=(",", ":")).encode()
+    return vd.seal(_dump(doc, f"manifest of step {m.step}"))
 
 
-def manifest_from_bytes(data: bytes) -> Manifest:
-    """Parse and validate a manifest.
+def manifest_from_bytes(data: bytes, *, step: int | None = None, checksum: str | None = None) -> Manifest:
+    """Parse and validate a manifest (bounded: size, nesting, every field; see validate.py).
+
+    Args:
+        data: the manifest's bytes.
+        step: the step it was read for; the manifest must say the same.
+        checksum: what ``latest.json`` recorded for these bytes, when it names this step.
 
     Raises:
-        ManifestError: not JSON, not a streamio manifest, an unknown version (``unknown_version``
-            set), or an invalid field.
+        ManifestError: not JSON, too large or deep, not a streamio manifest, an unknown version
+            (``unknown_version`` set), an invalid field, a path outside the step directory,
+            inconsistent sizes, or bytes that do not match their seal, ``checksum`` or ``step``.
     """
-    doc = _load_json(data, "manifest")
-    _check_format(doc, FORMAT, _FORMAT_FAMILY, "manifest")
-    try:
-        files = tuple(_file_from_json(f) for f in _list(doc, "files"))
-        per_rank = tuple(_section_from_json(s) for s in _list(doc, "per_rank"))
-        world = _int(doc, "world_size")
-        if world < 1 or len(per_rank) != world:
-            raise ManifestError(f"manifest has world_size {world} but {len(per_rank)} per-rank sections")
-        return Manifest(
-            step=_int(doc, "step"),
-            save_id=_str(doc, "save_id"),
-            world_size=world,
-            replicated=_section_from_json(doc.get("replicated")),
-            per_rank=per_rank,
-            files=files,
-            metrics=dict(doc.get("metrics") or {}),
-            software=dict(doc.get("software") or {}),
-            created=str(doc.get("created", "")),
+    what = "manifest" if step is None else f"manifest of step {step}"
+    data = bytes(data)
+    doc = _load_json(data, what)
+    _check_format(doc, FORMAT, _FORMAT_FAMILY, what)  # first: a newer format is "upgrade", not "damaged"
+    if checksum is not None and checksum_bytes(data) != checksum:
+        raise ManifestError(
+            f"{what} has checksum {checksum_bytes(data)}, but {LATEST} recorded {checksum} when it was committed: "
+            f"the manifest was modified or replaced after commit"
         )
-    except (TypeError, AttributeError) as exc:
-        raise ManifestError(f"manifest has an invalid structure: {exc}") from exc
+    found = vd.integer(doc, "step", what)
+    if step is not None and found != step:
+        raise ManifestError(f"{what} says it is step {found}: it was copied from another step")
+    what = f"manifest of step {found}"
+    sealed = vd.unseal(data, doc, what)
+    world = vd.integer(doc, "world_size", what)
+    per_rank_docs = _list(doc, "per_rank", what)
+    if not 1 <= world <= _MAX_WORLD or len(per_rank_docs) != world:
+        raise ManifestError(f"{what} has world_size {world} but {len(per_rank_docs)} per-rank sections")
+    files = _files(doc, what)
+    replicated = _section_from_json(doc.get("replicated"), f"{what}, replicated section")
+    per_rank = tuple(_section_from_json(s, f"{what}, rank {r}'s section") for r, s in enumerate(per_rank_docs))
+    for r, section in enumerate(per_rank):
+        for key, t in section.tensors.items():
+            if t.rank != r:
+                raise ManifestError(f"{what}: rank {r}'s tensor {key!r} claims to live in rank {t.rank}'s stream")
+    tensors = [*replicated.tensors.items(), *(item for s in per_rank for item in s.tensors.items())]
+    vd.streams(files, tensors, world_size=world, what=what)
+    return Manifest(
+        step=found,
+        save_id=vd.save_id(doc, "save_id", what),
+        world_size=world,
+        replicated=replicated,
+        per_rank=per_rank,
+        files=files,
+        metrics=vd.mapping(doc, "metrics", what),
+        software=vd.mapping(doc, "software", what),
+        created=_optional_str(doc, "created", what),
+        checksum=sealed,
+    )
 
 
 def marker_to_bytes(m: DoneMarker) -> bytes:
@@ -311,23 +276,33 @@ def marker_to_bytes(m: DoneMarker) -> bytes:
         "per_rank": _section_to_json(m.per_rank),
         "replicated_tree": m.replicated_tree,
     }
-    return json.dumps(doc, allow_nan=False, separators=(",", ":")).encode()
+    return _dump(doc, f"rank {m.rank}'s done marker")
 
 
 def marker_from_bytes(data: bytes) -> DoneMarker:
-    doc = _load_json(data, "done marker")
-    _check_format(doc, MARKER_FORMAT, "streamio.checkpoint.done/", "done marker")
-    tensors = doc.get("replicated_tensors") or {}
-    if not isinstance(tensors, Mapping):
-        raise ManifestError("done marker field 'replicated_tensors' must be an object")
-    return DoneMarker(
-        rank=_int(doc, "rank"),
-        save_id=_str(doc, "save_id"),
-        files=tuple(_file_from_json(f) for f in _list(doc, "files")),
-        replicated_tensors={str(k): _tensor_from_json(v) for k, v in tensors.items()},
-        per_rank=_section_from_json(doc.get("per_rank")),
-        replicated_tree=doc.get("replicated_tree"),
-    )
+    """Parse and validate a rank's done marker (same checks as a manifest's)."""
+    what = "done marker"
+    doc = _load_json(data, what)
+    _check_format(doc, MARKER_FORMAT, "streamio.checkpoint.done/", what)
+    rank = vd.integer(doc, "rank", what)
+    what = f"rank {rank}'s done marker"
+    files = _files(doc, what)
+    rep_docs = vd.mapping(doc, "replicated_tensors", what)
+    rep = {k: _tensor_from_json(v, f"{what}, tensor {k!r}") for k, v in rep_docs.items()}
+    per_rank = _section_from_json(doc.get("per_rank"), f"{what}, per-rank section")
+    tree = doc.get("replicated_tree")
+    if tree is not None and not isinstance(tree, dict):
+        raise ManifestError(f"{what}: 'replicated_tree' must be an object or null, got {type(tree).__name__}")
+    for f in files:
+        if f.rank != rank:
+            raise ManifestError(f"{what} lists file {f.path!r} of rank {f.rank}")
+    tensors = [*rep.items(), *per_rank.tensors.items()]
+    for key, t in tensors:
+        if t.rank != rank:
+            raise ManifestError(f"{what} lists tensor {key!r} in rank {t.rank}'s stream")
+    vd.streams(files, tensors, world_size=rank + 1, what=what)
+    return DoneMarker(rank=rank, save_id=vd.save_id(doc, "save_id", what), files=files,
+                      replicated_tensors=rep, per_rank=per_rank, replicated_tree=tree)
 
 
 def build_manifest(
@@ -351,7 +326,9 @@ def build_manifest(
     files: list[FileEntry] = []
     for rank, m in enumerate(markers):
         if m.rank != rank or m.save_id != save_id:
-            raise ManifestError(f"done marker {rank} is from rank {m.rank} / save {m.save_id!r}, expected save {save_id!r}")
+            raise ManifestError(
+                f"done marker {rank} is from rank {m.rank} / save {m.save_id!r}, expected save {save_id!r}"
+            )
         for key, entry in m.replicated_tensors.items():
             if key in replicated:
                 raise ManifestError(f"replicated tensor {key!r} was saved by two ranks")
@@ -377,22 +354,20 @@ def pointer_to_bytes(p: Pointer) -> bytes:
 
 
 def pointer_from_bytes(data: bytes) -> Pointer:
-    """Parse ``latest.json``; raises :class:`ManifestError` if it is not a valid pointer."""
-    doc = _load_json(data, "latest.json")
-    _check_format(doc, POINTER_FORMAT, _POINTER_FAMILY, "latest.json")
-    step = _int(doc, "step")
-    path = _str(doc, "path")
+    """Parse and validate ``latest.json``; raises :class:`ManifestError` if it is not a valid pointer."""
+    what = LATEST
+    doc = _load_json(data, what, max_bytes=_MAX_POINTER_BYTES)
+    _check_format(doc, POINTER_FORMAT, _POINTER_FAMILY, what)
+    step = vd.integer(doc, "step", what)
+    path = vd.string(doc, "path", what)
     if path != step_dir(step):
-        raise ManifestError(f"latest.json names path {path!r} for step {step}; expected {step_dir(step)!r}")
-    return Pointer(step=step, path=path, manifest_checksum=_str(doc, "manifest_checksum"),
-                   save_id=str(doc.get("save_id", "")), created=str(doc.get("created", "")))
+        raise ManifestError(f"{what} names path {vd.short(path)} for step {step}; expected {step_dir(step)!r}")
+    return Pointer(step=step, path=path, manifest_checksum=vd.checksum(doc, "manifest_checksum", what),
+                   save_id=vd.save_id(doc, "save_id", what, optional=True), created=_optional_str(doc, "created", what))
 
 
-def _load_json(data: bytes, what: str) -> dict[str, Any]:
-    try:
-        doc = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ManifestError(f"{what} is not valid JSON ({exc})") from exc
+def _load_json(data: bytes, what: str, *, max_bytes: int = MAX_JSON_BYTES) -> dict[str, Any]:
+    doc = load_json(data, what=what, error=ManifestError, max_bytes=max_bytes, max_depth=MAX_JSON_DEPTH)
     if not isinstance(doc, dict):
         raise ManifestError(f"{what} must be a JSON object, got {type(doc).__name__}")
     return doc
@@ -404,133 +379,20 @@ def _check_format(doc: Mapping[str, Any], expected: str, family: str, what: str)
         return
     if isinstance(fmt, str) and fmt.startswith(family):
         raise ManifestError(
-            f"{what} has format {fmt!r}; this streamio reads {expected!r}: upgrade streamio to read it",
+            f"{what} has format {vd.short(fmt)}; this streamio reads {expected!r}: upgrade streamio to read it",
             unknown_version=True,
         )
-    raise ManifestError(f"{what} has format {fmt!r}, not {expected!r}: not written by streamio", unknown_version=True)
+    raise ManifestError(
+        f"{what} has format {vd.short(fmt)}, not {expected!r}: not written by streamio", unknown_version=True
+    )
 
 
-def _int(d: Mapping[str, Any], key: str) -> int:
-    v = d.get(key)
-    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-        raise ManifestError(f"field {key!r} must be a non-negative integer, got {v!r}")
-    return v
+def _optional_str(d: Mapping[str, Any], key: str, what: str) -> str:
+    return vd.string(d, key, what) if d.get(key) is not None else ""
 
 
-def _str(d: Mapping[str, Any], key: str) -> str:
-    v = d.get(key)
-    if not isinstance(v, str):
-        raise ManifestError(f"field {key!r} must be a string, got {v!r}")
-    return v
-
-
-def _list(d: Mapping[str, Any], key: str) -> list[Any]:
+def _list(d: Mapping[str, Any], key: str, what: str) -> list[Any]:
     v = d.get(key)
     if not isinstance(v, list):
-        raise ManifestError(f"field {key!r} must be a list, got {type(v).__name__}")
+        raise ManifestError(f"{what}: field {key!r} must be a list, got {type(v).__name__}")
     return v
-
-
-# ------------------------------------------------------------------------------------ retention
-@dataclass(frozen=True)
-class CheckpointRecord:
-    """What retention knows of a committed checkpoint."""
-
-    step: int
-    metrics: Mapping[str, Any] = field(default_factory=dict)
-
-
-class RetentionPolicy:
-    """Decides which committed checkpoints to keep; combine policies with ``|`` (union).
-
-    Subclasses implement :meth:`keep`; the manager always also keeps the newest committed
-    checkpoint, whatever the policy says, so retention can never leave none.
-    """
-
-    def keep(self, records: Sequence[CheckpointRecord]) -> set[int]:
-        """Steps to keep among ``records`` (sorted by step, oldest first)."""
-        raise NotImplementedError
-
-    def __or__(self, other: RetentionPolicy) -> RetentionPolicy:
-        return KeepAny((self, other))
-
-
-@dataclass(frozen=True)
-class KeepLast(RetentionPolicy):
-    """Keep the ``k`` newest checkpoints."""
-
-    k: int
-
-    def __post_init__(self) -> None:
-        if self.k < 1:
-            raise ValueError(f"KeepLast(k) needs k >= 1, got {self.k}")
-
-    def keep(self, records: Sequence[CheckpointRecord]) -> set[int]:
-        return {r.step for r in sorted(records, key=lambda r: r.step)[-self.k :]}
-
-
-@dataclass(frozen=True)
-class KeepBest(RetentionPolicy):
-    """Keep the ``k`` checkpoints with the best value of ``metric`` (checkpoints without it lose)."""
-
-    metric: str
-    mode: Literal["min", "max"] = "min"
-    k: int = 1
-
-    def __post_init__(self) -> None:
-        if self.mode not in ("min", "max"):
-            raise ValueError(f"KeepBest mode must be 'min' or 'max', got {self.mode!r}")
-        if self.k < 1:
-            raise ValueError(f"KeepBest(k) needs k >= 1, got {self.k}")
-
-    def keep(self, records: Sequence[CheckpointRecord]) -> set[int]:
-        scored = [
-            (float(r.metrics[self.metric]), r.step)
-            for r in records
-            if isinstance(r.metrics.get(self.metric), (int, float)) and not isinstance(r.metrics.get(self.metric), bool)
-            and r.metrics[self.metric] == r.metrics[self.metric]  # not NaN
-        ]
-        # ties: the newer checkpoint wins
-        scored.sort(key=lambda vs: (vs[0] if self.mode == "min" else -vs[0], -vs[1]))
-        return {step for _, step in scored[: self.k]}
-
-
-@dataclass(frozen=True)
-class KeepEvery(RetentionPolicy):
-    """Keep every checkpoint whose step is a multiple of ``n`` (permanent milestones)."""
-
-    n: int
-
-    def __post_init__(self) -> None:
-        if self.n < 1:
-            raise ValueError(f"KeepEvery(n) needs n >= 1, got {self.n}")
-
-    def keep(self, records: Sequence[CheckpointRecord]) -> set[int]:
-        return {r.step for r in records if r.step % self.n == 0}
-
-
-@dataclass(frozen=True)
-class KeepAll(RetentionPolicy):
-    """Never delete anything."""
-
-    def keep(self, records: Sequence[CheckpointRecord]) -> set[int]:
-        return {r.step for r in records}
-
-
-@dataclass(frozen=True)
-class KeepAny(RetentionPolicy):
-    """The union of several policies: a checkpoint any of them keeps is kept."""
-
-    policies: tuple[RetentionPolicy, ...]
-
-    def keep(self, records: Sequence[CheckpointRecord]) -> set[int]:
-        kept: set[int] = set()
-        for p in self.policies:
-            kept |= p.keep(records)
-        return kept
-
-
-def steps_to_delete(policy: RetentionPolicy, records: Sequence[CheckpointRecord], *, current: int) -> list[int]:
-    """Committed steps that ``policy`` drops, never ``current`` (the one the pointer names)."""
-    kept = policy.keep(records) | {current}
-    return sorted(r.step for r in records if r.step not in kept)
