@@ -257,11 +257,11 @@ def test_pickles_as_config_and_works_after_fork(tmp_path) -> None:
     cache = cache_for(tmp_path / "c")
     b"".join(cache.open_range(store, shard))  # the parent has a live directory fd now
     clone = pickle.loads(pickle.dumps(cache))
-    assert clone.config == cache.config and clone._dfd == -1
+    assert clone.config == cache.config and clone._core.directory._fd == -1
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # child: same object, new process -> reopens its own fd
-        ok = b"".join(cache.open_range(store, shard)) == data and cache._pid == os.getpid()
+        ok = b"".join(cache.open_range(store, shard)) == data and cache._core.directory._pid == os.getpid()
         os.write(w, b"1" if ok else b"0")
         os._exit(0)
     os.close(w)

@@ -95,3 +95,15 @@ def test_cache_dir_swapped_for_a_symlink_while_opened(tmp_path, monkeypatch: pyt
     with pytest.raises(CacheError, match=rf"cache directory '{d}' changed while being opened"):
         cache_for(d).usage()
     assert list(elsewhere.iterdir()) == []
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name", ["{key}.data", "{key}.part", "{key}.dl", "{key}.use"])
+def test_directory_under_a_cache_name_is_a_cache_error_naming_it(tmp_path, name: str) -> None:
+    """A directory cannot be removed safely: a CacheError naming it, never a raw OSError."""
+    store, shard, _, cache, d = _setup(tmp_path)
+    path = os.path.join(d, name.format(key=cache._key(store, shard)))
+    os.mkdir(path)
+    with pytest.raises(CacheError, match=rf"'{path}'.*Is a directory.*remove it"):
+        b"".join(cache.open_range(store, shard))
+    assert os.path.isdir(path)
