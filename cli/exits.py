@@ -51,7 +51,7 @@ from streamio.errors import (
     StorageError,
     StreamioError,
 )
-from streamio.storage.redact import scrub
+from streamio.storage.secrets import scrub
 
 __all__ = ["EXIT_CODES", "ExitCode", "classify", "exit_codes_help", "exit_codes_short", "fail", "one_line"]
 

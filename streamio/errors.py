@@ -12,7 +12,10 @@ refines, so callers can catch either (``except FileNotFoundError`` keeps working
     │   ├── TransientStorageError                     5xx / throttling / resets, retries exhausted
     │   │   └── StorageUnreachableError (ConnectionError)  refused / DNS / connect timeout
     │   ├── UnsupportedProtocolError (ValueError)     unknown URL scheme, or its package missing
+    │   ├── UnsupportedOperationError (NotImplementedError)  the backend cannot do it (CAS on http)
     │   └── WriteConflictError (FileExistsError)      a conditional write lost (create-only, CAS)
+    ├── TruncatedBodyError (ConnectionError)      a body ended short: internal, the read resumes
+    │                                             (retries exhausted: TransientStorageError)
     ├── CorruptDataError (ValueError)             bytes do not match their recorded size/checksum
     ├── DatasetError (ValueError)                 a dataset or its index is unusable
     │   ├── IndexNotFoundError (FileNotFoundError)    no index.json: run `streamio index URL`
@@ -74,8 +77,21 @@ class UnsupportedProtocolError(StorageError, ValueError):
     """A URL's protocol is unknown to fsspec, or the package that implements it is not installed."""
 
 
+class UnsupportedOperationError(StorageError, NotImplementedError):
+    """The backend of a URL cannot do what was asked (compare-and-swap on a generic fsspec filesystem)."""
+
+
 class WriteConflictError(StorageError, FileExistsError):
     """A conditional write failed: the object exists (create-only) or changed (compare-and-swap)."""
+
+
+class TruncatedBodyError(StreamioError, ConnectionError):
+    """A response body ended before the length it announced.
+
+    Transient and internal: the store resumes the read from the last byte received, and maps it
+    to :class:`TransientStorageError` once the retry policy is spent. Deliberately not a
+    :class:`StorageError`: those are final answers, never retried.
+    """
 
 
 class CorruptDataError(StreamioError, ValueError):

@@ -22,7 +22,7 @@ from streamio.errors import (
     WriteConflictError,
 )
 from streamio.storage import RetryPolicy, Store
-from streamio.storage import redact
+from streamio.storage import secrets as storage_secrets
 from streamio.storage import store as store_module
 from streamio.testing import FaultProxy, GcsEndpoint, S3Endpoint
 from streamio.testing.s3 import SECRET_KEY
@@ -192,7 +192,7 @@ def test_s3_truncated_ranged_read_is_retried(s3_store: Store, s3_proxy: FaultPro
 
 
 def test_s3_whole_read_cut_by_a_reset_starts_the_range_again(s3_store: Store, s3_proxy: FaultProxy) -> None:
-    # Store.read on S3 reads in the calling thread (s3sync): a body lost mid-way is fetched again
+    # Store.read on S3 reads in the calling thread (the backend's sync client): a body lost mid-way is fetched again
     data = os.urandom(2 << 20)
     s3_store.put("w", data)
     s3_proxy.clear()
@@ -220,44 +220,44 @@ def test_s3_read_past_the_end_is_corrupt_data_not_a_retry(s3_store: Store, s3_pr
 def test_s3_reads_in_parallel_threads_use_one_client(s3_store: Store, s3_proxy: FaultProxy) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
-    from streamio.storage import s3sync
+    from streamio.storage.backends import s3 as s3_backend
 
     blobs = {f"p{i}": os.urandom(300_000 + i) for i in range(8)}
     for k, v in blobs.items():
         s3_store.put(k, v)
-    assert s3_store.fs not in s3sync._CLIENTS  # puts go through s3fs
+    assert s3_store.fs not in s3_backend._CLIENTS  # puts go through s3fs
     with ThreadPoolExecutor(8) as pool:
         assert list(pool.map(s3_store.read, blobs)) == list(blobs.values())
-    assert s3_store.fs in s3sync._CLIENTS  # the reads made it, once for all threads
-    assert s3sync.client(s3_store.fs) is s3sync._CLIENTS[s3_store.fs]
+    assert s3_store.fs in s3_backend._CLIENTS  # the reads made it, once for all threads
+    assert s3_backend.sync_client(s3_store.fs) is s3_backend._CLIENTS[s3_store.fs]
     assert s3_store.read_many(list(blobs)) == list(blobs.values())
 
 
 def test_s3_sync_client_mirrors_the_filesystem_settings(s3: S3Endpoint) -> None:
     from botocore import UNSIGNED
 
-    from streamio.storage import s3sync
+    from streamio.storage.backends import s3 as s3_backend
 
     opts = {**s3.storage_options(), "requester_pays": True, "s3_additional_kwargs": {"ACL": "private", "SSECustomerAlgorithm": "AES256"}}
     fs = Store(s3.url("x"), opts).fs
-    client = s3sync.client(fs)
+    client = s3_backend.sync_client(fs)
     assert client.meta.endpoint_url == s3.endpoint_url
     assert client.meta.config.retries["total_max_attempts"] == 1  # the store's policy retries, not botocore
     # only what GetObject takes (ACL is a PutObject parameter)
-    assert s3sync._extra_kwargs(fs, client) == {"RequestPayer": "requester", "SSECustomerAlgorithm": "AES256"}
+    assert s3_backend._extra_kwargs(fs, client) == {"RequestPayer": "requester", "SSECustomerAlgorithm": "AES256"}
     anon = Store(s3.url("x"), {"anon": True, "endpoint_url": s3.endpoint_url}).fs
-    assert s3sync.client(anon).meta.config.signature_version is UNSIGNED
+    assert s3_backend.sync_client(anon).meta.config.signature_version is UNSIGNED
 
 
 def test_s3_caller_session_keeps_the_s3fs_path(s3: S3Endpoint) -> None:
     from aiobotocore.session import AioSession
 
-    from streamio.storage import s3sync
+    from streamio.storage.backends import s3 as s3_backend
 
     store = Store(s3.url("sess"), {**s3.storage_options(), "session": AioSession()})
     store.put("k", b"v" * 1000)
     assert store.read("k") == b"v" * 1000 and store.read("k", 10, 20) == b"v" * 10
-    assert store.fs not in s3sync._CLIENTS
+    assert store.fs not in s3_backend._CLIENTS
 
 
 def test_s3_reset_with_no_progress_exhausts_the_policy(s3_store: Store, s3_proxy: FaultProxy) -> None:
@@ -358,7 +358,7 @@ def test_pickled_store_holds_no_credentials(s3: S3Endpoint, monkeypatch: pytest.
     assert pickle.loads(blob).read("k") == b"v"  # same process (or a fork): resolved
     assert SECRET_KEY not in repr(store)
     # a spawned process has none of this process's memory: simulate it with an empty vault
-    monkeypatch.setattr(redact, "_VAULT", {})
+    monkeypatch.setattr(storage_secrets, "_VAULT", {})
     orphan = pickle.loads(blob)
     with pytest.raises(StoragePermissionError) as info:
         orphan.read("k")

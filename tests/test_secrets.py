@@ -36,7 +36,8 @@ from streamio.errors import (
     StreamioError,
     UnsupportedProtocolError,
 )
-from streamio.storage import RetryPolicy, Store, redact
+from streamio.storage import RetryPolicy, Store
+from streamio.storage import secrets as storage_secrets
 from streamio.testing import S3Endpoint
 
 USER, PASSWORD = "alice", "url-password-7Hq2"  # noqa: S105 - test credentials
@@ -151,7 +152,7 @@ def test_http_credentials_work_and_never_show(
 @AIOHTTP_BASIC_AUTH
 def test_store_unpickled_without_the_url_credential_says_so(http_host: str, monkeypatch: pytest.MonkeyPatch) -> None:
     blob = pickle.dumps(Store(f"http://{USER}:{PASSWORD}@{http_host}/ds", retry=FAST))
-    monkeypatch.setattr(redact, "_VAULT", {})  # a spawned process: none of this one's memory
+    monkeypatch.setattr(storage_secrets, "_VAULT", {})  # a spawned process: none of this one's memory
     orphan = pickle.loads(blob)
     with pytest.raises(StoragePermissionError) as info:
         orphan.read("a")
@@ -229,7 +230,7 @@ def test_azure_connection_string_never_shows() -> None:
 def test_scrub_blanks_secrets_quoted_in_third_party_text() -> None:
     Store("memory://scrub-test", {"headers": {"Authorization": "Bearer scrub-token-Uy72"}})
     text = "GET http://u:p4ssw0rd-x@h/x failed: header Authorization=Bearer scrub-token-Uy72"
-    clean = redact.scrub(text)
+    clean = storage_secrets.scrub(text)
     assert "p4ssw0rd-x" not in clean and "scrub-token-Uy72" not in clean and "http://***@h/x" in clean
 
 

@@ -195,17 +195,17 @@ def test_gcs_resumable_upload_keeps_conditions(gcs, monkeypatch: pytest.MonkeyPa
 
     monkeypatch.setattr(store_module, "MULTIPART_THRESHOLD", 1 << 20)
     monkeypatch.setattr(store_module, "PART_SIZE", 512 << 10)
-    from streamio.storage import backends
+    from streamio.storage.backends import gcs as gcs_backend
 
     parts: list[int] = []
-    real_sync = backends.sync
+    real_sync = gcs_backend.sync
 
     def counting_sync(loop, fn, *args, **kw):  # type: ignore[no-untyped-def]
         if "Content-Range" in (kw.get("headers") or {}):
             parts.append(1)
         return real_sync(loop, fn, *args, **kw)
 
-    monkeypatch.setattr(backends, "sync", counting_sync)
+    monkeypatch.setattr(gcs_backend, "sync", counting_sync)
     store = Store(gcs.url("r"), gcs.storage_options())
     data = os.urandom((3 << 20) + 5)
     v0 = store.put("big", data[:-1])  # unconditional: resumable, in 512 KiB parts

@@ -14,10 +14,10 @@ from streamio.errors import (
     StorageError,
     StoragePermissionError,
     TransientStorageError,
+    TruncatedBodyError,
     WriteConflictError,
 )
 from streamio.storage import RetryPolicy, classify
-from streamio.storage.retry import TruncatedBodyError
 
 URL = "s3://bucket/key"
 
@@ -179,7 +179,7 @@ def test_policy_validates_and_pickles() -> None:
 def test_gather_keeps_order_and_stops_at_the_first_error() -> None:
     from concurrent.futures import ThreadPoolExecutor
 
-    from streamio.storage.store import gather
+    from streamio.pool import gather
 
     ran: list[int] = []
 

@@ -5,8 +5,8 @@ with a code and status, s3fs's ``OSError`` wrapped around it, gcsfs's ``HttpErro
 response and connector errors, and fsspec's HTTP filesystem's bare ``FileNotFoundError`` around
 *any* failure. This module reads them: the code and status (:func:`code_of`), whether a connection
 was ever made (:func:`unreachable`: refused, name not resolved, connect timeout, wherever it sits
-in the chain) and to which endpoint, and which bucket a URL names. It also holds the two messages
-built from that: :func:`unreachable_error` and :func:`bucket_not_found`.
+in the chain) and to which endpoint, and whether it is a plain "not found" (:func:`says_not_found`).
+It also holds the two messages built from that: :func:`unreachable_error` and :func:`bucket_not_found`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import urllib.parse
 from collections.abc import Iterator
 
 from streamio.errors import BucketNotFoundError, StorageUnreachableError, TransientStorageError
-from streamio.storage.redact import scrub, strip_userinfo
+from streamio.storage.secrets import scrub, strip_userinfo
 
 #: the client never got a connection: the endpoint is wrong, down, unresolvable or firewalled
 _UNREACHABLE = {
@@ -95,17 +95,26 @@ def has_code(exc: BaseException, code: str) -> bool:
     return any(code_of(e)[0] == code for e in chain(exc))
 
 
-def bucket_of(url: str) -> str | None:
-    """The bucket of an ``s3://`` / ``gs://`` URL (``None`` for stores without buckets)."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme not in ("s3", "s3a", "gs", "gcs"):
-        return None
-    return parts.netloc.rpartition("@")[2] or None
+def says_not_found(exc: BaseException) -> bool:
+    """Whether ``exc`` or a cause is a plain "not found" (404, NoSuchBucket, NotFound, or a
+    ``FileNotFoundError`` without a code): what a bucket check reads as "no such bucket"."""
+    for e in chain(exc):
+        code, status = code_of(e)
+        if code in ("404", "NoSuchBucket", "NotFound") or status == 404:
+            return True
+        if isinstance(e, FileNotFoundError) and code is None:
+            return True
+    return False
+
+
+def _host_of(url: str) -> str | None:
+    """The host part of a URL: the bucket of ``s3://bucket/...`` and ``gs://bucket/...``."""
+    return urllib.parse.urlsplit(url).netloc.rpartition("@")[2] or None
 
 
 def bucket_not_found(url: str, detail: str, bucket: str | None = None) -> BucketNotFoundError:
     """The one message for a missing bucket (from an error code or from the store's own check)."""
-    name = bucket or bucket_of(url) or url
+    name = bucket or _host_of(url) or url
     return BucketNotFoundError(
         scrub(
             f"bucket {name!r} does not exist ({url}: {detail}): check the bucket name and that the endpoint, "

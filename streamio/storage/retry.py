@@ -29,7 +29,7 @@ over the error wrapped around it: fsspec's HTTP filesystem turns one into ``File
 and "connection refused" must never read as "no such object".
 
 Messages never carry a secret: third-party text quoted in them goes through
-:func:`~streamio.storage.redact.scrub`, and a cause chain whose text would show one is cut.
+:func:`~streamio.storage.secrets.scrub`, and a cause chain whose text would show one is cut.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ from streamio.storage.failures import (
     unreachable,
     unreachable_error,
 )
-from streamio.storage.redact import leaks, scrub
+from streamio.storage.secrets import leaks, scrub
 
 log = logging.getLogger(__name__)
 
@@ -99,10 +99,6 @@ def _cause(exc: BaseException) -> BaseException | None:
     """``exc`` as the cause to chain, or ``None`` when its text (or a cause's) would show a secret:
     a traceback prints the whole chain, and third-party messages quote URLs with userinfo."""
     return None if any(leaks(f"{e!r} {e}") for e in chain(exc)) else exc
-
-
-class TruncatedBodyError(ConnectionError):
-    """A response body ended before the length it announced (transient: the read resumes)."""
 
 
 def _by_code(exc: BaseException) -> ErrorKind | None:

@@ -5,10 +5,10 @@ calls. A HEAD has no body, so S3's 404 for a missing bucket looks like a missing
 ``exists`` says ``False`` and the fsspec walk behind HTTP listings says ``[]``; fake-gcs-server
 and gcsfs list a missing bucket as empty. Left alone, a typo in a bucket name reads as "no
 checkpoint yet" or "no index.json". So when a call on ``s3://`` or ``gs://`` finds nothing, the
-store asks once about the bucket itself (:func:`bucket_exists`: one request, ``HeadBucket`` on
-S3, a one-item object listing on GCS, which needs only the permission a listing needs anyway)
-and remembers a bucket that exists; a missing one raises
-:class:`~streamio.errors.BucketNotFoundError`. The check is never the only request: it runs
+store asks once about the bucket itself (its backend's ``bucket_exists``: one request,
+``HeadBucket`` on S3, a one-item object listing on GCS, which needs only the permission a
+listing needs anyway) and remembers a bucket that exists (:class:`BucketCheck`); a missing one
+raises :class:`~streamio.errors.BucketNotFoundError`. The check is never the only request: it runs
 after a not-found, so a healthy root pays it at most once per Store.
 
 Protocols (:func:`check_protocol`) are checked when a Store is made, without importing anything:
@@ -21,21 +21,17 @@ from __future__ import annotations
 import difflib
 import logging
 import threading
-from typing import TYPE_CHECKING, Any
 
 import fsspec
-from fsspec.asyn import sync
 
 from streamio.errors import StorageError, UnsupportedProtocolError
-from streamio.storage.backends import _s3_call, protocol_of
-from streamio.storage.failures import bucket_not_found, bucket_of, chain, code_of, has_code
-
-if TYPE_CHECKING:
-    from streamio.storage.store import Store
+from streamio.storage.backends.base import Backend
+from streamio.storage.failures import bucket_not_found, has_code
+from streamio.storage.retry import RetryPolicy
 
 log = logging.getLogger(__name__)
 
-_USUAL = ("s3", "gs", "file", "memory")
+_USUAL = ("s3", "gs", "file", "memory")  # named in the message, in this order
 
 
 def check_protocol(url: str, shown: str) -> None:
@@ -68,59 +64,33 @@ def missing_package(shown: str, exc: ImportError) -> UnsupportedProtocolError:
     )
 
 
-def bucket_exists(fs: Any, bucket: str) -> bool:
-    """Whether ``bucket`` exists on ``fs``'s endpoint, in one request.
-
-    Raises:
-        Whatever the request raises other than a plain "not found" (403, transient errors):
-        the caller's policy classifies it, and a caller that only wanted a better message keeps
-        the error it had.
-    """
-    proto = protocol_of(fs)
-    try:
-        if proto == "s3":
-            sync(fs.loop, _s3_call, fs, "head_bucket", Bucket=bucket)
-        elif proto == "gs":
-            sync(fs.loop, fs._call, "GET", "b/{}/o", bucket, maxResults=1, json_out=True)
-        else:
-            return True
-    except Exception as exc:
-        if _not_found(exc):
-            return False
-        raise
-    return True
-
-
-def _not_found(exc: BaseException) -> bool:
-    for e in chain(exc):
-        code, status = code_of(e)
-        if code in ("404", "NoSuchBucket", "NotFound") or status == 404:
-            return True
-        if isinstance(e, FileNotFoundError) and code is None:
-            return True
-    return False
-
-
 class BucketCheck:
-    """The buckets a Store (and the stores it makes with ``child``) has seen exist."""
+    """The buckets a Store (and the stores it makes with ``child``) has seen exist.
 
-    def __init__(self) -> None:
+    Args:
+        policy: the retry policy of the check's one request.
+        root_url: the store's root URL (as shown), named in the check's own errors.
+    """
+
+    def __init__(self, policy: RetryPolicy, root_url: str) -> None:
+        self._policy = policy
+        self._root_url = root_url
         self._seen: set[str] = set()
         self._lock = threading.Lock()
 
-    def ensure(self, store: Store, url: str, exc: BaseException | None = None) -> None:
-        """Raise :class:`~streamio.errors.BucketNotFoundError` (from ``exc``) if ``store``'s bucket
-        is missing; remember one that exists.
+    def ensure(self, backend: Backend, url: str, exc: BaseException | None = None) -> None:
+        """Raise :class:`~streamio.errors.BucketNotFoundError` (from ``exc``) if the bucket of
+        ``backend`` is missing; remember one that exists.
 
         Args:
-            store: whose root's bucket (nothing to check on stores without buckets).
+            backend: whose bucket (``backend.bucket`` None: no buckets, nothing to check).
             url: the URL the caller found nothing at, for the message.
             exc: the not-found being explained, if any (an empty listing has none).
 
         A check that itself fails (403 on the bucket, transient errors) says nothing: the
         caller keeps its own answer.
         """
-        bucket = bucket_of(store.root_url)
+        bucket = backend.bucket
         with self._lock:
             if bucket is None or bucket in self._seen:
                 return
@@ -128,9 +98,9 @@ class BucketCheck:
             exists = True
         else:
             try:
-                exists = store.retry.call(lambda: bucket_exists(store.fs, bucket), store.url())
+                exists = self._policy.call(lambda: backend.bucket_exists(bucket), self._root_url)
             except StorageError as err:
-                log.debug("could not check that bucket %s of %s exists: %s", bucket, store.root_url, err)
+                log.debug("could not check that bucket %s of %s exists: %s", bucket, self._root_url, err)
                 return
         if not exists:
             raise bucket_not_found(url, "the store has no such bucket", bucket) from exc

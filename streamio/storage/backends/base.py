@@ -1,0 +1,185 @@
+"""The seam between :class:`~streamio.storage.store.Store` and one kind of storage: :class:`Backend`.
+
+A Store is generic (paths below a root, the retry policy, the bucket check, resuming streams);
+everything that differs per protocol is a method of its backend, one module each:
+:mod:`.local`, :mod:`.memory`, :mod:`.s3`, :mod:`.gcs`, and :mod:`.generic` for any other fsspec
+filesystem (and the base class of the four). :func:`streamio.storage.backends.connect` picks the
+backend once per process, and it is the only place that compares protocol names.
+
+Every method is ONE attempt (the store's :class:`~streamio.storage.retry.RetryPolicy` decides
+retries; the libraries' own retries are configured down to one attempt by ``fs_options`` and
+``configure``) and takes full paths (``bucket/prefix/key``, ``/dir/file``), never root-relative
+ones. Errors are raised as the client raised them; the policy classifies them.
+
+Call order: ``fs_options(options)`` -> fsspec creates the filesystem -> ``configure(fs)`` ->
+``Backend(fs, root, options, policy)``; then any operation, from any thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from fsspec.asyn import sync
+
+from streamio.errors import CorruptDataError, WriteConflictError
+
+#: suffix of the temp files a local put writes beside its target (never listed)
+TMP_SUFFIX = ".streamio-tmp"
+
+WriteMode = Literal["overwrite", "create"]
+
+
+@dataclass(frozen=True)
+class PutRequest:
+    """How to write one object (see :meth:`Store.put <streamio.storage.store.Store.put>`).
+
+    Attributes:
+        mode: ``"overwrite"`` or ``"create"`` (fail if the object exists).
+        if_match: a version token: fail unless the object is at this version now.
+        concurrency: parallel parts of a multipart upload.
+        part_size: bytes per part of a multipart (S3) or resumable (GCS) upload.
+        multipart_threshold: objects this large or larger go up in parts.
+    """
+
+    mode: WriteMode = "overwrite"
+    if_match: str | None = None
+    concurrency: int = 8
+    part_size: int = 16 << 20
+    multipart_threshold: int = 64 << 20
+
+
+#: ``on_end(absolute_end)``: a stream tells where the body ends once the response says so
+OnEnd = Callable[[int], None]
+
+
+class Backend(Protocol):
+    """What a Store needs of one kind of storage.
+
+    Attributes:
+        fs: the fsspec filesystem (created for this process).
+        root: the full path of the store's root (no trailing slash).
+        protocol: the canonical protocol name (``file``, ``memory``, ``s3``, ``gs``, ...).
+        bucket: the bucket of the root, on stores that have buckets (else ``None``): a
+            not-found there is checked against the bucket itself.
+        is_local: objects are files on this machine (memory-mappable; no request latency).
+        whole_reads: :meth:`read` fetches a whole range in one request; without it the store
+            streams the range with :meth:`open_stream`, resuming where a connection dropped.
+    """
+
+    fs: Any
+    root: str
+    protocol: str
+    bucket: str | None
+    is_local: bool
+    whole_reads: bool
+
+    def read(self, full: str, url: str, start: int, end: int | None) -> bytes:
+        """Bytes ``[start, end)`` (``end`` None: to the end) in one request, length verified
+        (:func:`shorter_than_expected` if the object ends first). Only if ``whole_reads``."""
+        ...
+
+    def map(self, full: str) -> bytes | memoryview:
+        """A zero-copy read-only view of a whole immutable object. Only if ``is_local``."""
+        ...
+
+    def open_stream(self, full: str, start: int, end: int | None, piece: int, on_end: OnEnd) -> Iterator[bytes]:
+        """Yield ``[start, end)`` from ONE request as it arrives, in pieces of at most ``piece``
+        bytes (the first one as soon as any bytes arrived). May stop early without an error (a
+        truncated body): the caller checks the length. Call ``on_end`` once the end is known."""
+        ...
+
+    def info(self, full: str) -> tuple[int, str | None]:
+        """``(size, version)`` of one object, fresh, in one request where the backend allows it."""
+        ...
+
+    def version_of(self, entry: Mapping[str, Any]) -> str | None:
+        """The version token of an object from its fsspec listing entry (the same token ``info``
+        gives: S3 ETag, GCS generation, local inode-mtime_ns-size, memory content CRC)."""
+        ...
+
+    def find(self, full: str) -> Mapping[str, Mapping[str, Any]]:
+        """Every entry below ``full`` (recursive, fresh, not from a listing cache), fsspec's
+        ``find(detail=True)`` shape; ``{}`` where there is nothing (the store checks the bucket)."""
+        ...
+
+    def put(self, full: str, url: str, data: memoryview, request: PutRequest) -> str | None:
+        """Write ``data`` atomically as ``request`` says; the new version. A lost condition
+        raises :class:`~streamio.errors.WriteConflictError` (see :func:`conflict`)."""
+        ...
+
+    def delete(self, full: str) -> None:
+        """Delete one object; what is already gone is not an error."""
+        ...
+
+    def incomplete_uploads(self, full: str) -> list[tuple[str, str, Any]]:
+        """``(full path, upload id, initiated)`` of every multipart upload below ``full`` that was
+        started and never completed or aborted (``[]`` where there are none)."""
+        ...
+
+    def abort_upload(self, full: str, upload_id: str) -> None:
+        """Abort one upload from :meth:`incomplete_uploads`."""
+        ...
+
+    def bucket_exists(self, bucket: str) -> bool:
+        """Whether ``bucket`` exists, in one request (``True`` where there are no buckets)."""
+        ...
+
+
+def shorter_than_expected(url: str, ends_at: int, wanted_end: int) -> CorruptDataError:
+    """The error for an object that ends before the byte a caller (index, manifest) asked for:
+    permanent, never retried, the same words on every backend and read path."""
+    return CorruptDataError(
+        f"{url} ends at byte {ends_at}, before the requested end {wanted_end}: the object is "
+        f"shorter than the caller (index, manifest) expects; re-run `streamio verify` on it"
+    )
+
+
+def conflict(url: str, if_match: str | None, found: str | None) -> WriteConflictError:
+    """The error for a lost create-only (``if_match`` None) or compare-and-swap write."""
+    if if_match is not None:
+        what = "does not exist" if found is None else f"is at version {found}"
+        return WriteConflictError(
+            f"compare-and-swap write to {url} lost: expected version {if_match}, but the object {what} "
+            f"(another writer changed it); re-read it and decide again"
+        )
+    return WriteConflictError(
+        f"create-only write to {url} lost: the object already exists; read it or pick another name"
+    )
+
+
+def range_header(start: int, end: int | None) -> str | None:
+    """The HTTP ``Range`` header for ``[start, end)`` (``None`` for the whole object)."""
+    if start == 0 and end is None:
+        return None
+    return f"bytes={start}-{'' if end is None else end - 1}"
+
+
+async def gather_piece(read: Callable[[int], Any], n: int, eager: bool) -> bytes:
+    """Up to ``n`` bytes from an async ``read``: the first arrival if ``eager``, else reads
+    until ``n`` bytes or the end (fewer crossings into fsspec's event loop per byte)."""
+    first = await read(n)
+    if eager or not first or len(first) >= n:
+        return bytes(first)
+    parts = [first]
+    got = len(first)
+    while got < n:
+        more = await read(n - got)
+        if not more:
+            break
+        parts.append(more)
+        got += len(more)
+    return b"".join(parts)
+
+
+def pump(loop: Any, read: Callable[[int], Any], piece: int) -> Iterator[bytes]:
+    """An async body's ``read`` as pieces of at most ``piece`` bytes, read on fsspec's ``loop``:
+    the first piece as soon as any bytes arrived (time to first byte), then gathered pieces."""
+    eager = True
+    while True:
+        data = sync(loop, gather_piece, read, piece, eager)
+        eager = False
+        if not data:
+            return
+        yield data

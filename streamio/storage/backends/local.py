@@ -1,0 +1,129 @@
+"""Local disk (``file://`` and plain paths): atomic puts by temp file + link/rename, reads in one syscall.
+
+Puts: a temp file beside the target (``.NAME.*.streamio-tmp``), fsync, then ``os.replace``
+(overwrite) or ``os.link`` (create-only: fails if the name exists), then fsync of the directory.
+All writes into one directory hold an exclusive ``flock`` on it, so a compare-and-swap
+(``if_match``) compares and replaces without interleaving, also across processes on this machine
+(not across NFS clients). Version: ``inode-mtime_ns-size`` (a replace makes a new inode).
+
+Reads: one ``read(2)`` straight into the result (no pieces to join: a checkpoint restore's
+whole-object reads are bound by the page-cache copy, not by Python), or a read-only memory map
+(:meth:`LocalBackend.map`) for objects that are never rewritten in place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import mmap
+import os
+import tempfile
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from streamio.errors import CorruptDataError
+from streamio.storage.backends.base import TMP_SUFFIX, PutRequest, conflict, shorter_than_expected
+from streamio.storage.backends.generic import GenericBackend
+
+
+def local_version(path: str) -> str:
+    """The version token of a local file: ``inode-mtime_ns-size``."""
+    st = os.stat(path)
+    return f"{st.st_ino}-{st.st_mtime_ns}-{st.st_size}"
+
+
+class LocalBackend(GenericBackend):
+    """Files on this machine (see the module docstring)."""
+
+    is_local = True
+    whole_reads = True
+
+    def read(self, full: str, url: str, start: int, end: int | None) -> bytes:
+        """Bytes ``[start, end)`` in one ``read``; a file shorter than ``end`` raises
+        :class:`~streamio.errors.CorruptDataError` (as the streamed path does), never a retry loop."""
+        with open(full, "rb", buffering=0) as f:
+            size = os.fstat(f.fileno()).st_size
+            stop = size if end is None else end
+            if stop > size:
+                raise shorter_than_expected(url, size, stop)
+            if stop <= start:
+                return b""
+            if start:
+                f.seek(start)
+            want = stop - start
+            data = f.read(want)  # FileIO.read(n): one allocation, read(2) into it
+            if len(data) != want:  # the file shrank under us: read the rest, the length is checked
+                data += f.read(want - len(data)) or b""
+            if len(data) != want:
+                raise CorruptDataError(
+                    f"{url}: read {len(data)} bytes of [{start}, {stop}), the file shrank while being read"
+                )
+            return data
+
+    def map(self, full: str) -> bytes | memoryview:
+        """A local file as a read-only memory map (``b""`` if empty).
+
+        Reading a part through the map costs one pass over the page cache; a ``read`` first fills
+        fresh anonymous memory, page fault by page fault (measured: CRC32C + copy into tensors of
+        8 x 38 MB parts, 8 threads, 0.05 s mapped vs 0.16 s read). The map outlives an unlink of
+        the file; streamio never rewrites a file in place (temp + link/rename), and only such a
+        truncation by another writer could fault a reader (SIGBUS), so use it for immutable objects.
+        """
+        with open(full, "rb", buffering=0) as f:
+            if os.fstat(f.fileno()).st_size == 0:
+                return b""
+            return memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
+
+    def version_of(self, entry: Mapping[str, Any]) -> str | None:
+        return local_version(entry["name"])
+
+    def put(self, full: str, url: str, data: memoryview, request: PutRequest) -> str:
+        """Atomic local write (see the module docstring); returns the new version."""
+        directory = os.path.dirname(full) or "."
+        os.makedirs(directory, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(full)}.", suffix=TMP_SUFFIX)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            with _dir_lock(directory):
+                _commit(tmp, full, url, request)
+                version = local_version(full)
+            dfd = os.open(directory, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+            return version
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+
+
+def _commit(tmp: str, full: str, url: str, request: PutRequest) -> None:
+    """Make ``tmp`` visible as ``full`` in one step, if the request's condition holds (dir locked)."""
+    if request.mode == "create":
+        try:
+            os.link(tmp, full)
+        except FileExistsError:
+            raise conflict(url, None, None) from None
+        return
+    if request.if_match is not None:
+        try:
+            found: str | None = local_version(full)
+        except FileNotFoundError:
+            found = None
+        if found != request.if_match:
+            raise conflict(url, request.if_match, found)
+    os.replace(tmp, full)
+
+
+@contextlib.contextmanager
+def _dir_lock(directory: str) -> Iterator[None]:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the flock
