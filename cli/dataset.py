@@ -20,8 +20,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import click
-from .common import storage_option
-from .exits import ExitCode, exit_codes_help, exit_codes_short
 from tqdm import tqdm
 
 from streamio.data.index import (
@@ -43,7 +41,13 @@ from streamio.data.writer import (
 )
 from streamio.storage import Store
 
-_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40}
+from .common import storage_option
+from .exits import ExitCode, exit_codes_help, exit_codes_short
+
+_UNITS = {
+    "": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+    "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40,
+}
 
 
 def parse_size(text: str) -> int:
@@ -103,7 +107,9 @@ class _Progress:
         self.bar.close()
 
 
-def _sources(src: str, options: dict[str, Any], seed: int | None, file_fields: tuple[str, ...]) -> Iterator[dict[str, Any]]:
+def _sources(
+    src: str, options: dict[str, Any], seed: int | None, file_fields: tuple[str, ...]
+) -> Iterator[dict[str, Any]]:
     if os.path.isdir(src):
         return samples_from_directory(src, shuffle_seed=seed)
     if src.endswith((".jsonl", ".ndjson")):
@@ -127,7 +133,10 @@ def _sources(src: str, options: dict[str, Any], seed: int | None, file_fields: t
 @click.option("--shuffle", is_flag=True, help="Shuffle the sample order (directory / JSONL sources).")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Seed of --shuffle.")
 @click.option("--prefix", default="data", show_default=True, callback=_plain_prefix, help="Names: PREFIX-000000.tar.")
-@click.option("--file-field", "file_fields", multiple=True, metavar="EXT", help="JSONL field naming a file to read (repeatable; default: any string naming an existing file).")
+@click.option(
+    "--file-field", "file_fields", multiple=True, metavar="EXT",
+    help="JSONL field naming a file to read (repeatable; default: any string naming an existing file).",
+)
 @click.option("--overwrite", is_flag=True, help="Replace a dataset already at DEST.")
 @_storage_option
 def shard_cmd(
@@ -170,7 +179,10 @@ def index_cmd(url: str, concurrency: int, as_json: bool, storage_options: dict[s
     if as_json:
         click.echo(json.dumps(_summary(store, index)))
     else:
-        click.echo(f"{store.url(INDEX_NAME)}: {len(index.shards)} shards, {index.samples} samples, keys {', '.join(index.keys)}")
+        click.echo(
+            f"{store.url(INDEX_NAME)}: {len(index.shards)} shards, {index.samples} samples, "
+            f"keys {', '.join(index.keys)}"
+        )
 
 
 @click.command("ls", epilog=exit_codes_short())
@@ -221,7 +233,8 @@ def verify_cmd(url: str, quick: bool, concurrency: int, as_json: bool, storage_o
         click.echo(json.dumps({"url": url, "checked": report.checked, "deep": report.deep, "ok": report.ok,
                                "bad": [{"path": b.path, "reason": b.reason} for b in report.bad]}))
     elif report.ok:
-        click.echo(f"{url}: all {report.checked} shards OK ({'sizes, checksums, sample counts' if report.deep else 'sizes'})")
+        checked = "sizes, checksums, sample counts" if report.deep else "sizes"
+        click.echo(f"{url}: all {report.checked} shards OK ({checked})")
     else:
         click.echo(f"{url}: {len(report.bad)} of {report.checked} shards are bad:", err=True)
         for b in report.bad:
@@ -235,7 +248,9 @@ def _total(index: DatasetIndex) -> int:
 
 
 def _shard_json(s: ShardInfo) -> dict[str, Any]:
-    return {"path": s.path, "samples": s.samples, "bytes": s.bytes, "checksum": s.checksum, "compression": s.compression}
+    return {
+        "path": s.path, "samples": s.samples, "bytes": s.bytes, "checksum": s.checksum, "compression": s.compression,
+    }
 
 
 def _summary(store: Store, index: DatasetIndex) -> dict[str, Any]:

@@ -12,9 +12,10 @@ import logging
 from typing import Any
 
 import click
-from .exits import exit_codes_help, fail
 
 from streamio import __version__
+
+from .exits import exit_codes_help, fail
 
 
 class _Group(click.Group):

@@ -15,12 +15,13 @@ import json
 from typing import Any
 
 import click
-from .common import storage_option
-from .exits import ExitCode, exit_codes_help
 
 from streamio.data.index import DatasetIndex, load_index
 from streamio.data.plan import EpochPlan, Run, Sampling, Shuffle, Topology, plan_epoch
 from streamio.storage import Store
+
+from .common import storage_option
+from .exits import ExitCode, exit_codes_help
 
 
 def _run_text(index: DatasetIndex, run: Run) -> str:
@@ -31,7 +32,9 @@ def _rank_runs(plan: EpochPlan, rank: int) -> list[Run]:
     return [run for s in plan.streams(rank) for run in s.runs]
 
 
-def _report(url: str, index: DatasetIndex, plan: EpochPlan, shuffle: Shuffle, seed: int, problems: list[str]) -> dict[str, Any]:
+def _report(
+    url: str, index: DatasetIndex, plan: EpochPlan, shuffle: Shuffle, seed: int, problems: list[str]
+) -> dict[str, Any]:
     ranks = []
     for rank in range(plan.world_size):
         runs = _rank_runs(plan, rank)
@@ -62,21 +65,34 @@ def _report(url: str, index: DatasetIndex, plan: EpochPlan, shuffle: Shuffle, se
         "padding": plan.padding,
         "dropped": plan.dropped,
         "ranks": ranks,
-        "checks": {"exactly_once": not any(p.startswith("exactly once") for p in problems), "equal_work": not any(p.startswith("equal work") for p in problems)},
+        "checks": {
+            "exactly_once": not any(p.startswith("exactly once") for p in problems),
+            "equal_work": not any(p.startswith("equal work") for p in problems),
+        },
         "problems": problems,
     }
 
 
 def _print_human(rep: dict[str, Any], index: DatasetIndex, plan: EpochPlan, show_runs: int) -> None:
     echo = click.echo
-    echo(f"dataset   {rep['url']}: {rep['samples']:,} samples in {rep['shards']:,} shards ({rep['fingerprint'][:19]}...)")
+    echo(
+        f"dataset   {rep['url']}: {rep['samples']:,} samples in {rep['shards']:,} shards "
+        f"({rep['fingerprint'][:19]}...)"
+    )
     echo(
         f"plan      epoch {rep['epoch']}, seed {rep['seed']}, policy {rep['policy']}, world {rep['world_size']} x "
-        f"{rep['num_workers']} workers, batch {rep['batch_size']}, shuffle shards={rep['shuffle']['shards']} window={rep['shuffle']['window']}"
+        f"{rep['num_workers']} workers, batch {rep['batch_size']}, "
+        f"shuffle shards={rep['shuffle']['shards']} window={rep['shuffle']['window']}"
     )
-    echo(f"per rank  {rep['samples_per_rank']:,} samples, {rep['batches_per_rank']:,} batches (last batch {rep['last_batch']} samples)")
+    echo(
+        f"per rank  {rep['samples_per_rank']:,} samples, {rep['batches_per_rank']:,} batches "
+        f"(last batch {rep['last_batch']} samples)"
+    )
     if rep["padding"]:
-        echo(f"tail      pad: {rep['padding']:,} sample(s) repeated (the start of this epoch's order) so every rank gets {rep['samples_per_rank']:,}")
+        echo(
+            f"tail      pad: {rep['padding']:,} sample(s) repeated (the start of this epoch's order) "
+            f"so every rank gets {rep['samples_per_rank']:,}"
+        )
     elif rep["dropped"]:
         echo(f"tail      drop: {rep['dropped']:,} sample(s) left out this epoch (the end of this epoch's order)")
     else:
@@ -97,14 +113,25 @@ def _print_human(rep: dict[str, Any], index: DatasetIndex, plan: EpochPlan, show
 @click.command("plan", epilog=exit_codes_help())
 @click.argument("url")
 @click.option("--world-size", "-R", type=click.IntRange(min=1), required=True, help="Ranks (processes) in the job.")
-@click.option("--workers", "-W", type=click.IntRange(min=0), default=0, show_default=True, help="DataLoader workers per rank.")
+@click.option(
+    "--workers", "-W", type=click.IntRange(min=0), default=0, show_default=True, help="DataLoader workers per rank."
+)
 @click.option("--epoch", type=click.IntRange(min=0), default=0, show_default=True)
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
-@click.option("--policy", type=click.Choice(["pad", "drop"]), default="pad", show_default=True, help="Tail policy when samples do not divide evenly.")
-@click.option("--batch-size", "-B", type=click.IntRange(min=1), default=1, show_default=True, help="DataLoader batch size.")
-@click.option("--window", type=click.IntRange(min=0), default=0, show_default=True, help="Sample-level shuffle window (0 = none).")
+@click.option(
+    "--policy", type=click.Choice(["pad", "drop"]), default="pad", show_default=True,
+    help="Tail policy when samples do not divide evenly.",
+)
+@click.option(
+    "--batch-size", "-B", type=click.IntRange(min=1), default=1, show_default=True, help="DataLoader batch size."
+)
+@click.option(
+    "--window", type=click.IntRange(min=0), default=0, show_default=True, help="Sample-level shuffle window (0 = none)."
+)
 @click.option("--no-shard-shuffle", is_flag=True, help="Keep shards in index order (evaluation).")
-@click.option("--runs", "show_runs", type=click.IntRange(min=0), default=3, show_default=True, help="Runs listed per rank.")
+@click.option(
+    "--runs", "show_runs", type=click.IntRange(min=0), default=3, show_default=True, help="Runs listed per rank."
+)
 @storage_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON on stdout.")
 def plan_cmd(

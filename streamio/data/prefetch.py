@@ -144,7 +144,10 @@ class Prefetcher:
         self.stats = ReadStats()
         for run in self.runs:
             if not 0 <= run.start <= run.stop <= run.shard.bytes:
-                raise ValueError(f"run [{run.start}, {run.stop}) is outside shard {store.url(run.shard.path)!r} of {run.shard.bytes} bytes")
+                raise ValueError(
+                    f"run [{run.start}, {run.stop}) is outside shard {store.url(run.shard.path)!r} "
+                    f"of {run.shard.bytes} bytes"
+                )
         if cache is not None and self.runs:
             largest = max(r.shard.bytes for r in self.runs)
             depth = min(self.config.workers, len({r.shard for r in self.runs}))
@@ -199,7 +202,10 @@ class Prefetcher:
                     self._abandon(index)
         finally:
             self.close()
-            log.debug("prefetch of %d runs from %s done in %.3fs: %s", len(self.runs), self.store, time.perf_counter() - started, self.stats.as_dict())
+            log.debug(
+                "prefetch of %d runs from %s done in %.3fs: %s",
+                len(self.runs), self.store, time.perf_counter() - started, self.stats.as_dict(),
+            )
 
     def _chunks(self, index: int) -> Iterator[bytes]:
         cond = self._cond
@@ -272,11 +278,15 @@ class Prefetcher:
                 return self._stop
 
             try:
-                if self.cache.fetch(self.store, run.shard, run.start, stats=self.stats, on_started=started, cancelled=cancelled):
+                if self.cache.fetch(
+                    self.store, run.shard, run.start, stats=self.stats, on_started=started, cancelled=cancelled
+                ):
                     return
             except Exception as exc:  # noqa: BLE001 - the consumer's own read retries and raises it
                 if slot.local:
-                    log.debug("prefetch of %s failed (%s); the consumer reads it itself", self.store.url(run.shard.path), exc)
+                    log.debug(
+                        "prefetch of %s failed (%s); the consumer reads it itself", self.store.url(run.shard.path), exc
+                    )
                     return
                 with cond:
                     slot.error, slot.done = exc, True
@@ -288,7 +298,8 @@ class Prefetcher:
             for chunk in source:
                 with cond:
                     while not (self._stop or slot.abandoned) and not (
-                        self._buffered + len(chunk) <= self.config.max_bytes or (index == self._head and not slot.chunks)
+                        self._buffered + len(chunk) <= self.config.max_bytes
+                        or (index == self._head and not slot.chunks)
                     ):
                         cond.wait()
                     if self._stop or slot.abandoned:

@@ -183,7 +183,8 @@ class XYTransform:
     def __call__(self, sample: Mapping[str, Any]) -> tuple[torch.Tensor, int]:
         x = torch.as_tensor(sample["npy"])
         if self.noise:
-            gen = torch.Generator().manual_seed(_seed_words(self.seed, self.epoch, int(sample["__shard__"]), int(sample["__index__"])))
+            sample_seed = _seed_words(self.seed, self.epoch, int(sample["__shard__"]), int(sample["__index__"]))
+            gen = torch.Generator().manual_seed(sample_seed)
             x = x + self.noise * torch.randn(x.shape, generator=gen)
         return x, int(sample["cls"])
 
@@ -196,7 +197,9 @@ class StreamingTrainLoader:
     position, valid with any number of workers.
     """
 
-    def __init__(self, url: str, cfg: TrainConfig, *, pin_memory: bool, storage_options: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self, url: str, cfg: TrainConfig, *, pin_memory: bool, storage_options: Mapping[str, Any] | None = None
+    ) -> None:
         from streamio.data.dataset import DatasetOptions, StreamingDataset
         from streamio.data.loader import StreamingDataLoader
 
@@ -277,7 +280,10 @@ def make_data(cfg: TrainConfig, *, rank: int, world_size: int, pin_memory: bool)
         streaming = StreamingTrainLoader(f"{root}/train", cfg, pin_memory=pin_memory)
         train = streaming
         vx, vy = read_arrays(f"{root}/val")
-        source = f"StreamingDataset({root}/train: {streaming.dataset.index.samples} samples), validation {len(vy)} samples"
+        source = (
+            f"StreamingDataset({root}/train: {streaming.dataset.index.samples} samples), "
+            f"validation {len(vy)} samples"
+        )
     else:
         x, y = make_arrays(cfg.train_samples, seed=cfg.seed, split="train")
         vx, vy = make_arrays(cfg.val_samples, seed=cfg.seed, split="val")

@@ -125,7 +125,8 @@ def compare(ref_dir: Path, crashed_dir: Path, resumed_dir: Path, nproc: int) -> 
         f"  ranks: {nproc}; optimizer steps: {len(steps)}; crashed after step {max(s for s, _ in before)}; "
         f"resumed from latest.json at step {resumed_from}",
         f"  loss (rank 0): step 1 {ref[(steps[0], 0)]:.4f} -> step {steps[-1]} {ref[(steps[-1], 0)]:.4f}; "
-        + "validation: " + ", ".join(f"epoch {v['epoch']} {v['val_loss']:.4f} ({100 * v['val_accuracy']:.1f}%)" for v in vals),
+        + "validation: "
+        + ", ".join(f"epoch {v['epoch']} {v['val_loss']:.4f} ({100 * v['val_accuracy']:.1f}%)" for v in vals),
         f"  per-step losses, every rank: {len(ref)} compared, max |difference| {loss_diff:.3g}"
         + (f", MISSING steps {missing}" if missing else ""),
         f"  final weights: {'bit-identical (torch.equal)' if weights_equal else f'max |difference| {weight_diff:.3g}'}",
@@ -138,10 +139,14 @@ def compare(ref_dir: Path, crashed_dir: Path, resumed_dir: Path, nproc: int) -> 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the demo; return 0 when the resumed run matches the uninterrupted one."""
     parser = argparse.ArgumentParser(prog="python -m streamio.train.demo", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--url", help="bucket prefix to use instead of a local S3 (s3://bucket/prefix, gs://..., a path)")
+    parser.add_argument(
+        "--url", help="bucket prefix to use instead of a local S3 (s3://bucket/prefix, gs://..., a path)"
+    )
     parser.add_argument("--workdir", default="demo-out", help="local directory for logs and final weights")
     parser.add_argument("--nproc", type=int, default=0, help="ranks (default: all GPUs, else 2 CPU ranks)")
-    parser.add_argument("--fail-at-step", type=int, default=45, help="optimizer step after which the second run crashes")
+    parser.add_argument(
+        "--fail-at-step", type=int, default=45, help="optimizer step after which the second run crashes"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format="%(message)s")
     logging.getLogger("streamio").setLevel(logging.INFO)
@@ -170,7 +175,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return 1
             if name == "crashed":
                 log.info(
-                    "--- the crashed run exited with %d (each rank: os._exit(%d)) as intended; torchrun's report is in %s",
+                    "--- the crashed run exited with %d (each rank: os._exit(%d)) as intended; "
+                    "torchrun's report is in %s",
                     code, FAIL_EXIT_CODE, stderr_to,
                 )
     identical, lines = compare(work / "reference", work / "crashed", work / "resumed", nproc)
