@@ -16,11 +16,9 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
-from .common import storage_option
-from .exits import ExitCode, exit_codes_help, exit_codes_short
 
 from streamio.checkpoint import manifest as mf
-from streamio.checkpoint.manager import (
+from streamio.checkpoint.admin import (
     check_pointer,
     collect_garbage,
     committed_steps,
@@ -29,6 +27,9 @@ from streamio.checkpoint.manager import (
 )
 from streamio.errors import CheckpointNotFoundError, StreamioError
 from streamio.storage import Store
+
+from .common import storage_option
+from .exits import ExitCode, exit_codes_help, exit_codes_short
 
 F = TypeVar("F", bound=Callable[..., Any])
 

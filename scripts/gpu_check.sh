@@ -6,7 +6,7 @@
 #   GPU_CHECK_DEVICE=cpu NPROC=2 STEPS=40 scripts/gpu_check.sh   # dry run of this script on CPU
 #
 # What it checks, against a local S3 (moto on 127.0.0.1):
-#   1. CUDA RNG restore: streamio.state.RNGState captures every device's generator; draws and
+#   1. CUDA RNG restore: streamio.checkpoint.rng.RNGState captures every device's generator; draws and
 #      dropout masks after a restore are identical on every GPU.
 #   2. The trainer with NCCL + bf16 autocast + pinned memory, one rank per GPU, streaming the
 #      synthetic demo data (sharded into the local S3) with StreamingDataset, for $STEPS optimizer
@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from streamio.state import RNGState
+from streamio.checkpoint.rng import RNGState
 from streamio.testing import local_s3
 from streamio.train.demo import Location, compare, shard_demo_data
 from streamio.train.loop import read_metrics

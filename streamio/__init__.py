@@ -4,7 +4,17 @@ This module only re-exports the public API (``__all__`` is pinned by a test).
 """
 
 from streamio import errors
-from streamio.checkpoint import CheckpointManager, KeepAll, KeepBest, KeepEvery, KeepLast, RetentionPolicy, SaveOptions, SaveStats
+from streamio.checkpoint import (
+    CheckpointManager,
+    KeepAll,
+    KeepBest,
+    KeepEvery,
+    KeepLast,
+    RetentionPolicy,
+    RNGState,
+    SaveOptions,
+    SaveStats,
+)
 from streamio.data.cache import CacheConfig
 from streamio.data.dataset import DatasetOptions, StreamingDataset
 from streamio.data.index import DatasetIndex, build_index, load_index
@@ -12,7 +22,6 @@ from streamio.data.loader import StreamingDataLoader
 from streamio.data.plan import Shuffle
 from streamio.data.prefetch import PrefetchConfig
 from streamio.data.writer import write_dataset
-from streamio.state import RNGState
 from streamio.storage import RetryPolicy, Store
 
 __version__ = "0.1.0"

@@ -126,18 +126,17 @@ def light_state_for(step: int) -> dict[str, Any]:
 def fault_scenario(root: str, phase: str, options: dict[str, Any]) -> None:
     """Save step 1, then step 2 dying at ``phase`` ("-": no self-kill; the proxy may kill us)."""
     from streamio.checkpoint import CheckpointManager, KeepLast, SaveOptions
-    from streamio.checkpoint import manager as manager_module
+
+    armed = threading.Event()  # step 1 passes every phase too: only step 2 dies
+
+    def die(name: str) -> None:
+        if armed.is_set() and name == phase:
+            os.kill(os.getpid(), 9)
 
     mgr = CheckpointManager(root, retention=KeepLast(1), async_save=False, storage_options=options,
-                            options=SaveOptions(part_size=FAULT_PART_SIZE, concurrency=4))
+                            options=SaveOptions(part_size=FAULT_PART_SIZE, concurrency=4), on_phase=die)
     mgr.save(1, light_state_for(1))
-    if phase != "-":
-
-        def die(name: str) -> None:
-            if name == phase:
-                os.kill(os.getpid(), 9)
-
-        manager_module._phase_hook = die
+    armed.set()
     mgr.save(2, light_state_for(2), metrics={"loss": 0.5})
 
 

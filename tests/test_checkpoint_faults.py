@@ -27,7 +27,7 @@ import torch
 from ckpt_support import light_state_for
 
 from streamio.checkpoint import CheckpointManager
-from streamio.checkpoint.manager import check_pointer, verify_checkpoint
+from streamio.checkpoint.admin import check_pointer, verify_checkpoint
 from streamio.storage import Store
 from streamio.testing import S3Endpoint
 from streamio.testing.proxy import FaultProxy

@@ -28,7 +28,7 @@ from click.testing import CliRunner
 
 from streamio.checkpoint import CheckpointManager, KeepLast, SaveOptions
 from streamio.checkpoint import manifest as mf
-from streamio.checkpoint.manager import verify_checkpoint
+from streamio.checkpoint.admin import verify_checkpoint
 from streamio.checkpoint.serialize import decode_part
 from streamio.checksum import checksum_bytes
 from streamio.cli.main import cli
@@ -150,7 +150,7 @@ def test_restore_walks_back_past_a_zstd_bomb_part(tmp_path: Path, caplog: pytest
     part["size"], part["checksum"] = len(BOMB), checksum_bytes(BOMB)  # raw_size stays what the save wrote
     rewrite_manifest(store, 2, doc, repoint=True)
     got = fresh_state()
-    with caplog.at_level(logging.WARNING, logger="streamio.checkpoint.manager"):
+    with caplog.at_level(logging.WARNING, logger="streamio.checkpoint.restore"):
         assert _manager(store).restore(got) == 1
     assert_same_state(got, state_for(1))
     assert "declares 68719476736 bytes" in caplog.text and "falling back" in caplog.text
@@ -187,7 +187,7 @@ def test_restore_and_verify_never_read_a_part_outside_the_root(
     doc["files"][0]["path"] = "../../x"
     rewrite_manifest(root, 2, doc, repoint=True)
     got = fresh_state()
-    with caplog.at_level(logging.WARNING, logger="streamio.checkpoint.manager"):
+    with caplog.at_level(logging.WARNING, logger="streamio.checkpoint.restore"):
         assert _manager(root).restore(got) == 1
     assert_same_state(got, state_for(1))
     assert "'../../x' is not a plain relative name" in caplog.text
@@ -222,7 +222,7 @@ def test_manifest_edited_after_commit_is_not_restored(root: Store, edit: str, ca
     else:  # consistent with its own seal, but not the manifest latest.json committed
         rewrite_manifest(root, 2, doc)
     got = fresh_state()
-    with caplog.at_level(logging.WARNING, logger="streamio.checkpoint.manager"):
+    with caplog.at_level(logging.WARNING, logger="streamio.checkpoint.restore"):
         assert _manager(root).restore(got) == 1
     assert_same_state(got, state_for(1))
     assert "manifest of step 2 has checksum" in caplog.text and "but latest.json recorded" in caplog.text
@@ -259,7 +259,7 @@ def test_manifest_copied_from_another_step_is_refused(tmp_path: Path, caplog: py
     pointer["manifest_checksum"] = checksum_bytes(data)  # ... and the pointer agrees
     store.put(mf.LATEST, json.dumps(pointer).encode())
     got = fresh_state()
-    with caplog.at_level(logging.WARNING, logger="streamio.checkpoint.manager"):
+    with caplog.at_level(logging.WARNING, logger="streamio.checkpoint.restore"):
         assert _manager(store).restore(got) == 1  # never step 1's content reported as step 2
     assert_same_state(got, state_for(1))
     assert "manifest of step 2 says it is step 1" in caplog.text
@@ -286,7 +286,7 @@ def test_unsealed_manifest_of_an_older_streamio(tmp_path: Path, caplog: pytest.L
     with pytest.raises(CheckpointError, match=r"carries no checksum of its own .* restore it explicitly with step=2"):
         _manager(store).restore(fresh_state())
     got = fresh_state()
-    with caplog.at_level(logging.WARNING, logger="streamio.checkpoint.manager"):
+    with caplog.at_level(logging.WARNING, logger="streamio.checkpoint.restore"):
         assert _manager(store).restore(got, step=1) == 1
     assert_same_state(got, state_for(1))
     assert "restored unverified" in caplog.text
@@ -327,7 +327,7 @@ def test_a_tree_that_fails_half_way_walks_back_and_touches_nothing(
     with pytest.raises(CheckpointFormatError):
         _manager(store).restore(live, step=2)  # explicit step: no walk-back, and nothing loaded
     _assert_unchanged(live, before)
-    with caplog.at_level(logging.WARNING, logger="streamio.checkpoint.manager"):
+    with caplog.at_level(logging.WARNING, logger="streamio.checkpoint.restore"):
         assert _manager(store).restore(live) == 1
     assert_same_state(live, state_for(1))
     assert "checkpoint step 2" in caplog.text and "falling back" in caplog.text
@@ -345,7 +345,7 @@ def test_deeply_nested_manifest_walks_back(tmp_path: Path, caplog: pytest.LogCap
     pointer["manifest_checksum"] = checksum_bytes(data)
     store.put(mf.LATEST, json.dumps(pointer).encode())
     live = _live()
-    with caplog.at_level(logging.WARNING, logger="streamio.checkpoint.manager"):
+    with caplog.at_level(logging.WARNING, logger="streamio.checkpoint.restore"):
         assert _manager(store).restore(live) == 1
     assert_same_state(live, state_for(1))
     assert "nested too deeply" in caplog.text
@@ -392,7 +392,7 @@ def test_checkpoint_of_another_model_raises_and_leaves_the_live_state_unchanged(
     _two(store)
     live = _other(how)
     before = _snapshot(live)
-    with caplog.at_level(logging.WARNING, logger="streamio.checkpoint.manager"):
+    with caplog.at_level(logging.WARNING, logger="streamio.checkpoint.restore"):
         with pytest.raises(CheckpointError, match=detail) as info:
             _manager(store).restore(live)
     message = str(info.value)

@@ -21,7 +21,7 @@ from click.testing import CliRunner
 
 from streamio.checkpoint import CheckpointManager, KeepBest, KeepEvery, KeepLast, SaveOptions
 from streamio.checkpoint import manifest as mf
-from streamio.checkpoint.manager import check_pointer, committed_steps, read_manifest, verify_checkpoint
+from streamio.checkpoint.admin import check_pointer, committed_steps, read_manifest, verify_checkpoint
 from streamio.cli.main import cli
 from streamio.errors import (
     CheckpointConflictError,
@@ -239,7 +239,7 @@ def test_damaged_checkpoint_falls_back_and_verify_names_it(
     bad = _damage(s3_store, m2, how)
     got = fresh_state()
     expected = 2 if how == "corrupt-latest" else 1  # the newest complete checkpoint
-    with caplog.at_level(logging.WARNING, logger="streamio.checkpoint.manager"):
+    with caplog.at_level(logging.WARNING, logger="streamio.checkpoint.restore"):
         assert _manager(s3_store).restore(got) == expected
     assert_same_state(got, state_for(expected))
     assert any("falling back" in r.getMessage() for r in caplog.records)

@@ -17,7 +17,8 @@ import torch
 
 from streamio.checkpoint import CheckpointManager, KeepLast, SaveOptions
 from streamio.checkpoint import manifest as mf
-from streamio.checkpoint.manager import part_size_for, read_manifest
+from streamio.checkpoint.catalog import read_manifest
+from streamio.checkpoint.commit import part_size_for
 from streamio.errors import CorruptDataError, ObjectNotFoundError
 from streamio.storage import Store
 

@@ -14,8 +14,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from streamio.checkpoint.rng import RNGState
 from streamio.errors import CheckpointFormatError
-from streamio.state import RNGState
 
 
 def _draw_all(gens: dict[str, np.random.Generator]) -> dict[str, Any]:
@@ -118,7 +118,7 @@ def test_other_world_size_reseeds_deterministically_and_logs(
     expected_same = None
     for _ in range(2):
         rng = RNGState(generators=gens, rank=1, world_size=3)
-        with caplog.at_level(logging.WARNING, logger="streamio.state"):
+        with caplog.at_level(logging.WARNING, logger="streamio.checkpoint.rng"):
             rng.load_state_dict(state)
         draws = _draw_all(gens)
         assert expected_same is None or draws == expected_same

@@ -1,32 +1,19 @@
-"""Checkpoint layout, the ``manifest.json`` / ``latest.json`` schemas and retention policies (PURE).
+"""The ``manifest.json`` / done-marker / ``latest.json`` schemas: to and from bytes (PURE).
 
 This module is plain data: it imports neither torch nor fsspec nor the storage layer (an
 import-linter contract checks it), so the format can be read, validated and reasoned about by
 the CLI, by tests and by other tools without a training stack.
 
-The records (:mod:`.records`) and retention policies (:mod:`.retention`) are re-exported here.
+The records (:mod:`.records`), the paths (:mod:`.layout`) and the retention policies
+(:mod:`.retention`) are re-exported here for callers that import them from this module.
 
-Layout of a checkpoint root::
-
-    ROOT/latest.json                         the only mutable object (the pointer), replaced last
-    ROOT/step-000045000/manifest.json        written last of the step, create-only: the checkpoint
-    ROOT/step-000045000/rank-00003/part-<save id>-00000.bin   rank 3's raw tensor bytes
-    ROOT/step-000045000/rank-00003/done-<save id>.json        rank 3's done marker
-
-Part and marker names carry the *save id* (random per save) so that two jobs writing the same
-step can never overwrite each other's parts: whichever commits its manifest first wins, and the
-loser's objects are orphans that ``streamio ckpt gc`` removes.
-
-Each rank writes a byte *stream* (its tensors, 64-byte aligned, one after another) cut into parts
-of bounded size; a tensor is located by ``(rank, offset, nbytes)`` in that stream and may span
-consecutive parts. Files carry the size and CRC32C of the stored bytes (after optional zstd),
-tensors the CRC32C of their raw bytes, so a reader verifies everything before loading anything.
-
-A checkpoint is *complete* iff its ``manifest.json`` exists and every file it lists has the
-recorded size and checksum. The manifest is written only after every rank's done marker exists;
-the pointer only after the manifest; retention deletes only after the pointer naming a newer
-checkpoint is written, and deletes a step's manifest first so that a half-deleted step is never
-mistaken for a complete one.
+Files carry the size and CRC32C of the stored bytes (after optional zstd), tensors the CRC32C of
+their raw bytes, so a reader verifies everything before loading anything. A checkpoint is
+*complete* iff its ``manifest.json`` exists and every file it lists has the recorded size and
+checksum. The manifest is written only after every rank's done marker exists; the pointer only
+after the manifest; retention deletes only after the pointer naming a newer checkpoint is
+written, and deletes a step's manifest first so that a half-deleted step is never mistaken for a
+complete one (:mod:`.commit`).
 
 These documents are read back from storage that others can write, so the parsers here trust
 nothing: size and nesting are bounded (:mod:`streamio.limits`), every field is checked, paths
@@ -44,6 +31,15 @@ from dataclasses import asdict
 from typing import Any
 
 from streamio.checkpoint import validate as vd
+from streamio.checkpoint.layout import LATEST as LATEST  # re-exported: layout.py
+from streamio.checkpoint.layout import MANIFEST as MANIFEST
+from streamio.checkpoint.layout import manifest_path as manifest_path
+from streamio.checkpoint.layout import marker_path as marker_path
+from streamio.checkpoint.layout import parse_step_dir as parse_step_dir
+from streamio.checkpoint.layout import part_path as part_path
+from streamio.checkpoint.layout import rank_dir as rank_dir
+from streamio.checkpoint.layout import split_ranges as split_ranges
+from streamio.checkpoint.layout import step_dir as step_dir
 from streamio.checkpoint.records import DoneMarker, FileEntry, Manifest, Pointer, Section, TensorEntry
 from streamio.checkpoint.retention import CheckpointRecord as CheckpointRecord  # re-exported: retention.py
 from streamio.checkpoint.retention import KeepAll as KeepAll
@@ -60,58 +56,14 @@ from streamio.limits import MAX_JSON_BYTES, MAX_JSON_DEPTH, json_depth, load_jso
 FORMAT = "streamio.checkpoint/1"
 POINTER_FORMAT = "streamio.checkpoint.latest/1"
 MARKER_FORMAT = "streamio.checkpoint.done/1"
-LATEST = "latest.json"
-MANIFEST = "manifest.json"
 _FORMAT_FAMILY = "streamio.checkpoint/"
 _POINTER_FAMILY = "streamio.checkpoint.latest/"
 
-_STEP_RE = re.compile(r"^step-(\d{9,})$")
-_RANK_RE = re.compile(r"^rank-(\d{5,})$")
 _DTYPE_RE = re.compile(r"[a-z][a-z0-9_]{0,31}")
 _COMPRESSIONS = (None, "zstd")
 _MAX_DIMS = 64
 _MAX_WORLD = 1 << 20
 _MAX_POINTER_BYTES = 64 << 10
-
-
-# ------------------------------------------------------------------------------------ paths
-def step_dir(step: int) -> str:
-    """``45000`` -> ``"step-000045000"`` (zero-padded so names sort by step)."""
-    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-        raise ValueError(f"checkpoint step must be a non-negative int, got {step!r}")
-    return f"step-{step:09d}"
-
-
-def parse_step_dir(name: str) -> int | None:
-    """``"step-000045000"`` -> ``45000``; ``None`` for anything else."""
-    m = _STEP_RE.match(name)
-    return int(m.group(1)) if m else None
-
-
-def rank_dir(rank: int) -> str:
-    return f"rank-{rank:05d}"
-
-
-def manifest_path(step: int) -> str:
-    """Path of a step's manifest, relative to the root."""
-    return f"{step_dir(step)}/{MANIFEST}"
-
-
-def part_path(rank: int, save_id: str, index: int) -> str:
-    """Path of a part, relative to the step directory."""
-    return f"{rank_dir(rank)}/part-{save_id}-{index:05d}.bin"
-
-
-def marker_path(rank: int, save_id: str) -> str:
-    """Path of a rank's done marker, relative to the step directory."""
-    return f"{rank_dir(rank)}/done-{save_id}.json"
-
-
-def split_ranges(total: int, part_size: int) -> list[tuple[int, int]]:
-    """Cut ``[0, total)`` into ``[start, end)`` ranges of at most ``part_size`` bytes."""
-    if part_size <= 0:
-        raise ValueError(f"part_size must be positive, got {part_size}")
-    return [(s, min(s + part_size, total)) for s in range(0, total, part_size)]
 
 
 # ------------------------------------------------------------------------------------ encoding

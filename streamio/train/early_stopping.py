@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from streamio.errors import CheckpointFormatError
+from streamio.state_version import check_version
 
 _VERSION = 1
 
@@ -81,10 +82,12 @@ class EarlyStopping:
         Raises:
             CheckpointFormatError: unknown version, or the state was saved for the other mode.
         """
-        if state.get("version") != _VERSION or state.get("mode") != self.mode:
+        fix = "resume with the same trainer configuration that saved it"
+        check_version(state, _VERSION, what="early-stopping state", error=CheckpointFormatError, fix=fix)
+        if state.get("mode") != self.mode:
             raise CheckpointFormatError(
-                f"early-stopping state {dict(state)!r} is not version {_VERSION} in mode {self.mode!r}: "
-                "resume with the same trainer configuration that saved it"
+                f"early-stopping state was saved in mode {state.get('mode')!r}, this trainer runs in mode "
+                f"{self.mode!r}: {fix}"
             )
         self.best, self.best_epoch = state["best"], state["best_epoch"]
         self.counter, self.last, self.stopped_epoch = int(state["counter"]), state["last"], state["stopped_epoch"]

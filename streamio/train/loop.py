@@ -20,7 +20,7 @@ What it shows, in the order a step runs:
   counter and best value in every checkpoint.
 * **Checkpoints**: asynchronous every ``ckpt_every`` optimizer steps, automatic resume from
   ``latest.json`` at start. Everything that decides the next loss is in the checkpoint: model,
-  optimizer, scheduler, every RNG (:class:`~streamio.state.RNGState`), the data position,
+  optimizer, scheduler, every RNG (:class:`~streamio.checkpoint.rng.RNGState`), the data position,
   progress counters and early stopping. So a crashed and resumed run reproduces the uninterrupted
   run's losses and weights bit for bit on CPU.
 * **Telemetry** (:mod:`~streamio.train.telemetry`): a log line every ``log_every`` steps
@@ -47,8 +47,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from streamio.checkpoint.rng import RNGState
 from streamio.errors import CheckpointFormatError, CheckpointNotFoundError
-from streamio.state import RNGState
+from streamio.state_version import check_version
 from streamio.train.checkpointing import Checkpointer, make_checkpointer
 from streamio.train.components import build_components, warmup_cosine
 from streamio.train.config import TrainConfig
@@ -95,10 +96,8 @@ class Progress:
         return {"version": 1, **asdict(self)}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        if state.get("version") != 1:
-            raise CheckpointFormatError(
-                f"progress state {dict(state)!r} is not version 1: resume with the trainer that saved it"
-            )
+        check_version(state, 1, what="progress state", error=CheckpointFormatError,
+                      fix="resume with the trainer that saved it")
         self.epoch, self.step = int(state["epoch"]), int(state["step"])
         self.epoch_step, self.done = int(state["epoch_step"]), bool(state["done"])
 

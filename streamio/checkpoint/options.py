@@ -1,0 +1,58 @@
+"""How checkpoints are cut and uploaded (:class:`SaveOptions`) and what one save cost (:class:`SaveStats`).
+
+Plain frozen values (PURE: no torch, fsspec or storage), shared by the facade
+(:mod:`.manager`), the commit protocol (:mod:`.commit`) and the restore walk (:mod:`.restore`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["SaveOptions", "SaveStats"]
+
+
+@dataclass(frozen=True)
+class SaveOptions:
+    """How checkpoints are cut and uploaded.
+
+    Attributes:
+        part_size: most raw bytes per part object (a tensor may span parts); bounds each PUT.
+            Smaller states are cut finer, down to 4 MiB, so every upload thread has work.
+        concurrency: parallel PUTs / GETs.
+        compression: ``None`` or ``"zstd"`` (per part; pays off for sparse or low-entropy state).
+        zstd_level: zstd level when compressing.
+        per_rank: state names saved by every rank (RNG, data position); all others are
+            replicated across ranks and divided among them for upload.
+    """
+
+    part_size: int = 64 << 20
+    concurrency: int = 8
+    compression: str | None = None
+    zstd_level: int = 3
+    per_rank: frozenset[str] = frozenset({"rng", "data"})
+
+    def __post_init__(self) -> None:
+        if self.part_size < 4096:
+            raise ValueError(f"part_size must be at least 4096 bytes, got {self.part_size}")
+        if self.compression not in (None, "zstd"):
+            raise ValueError(f"compression must be None or 'zstd', got {self.compression!r}")
+        object.__setattr__(self, "per_rank", frozenset(self.per_rank))
+
+
+@dataclass(frozen=True)
+class SaveStats:
+    """What one save cost.
+
+    Attributes:
+        step: the step saved.
+        blocked_s: seconds ``save`` blocked the caller (waiting for the previous save + snapshot).
+        durable_s: seconds from the ``save`` call until the pointer named this step.
+        bytes_written: stored bytes this rank uploaded.
+        files: part objects this rank uploaded.
+    """
+
+    step: int
+    blocked_s: float
+    durable_s: float
+    bytes_written: int
+    files: int
