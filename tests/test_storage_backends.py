@@ -183,14 +183,15 @@ def test_run_parallel_keeps_order_and_raises_the_first_error() -> None:
 
 
 # ------------------------------------------------------------------ the factory decides, nobody else
-def test_no_protocol_names_are_compared_in_storage_outside_the_factory() -> None:
-    root = Path(__file__).resolve().parents[1] / "streamio" / "storage"
+def test_no_protocol_names_are_compared_outside_the_backend_factory() -> None:
+    repo = Path(__file__).resolve().parents[1]
+    root = repo / "streamio"
     names = r"[\"'](?:file|local|memory|s3|s3a|gs|gcs)[\"']"
     pattern = re.compile(rf"(?:==|!=|\bin\b)\s*[(\[{{]?\s*{names}|{names}\s*(?:==|!=|\bin\b)")
     offenders = [
-        f"{path.relative_to(root)}:{n}: {line.strip()}"
-        for path in sorted(root.rglob("*.py"))
-        if path != root / "backends" / "__init__.py"
+        f"{path.relative_to(repo)}:{n}: {line.strip()}"
+        for path in sorted([*root.rglob("*.py"), *(repo / "cli").rglob("*.py")])
+        if path != root / "storage" / "backends" / "__init__.py"
         for n, line in enumerate(path.read_text().splitlines(), 1)
         if pattern.search(line)
     ]

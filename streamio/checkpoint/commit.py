@@ -52,8 +52,8 @@ from streamio.checkpoint.snapshot import Snapshot
 from streamio.checkpoint.validate import ManifestError
 from streamio.checksum import checksum_bytes
 from streamio.errors import CheckpointConflictError, CheckpointError, ObjectNotFoundError, WriteConflictError
+from streamio.pool import gather
 from streamio.storage import Store
-from streamio.storage.store import gather
 
 __all__ = ["PHASES", "Committer", "part_size_for", "software_stack"]
 
@@ -177,8 +177,7 @@ class Committer:
             self._check_step_free(job.step)
             if self._pointer_version is _UNKNOWN:
                 self._pointer_version = self._read_pointer_version()
-        # TODO(storage-api): ask the Store whether it is local instead of comparing its protocol.
-        local = store.protocol == "file"
+        local = store.is_local
         ranges = layout.split_ranges(job.total, part_size_for(job.total, opts, local=local))
 
         def upload(i: int) -> FileEntry:

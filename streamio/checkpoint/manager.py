@@ -39,7 +39,7 @@ from streamio.checkpoint.commit import Committer
 from streamio.checkpoint.commit import part_size_for as part_size_for  # re-exported: commit.py
 from streamio.checkpoint.commit import software_stack as software_stack
 from streamio.checkpoint.options import SaveOptions, SaveStats
-from streamio.checkpoint.restore import Restorer, part_reader
+from streamio.checkpoint.restore import Restorer
 from streamio.checkpoint.restore import load_tensors as load_tensors  # re-exported: restore.py
 from streamio.checkpoint.retention import KeepLast, RetentionPolicy
 from streamio.checkpoint.serialize import HostBuffer
@@ -104,7 +104,7 @@ class CheckpointManager:
             retention=retention if retention is not None else KeepLast(2), on_phase=on_phase,
         )
         self._restorer = Restorer(self.store, self._comm, concurrency=self.options.concurrency,
-                                  part_store=part_reader(root_url, storage_options, retry, self.store))
+                                  part_store=self.store.for_verified_reads())
         self._buffer = HostBuffer()
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="streamio-ckpt")
         self._pending: concurrent.futures.Future[SaveStats] | None = None

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
-import urllib.parse
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
@@ -32,10 +31,10 @@ from streamio.checkpoint.serialize import StreamReader, decode_part, verify_file
 from streamio.checkpoint.tree import VerifiedTensor
 from streamio.checkpoint.validate import ManifestError
 from streamio.errors import CheckpointError, CheckpointFormatError, CheckpointNotFoundError, CorruptDataError
-from streamio.storage import RetryPolicy, Store
-from streamio.storage.store import gather
+from streamio.pool import gather
+from streamio.storage import Store
 
-__all__ = ["Restorer", "load_tensors", "part_reader"]
+__all__ = ["Restorer", "load_tensors"]
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +48,8 @@ class Restorer:
         store: the checkpoint root (manifests and the pointer are read through it).
         comm: the collectives (every rank calls :meth:`restore` alike).
         concurrency: parallel GETs and checks.
-        part_store: the Store parts are read through (default ``store``; :func:`part_reader`).
+        part_store: the Store parts are read through (default ``store``; the manager passes
+            ``store.for_verified_reads()``: every part is size- and CRC32C-checked here).
     """
 
     def __init__(self, store: Store, comm: Comm, *, concurrency: int, part_store: Store | None = None) -> None:
@@ -255,29 +255,3 @@ def load_tensors(
     with concurrent.futures.ThreadPoolExecutor(max(1, concurrency), thread_name_prefix="streamio-ckpt-crc") as pool:
         verified = gather(pool, check, items)
     return {key: v for (key, _), v in zip(items, verified, strict=True)}
-
-
-# TODO(storage-api): the S3 backend should own this client setting (a Store-level "parts are
-# verified by the caller" read); the URL scheme and botocore's config_kwargs are checked here
-# until it does.
-def part_reader(
-    root_url: str, storage_options: Mapping[str, Any] | None, retry: RetryPolicy | None, store: Store
-) -> Store:
-    """The Store that restore reads parts through: on S3, one whose client skips botocore's
-    response-checksum pass (``response_checksum_validation="when_required"``), else ``store``.
-
-    Why: that CRC32 is one more pass over every body (it cost ~0.12 s of s3fs's event-loop time
-    per 300 MB when parts were read through s3fs; ``Store.read`` now runs it in the reading
-    thread, :mod:`streamio.storage.s3sync`), while each part is checked anyway: its size and
-    CRC32C are verified end to end (``verify_file``, GIL released) before any byte reaches a
-    tensor. The manifest and the pointer keep the default client. A caller's own setting is kept.
-    """
-    if urllib.parse.urlsplit(root_url).scheme not in ("s3", "s3a"):
-        return store
-    opts = dict(storage_options or {})
-    config = dict(opts.get("config_kwargs") or {})
-    if "response_checksum_validation" in config:
-        return store
-    config["response_checksum_validation"] = "when_required"
-    opts["config_kwargs"] = config
-    return Store(root_url, opts, retry=retry)

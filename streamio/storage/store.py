@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from streamio.errors import ObjectNotFoundError
-from streamio.pool import gather, run_parallel
+from streamio.pool import run_parallel
 from streamio.storage import backends
 from streamio.storage.backends import TMP_SUFFIX, Backend, PutRequest, WriteMode
 from streamio.storage.connection import Connection
@@ -48,8 +48,7 @@ from streamio.storage.retry import RetryPolicy
 from streamio.storage.roots import BucketCheck
 from streamio.storage.stream import resuming
 
-# gather moved to streamio.pool; re-exported until checkpoint/commit.py and restore.py import it there
-__all__ = ["IncompleteUpload", "ObjectInfo", "Store", "WriteMode", "gather"]
+__all__ = ["IncompleteUpload", "ObjectInfo", "Store", "WriteMode"]
 
 T = TypeVar("T")
 
