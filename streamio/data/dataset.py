@@ -22,6 +22,9 @@ topology). Who knows that number depends on the loader:
   any topology. It announces itself with :meth:`StreamingDataset.attach_loader`.
 * torchdata's ``StatefulDataLoader`` calls :meth:`StreamingDataset.state_dict` inside each worker and
   gives each worker its own state back: exact with the same ``num_workers`` (its own restriction).
+  It does so only when it is next iterated, and never in the main process when it has workers, so
+  :mod:`streamio.data.stateful_loader` has its ``load_state_dict`` hand the states to
+  :meth:`StreamingDataset.load_loader_state` at once: ``epoch`` is the resumed one right away.
 * ``num_workers=0`` with a plain ``DataLoader``: the dataset counts what it yielded itself.
 * A plain ``DataLoader`` with workers cannot tell the main process what the workers yielded; the
   dataset says so (a warning in the worker) instead of saving a wrong position.
@@ -33,7 +36,6 @@ the plan) so it is never applied to another dataset silently.
 from __future__ import annotations
 
 import logging
-import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +50,7 @@ from streamio.data.plan import EpochPlan, Sampling, Shuffle, TailPolicy, Topolog
 from streamio.data.prefetch import PrefetchConfig
 from streamio.data.reader import WindowReader
 from streamio.data.samples import Handler
+from streamio.data.stateful_loader import LoaderState, install
 from streamio.distributed import group_initialized, rank_and_world
 from streamio.errors import PlanError
 from streamio.state_version import VERSION_KEY, check_version
@@ -147,7 +150,9 @@ class StreamingDataset(IterableDataset):
         self._counted_by_loader = False
         self._loader_workers = 0
         self._base_plan_state: dict[str, Any] | None = None
+        self._state_taken_in_worker = False  # a stateful loader (torchdata's) asks each worker for it
         self._check_seed_across_ranks()
+        install(StreamingDataset)  # torchdata's StatefulDataLoader restores `epoch` here too
 
     def __repr__(self) -> str:
         root, shards, samples = self.store.root_url, len(self.index.shards), self.index.samples
@@ -174,12 +179,27 @@ class StreamingDataset(IterableDataset):
 
     # ------------------------------------------------------------------ planning
     def set_epoch(self, epoch: int) -> None:
-        """Select the epoch to iterate (reshuffles); call it on every rank before each epoch."""
+        """Select the epoch to iterate (reshuffles); call it on every rank before each epoch.
+
+        A resume state of another epoch is dropped; nothing of the selected epoch has been yielded
+        yet, so :meth:`state_dict` taken now is its start, not the end of the epoch before.
+        """
         self.epoch = int(epoch)
         if self._resume is not None and self._resume[_K_EPOCH] != self.epoch:
             self._resume = None
         if self._worker_resume is not None and self._worker_resume[_K_EPOCH] != self.epoch:
             self._worker_resume = None
+        self._rewind()
+
+    def _rewind(self) -> None:
+        """Stand where the next iteration starts: at the resume point, nothing yielded since.
+
+        So :meth:`state_dict` is right between iterations too: after :meth:`set_epoch` (the new
+        epoch's start) and in a worker that torchdata restored and asks for its state before its
+        first sample (the restored position, not the start of the epoch).
+        """
+        self._yielded = int(self._worker_resume[_K_YIELDED]) if self._worker_resume is not None else 0
+        self._base_plan_state = self._resume[_K_PLAN] if self._resume is not None else None
 
     def plan(self, num_workers: int = 0) -> EpochPlan:
         """This epoch's plan for this process's world size and ``num_workers``, from any resume state."""
@@ -203,7 +223,7 @@ class StreamingDataset(IterableDataset):
         rank, _ = rank_and_world()
         info = get_worker_info()
         worker, num_workers = (0, 0) if info is None else (info.id, info.num_workers)
-        if info is not None and not self._counted_by_loader and "torchdata.stateful_dataloader" not in sys.modules:
+        if info is not None and not self._counted_by_loader and not self._state_taken_in_worker:
             log.warning(
                 "StreamingDataset is read by DataLoader worker %d of %d: a plain DataLoader cannot tell the "
                 "main process what its workers yielded, so state_dict() there cannot be exact. Use "
@@ -212,13 +232,10 @@ class StreamingDataset(IterableDataset):
                 num_workers,
             )
         plan = self.plan(num_workers)
-        skip = 0
-        if self._worker_resume is not None:
-            if self._worker_resume[_K_WORKER] != worker:
-                raise PlanError(f"worker state of worker {self._worker_resume[_K_WORKER]} was given to worker {worker}")
-            skip = int(self._worker_resume[_K_YIELDED])
-        self._yielded = skip
-        self._base_plan_state = self._resume[_K_PLAN] if self._resume is not None else None
+        if self._worker_resume is not None and self._worker_resume[_K_WORKER] != worker:
+            raise PlanError(f"worker state of worker {self._worker_resume[_K_WORKER]} was given to worker {worker}")
+        self._rewind()
+        skip = self._yielded
         for sample in self.reader.read(plan.stream(rank, worker).windows(), skip):
             self._yielded += 1
             yield self.transform(sample) if self.transform is not None else sample
@@ -237,6 +254,7 @@ class StreamingDataset(IterableDataset):
         """The resume state (torchdata ``Stateful`` protocol); see the module docstring for who is exact."""
         info = get_worker_info()
         if info is not None:
+            self._state_taken_in_worker = True
             return {
                 _K_VERSION: STATE_VERSION, _K_EPOCH: self.epoch, _K_PLAN: self._base_plan_state,
                 _K_WORKER: info.id, _K_YIELDED: self._yielded,
@@ -252,14 +270,70 @@ class StreamingDataset(IterableDataset):
         return self.state_after(self._yielded // self.batch_size)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resume from a state made by :meth:`state_dict` / :meth:`state_after` (any topology)."""
+        """Resume from a state made by :meth:`state_dict` / :meth:`state_after` (any topology).
+
+        A state that is refused (another version, dataset, seed or policy) leaves the dataset as it was.
+        """
         state = check_version(state, STATE_VERSION, what="dataset state", error=PlanError)
-        self.epoch = int(state[_K_EPOCH])
+        for k in (_K_EPOCH, _K_WORKER, _K_YIELDED) if _K_WORKER in state else (_K_EPOCH,):
+            v = state.get(k)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise PlanError(f"dataset state has {k} {v!r}, not an int >= 0; pass a dict made by state_dict()")
+        previous = self.epoch, self._resume, self._worker_resume
+        self.epoch = state[_K_EPOCH]
         plan_state = state.get(_K_PLAN)
         self._resume = {_K_EPOCH: self.epoch, _K_PLAN: plan_state} if plan_state is not None else None
         self._worker_resume = dict(state) if _K_WORKER in state else None
-        if self._worker_resume is None:
-            self.plan(self._loader_workers)  # validate now: fingerprint, epoch
+        try:
+            if self._worker_resume is None:
+                self.plan(self._loader_workers)  # validate now: fingerprint, epoch
+        except PlanError:
+            self.epoch, self._resume, self._worker_resume = previous
+            raise
+        self._rewind()
+
+    def load_loader_state(self, state: LoaderState, *, num_workers: int) -> None:
+        """Take the position a torchdata ``StatefulDataLoader`` state restores, in this process now.
+
+        Called by ``StatefulDataLoader.load_state_dict`` (see :mod:`streamio.data.stateful_loader`),
+        which itself loads the dataset states only when next iterated, and with workers only into
+        the workers' copies. Afterwards ``epoch`` and ``len()`` here are the resumed ones, and a
+        saved iterator that had ended resumes as that epoch's end, so the loop
+        ``for epoch in range(ds.epoch, epochs)`` neither replays nor skips an epoch.
+
+        Args:
+            state: the parsed loader state.
+            num_workers: the restoring loader's worker count.
+
+        Raises:
+            PlanError: the state was saved with another ``num_workers`` (torchdata restores each
+                worker's own position, so only the same count is exact), its workers disagree on
+                the epoch or its start, or it is not a state of this dataset.
+        """
+        if state.num_workers != num_workers:
+            raise PlanError(
+                f"StatefulDataLoader state was saved with num_workers={state.num_workers}, this loader has "
+                f"num_workers={num_workers}: StatefulDataLoader resumes only with the same worker count; use "
+                "streamio.StreamingDataLoader to resume on another one"
+            )
+        if not state.datasets:
+            return
+        if num_workers == 0:
+            self.load_state_dict(state.datasets[0])
+            return
+        what = "dataset state of a worker"
+        states = [check_version(s, STATE_VERSION, what=what, error=PlanError) for s in state.datasets]
+        starts = {repr((s.get(_K_EPOCH), s.get(_K_PLAN))) for s in states}
+        if len(starts) != 1:
+            raise PlanError(
+                f"StatefulDataLoader state: its {len(states)} workers' dataset states start from different epochs "
+                f"or positions ({sorted(starts)[:2]}...); it was not saved by one loader of this dataset"
+            )
+        first = states[0]  # the position the workers' iteration started from: epoch and plan, no worker
+        self.load_state_dict({_K_VERSION: STATE_VERSION, _K_EPOCH: first.get(_K_EPOCH), _K_PLAN: first.get(_K_PLAN)})
+        if state.finished:  # the loader restarts from this object once the saved rest (none) is read
+            plan = self.plan(num_workers)
+            self._resume = {_K_EPOCH: self.epoch, _K_PLAN: plan.state_dict(plan.batches_per_rank)}
 
     # ------------------------------------------------------------------ checks
     def _check_seed_across_ranks(self) -> None:

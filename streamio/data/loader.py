@@ -48,7 +48,9 @@ class StreamingDataLoader(DataLoader):
 
     Raises:
         TypeError: ``dataset`` is not a :class:`~streamio.data.dataset.StreamingDataset`.
-        PlanError: ``batch_size`` differs from the dataset's.
+        PlanError: ``batch_size`` differs from the dataset's, or ``persistent_workers=True`` (the
+            workers would keep their copy of the dataset, which ``set_epoch`` in this process does
+            not reach: every epoch would repeat the first one's order).
     """
 
     def __init__(self, dataset: StreamingDataset, batch_size: int | None = None, **kwargs: Any) -> None:
@@ -61,24 +63,36 @@ class StreamingDataLoader(DataLoader):
                 f"StreamingDataset(batch_size={dataset.batch_size}); "
                 "give the dataset the loader's batch size so streams are cut in whole batches"
             )
+        if kwargs.get("persistent_workers"):
+            raise PlanError(
+                f"StreamingDataLoader(persistent_workers=True) over {dataset.store.root_url!r}: persistent workers "
+                "keep their copy of the dataset, so set_epoch() would not reach them and every epoch would repeat "
+                "the first one's order; leave persistent_workers off"
+            )
         kwargs.setdefault("collate_fn", collate_samples)
         super().__init__(dataset, batch_size=batch_size, **kwargs)
         dataset.attach_loader(self.num_workers)
         self._streaming = dataset  # typed: DataLoader.dataset is a plain Dataset
         self._batches = 0
+        self._batches_epoch: int | None = None  # the dataset epoch `_batches` counts batches of
 
     def __iter__(self) -> Iterator[Any]:
-        self._batches = 0
+        self._batches, self._batches_epoch = 0, self._streaming.epoch
         for batch in super().__iter__():
             self._batches += 1
             yield batch
 
     def state_dict(self) -> dict[str, Any]:
-        """The exact position: the dataset's state after the batches handed out so far."""
-        return {VERSION_KEY: STATE_VERSION, _K_DATASET: self._streaming.state_after(self._batches)}
+        """The exact position: the dataset's state after the batches handed out so far.
+
+        After ``set_epoch`` selected another epoch and before its first batch, that is the new
+        epoch's start (not the end of the one before, which would skip the new epoch on resume).
+        """
+        batches = self._batches if self._batches_epoch == self._streaming.epoch else 0
+        return {VERSION_KEY: STATE_VERSION, _K_DATASET: self._streaming.state_after(batches)}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume at the position of ``state`` (on any world size / worker count)."""
         state = check_version(state, STATE_VERSION, what="StreamingDataLoader state", error=PlanError)
         self._streaming.load_state_dict(state[_K_DATASET])
-        self._batches = 0
+        self._batches, self._batches_epoch = 0, None

@@ -1,0 +1,124 @@
+"""torchdata's ``StatefulDataLoader``: restoring the loader restores the main process's dataset too.
+
+``StatefulDataLoader.load_state_dict(state)`` only keeps ``state`` for its next iterator. The
+dataset's own ``load_state_dict`` runs when the loader is next iterated: in the main process with
+``num_workers=0``, and with workers only inside the worker processes, on their copies. So right
+after a restore the main process's :class:`~streamio.data.dataset.StreamingDataset` (the object a
+training loop reads ``ds.epoch`` from) still says epoch 0, and the README loop
+``for epoch in range(ds.epoch, epochs)`` replays the resumed epoch in full, silently. With workers
+it is worse at an epoch boundary: a state saved after an epoch ended restarts the loader from the
+main process's dataset, which knows nothing of the resume, so that epoch is replayed too.
+
+torchdata has no hook for this, so :func:`install` wraps ``StatefulDataLoader.load_state_dict``
+once per process: when the loader reads a registered dataset class, the wrapper parses the
+dataset states out of the loader state (:func:`parse`) and hands them to the dataset's
+``load_loader_state`` *before* torchdata keeps the state, so a state that does not fit is refused
+at ``load_state_dict`` time and the loader is left as it was. Loaders of other datasets are not
+touched. The layout read here is torchdata 0.11's (the per-worker ``dataset_state`` of
+``_snapshot._worker_snapshots``, the main process's ``dataset_state`` without workers); a layout
+this module does not know is refused with an error, never guessed at.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from streamio.errors import PlanError
+
+__all__ = ["LoaderState", "install", "parse"]
+
+# torchdata's keys (torchdata.stateful_dataloader: incremental_state, stateful_dataloader).
+_K_DATASET, _K_FINISHED = "dataset_state", "_iterator_finished"
+_K_SNAPSHOT, _K_WORKERS = "_snapshot", "_worker_snapshots"  # only in a num_workers > 0 state
+_K_MAIN_YIELDED = "_num_yielded"  # only in a num_workers=0 state
+_WRAPPED = "__streamio_wrapped__"
+_dataset_types: list[type] = []
+
+
+@dataclass(frozen=True)
+class LoaderState:
+    """What a ``StatefulDataLoader`` state says about its dataset.
+
+    Attributes:
+        datasets: the dataset states it will load: the main process's (``num_workers=0``), or one
+            per worker, by worker id. Empty when the state holds none.
+        num_workers: the worker count the state was saved with (0 = main process).
+        finished: the saved iterator had ended, so the loader starts a fresh pass of the dataset
+            as the main process holds it once the saved (empty) rest is read.
+    """
+
+    datasets: tuple[Mapping[str, Any], ...]
+    num_workers: int
+    finished: bool
+
+
+def _mapping(value: object, where: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise PlanError(
+            f"StatefulDataLoader state: {where} is a {type(value).__name__}, not a dict; pass the dict "
+            "StatefulDataLoader.state_dict() returned (torchdata 0.11 layout)"
+        )
+    return value
+
+
+def parse(state: Mapping[str, Any]) -> LoaderState:
+    """The dataset states inside ``state``, a ``StatefulDataLoader.state_dict()``.
+
+    Raises:
+        PlanError: ``state`` is not in the layout of a torchdata ``StatefulDataLoader`` state.
+    """
+    state = _mapping(state, "the state")
+    finished = bool(state.get(_K_FINISHED, False))
+    if _K_SNAPSHOT in state:
+        workers = _mapping(_mapping(state[_K_SNAPSHOT], _K_SNAPSHOT).get(_K_WORKERS), f"{_K_SNAPSHOT}.{_K_WORKERS}")
+        states = []
+        for i in range(len(workers)):
+            key = f"worker_{i}"
+            if key not in workers:
+                raise PlanError(
+                    f"StatefulDataLoader state: {_K_SNAPSHOT}.{_K_WORKERS} has {sorted(workers)[:8]}, not "
+                    f"worker_0..worker_{len(workers) - 1}; pass the dict StatefulDataLoader.state_dict() returned"
+                )
+            states.append(_mapping(workers[key], f"{_K_WORKERS}.{key}").get(_K_DATASET))
+        if any(s is None for s in states):  # a dataset torchdata saw as not Stateful: nothing to restore
+            return LoaderState((), len(states), finished)
+        found = tuple(_mapping(s, f"{_K_WORKERS}.worker_{i}.{_K_DATASET}") for i, s in enumerate(states))
+        return LoaderState(found, len(states), finished)
+    if _K_MAIN_YIELDED in state:
+        main = state.get(_K_DATASET)
+        return LoaderState((_mapping(main, _K_DATASET),) if main is not None else (), 0, finished)
+    raise PlanError(
+        f"StatefulDataLoader state has neither {_K_SNAPSHOT!r} (workers) nor {_K_MAIN_YIELDED!r} (num_workers=0) "
+        f"(keys: {sorted(map(str, state))[:8]}); pass the dict StatefulDataLoader.state_dict() returned"
+    )
+
+
+def install(dataset_type: type) -> None:
+    """Make ``StatefulDataLoader.load_state_dict`` restore datasets of ``dataset_type`` at once.
+
+    Idempotent and cheap after the first call; does nothing when torchdata is not installed.
+    ``dataset_type`` implements ``load_loader_state(state: LoaderState, *, num_workers: int)``,
+    where ``num_workers`` is the restoring loader's.
+    """
+    if dataset_type not in _dataset_types:
+        _dataset_types.append(dataset_type)
+    try:
+        from torchdata.stateful_dataloader import StatefulDataLoader
+    except ImportError:
+        return
+    original = StatefulDataLoader.load_state_dict
+    if getattr(original, _WRAPPED, False):
+        return
+
+    @functools.wraps(original)
+    def load_state_dict(self: Any, state_dict: dict[str, Any]) -> None:
+        dataset = getattr(self, "dataset", None)
+        if state_dict and isinstance(dataset, tuple(_dataset_types)):
+            dataset.load_loader_state(parse(state_dict), num_workers=self.num_workers)
+        original(self, state_dict)
+
+    setattr(load_state_dict, _WRAPPED, True)
+    StatefulDataLoader.load_state_dict = load_state_dict  # type: ignore[method-assign]
