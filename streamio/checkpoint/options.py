@@ -23,6 +23,12 @@ class SaveOptions:
         zstd_level: zstd level when compressing.
         per_rank: state names saved by every rank (RNG, data position); all others are
             replicated across ranks and divided among them for upload.
+        collective_timeout_s: under ``torch.distributed``, how long a rank waits for every other
+            rank to reach the same ``save`` or ``restore`` (and to construct its manager) before
+            it raises ``CheckpointError`` naming the ranks that did not come. Raise it if one
+            rank does long work alone before a save (an evaluation on rank 0 only). Every wait
+            is bounded: once all ranks are in, waits for the slowest rank's uploads or downloads
+            are bounded by the larger of this and 30 minutes (a rank that dies is noticed at once).
     """
 
     part_size: int = 64 << 20
@@ -30,12 +36,16 @@ class SaveOptions:
     compression: str | None = None
     zstd_level: int = 3
     per_rank: frozenset[str] = frozenset({"rng", "data"})
+    collective_timeout_s: float = 300.0
 
     def __post_init__(self) -> None:
         if self.part_size < 4096:
             raise ValueError(f"part_size must be at least 4096 bytes, got {self.part_size}")
         if self.compression not in (None, "zstd"):
             raise ValueError(f"compression must be None or 'zstd', got {self.compression!r}")
+        if not self.collective_timeout_s > 0:
+            raise ValueError(f"collective_timeout_s must be a positive number of seconds, got "
+                             f"{self.collective_timeout_s}")
         object.__setattr__(self, "per_rank", frozenset(self.per_rank))
 
 

@@ -11,6 +11,10 @@ means the checkpoint belongs to another model, and restore raises naming the ent
 nothing loaded. Only then :func:`apply` runs the planned copies, the ``load_state_dict`` calls
 and the replacements of plain values.
 
+A module is compared and decoded under wrapper-independent keys (:mod:`.wrappers`), and its
+``load_state_dict`` gets them mapped back onto its own: a checkpoint of ``DDP(model)`` loads into
+``model`` and into ``torch.compile(model)``, and the other way round.
+
 What this cannot make atomic: a user's own ``load_state_dict`` that raises after the checks
 passed. That surfaces as a :class:`~streamio.errors.CheckpointError` saying which entry failed
 and that the entries before it were loaded.
@@ -25,6 +29,7 @@ from typing import Any
 import torch
 
 from streamio.checkpoint.tree import VerifiedTensor, decode_tree, run_copies
+from streamio.checkpoint.wrappers import ModuleKeys
 from streamio.errors import CheckpointError
 
 
@@ -35,6 +40,7 @@ class _Entry:
     template: Any  # the live state_dict() (objects with load_state_dict) or the live value
     value: Any  # decoded; its tensors are the template's own where a copy is planned
     loadable: bool
+    keys: ModuleKeys | None = None  # a module's: canonical keys -> its own, for load_state_dict
 
 
 @dataclass
@@ -73,12 +79,17 @@ def decode_state(
             plan.missing.append(name)
             continue
         loadable = callable(getattr(obj, "load_state_dict", None))
-        if loadable:
+        keys = ModuleKeys(obj) if isinstance(obj, torch.nn.Module) else None
+        if keys is not None:
+            template = keys.canonical(obj.state_dict())
+        elif loadable:
             template = obj.state_dict() if callable(getattr(obj, "state_dict", None)) else None
         else:
             template = obj
         value = decode_tree(tree, tensors, template, path=name, defer=plan.copies)
-        plan.entries.append(_Entry(name, obj, template, value, loadable))
+        if keys is not None:
+            value = ModuleKeys.adopt_saved(value, template)
+        plan.entries.append(_Entry(name, obj, template, value, loadable, keys))
     return plan
 
 
@@ -118,7 +129,7 @@ def apply(plan: RestorePlan, state: MutableMapping[str, Any], *, concurrency: in
     for e in plan.entries:
         if e.loadable:
             try:
-                e.obj.load_state_dict(e.value)
+                e.obj.load_state_dict(e.value if e.keys is None else e.keys.to_live(e.value))
             except Exception as exc:
                 raise CheckpointError(
                     f"loading checkpoint {where} into state entry {e.name!r} failed after the checks passed "

@@ -1,12 +1,14 @@
 """What ``save`` blocks on: the state encoded, split per rank / replicated, copied to host memory.
 
 Each state object's ``state_dict()`` (or the plain value) becomes a JSON tree with references to
-tensors (:class:`~.tree.TreeEncoder`, never pickle). State named in ``SaveOptions.per_rank`` (RNG,
-data position) is this rank's own; everything else is replicated (DDP model, optimizer) and its
-tensors are divided among ranks so each uploads a disjoint share of about equal bytes
-(:func:`~.serialize.assign_shares`). Replicated state must really be equal on every rank; the one
-known exception, module buffers (BatchNorm statistics, which DDP re-broadcasts from rank 0 at
-each forward), is always taken from rank 0, and JSON (non-tensor) replicated state is rank 0's.
+tensors (:class:`~.tree.TreeEncoder`, never pickle); a module's is taken under wrapper-independent
+keys (:mod:`.wrappers`: ``DDP(model)`` and ``torch.compile(model)`` save what ``model`` saves).
+State named in ``SaveOptions.per_rank`` (RNG, data position) is this rank's own; everything else
+is replicated (DDP model, optimizer) and its tensors are divided among ranks so each uploads a
+disjoint share of about equal bytes (:func:`~.serialize.assign_shares`). Replicated state must
+really be equal on every rank; the one known exception, module buffers (BatchNorm statistics,
+which DDP re-broadcasts from rank 0 at each forward), is always taken from rank 0, and JSON
+(non-tensor) replicated state is rank 0's.
 
 The tensors this rank writes are then copied into the manager's reused host buffer
 (:class:`~.serialize.HostBuffer`): after that copy training may change them, and the commit
@@ -26,6 +28,7 @@ from streamio.checkpoint.comm import Comm
 from streamio.checkpoint.records import TensorEntry
 from streamio.checkpoint.serialize import HostBuffer, assign_shares, plan_layout, tensor_entries
 from streamio.checkpoint.tree import TreeEncoder
+from streamio.checkpoint.wrappers import ModuleKeys
 from streamio.errors import CheckpointError
 
 __all__ = ["Snapshot", "take_snapshot"]
@@ -86,8 +89,12 @@ def take_snapshot(
         if not isinstance(name, str):
             raise CheckpointError(f"state names must be strings, got {name!r} while saving step {step}")
         if isinstance(obj, torch.nn.Module):
-            buffers.update(f"{name}/{b}" for b, _ in obj.named_buffers())
-        value = obj.state_dict() if callable(getattr(obj, "state_dict", None)) else obj
+            # under wrapper-independent keys: DDP(model), torch.compile(model) and model alike
+            keys = ModuleKeys(obj)
+            buffers.update(f"{name}/{keys.canonical_key(b)}" for b, _ in obj.named_buffers())
+            value = keys.canonical(obj.state_dict())
+        else:
+            value = obj.state_dict() if callable(getattr(obj, "state_dict", None)) else obj
         if name in per_rank:
             rank_tree[name] = TreeEncoder(rank_tensors).encode(value, name)
         else:

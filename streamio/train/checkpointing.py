@@ -2,7 +2,7 @@
 
 The trainer talks to a :class:`Checkpointer`, the protocol of :class:`streamio.checkpoint.CheckpointManager`:
 ``save(step, state, metrics=)`` (asynchronous: returns once the state is snapshotted to host memory),
-``restore(state, step=None) -> step`` (raises :class:`~streamio.errors.CheckpointNotFoundError` when
+``restore(state, *, step=None) -> step`` (raises :class:`~streamio.errors.CheckpointNotFoundError` when
 there is none), ``wait()``, ``close()``. ``state`` maps names to stateful objects
 (``state_dict`` / ``load_state_dict``).
 
@@ -26,7 +26,7 @@ class Checkpointer(Protocol):
     """What the trainer needs from a checkpoint manager (see the module docstring)."""
 
     def save(self, step: int, state: Mapping[str, Any], *, metrics: Mapping[str, Any] | None = None) -> Any: ...
-    def restore(self, state: Any, step: int | None = None) -> int: ...
+    def restore(self, state: Any, *, step: int | None = None) -> int: ...
     def wait(self) -> Any: ...
     def close(self) -> None: ...
 
