@@ -1,11 +1,14 @@
-"""`streamio ckpt` verbs: ``ls``, ``inspect``, ``verify``, ``gc`` over a checkpoint root.
+"""`streamio ckpt` verbs: ``ls``, ``inspect``, ``verify``, ``gc``, ``rm`` over a checkpoint root.
 
-Thin by design: argument parsing and output; the logic lives in :mod:`streamio.checkpoint`.
+Thin by design: argument parsing and output; the logic lives in :mod:`streamio.checkpoint`
+(docs/checkpoint-lifecycle.md explains timelines, bad saves, retention and what ``gc`` removes).
 Storage options come from the environment the way s3fs/gcsfs read it (``AWS_ENDPOINT_URL_S3``,
 credentials, ...) plus ``--storage-option key=value`` (dotted keys nest, values parsed as JSON when
 they parse). Errors follow the contract of :mod:`streamio.cli.exits`: ``verify`` exits 1 naming
 each bad object it found, 3 when it could not check (no checkpoint at ROOT, no such step, storage
-unreachable or refusing access).
+unreachable or refusing access); ``rm`` exits 2 when it refuses (the pointer's step without
+``--force``, or no complete checkpoint to move the pointer to), 3 when there is no such step or
+a job moved the pointer meanwhile.
 """
 
 from __future__ import annotations
@@ -18,14 +21,11 @@ from typing import Any, TypeVar
 import click
 
 from streamio.checkpoint import manifest as mf
-from streamio.checkpoint.admin import (
-    check_pointer,
-    collect_garbage,
-    committed_steps,
-    read_manifest,
-    verify_checkpoint,
-)
-from streamio.errors import CheckpointNotFoundError, StreamioError
+from streamio.checkpoint.admin import check_pointer, collect_garbage, verify_checkpoint
+from streamio.checkpoint.catalog import committed_saves
+from streamio.checkpoint.inventory import inspect_save, list_saves
+from streamio.checkpoint.removal import plan_removal, remove
+from streamio.errors import CheckpointNotFoundError
 from streamio.storage import Store
 
 from .common import storage_option
@@ -53,18 +53,6 @@ def _size(n: int) -> str:
     return str(n)  # pragma: no cover
 
 
-def _default_step(store: Store, step: int | None) -> int:
-    if step is not None:
-        return step
-    pointed, problems = check_pointer(store)
-    if pointed is not None:
-        return pointed
-    steps = committed_steps(store)
-    if not steps:
-        raise CheckpointNotFoundError(f"no checkpoint under {store.root_url} ({'; '.join(problems)})")
-    return steps[-1]
-
-
 @click.group("ckpt")
 def ckpt() -> None:
     """Inspect, verify and clean checkpoint roots written by streamio.CheckpointManager."""
@@ -74,16 +62,13 @@ def ckpt() -> None:
 @_root_args
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def ls_cmd(store: Store, as_json: bool) -> None:
-    """List the committed checkpoints under ROOT (* = the one latest.json names)."""
-    pointed, _ = check_pointer(store)
-    rows = []
-    for step in committed_steps(store):
-        try:
-            m = read_manifest(store, step)
-            rows.append({"step": step, "latest": step == pointed, "bytes": m.total_bytes, "files": len(m.files),
-                         "world_size": m.world_size, "created": m.created, "metrics": dict(m.metrics)})
-        except StreamioError as exc:
-            rows.append({"step": step, "latest": step == pointed, "error": str(exc)})
+    """List the committed checkpoints under ROOT (* = the one latest.json names).
+
+    Flags: BAD (a restore rejected it: retention and gc remove it), abandoned (a step past the
+    one a restore went back to: the next save retires it), ahead (past the pointer: a save in
+    flight, or one whose job died before its pointer swap).
+    """
+    rows = list_saves(store)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
@@ -91,11 +76,15 @@ def ls_cmd(store: Store, as_json: bool) -> None:
         click.echo(f"no checkpoints under {store.root_url}")
     for r in rows:
         mark = "*" if r["latest"] else " "
+        flags = [f"BAD: {r['bad']}"] if r["bad"] else []
+        flags += [r["place"]] if r["place"] in ("abandoned", "ahead") else []
+        flag = f"  [{'; '.join(flags)}]" if flags else ""
         if "error" in r:
-            click.echo(f"{mark} {r['step']:>10}  UNREADABLE: {r['error']}")
+            click.echo(f"{mark} {r['step']:>10}  UNREADABLE: {r['error']}{flag}")
             continue
         metrics = " ".join(f"{k}={v}" for k, v in r["metrics"].items())
-        click.echo(f"{mark} {r['step']:>10}  {_size(r['bytes']):>10}  {r['files']:>4} files  world {r['world_size']}  {r['created']}  {metrics}")
+        click.echo(f"{mark} {r['step']:>10}  {_size(r['bytes']):>10}  {r['files']:>4} files  world {r['world_size']}  "
+                   f"{r['created']}  {metrics}{flag}")
 
 
 @ckpt.command("inspect", epilog=exit_codes_short())
@@ -103,26 +92,31 @@ def ls_cmd(store: Store, as_json: bool) -> None:
 @click.argument("step", type=click.IntRange(min=0), required=False)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def inspect_cmd(store: Store, step: int | None, as_json: bool) -> None:
-    """Show a checkpoint's tensors, sizes, metrics, world size and software (default: latest)."""
-    m = read_manifest(store, _default_step(store, step))
-    tensors = [("replicated", k, e) for k, e in m.replicated.tensors.items()]
-    for r, section in enumerate(m.per_rank):
-        tensors += [(f"rank {r}", k, e) for k, e in section.tensors.items()]
+    """Show a checkpoint (default: latest): its non-tensor state (epoch, data position, scheduler,
+    counters, each rank's own), metrics, timeline, retention, software, and every tensor's
+    global shape and dtype."""
+    d = inspect_save(store, step)
     if as_json:
-        click.echo(json.dumps({
-            "step": m.step, "world_size": m.world_size, "created": m.created, "metrics": dict(m.metrics),
-            "software": dict(m.software), "bytes": m.total_bytes, "files": len(m.files),
-            "tensors": [{"section": s, "key": k, "dtype": e.dtype, "shape": list(e.shape), "nbytes": e.nbytes,
-                         "rank": e.rank} for s, k, e in tensors],
-        }, indent=2))
+        click.echo(json.dumps(d, indent=2))
         return
-    click.echo(f"step {m.step} at {store.url(mf.step_dir(m.step))}")
-    click.echo(f"  created {m.created}, world size {m.world_size}, {len(m.files)} files, {_size(m.total_bytes)}")
-    click.echo(f"  metrics  {json.dumps(dict(m.metrics))}")
-    click.echo(f"  software {json.dumps(dict(m.software))}")
-    click.echo(f"  {len(tensors)} tensors:")
-    for section, key, e in tensors:
-        click.echo(f"    {section:<10} {key:<60} {e.dtype:<9} {list(e.shape)!s:<18} {_size(e.nbytes):>10}  (rank {e.rank})")
+    tl = d["timeline"]
+    click.echo(f"step {d['step']} at {store.url(d['path'])}{'  [BAD: ' + d['bad'] + ']' if d['bad'] else ''}")
+    click.echo(f"  created {d['created']}, world size {d['world_size']}, {d['files']} files, {_size(d['bytes'])}")
+    click.echo(f"  timeline {tl['id'] or '(none: written before timelines)'} ({tl['place']}), "
+               f"follows {tl['parent'] or '-'}, history {json.dumps(tl['history'])}")
+    click.echo(f"  metrics   {json.dumps(d['metrics'])}")
+    click.echo(f"  retention {json.dumps(d['retention'])} (the root's recorded policy)")
+    click.echo(f"  software  {json.dumps(d['software'])}")
+    click.echo("  state:")
+    for name, value in d["state"].items():
+        click.echo(f"    {name}: {json.dumps(value)}")
+    for name, value in (d["per_rank"][0] if d["per_rank"] else {}).items():
+        others = f"; ranks 1-{d['world_size'] - 1}: --json" if d["world_size"] > 1 else ""
+        click.echo(f"    {name} (rank 0{others}): {json.dumps(value)}")
+    click.echo(f"  {len(d['tensors'])} tensors:")
+    for t in d["tensors"]:
+        click.echo(f"    {t['section']:<10} {t['key']:<60} {t['dtype']:<9} {t['shape']!s:<18} "
+                   f"{_size(t['nbytes']):>10}  (rank {t['rank']})")
 
 
 @ckpt.command("verify", epilog=exit_codes_help())
@@ -136,18 +130,21 @@ def verify_cmd(store: Store, step: int | None, all_steps: bool) -> None:
     no such STEP) or storage could not be read.
     """
     problems: list[str] = []
+    todo: list[tuple[int, str | None]]
     if step is not None and not all_steps:
         _require_step(store, step)
-        steps = [step]
+        todo = [(step, None)]
     else:
         pointed, problems = check_pointer(store)
-        committed = committed_steps(store) if all_steps or pointed is None else []
+        committed = committed_saves(store) if all_steps or pointed is None else []
         if pointed is None and not committed and not store.exists(mf.LATEST):
             raise CheckpointNotFoundError(f"no checkpoint under {store.root_url}: {'; '.join(problems)}")
-        steps = committed if all_steps else [pointed] if pointed is not None and not problems else []
-    for s in steps:
-        found = verify_checkpoint(store, s)
-        click.echo(f"step {s}: {'OK' if not found else f'{len(found)} problem(s)'}")
+        todo = ([(c.step, c.path) for c in committed] if all_steps
+                else [(pointed, None)] if pointed is not None and not problems else [])
+    for s, path in todo:
+        found = verify_checkpoint(store, s, path=path)
+        where = f" ({path})" if path and path != mf.step_dir(s) else ""
+        click.echo(f"step {s}{where}: {'OK' if not found else f'{len(found)} problem(s)'}")
         problems += found
     for p in problems:
         click.echo(f"BAD {p}", err=True)
@@ -158,7 +155,7 @@ def verify_cmd(store: Store, step: int | None, all_steps: bool) -> None:
 def _require_step(store: Store, step: int) -> None:
     """Raise CheckpointNotFoundError when ``step`` has no manifest: then there is nothing to check."""
     path = mf.manifest_path(step)
-    if not store.exists(path):
+    if not store.exists(path) and not any(s.step == step for s in committed_saves(store)):
         raise CheckpointNotFoundError(
             f"{store.url(path)} does not exist: step {step} was never committed under {store.root_url} or was "
             f"deleted; `streamio ckpt ls {store.root_url}` lists the committed steps"
@@ -169,16 +166,52 @@ def _require_step(store: Store, step: int) -> None:
 @_root_args
 @click.option("--dry-run", is_flag=True, help="Only list what would be deleted.")
 @click.option("--min-age", type=click.FloatRange(min=0), default=3600.0, show_default=True,
-              help="Abort multipart uploads only when older than this many seconds.")
+              help="Delete unfinished or abandoned saves and abort multipart uploads only when older than this "
+                   "many seconds (longer than a save takes).")
 def gc_cmd(store: Store, dry_run: bool, min_age: float) -> None:
-    """Delete orphans: abandoned step prefixes, losing saves' parts, stale multipart uploads."""
+    """Delete what no current checkpoint needs: saves a restore rejected, saves of abandoned
+    timelines, unfinished saves, losing saves' parts, stale multipart uploads.
+
+    Whatever a live job may still be writing (a save not yet committed, a save of a timeline a
+    restore just started) is kept until --min-age old.
+    """
     report = collect_garbage(store, dry_run=dry_run, min_age_s=min_age)
     verb = "would delete" if dry_run else "deleted"
     for path in report.objects:
         click.echo(f"{verb} {store.url(path)}")
+    for note in report.kept:
+        click.echo(f"kept {note}")
     for upload in report.multipart_uploads:
         click.echo(f"{'would abort' if dry_run else 'aborted'} multipart upload {upload}")
-    click.echo(f"{verb} {len(report.objects)} objects ({_size(report.bytes)}), {len(report.multipart_uploads)} multipart uploads")
+    click.echo(f"{verb} {len(report.objects)} objects ({_size(report.bytes)}), "
+               f"{len(report.multipart_uploads)} multipart uploads")
+
+
+@ckpt.command("rm", epilog=exit_codes_short())
+@_root_args
+@click.argument("step", type=click.IntRange(min=0))
+@click.option("--force", is_flag=True, help="Also the step latest.json names: move the pointer back first.")
+@click.option("--dry-run", is_flag=True, help="Only say what would be done.")
+def rm_cmd(store: Store, step: int, force: bool, dry_run: bool) -> None:
+    """Remove every save of STEP under ROOT (manifests first, then their objects).
+
+    Refuses the step latest.json names unless --force; then the pointer is first moved back to
+    the newest complete checkpoint of the current timeline (refused if there is none), so it
+    never names a removed checkpoint. Do not force it on a root a job is writing: that job's
+    next save stops with a conflict.
+    """
+    removal = plan_removal(store, step, force=force)
+    if removal.refusal:
+        raise click.UsageError(removal.refusal)
+    if not dry_run:
+        remove(store, removal)
+    if removal.pointer is not None:
+        moved = "would move" if dry_run else "moved"
+        click.echo(f"{moved} {store.url(mf.LATEST)} to step {removal.pointer.step} ({store.url(removal.pointer.path)})")
+    for path in removal.objects:
+        click.echo(f"{'would delete' if dry_run else 'deleted'} {store.url(path)}")
+    click.echo(f"{'would remove' if dry_run else 'removed'} step {step}: {len(removal.dirs)} save(s), "
+               f"{len(removal.objects)} objects")
 
 
 def register(group: click.Group) -> None:

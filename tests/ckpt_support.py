@@ -140,6 +140,45 @@ def fault_scenario(root: str, phase: str, options: dict[str, Any]) -> None:
     mgr.save(2, light_state_for(2), metrics={"loss": 0.5})
 
 
+def timeline_scenario(root: str, phase: str, options: dict[str, Any]) -> None:
+    """Three timelines, then a rollback whose first save dies at ``phase`` (state of timeline
+    ``t``, step ``s``: ``light_state_for(100 * t + s)``)::
+
+        T1: 1 2 3 4 5 6
+        T2:         (from T1's 4) 5 6 7
+        T3:                     (from T2's 6) 7 8
+        T4:     (from T1's 3) 4   <- killed at ``phase``
+    """
+    from streamio.checkpoint import CheckpointManager, KeepLast, SaveOptions
+
+    def manager(on_phase: Any = None) -> Any:
+        return CheckpointManager(root, retention=KeepLast(20), async_save=False, storage_options=options,
+                                 options=SaveOptions(part_size=FAULT_PART_SIZE, concurrency=4), on_phase=on_phase)
+
+    def template() -> dict[str, Any]:
+        return {"model": light_state_for(0)["model"], "moments": None, "counters": None, "extra": None}
+
+    first = manager()
+    for s in range(1, 7):
+        first.save(s, light_state_for(100 + s))
+    for t, (back, steps) in enumerate([(4, (5, 6, 7)), (6, (7, 8))], start=2):
+        job = manager()
+        job.restore(template(), step=back)
+        for s in steps:
+            job.save(s, light_state_for(100 * t + s))
+
+    def die(name: str) -> None:
+        if name == phase:
+            os.kill(os.getpid(), 9)
+
+    last = manager(die)
+    last.restore(template(), step=3)
+    last.save(4, light_state_for(404))
+
+
+SCENARIOS = {"fault": fault_scenario, "timeline": timeline_scenario}
+
+
 def _zygote() -> None:
     """Import torch once, then fork one child per command line (JSON) read from stdin.
 
@@ -160,7 +199,7 @@ def _zygote() -> None:
         pid = os.fork()
         if pid == 0:
             try:
-                fault_scenario(cmd["root"], cmd["phase"], cmd["options"])
+                SCENARIOS[cmd.get("scenario", "fault")](cmd["root"], cmd["phase"], cmd["options"])
             except BaseException as exc:  # noqa: BLE001 - report and die like a crashed trainer
                 print(f"child {cmd['token']} failed: {exc!r}", file=sys.stderr, flush=True)
                 os._exit(1)

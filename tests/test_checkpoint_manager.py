@@ -284,7 +284,7 @@ def test_unknown_format_version_is_a_clear_error(tmp_path) -> None:  # type: ign
     with CheckpointManager(str(tmp_path)) as mgr:
         mgr.save(1, {"a": 1})
     doc = json.loads(store.read(mf.manifest_path(1)))
-    doc["format"] = "streamio.checkpoint/2"
+    doc["format"] = "streamio.checkpoint/99"
     store.put(mf.manifest_path(1), json.dumps(doc).encode())
     with pytest.raises(CheckpointFormatError, match="upgrade streamio"):
         CheckpointManager(str(tmp_path)).restore({"a": None})

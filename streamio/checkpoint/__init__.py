@@ -6,19 +6,27 @@ save thread. The protocol lives in modules of one concept each:
 * snapshot.py: what ``save`` blocks on (state encoded, split per rank / replicated, copied to
   host memory);
 * commit.py: the commit protocol (parts, done markers, barrier, create-only manifest,
-  compare-and-swap pointer, then retention), conflict checks; comm.py: its collectives;
-  pruning.py: applying the retention policy after a commit;
-* restore.py: the restore walk (candidates, walk-back, verified load); restore_plan.py decodes
-  and checks a whole state before any live object changes;
-* catalog.py: what a root holds (committed steps, verified manifests, the pointer, deleting a
-  step); admin.py: verify / gc / pointer check for ``streamio ckpt``;
+  compare-and-swap pointer, then retention), conflict checks; comm.py: its collectives, each
+  with a bounded wait (every rank must reach a save/restore within a timeout);
+  pruning.py: after a commit, retiring abandoned and bad saves and applying the root's
+  recorded retention policy;
+* restore.py: the restore walk (walk-back, verified load, bad saves recorded); candidates.py:
+  which saves it tries (the current timeline only); restore_plan.py decodes and checks a whole
+  state before any live object changes;
+* catalog.py: what a root holds (its saves, verified manifests, the pointer, deleting a save);
+  admin.py: verify / gc / pointer check, removal.py: ``rm``, inventory.py: ``ls`` / ``inspect``
+  for ``streamio ckpt``;
 * PURE (no torch, fsspec or storage): layout.py (paths), manifest.py (document schemas),
   records.py (their records), validate.py (checks on what a stored document declares),
-  retention.py (which checkpoints to keep), options.py (SaveOptions, SaveStats);
+  timeline.py (which saves are current, ahead, abandoned), retention.py (which checkpoints to
+  keep), root_records.py (bad-save and retention records), describe.py (what ``inspect``
+  shows), options.py (SaveOptions, SaveStats);
+* wrappers.py: a module's state under wrapper-independent keys (DDP, torch.compile);
 * tree.py turns state dicts into JSON + tensor references and back without ever unpickling,
   serialize.py handles the tensor bytes; rng.py is ``RNGState``, every RNG of a rank.
 
-See docs/design.md "Checkpoints" (layout, formats, commit protocol).
+See docs/design.md "Checkpoints" (layout, formats, commit protocol) and
+docs/checkpoint-lifecycle.md (timelines, bad saves, retention, gc, rm).
 """
 
 from streamio.checkpoint.manager import CheckpointManager

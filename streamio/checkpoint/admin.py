@@ -6,29 +6,43 @@ save or restore. They read storage fresh and report what they find by object URL
 * :func:`verify_checkpoint` reads every file a manifest lists and checks every size and CRC32C,
   of the files and of every tensor (a restore checks files and tensor spans only);
 * :func:`check_pointer` checks ``latest.json`` against the manifest it names;
-* :func:`collect_garbage` deletes what no committed checkpoint refers to (abandoned saves, a
-  losing concurrent save's objects, on S3 old incomplete multipart uploads).
+* :func:`collect_garbage` deletes what no current checkpoint needs (docs/checkpoint-lifecycle.md):
+  saves a restore rejected (``bad.json``) unless the pointer names them, committed saves of
+  abandoned timelines, objects of saves that never committed, a losing concurrent save's
+  objects, and on S3 old incomplete multipart uploads. What a live job may still be writing is
+  kept until it is ``min_age_s`` old.
 
-The root's catalog (:func:`committed_steps`, :func:`read_manifest`, :func:`delete_step`,
-:func:`detect_foreign`) lives in :mod:`.catalog` and is re-exported here.
+``streamio ckpt rm`` is :mod:`.removal`. The root's catalog (:func:`committed_steps`,
+:func:`read_manifest`, :func:`delete_step`, :func:`detect_foreign`) lives in :mod:`.catalog`
+and is re-exported here.
 """
 
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any
 
 from streamio.checkpoint import layout
 from streamio.checkpoint import manifest as mf
-from streamio.checkpoint.catalog import committed_steps, read_manifest
+from streamio.checkpoint.catalog import (
+    SaveRef,
+    committed_saves,
+    committed_steps,
+    read_manifest,
+    read_manifests,
+    resolve_save,
+)
 from streamio.checkpoint.catalog import delete_step as delete_step  # re-exported: catalog.py
 from streamio.checkpoint.catalog import detect_foreign as detect_foreign
+from streamio.checkpoint.records import Manifest
 from streamio.checkpoint.serialize import StreamReader, decode_part, verify_file
+from streamio.checkpoint.timeline import Tip, classify
 from streamio.checkpoint.validate import ManifestError
 from streamio.checksum import checksum_bytes
-from streamio.errors import CheckpointError, CheckpointFormatError, CorruptDataError, StorageError
+from streamio.errors import CheckpointError, CheckpointFormatError, CorruptDataError, StorageError, StreamioError
 from streamio.storage import Store
 
 __all__ = [
@@ -45,17 +59,20 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-def verify_checkpoint(store: Store, step: int, *, concurrency: int = 8) -> list[str]:
-    """Every problem with ``step`` (each naming the object at fault); empty when it verifies.
+def verify_checkpoint(store: Store, step: int, *, path: str | None = None, concurrency: int = 8) -> list[str]:
+    """Every problem with a save of ``step`` (each naming the object at fault); empty when it verifies.
 
     Reads every file the manifest lists, checks sizes and CRC32C, and every tensor's CRC32C.
     Files are read one after another: ``concurrency`` is not used yet (kept for its callers).
+
+    Args:
+        path: the save directory; default: the one :func:`~.catalog.resolve_save` picks.
     """
+    sdir = path if path is not None else resolve_save(store, step)
     try:
-        manifest = read_manifest(store, step)
+        manifest = read_manifest(store, step, path=sdir)
     except CheckpointError as exc:
         return [str(exc)]
-    sdir = layout.step_dir(step)
     problems: list[str] = []
     parts: dict[int, dict[int, bytes | memoryview]] = {}
     for f in manifest.files:
@@ -90,9 +107,9 @@ def check_pointer(store: Store) -> tuple[int | None, list[str]]:
         pointer = mf.pointer_from_bytes(data)
     except ManifestError as exc:
         return None, [f"{url} is corrupt: {exc}"]
-    manifest_url = store.url(layout.manifest_path(pointer.step))
+    manifest_url = store.url(layout.manifest_at(pointer.path))
     try:
-        manifest_data = store.read(layout.manifest_path(pointer.step))
+        manifest_data = store.read(layout.manifest_at(pointer.path))
     except FileNotFoundError:
         return pointer.step, [f"{url} names step {pointer.step} but {manifest_url} does not exist"]
     if checksum_bytes(manifest_data) != pointer.manifest_checksum:
@@ -103,53 +120,124 @@ def check_pointer(store: Store) -> tuple[int | None, list[str]]:
 
 @dataclass(frozen=True)
 class GarbageReport:
-    """What ``collect_garbage`` found (and deleted unless ``dry_run``)."""
+    """What ``collect_garbage`` found (and deleted unless ``dry_run``).
+
+    Attributes:
+        objects: the paths deleted (manifests of whole saves first).
+        bytes: their size.
+        multipart_uploads: the incomplete uploads aborted.
+        kept: saves that would be garbage but were kept, each with why (``latest.json`` names it).
+    """
 
     objects: tuple[str, ...]
     bytes: int
     multipart_uploads: tuple[str, ...] = ()
+    kept: tuple[str, ...] = ()
 
 
-def collect_garbage(store: Store, *, dry_run: bool = False, min_age_s: float = 3600.0) -> GarbageReport:
-    """Delete what no committed checkpoint refers to.
+def collect_garbage(
+    store: Store, *, dry_run: bool = False, min_age_s: float = 3600.0, now: float | None = None
+) -> GarbageReport:
+    """Delete what no current checkpoint needs (see the module docstring).
 
-    Orphans are: objects under a step prefix without a manifest when a newer step is committed
-    (an abandoned save; a save in progress is always newer than every committed step), objects
-    under a committed step that its manifest does not list (a losing concurrent save; markers of
-    the committed save are kept), and, on S3, multipart uploads under the root older than
-    ``min_age_s`` (a killed uploader's invisible, billed parts).
+    Garbage is:
+
+    * every object of a committed save that a restore rejected (``bad.json``), unless
+      ``latest.json`` names it (then kept and named in ``kept``: the next save supersedes it,
+      or ``streamio ckpt rm --force`` moves the pointer back first);
+    * every object of a committed save of an abandoned timeline (:mod:`.timeline`), committed
+      at least ``min_age_s`` ago (younger: a job that restored may be about to swap the pointer
+      to it). Not judged without a usable pointer;
+    * objects in a save directory without a manifest (a save that never committed) whose save
+      id says it started at least ``min_age_s`` ago; for older save ids, which do not say, those
+      of steps older than the newest committed one, other than the pointer's step;
+    * objects under a committed save that its manifest does not list (a losing concurrent save;
+      the committed save's markers and ``bad.json`` are kept);
+    * on S3, multipart uploads under the root older than ``min_age_s`` (a killed uploader's
+      invisible, billed parts).
+
+    Whole saves lose their manifest first, so a half-deleted save is never taken for complete.
     """
+    now = time.time() if now is None else now
     listing = store.list()
-    committed = set(committed_steps(store))
-    newest = max(committed) if committed else None
+    saves = committed_saves(store, listing)
+    manifests = read_manifests(store, saves)
     try:
-        pointer_step: int | None = mf.pointer_from_bytes(store.read(layout.LATEST)).step
+        pointer = mf.pointer_from_bytes(store.read(layout.LATEST))
     except (FileNotFoundError, ManifestError):
-        pointer_step = None
-    keep_files: dict[int, set[str]] = {}
-    for s in committed:
-        try:
-            m = read_manifest(store, s)
-        except CheckpointError:
-            continue  # a corrupt manifest is for `verify` to report, not for gc to guess at
-        markers = {layout.marker_path(r, m.save_id) for r in range(m.world_size)}
-        keep_files[s] = {f.path for f in m.files} | {layout.MANIFEST} | markers
-    doomed: list[Any] = []
-    for o in listing:
-        head, _, rest = o.path.partition("/")
-        s = layout.parse_step_dir(head)
-        if s is None or not rest:
-            continue
-        if s in committed:
-            if s in keep_files and rest not in keep_files[s]:
-                doomed.append(o)
-        elif newest is not None and s < newest and s != pointer_step:
-            doomed.append(o)
+        pointer = None
+    tip = None if pointer is None else Tip(pointer.timeline, pointer.step)
+    newest = max((s.step for s in saves), default=None)
+    committed = {s.path for s in saves}
+    whole: set[str] = set()
+    kept: list[str] = []
+    keep_files: dict[str, set[str]] = {}
+    for ref in saves:
+        m = manifests[ref.path]
+        verdict = _judge(ref, m, tip, pointer.path if pointer else None, now - min_age_s)
+        if verdict == "whole":
+            whole.add(ref.path)
+        elif verdict == "kept":
+            kept.append(f"{store.url(ref.path)} (step {ref.step}) was rejected by a restore but {layout.LATEST} names "
+                        f"it: the next save supersedes it, or `streamio ckpt rm --force` moves the pointer back")
+        if isinstance(m, Manifest):
+            markers = {layout.marker_path(r, m.save_id) for r in range(m.world_size)}
+            keep_files[ref.path] = {f.path for f in m.files} | {layout.MANIFEST, layout.BAD} | markers
+    pointed = pointer.step if pointer else None
+    doomed = [o for o in listing if _doomed(o.path, whole, committed, keep_files,
+                                            lambda p, rest: _unfinished_is_garbage(p, rest, now, min_age_s, newest,
+                                                                                   pointed))]
+    doomed.sort(key=lambda o: (o.path.rsplit("/", 1)[-1] != layout.MANIFEST, o.path))
     if not dry_run:
         for o in doomed:
             store.delete(o.path)
     uploads = _abandoned_uploads(store, dry_run=dry_run, min_age_s=min_age_s)
-    return GarbageReport(tuple(o.path for o in doomed), sum(o.size for o in doomed), uploads)
+    return GarbageReport(tuple(o.path for o in doomed), sum(o.size for o in doomed), uploads, tuple(kept))
+
+
+def _doomed(
+    path: str, whole: set[str], committed: set[str], keep_files: dict[str, set[str]],
+    unfinished: Callable[[tuple[int, str], str], bool],
+) -> bool:
+    """Whether the object at ``path`` is garbage (see :func:`collect_garbage`)."""
+    head, _, rest = path.partition("/")
+    parsed = layout.parse_save_dir(head)
+    if parsed is None or not rest:
+        return False
+    if head in whole:
+        return True
+    if head in committed:  # a corrupt manifest (no keep list) is for `verify` to report, not for gc to guess at
+        return head in keep_files and rest not in keep_files[head]
+    return unfinished(parsed, rest)
+
+
+def _judge(ref: SaveRef, m: Manifest | StreamioError, tip: Tip | None, named: str | None, before: float) -> str:
+    """``"whole"``: the committed save is garbage; ``"kept"``: it would be, but the pointer names
+    it; ``""``: it stays (``before``: abandoned saves committed after it may still be in use)."""
+    abandoned = (isinstance(m, Manifest) and tip is not None and classify(tip, m.line, m.step) == "abandoned"
+                 and _committed_at(m.created) <= before)
+    if not (ref.bad or abandoned):
+        return ""
+    return "kept" if ref.path == named else "whole"
+
+
+def _committed_at(created: str) -> float:
+    """Unix time of an ISO-8601 time (-inf when it does not parse: an old save)."""
+    try:
+        return datetime.fromisoformat(created).timestamp()
+    except ValueError:
+        return float("-inf")
+
+
+def _unfinished_is_garbage(
+    parsed: tuple[int, str], rest: str, now: float, min_age_s: float, newest: int | None, pointed: int | None
+) -> bool:
+    """Whether an object of a save directory without a manifest is left from a dead save."""
+    save_id = layout.object_save_id(rest) or parsed[1]
+    started = layout.save_started(save_id) if save_id else None
+    if started is not None:
+        return now - started >= min_age_s
+    return newest is not None and parsed[0] < newest and parsed[0] != pointed
 
 
 def _abandoned_uploads(store: Store, *, dry_run: bool, min_age_s: float) -> tuple[str, ...]:

@@ -15,13 +15,20 @@ one :class:`~.snapshot.Snapshot` (a step's bytes on this rank, in host memory):
    the PUT fails and :class:`~streamio.errors.CheckpointConflictError` stops this job: two jobs
    can never interleave their pointers. Backends without conditional writes cannot detect this
    (the store's ``put`` documents which do: S3 ``If-Match``, GCS generation match, local/memory).
-5. Only then retention runs (rank 0, :mod:`.pruning`): the policy (:mod:`.retention`) says which
-   steps to keep; obsolete steps lose their manifest first, then their parts. The step the
+5. Only then pruning runs (rank 0, :mod:`.pruning`): saves of abandoned timelines and bad saves
+   are retired, then the policy (:mod:`.retention`) says which checkpoints of the current
+   timeline to keep; deleted saves lose their manifest first, then their parts. The save the
    pointer names is never deleted, so there is always a complete checkpoint.
 
-Conflicts: a step that already has a manifest is refused (another job, or a step saved twice),
-except a manifest left by an earlier run that died between its manifest and its pointer swap,
-which is removed once this job has restored from an older step (:meth:`Committer._abandoned`).
+Timelines (:mod:`.timeline`, docs/checkpoint-lifecycle.md): every job saves on a timeline of its
+own, continuing the save it restored (or, if it did not restore, the one the pointer names), so
+a step saved again after a restore went back past it does not collide with the old save: it
+gets a save directory of its own (:func:`~.layout.save_dir`) and supersedes it. The pointer and
+the manifest record the timeline. Two live jobs on one root are still stopped by the fencing
+above: whichever swaps the pointer second finds it changed. Refused before anything is
+uploaded: a step this job already saved (or one before it) on its timeline, and, for a job that
+never restored, a step at or before the pointer's or one that already has a manifest (another
+job writes this root, or the job forgot ``restore()``).
 
 ``on_phase`` is called with the name of each phase as it completes (:data:`PHASES`); the kill
 tests use it to ``kill -9`` the process there.
@@ -30,10 +37,12 @@ tests use it to ``kill -9`` the process there.
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import logging
 import platform
 import time
 import uuid
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
@@ -41,14 +50,15 @@ import torch
 
 from streamio.checkpoint import layout
 from streamio.checkpoint import manifest as mf
-from streamio.checkpoint.catalog import PhaseHook, pointed_step
+from streamio.checkpoint.catalog import ABSENT, PhaseHook, pointer_version, read_pointer
 from streamio.checkpoint.comm import Comm
 from streamio.checkpoint.options import SaveOptions, SaveStats
 from streamio.checkpoint.pruning import Pruner
-from streamio.checkpoint.records import DoneMarker, FileEntry, Pointer, Section
+from streamio.checkpoint.records import DoneMarker, FileEntry, Manifest, Pointer, Section
 from streamio.checkpoint.retention import RetentionPolicy
 from streamio.checkpoint.serialize import encode_part
 from streamio.checkpoint.snapshot import Snapshot
+from streamio.checkpoint.timeline import Point, Timeline, Tip, branch
 from streamio.checkpoint.validate import ManifestError
 from streamio.checksum import checksum_bytes
 from streamio.errors import CheckpointConflictError, CheckpointError, ObjectNotFoundError, WriteConflictError
@@ -63,7 +73,16 @@ PHASES = ("parts", "markers", "manifest", "pointer", "delete", "retention")
 """Phase names passed to ``on_phase``: "delete" is a step's manifest deleted, its parts not yet."""
 
 _UNKNOWN = object()  # pointer version not read yet
-_ABSENT = object()  # there was no pointer
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """Rank 0's decisions for one save: where it goes and on which timeline."""
+
+    save_id: str
+    sdir: str
+    timeline: Timeline
+    parent: str  # the save directory this save follows ("" if none)
 
 
 def part_size_for(total: int, options: SaveOptions, *, local: bool = False) -> int:
@@ -101,43 +120,48 @@ class Committer:
         store: the checkpoint root.
         comm: the collectives (every rank holds a Committer and calls :meth:`commit` alike).
         options: part size, concurrency, compression.
-        retention: which committed checkpoints to keep (applied by :attr:`pruner`).
+        retention: which committed checkpoints to keep (applied by :attr:`pruner`); ``None``: the
+            policy the root records.
         on_phase: called with each phase name as it completes (:data:`PHASES`).
     """
 
     def __init__(
-        self, store: Store, comm: Comm, *, options: SaveOptions, retention: RetentionPolicy,
+        self, store: Store, comm: Comm, *, options: SaveOptions, retention: RetentionPolicy | None,
         on_phase: PhaseHook | None = None,
     ) -> None:
         self.store, self.comm, self.options = store, comm, options
         self.pruner = Pruner(store, retention, on_phase=on_phase)
         self._on_phase = on_phase
         self._pointer_version: Any = _UNKNOWN  # what the next pointer swap expects to replace
-        self._restored_at: datetime | None = None  # when this job last restored
+        # rank 0's view of where this job stands (the other ranks follow its broadcast):
+        self._parent: Point | None = None  # what the job's next new timeline continues
+        self._restored = False  # restore() said where the job stands
+        self._timeline: Timeline | None = None  # the job's timeline, once it committed on it
+        self._last: Point | None = None  # the job's last commit
 
-    def restored(self) -> None:
-        """Note that this job has just restored: manifests written before now that the pointer
-        never named are left from a crashed run (:meth:`_abandoned`); and, on rank 0, the
-        pointer's version is what the first save will replace."""
-        self._restored_at = datetime.now(timezone.utc)
-        if self._pointer_version is _UNKNOWN and self.comm.rank == 0:
-            self._pointer_version = self._read_pointer_version()
+    def restored(self, outcome: tuple[Point, Any] | None = None) -> None:
+        """Note that this job has just restored the save ``outcome[0]``, reading the pointer's
+        version ``outcome[1]`` (rank 0) before it read anything: its next save starts a new
+        timeline continuing that save, and its pointer swap expects that version."""
+        self._restored, self._timeline, self._last = True, None, None
+        self._parent = outcome[0] if outcome is not None else None
+        if self.comm.rank == 0:
+            self._pointer_version = outcome[1] if outcome is not None else pointer_version(self.store)
 
     def commit(self, job: Snapshot) -> SaveStats:
-        """Make ``job`` the current checkpoint (collective), then apply retention.
+        """Make ``job`` the current checkpoint (collective), then prune (rank 0).
 
         Raises:
             CheckpointConflictError: another job writes this root (or the step was saved).
             CheckpointError: any rank failed; the previous checkpoint stays current.
         """
         comm, store = self.comm, self.store
-        sdir = layout.step_dir(job.step)
-        save_id = comm.broadcast(uuid.uuid4().hex[:12] if comm.rank == 0 else None)
+        plan, save_id, sdir = self._agreed_plan(job.step)
         failure: str | None = None
         own_exc: BaseException | None = None
         files: list[FileEntry] = []
         try:
-            files = self._write_rank(job, save_id)
+            files = self._write_rank(job, save_id, sdir)
         except Exception as exc:  # reported to every rank below, then re-raised
             failure, own_exc = f"rank {comm.rank}: {type(exc).__name__}: {exc}", exc
         bad = [o for o in comm.all_gather(failure) if o is not None]  # the barrier
@@ -151,32 +175,96 @@ class Committer:
 
         result: str | None = None
         commit_exc: BaseException | None = None
+        manifest: Manifest | None = None
         if comm.rank == 0:
+            assert plan is not None
             try:
-                self._publish(job, save_id)
+                manifest = self._publish(job, plan)
             except Exception as exc:
                 result, commit_exc = f"{type(exc).__name__}: {exc}", exc
+                self._abandon_timeline()
         result = comm.broadcast(result)
         if commit_exc is not None:
             raise commit_exc
         if result is not None:
             raise CheckpointError(f"rank 0 could not commit step {job.step} to {store.url(sdir)}: {result}")
         durable = time.perf_counter() - job.started
-        self.pruner.committed(job.step, job.metrics)
         if comm.rank == 0:
-            self.pruner.prune(job.step)
+            assert plan is not None and manifest is not None
+            self._committed(plan, manifest)
         log.info("checkpoint step %d durable at %s (%.3f s blocked, %.3f s to durable)",
                  job.step, store.url(sdir), job.blocked_s, durable)
         return SaveStats(job.step, job.blocked_s, durable, sum(f.size for f in files), len(files))
 
-    def _write_rank(self, job: Snapshot, save_id: str) -> list[FileEntry]:
+    def _agreed_plan(self, step: int) -> tuple[_Plan | None, str, str]:
+        """Rank 0's :meth:`_plan` and, on every rank, its save id and directory (its error
+        raised on every rank)."""
+        plan, plan_exc = None, None
+        if self.comm.rank == 0:
+            try:
+                plan = self._plan(step)
+            except Exception as exc:  # reported to every rank, raised here
+                plan_exc = exc
+        shared = self.comm.broadcast((plan.save_id, plan.sdir) if plan else f"{type(plan_exc).__name__}: {plan_exc}")
+        if plan_exc is not None:
+            raise plan_exc
+        if isinstance(shared, str):
+            raise CheckpointError(f"rank 0 could not start saving step {step} under {self.store.root_url}: {shared}")
+        return plan, shared[0], shared[1]
+
+    def _committed(self, plan: _Plan, manifest: Manifest) -> None:
+        """Rank 0, once the pointer names ``manifest``: the job is on ``plan``'s timeline; prune."""
+        step = manifest.step
+        self._timeline, self._last = plan.timeline, Point(plan.timeline, step, plan.sdir)
+        self.pruner.committed(plan.sdir, manifest)
+        compacted = self.pruner.prune(Tip(plan.timeline, step), plan.sdir)
+        if compacted is not None:
+            self._timeline = compacted
+
+    def _plan(self, step: int) -> _Plan:
+        """Rank 0, before anything is uploaded: the save's id, directory and timeline.
+
+        Raises:
+            CheckpointConflictError: the step is not past this job's last save on its timeline,
+                or (a job that never restored) not past the pointer's, or already has a manifest.
+            CheckpointError: the pointer is unusable and this job never restored.
+        """
+        store = self.store
+        if self._pointer_version is _UNKNOWN:
+            self._pointer_version = pointer_version(store)
+        if self._timeline is not None and self._last is not None:
+            if step <= self._last.step:
+                what = ("is already committed by this job" if step == self._last.step
+                        else f"comes before step {self._last.step}, which this job saved last")
+                raise CheckpointConflictError(
+                    f"step {step} {what} (at {store.url(self._last.path)}): another job writes this root, or this "
+                    f"job saves a step twice (save steps after the one save() or restore() was given last)"
+                )
+            timeline, parent = self._timeline, self._last.path
+        else:
+            start = self._parent
+            if start is None:
+                start = _pointed_start(store, step, strict=not self._restored)
+            try:
+                timeline = branch(start.timeline if start else None, start.step if start else None,
+                                  new_id=uuid.uuid4().hex[:12], first_step=step)
+            except ValueError as exc:
+                raise CheckpointError(f"cannot save step {step} under {store.root_url}: {exc}") from exc
+            parent = start.path if start else ""
+        save_id = layout.new_save_id(time.time(), uuid.uuid4().hex)
+        taken = store.exists(layout.manifest_path(step))
+        return _Plan(save_id, layout.save_dir(step, save_id if taken else ""), timeline, parent)
+
+    def _abandon_timeline(self) -> None:
+        """After a commit failed past the manifest, the next save starts a new timeline from this
+        job's last commit, so it never shares ``(timeline, step)`` with the failed save."""
+        if self._last is not None:
+            self._parent, self._restored = self._last, True
+        self._timeline = None
+
+    def _write_rank(self, job: Snapshot, save_id: str, sdir: str) -> list[FileEntry]:
         """This rank's share: parts uploaded and checked in the store, then its done marker."""
         comm, store, opts = self.comm, self.store, self.options
-        sdir = layout.step_dir(job.step)
-        if comm.rank == 0:
-            self._check_step_free(job.step)
-            if self._pointer_version is _UNKNOWN:
-                self._pointer_version = self._read_pointer_version()
         local = store.is_local
         ranges = layout.split_ranges(job.total, part_size_for(job.total, opts, local=local))
 
@@ -204,88 +292,47 @@ class Committer:
         self._phase("markers")
         return files
 
-    def _publish(self, job: Snapshot, save_id: str) -> None:
+    def _publish(self, job: Snapshot, plan: _Plan) -> Manifest:
         """Rank 0: markers -> manifest (create-only) -> latest.json (compare-and-swap)."""
-        store, sdir = self.store, layout.step_dir(job.step)
+        store, sdir, save_id = self.store, plan.sdir, plan.save_id
         markers_at = [f"{sdir}/{layout.marker_path(r, save_id)}" for r in range(self.comm.world)]
         markers = [mf.marker_from_bytes(b) for b in store.read_many(markers_at, concurrency=self.options.concurrency)]
         created = datetime.now(timezone.utc).isoformat(timespec="seconds")
         manifest = mf.build_manifest(job.step, markers, metrics=job.metrics, software=software_stack(), created=created)
+        manifest = dataclasses.replace(manifest, timeline=plan.timeline, parent=plan.parent)
         data = mf.manifest_to_bytes(manifest)
         try:
-            store.put(layout.manifest_path(job.step), data, mode="create")
+            store.put(layout.manifest_at(sdir), data, mode="create")
         except WriteConflictError as exc:
             raise CheckpointConflictError(
-                f"{store.url(layout.manifest_path(job.step))} was created by someone else while this job saved "
+                f"{store.url(layout.manifest_at(sdir))} was created by someone else while this job saved "
                 f"step {job.step}: another job writes the same checkpoint root; give each job its own root"
             ) from exc
         self._phase("manifest")
         pointer = Pointer(step=job.step, path=sdir, manifest_checksum=checksum_bytes(data), save_id=save_id,
-                          created=manifest.created)
+                          created=manifest.created, timeline=plan.timeline)
         self._swap_pointer(pointer)
         self._phase("pointer")
+        return manifest
 
     def _swap_pointer(self, pointer: Pointer) -> None:
         """Replace ``latest.json`` only if it is still the version this job last read or wrote."""
         store, expected, data = self.store, self._pointer_version, mf.pointer_to_bytes(pointer)
         try:
-            if expected is _ABSENT:
+            if expected is ABSENT:
                 version = store.put(layout.LATEST, data, mode="create")
             elif expected is None:  # the store reports no versions: nothing to compare against
                 version = store.put(layout.LATEST, data)
             else:
                 version = store.put(layout.LATEST, data, if_match=expected)
         except (WriteConflictError, ObjectNotFoundError) as exc:
-            was = "no pointer" if expected is _ABSENT else f"version {expected!r}"
+            was = "no pointer" if expected is ABSENT else f"version {expected!r}"
             raise CheckpointConflictError(
                 f"{store.url(layout.LATEST)} changed since this job last read it (expected {was}): another job "
                 f"writes the same checkpoint root; step {pointer.step} is complete but not current. "
                 f"Give each job its own root"
             ) from exc
         self._pointer_version = version
-
-    def _check_step_free(self, step: int) -> None:
-        path = layout.manifest_path(step)
-        try:
-            data = self.store.read(path)
-        except FileNotFoundError:
-            return
-        if self._abandoned(data):
-            log.warning(
-                "%s was written by a save that never swapped %s (the job died in between) before this job "
-                "resumed from an older step; it is removed so that step %d can be saved again",
-                self.store.url(path), self.store.url(layout.LATEST), step,
-            )
-            self.store.delete(path)
-            return
-        raise CheckpointConflictError(
-            f"step {step} is already committed at {self.store.url(layout.step_dir(step))}: another job writes this "
-            f"root, or this job saves a step twice (save steps after the one restore() returned)"
-        )
-
-    def _abandoned(self, manifest_data: bytes) -> bool:
-        """Whether a manifest in the way of a save is left from an earlier run's crashed save.
-
-        It is if the pointer never named it (its step is past the pointer's) and it was written
-        before this job restored: the job that wrote it died between the manifest and the
-        pointer swap, and this job resumed from the previous checkpoint. Anything else (a
-        manifest the pointer names, or one written after our restore: a live second job) stays
-        a conflict.
-        """
-        if self._restored_at is None:
-            return False
-        try:
-            found = mf.manifest_from_bytes(manifest_data)
-        except ManifestError:
-            return False
-        try:
-            created = datetime.fromisoformat(found.created)
-        except ValueError:
-            return False
-        if created >= self._restored_at:
-            return False
-        pointed = pointed_step(self.store)
-        return pointed is None or pointed < found.step
 
     def _check_uploaded(self, sdir: str, files: list[FileEntry]) -> None:
         if not files:
@@ -299,13 +346,27 @@ class Committer:
                     f"the store did not keep the part; the save is abandoned"
                 )
 
-    def _read_pointer_version(self) -> Any:
-        """The pointer's version now: a token, ``None`` (store has none) or ``_ABSENT``."""
-        try:
-            return self.store.info(layout.LATEST).version
-        except FileNotFoundError:
-            return _ABSENT
-
     def _phase(self, name: str) -> None:
         if self._on_phase is not None:
             self._on_phase(name)
+
+
+def _pointed_start(store: Store, step: int, *, strict: bool) -> Point | None:
+    """Where a job stands that restored nothing: at the pointer; ``strict`` (it never called
+    restore()): only if its first step is past the pointer's and has no manifest yet."""
+    try:
+        pointer = read_pointer(store)
+    except ManifestError as exc:
+        raise CheckpointError(
+            f"{store.url(layout.LATEST)} is unusable ({exc}) and this job did not restore: call restore() "
+            f"first (it walks back to the newest complete checkpoint), then save"
+        ) from exc
+    if pointer is None:
+        return None
+    if strict and (step <= pointer.step or store.exists(layout.manifest_path(step))):
+        raise CheckpointConflictError(
+            f"step {step} is already committed under {store.root_url} (latest.json names step "
+            f"{pointer.step}): another job writes this root, or this job did not call restore() "
+            f"(restore first; restore(state, step=...) goes back to an earlier step)"
+        )
+    return Point(pointer.timeline, pointer.step, pointer.path)

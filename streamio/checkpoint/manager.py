@@ -41,9 +41,9 @@ from streamio.checkpoint.commit import software_stack as software_stack
 from streamio.checkpoint.options import SaveOptions, SaveStats
 from streamio.checkpoint.restore import Restorer
 from streamio.checkpoint.restore import load_tensors as load_tensors  # re-exported: restore.py
-from streamio.checkpoint.retention import KeepLast, RetentionPolicy
+from streamio.checkpoint.retention import RetentionPolicy
 from streamio.checkpoint.serialize import HostBuffer
-from streamio.checkpoint.snapshot import take_snapshot
+from streamio.checkpoint.snapshot import Snapshot, take_snapshot
 from streamio.errors import CheckpointError
 from streamio.storage import RetryPolicy, Store
 
@@ -70,8 +70,9 @@ class CheckpointManager:
 
     Args:
         root_url: any fsspec URL (``s3://bucket/run1/ckpt``, ``gs://...``, ``/local/dir``).
-        retention: which committed checkpoints to keep (``KeepLast(2)`` by default; combine
-            with ``|``, e.g. ``KeepLast(3) | KeepBest("val_loss")``).
+        retention: which committed checkpoints to keep (combine with ``|``, e.g.
+            ``KeepLast(3) | KeepBest("val_loss")``); recorded in the root. Default: the policy
+            the root records, else ``KeepLast(2)`` (docs/checkpoint-lifecycle.md).
         async_save: upload in a background thread (``save`` returns after the host snapshot).
         storage_options: fsspec options (endpoint, credentials); never logged or stored.
         options: part size, concurrency, compression, per-rank state names.
@@ -81,7 +82,9 @@ class CheckpointManager:
 
     Call order: ``save``... (each waits for the previous), ``wait()`` to make the last one
     durable, ``close()``; ``restore`` at start. Under ``torch.distributed`` every rank constructs
-    the manager and calls ``save``/``restore`` with the same steps (they are collective).
+    the manager and calls ``save``/``restore`` with the same steps (they are collective: a rank
+    that calls them alone gets a ``CheckpointError`` naming the missing ranks after
+    ``SaveOptions.collective_timeout_s``, see :mod:`.comm`).
     """
 
     def __init__(
@@ -98,10 +101,10 @@ class CheckpointManager:
         self.store = Store(root_url, storage_options, retry=retry)
         self.async_save = async_save
         self.options = options or SaveOptions()
-        self._comm = Comm()
+        self._comm = Comm(timeout_s=self.options.collective_timeout_s)
         self._committer = Committer(
             self.store, self._comm, options=self.options,
-            retention=retention if retention is not None else KeepLast(2), on_phase=on_phase,
+            retention=retention, on_phase=on_phase,
         )
         self._restorer = Restorer(self.store, self._comm, concurrency=self.options.concurrency,
                                   part_store=self.store.for_verified_reads())
@@ -142,13 +145,15 @@ class CheckpointManager:
         """Snapshot ``state`` and commit it as ``step`` (in the background if ``async_save``).
 
         Args:
-            step: the training step (names the checkpoint; must not be committed already).
+            step: the training step, past the one this job last saved or restored (a step
+                that a restore went back past is saved again: docs/checkpoint-lifecycle.md).
             state: name -> object with ``state_dict()`` (model, optimizer, scheduler, scaler,
                 dataset, RNG state) or plain value (tensors, JSON-like values).
             metrics: numbers recorded in the manifest (what ``KeepBest`` ranks by).
 
         Raises:
-            CheckpointError: the previous async save failed (raised here, once), or the state
+            CheckpointError: the previous async save failed (raised here, once; e.g. a rank did
+                not reach that save within ``SaveOptions.collective_timeout_s``), or the state
                 holds a value that cannot be saved without pickling.
             CheckpointConflictError: another job writes this root (also from the previous save).
         """
@@ -160,9 +165,14 @@ class CheckpointManager:
         job = take_snapshot(step, state, comm=self._comm, per_rank=self.options.per_rank, buffer=self._buffer,
                             metrics=dict(metrics or {}), started=t0)
         if self.async_save:
-            self._pending = self._executor.submit(self._committer.commit, job)
+            self._pending = self._executor.submit(self._commit, job)
         else:
-            self.last_stats = self._committer.commit(job)
+            self.last_stats = self._commit(job)
+
+    def _commit(self, job: Snapshot) -> SaveStats:
+        """Every rank at this save (bounded wait: :meth:`~.comm.Comm.arrive`), then the commit."""
+        self._comm.arrive("save", job.step, where=f"saving step {job.step} to {self.store.root_url}")
+        return self._committer.commit(job)
 
     def wait(self) -> SaveStats | None:
         """Block until the save in flight is durable; raise its error if it failed.
@@ -199,7 +209,7 @@ class CheckpointManager:
         return committed_steps(self.store)
 
     # ------------------------------------------------------------------------------ restore
-    def restore(self, state: MutableMapping[str, Any], step: int | None = None) -> int:
+    def restore(self, state: MutableMapping[str, Any], *, step: int | None = None) -> int:
         """Load a checkpoint into ``state`` in place and return its step.
 
         Objects with ``load_state_dict`` are loaded through it (tensors copied into the live
@@ -218,9 +228,12 @@ class CheckpointManager:
             CheckpointFormatError: an unknown format version, a root written by another tool,
                 or (with ``step``) a manifest or tree that does not verify or decode.
             CheckpointError: no checkpoint verifies, or the checkpoint does not fit ``state``
-                (a name not saved, another model's keys, shapes or dtypes): nothing was loaded.
+                (a name not saved, another model's keys, shapes or dtypes), or a rank did not
+                reach this restore within ``SaveOptions.collective_timeout_s``: nothing was loaded.
         """
         self._wait_pending()
+        where = f"restoring {'the newest step' if step is None else f'step {step}'} from {self.store.root_url}"
+        self._comm.arrive("restore", step, where=where)
         restored = self._restorer.restore(state, step)
-        self._committer.restored()
+        self._committer.restored(self._restorer.outcome)
         return restored

@@ -15,6 +15,11 @@ after the manifest; retention deletes only after the pointer naming a newer chec
 written, and deletes a step's manifest first so that a half-deleted step is never mistaken for a
 complete one (:mod:`.commit`).
 
+Format 2 (timelines, docs/checkpoint-lifecycle.md) adds to the manifest the ``timeline`` of the
+job that wrote it and its ``parent`` save, and to the pointer the current ``timeline`` and a
+``path`` that may name a suffixed save directory (:func:`~.layout.save_dir`). Format 1 documents
+are still read (their timeline is ``""``); a newer format is refused with "upgrade streamio".
+
 These documents are read back from storage that others can write, so the parsers here trust
 nothing: size and nesting are bounded (:mod:`streamio.limits`), every field is checked, paths
 must stay below the step directory and sizes must add up (:mod:`.validate`), and a manifest
@@ -35,9 +40,11 @@ from streamio.checkpoint.layout import LATEST as LATEST  # re-exported: layout.p
 from streamio.checkpoint.layout import MANIFEST as MANIFEST
 from streamio.checkpoint.layout import manifest_path as manifest_path
 from streamio.checkpoint.layout import marker_path as marker_path
+from streamio.checkpoint.layout import parse_save_dir
 from streamio.checkpoint.layout import parse_step_dir as parse_step_dir
 from streamio.checkpoint.layout import part_path as part_path
 from streamio.checkpoint.layout import rank_dir as rank_dir
+from streamio.checkpoint.layout import save_dir as save_dir
 from streamio.checkpoint.layout import split_ranges as split_ranges
 from streamio.checkpoint.layout import step_dir as step_dir
 from streamio.checkpoint.records import DoneMarker, FileEntry, Manifest, Pointer, Section, TensorEntry
@@ -49,12 +56,15 @@ from streamio.checkpoint.retention import KeepEvery as KeepEvery
 from streamio.checkpoint.retention import KeepLast as KeepLast
 from streamio.checkpoint.retention import RetentionPolicy as RetentionPolicy
 from streamio.checkpoint.retention import steps_to_delete as steps_to_delete
+from streamio.checkpoint.timeline import Timeline, timeline_from_json, timeline_to_json
 from streamio.checkpoint.validate import ManifestError  # defined beside the checks that raise it
 from streamio.checksum import checksum_bytes
 from streamio.limits import MAX_JSON_BYTES, MAX_JSON_DEPTH, json_depth, load_json
 
-FORMAT = "streamio.checkpoint/1"
-POINTER_FORMAT = "streamio.checkpoint.latest/1"
+FORMAT = "streamio.checkpoint/2"
+POINTER_FORMAT = "streamio.checkpoint.latest/2"
+_FORMAT_V1 = "streamio.checkpoint/1"
+_POINTER_FORMAT_V1 = "streamio.checkpoint.latest/1"
 MARKER_FORMAT = "streamio.checkpoint.done/1"
 _FORMAT_FAMILY = "streamio.checkpoint/"
 _POINTER_FAMILY = "streamio.checkpoint.latest/"
@@ -157,6 +167,8 @@ def manifest_to_bytes(m: Manifest) -> bytes:
         "created": m.created,
         "metrics": dict(m.metrics),
         "software": dict(m.software),
+        "timeline": None if m.timeline is None else timeline_to_json(m.timeline),
+        "parent": m.parent or None,
         "files": [_file_to_json(f) for f in m.files],
         "replicated": _section_to_json(m.replicated),
         "per_rank": [_section_to_json(s) for s in m.per_rank],
@@ -180,7 +192,7 @@ def manifest_from_bytes(data: bytes, *, step: int | None = None, checksum: str |
     what = "manifest" if step is None else f"manifest of step {step}"
     data = bytes(data)
     doc = _load_json(data, what)
-    _check_format(doc, FORMAT, _FORMAT_FAMILY, what)  # first: a newer format is "upgrade", not "damaged"
+    fmt = _check_format(doc, (FORMAT, _FORMAT_V1), _FORMAT_FAMILY, what)  # first: newer is "upgrade", not "damaged"
     if checksum is not None and checksum_bytes(data) != checksum:
         raise ManifestError(
             f"{what} has checksum {checksum_bytes(data)}, but {LATEST} recorded {checksum} when it was committed: "
@@ -204,6 +216,7 @@ def manifest_from_bytes(data: bytes, *, step: int | None = None, checksum: str |
                 raise ManifestError(f"{what}: rank {r}'s tensor {key!r} claims to live in rank {t.rank}'s stream")
     tensors = [*replicated.tensors.items(), *(item for s in per_rank for item in s.tensors.items())]
     vd.streams(files, tensors, world_size=world, what=what)
+    timeline, parent = _lineage(doc, what) if fmt == FORMAT else (None, "")
     return Manifest(
         step=found,
         save_id=vd.save_id(doc, "save_id", what),
@@ -215,7 +228,19 @@ def manifest_from_bytes(data: bytes, *, step: int | None = None, checksum: str |
         software=vd.mapping(doc, "software", what),
         created=_optional_str(doc, "created", what),
         checksum=sealed,
+        timeline=timeline,
+        parent=parent,
     )
+
+
+def _lineage(doc: Mapping[str, Any], what: str) -> tuple[Timeline | None, str]:
+    """A format-2 manifest's timeline (``None`` if not recorded) and parent save directory."""
+    raw = doc.get("timeline")
+    timeline = None if raw is None else timeline_from_json(raw, what)
+    parent = doc.get("parent")
+    if parent is not None and (not isinstance(parent, str) or parse_save_dir(parent) is None):
+        raise ManifestError(f"{what}: 'parent' must be a save directory name or null, got {vd.short(parent)}")
+    return timeline, parent or ""
 
 
 def marker_to_bytes(m: DoneMarker) -> bytes:
@@ -235,7 +260,7 @@ def marker_from_bytes(data: bytes) -> DoneMarker:
     """Parse and validate a rank's done marker (same checks as a manifest's)."""
     what = "done marker"
     doc = _load_json(data, what)
-    _check_format(doc, MARKER_FORMAT, "streamio.checkpoint.done/", what)
+    _check_format(doc, (MARKER_FORMAT,), "streamio.checkpoint.done/", what)
     rank = vd.integer(doc, "rank", what)
     what = f"rank {rank}'s done marker"
     files = _files(doc, what)
@@ -301,21 +326,33 @@ def build_manifest(
 
 def pointer_to_bytes(p: Pointer) -> bytes:
     doc = {"format": POINTER_FORMAT, "step": p.step, "path": p.path, "manifest_checksum": p.manifest_checksum,
-           "save_id": p.save_id, "created": p.created}
+           "save_id": p.save_id, "created": p.created, "timeline": timeline_to_json(p.timeline)}
     return json.dumps(doc, separators=(",", ":")).encode()
 
 
 def pointer_from_bytes(data: bytes) -> Pointer:
-    """Parse and validate ``latest.json``; raises :class:`ManifestError` if it is not a valid pointer."""
+    """Parse and validate ``latest.json`` (format 1 or 2).
+
+    ``path`` must be the step's directory, or (format 2) that directory suffixed with the
+    pointer's save id; a format-1 pointer is on the timeline ``""``.
+
+    Raises:
+        ManifestError: it is not a valid pointer (``unknown_version``: a newer format).
+    """
     what = LATEST
     doc = _load_json(data, what, max_bytes=_MAX_POINTER_BYTES)
-    _check_format(doc, POINTER_FORMAT, _POINTER_FAMILY, what)
+    fmt = _check_format(doc, (POINTER_FORMAT, _POINTER_FORMAT_V1), _POINTER_FAMILY, what)
     step = vd.integer(doc, "step", what)
     path = vd.string(doc, "path", what)
-    if path != step_dir(step):
-        raise ManifestError(f"{what} names path {vd.short(path)} for step {step}; expected {step_dir(step)!r}")
+    save_id = vd.save_id(doc, "save_id", what, optional=True)
+    allowed = [step_dir(step)] + ([save_dir(step, save_id)] if fmt == POINTER_FORMAT and save_id else [])
+    if path not in allowed:
+        raise ManifestError(
+            f"{what} names path {vd.short(path)} for step {step}; expected {' or '.join(map(repr, allowed))}"
+        )
+    timeline = timeline_from_json(doc.get("timeline"), what) if fmt == POINTER_FORMAT else Timeline()
     return Pointer(step=step, path=path, manifest_checksum=vd.checksum(doc, "manifest_checksum", what),
-                   save_id=vd.save_id(doc, "save_id", what, optional=True), created=_optional_str(doc, "created", what))
+                   save_id=save_id, created=_optional_str(doc, "created", what), timeline=timeline)
 
 
 def _load_json(data: bytes, what: str, *, max_bytes: int = MAX_JSON_BYTES) -> dict[str, Any]:
@@ -325,17 +362,19 @@ def _load_json(data: bytes, what: str, *, max_bytes: int = MAX_JSON_BYTES) -> di
     return doc
 
 
-def _check_format(doc: Mapping[str, Any], expected: str, family: str, what: str) -> None:
+def _check_format(doc: Mapping[str, Any], readable: tuple[str, ...], family: str, what: str) -> str:
+    """The document's format if this streamio reads it (``readable``: newest first)."""
     fmt = doc.get("format")
-    if fmt == expected:
-        return
+    if fmt in readable:
+        return str(fmt)
+    names = " or ".join(map(repr, readable))
     if isinstance(fmt, str) and fmt.startswith(family):
         raise ManifestError(
-            f"{what} has format {vd.short(fmt)}; this streamio reads {expected!r}: upgrade streamio to read it",
+            f"{what} has format {vd.short(fmt)}; this streamio reads {names}: upgrade streamio to read it",
             unknown_version=True,
         )
     raise ManifestError(
-        f"{what} has format {vd.short(fmt)}, not {expected!r}: not written by streamio", unknown_version=True
+        f"{what} has format {vd.short(fmt)}, not {names}: not written by streamio", unknown_version=True
     )
 
 

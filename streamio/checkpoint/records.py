@@ -11,6 +11,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from streamio.checkpoint.timeline import Timeline
+
 
 @dataclass(frozen=True)
 class FileEntry:
@@ -85,6 +87,10 @@ class Manifest:
         created: ISO-8601 UTC time of the commit.
         checksum: the seal the stored manifest carried (verified when parsed); ``""`` when it
             was built here or written before manifests sealed themselves.
+        timeline: the timeline of the job that wrote it (:mod:`.timeline`); ``None`` when
+            written before timelines (format 1: the timeline ``""``).
+        parent: the save directory of the save it follows (the previous save of its job, or the
+            one the job restored); ``""`` if none or not recorded.
     """
 
     step: int
@@ -97,6 +103,13 @@ class Manifest:
     software: Mapping[str, Any] = field(default_factory=dict)
     created: str = ""
     checksum: str = field(default="", compare=False)
+    timeline: Timeline | None = None
+    parent: str = ""
+
+    @property
+    def line(self) -> Timeline:
+        """Its timeline (``Timeline()``, the timeline ``""``, for format 1)."""
+        return self.timeline if self.timeline is not None else Timeline()
 
     @property
     def total_bytes(self) -> int:
@@ -123,10 +136,21 @@ class DoneMarker:
 
 @dataclass(frozen=True)
 class Pointer:
-    """``latest.json``: which checkpoint is current."""
+    """``latest.json``: which checkpoint is current, and the timeline it is on.
+
+    Attributes:
+        step: the step of the current checkpoint.
+        path: its save directory (:func:`~.layout.save_dir`).
+        manifest_checksum: the checksum of its manifest's bytes.
+        save_id: the id of the save that wrote it.
+        created: ISO-8601 UTC time of the commit.
+        timeline: the current timeline (the checkpoint's, with its whole history), so the
+            pointer alone says which saves are current even when that manifest is damaged.
+    """
 
     step: int
     path: str
     manifest_checksum: str
     save_id: str
     created: str = ""
+    timeline: Timeline = field(default_factory=Timeline)

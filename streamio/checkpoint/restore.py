@@ -5,9 +5,12 @@ against the checksum the pointer recorded and against its own seal and step, rea
 this rank needs with concurrent GETs, verifies sizes and CRC32C of files and tensors
 (:func:`load_tensors`), decodes the whole state and checks it against the live objects
 (:mod:`.restore_plan`), and only then loads anything. If the pointer is missing, corrupt or names
-a checkpoint that fails any of this, it walks back to the newest complete checkpoint that
-verifies and logs why (explicit ``step=`` never walks back); a checkpoint that verifies but does
-not fit the live objects (another model) raises, with nothing loaded.
+a checkpoint that fails any of this, it walks back to the newest complete checkpoint *of the
+current timeline* that verifies (:mod:`.candidates`) and logs why (explicit ``step=`` never
+walks back); a checkpoint that verifies but does not fit the live objects (another model)
+raises, with nothing loaded. A save the walk rejected is recorded as bad in the root
+(:func:`~.catalog.record_bad`, rank 0), so ``streamio ckpt ls`` flags it, later restores skip it
+and retention and ``gc`` remove it.
 
 Under ``torch.distributed`` every step of the walk is agreed on: rank 0 reads the candidates and
 broadcasts them, and every rank reports its outcome for each candidate, so all ranks load the
@@ -18,19 +21,19 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any
 
-from streamio.checkpoint import layout
-from streamio.checkpoint import manifest as mf
-from streamio.checkpoint.catalog import committed_steps, detect_foreign, read_manifest
+from streamio.checkpoint import candidates, layout
+from streamio.checkpoint.candidates import Candidate
+from streamio.checkpoint.catalog import pointer_version, read_manifest, record_bad
 from streamio.checkpoint.comm import Comm
 from streamio.checkpoint.records import FileEntry, Manifest, TensorEntry
 from streamio.checkpoint.restore_plan import RestorePlan, apply, decode_state, mismatches
 from streamio.checkpoint.serialize import StreamReader, decode_part, verify_file
+from streamio.checkpoint.timeline import Point
 from streamio.checkpoint.tree import VerifiedTensor
-from streamio.checkpoint.validate import ManifestError
-from streamio.errors import CheckpointError, CheckpointFormatError, CheckpointNotFoundError, CorruptDataError
+from streamio.errors import CheckpointError, CheckpointNotFoundError, CorruptDataError
 from streamio.pool import gather
 from streamio.storage import Store
 
@@ -38,7 +41,10 @@ __all__ = ["Restorer", "load_tensors"]
 
 log = logging.getLogger(__name__)
 
-Candidate = tuple[int, str | None]  # (step, the manifest checksum the pointer recorded for it)
+
+class _Unverified(CheckpointError):
+    """A manifest without a seal that the pointer does not name: walked past, but not damaged
+    (so not recorded bad)."""
 
 
 class Restorer:
@@ -50,11 +56,17 @@ class Restorer:
         concurrency: parallel GETs and checks.
         part_store: the Store parts are read through (default ``store``; the manager passes
             ``store.for_verified_reads()``: every part is size- and CRC32C-checked here).
+
+    Attributes:
+        outcome: after a restore, the save it loaded and (rank 0) the pointer's version read
+            before anything else (what the job's next pointer swap expects); ``None`` before.
     """
 
     def __init__(self, store: Store, comm: Comm, *, concurrency: int, part_store: Store | None = None) -> None:
         self.store, self.comm, self.concurrency = store, comm, concurrency
         self.part_store = part_store if part_store is not None else store
+        self.outcome: tuple[Point, Any] | None = None
+        self._loaded: Manifest | None = None
 
     def restore(self, state: MutableMapping[str, Any], step: int | None = None) -> int:
         """Load a checkpoint into ``state`` in place, all or nothing, and return its step.
@@ -62,39 +74,52 @@ class Restorer:
         See :meth:`~.manager.CheckpointManager.restore` (arguments, errors).
         """
         explicit, root = step is not None, self.store.root_url
-        if step is not None:
-            candidates: list[Candidate] = [(step, None)]
-        else:
-            # the pointer alone first (no listing); the full list only if it fails
-            candidates = self._agreed_candidates(full=False)
+        self.outcome = None
+        version = pointer_version(self.store) if self.comm.rank == 0 else None  # before anything is read
+        # the pointer alone first (no listing); the full list only if it fails
+        todo = self._agreed(lambda: candidates.explicit(self.store, step) if step is not None
+                            else candidates.walk(self.store, full=False))
         reasons: list[str] = []
-        tried: set[int] = set()
-        while candidates:
-            s, expected = candidates.pop(0)
-            tried.add(s)
-            plan, bad = self._try_step(state, s, expected, explicit=explicit)
-            if plan is not None:
-                apply(plan, state, concurrency=self.concurrency, where=f"step {s} under {root}")
-                log.info("restored checkpoint step %d from %s", s, self.store.url(layout.step_dir(s)))
-                return s
-            reasons.append(f"step {s}: {bad}")
-            log.warning("checkpoint step %d under %s is unusable (%s); falling back to the previous complete "
-                        "checkpoint", s, root, bad)
-            if not candidates and not explicit and len(tried) == 1:
-                candidates = [c for c in self._agreed_candidates(full=True) if c[0] not in tried]
+        tried: set[str] = set()
+        while todo:
+            c = todo.pop(0)
+            tried.add(c.path)
+            if c.skip:
+                reasons.append(f"step {c.step}: {c.skip}")
+                log.warning("checkpoint step %d under %s is skipped: %s", c.step, root, c.skip)
+            else:
+                plan, bad = self._try_step(state, c, explicit=explicit)
+                if plan is not None:
+                    apply(plan, state, concurrency=self.concurrency, where=f"step {c.step} under {root}")
+                    assert self._loaded is not None
+                    self.outcome = (Point(self._loaded.line, c.step, c.path), version)
+                    log.info("restored checkpoint step %d from %s", c.step, self.store.url(c.path))
+                    return c.step
+                reasons.append(f"step {c.step}: {bad}")
+                log.warning("checkpoint step %d under %s is unusable (%s); falling back to the previous complete "
+                            "checkpoint", c.step, root, bad)
+            if not todo and not explicit and len(tried) == 1:
+                todo = [c for c in self._agreed(lambda: candidates.walk(self.store, full=True)) if c.path not in tried]
         if reasons:
             raise CheckpointError(f"no checkpoint under {root} verifies: {'; '.join(reasons)}")
         raise CheckpointNotFoundError(f"no checkpoint under {root}: nothing to restore (start from scratch)")
 
-    def _agreed_candidates(self, *, full: bool) -> list[Candidate]:
-        """Rank 0's :meth:`_candidates` on every rank (its error raised on every rank)."""
-        found = self.comm.broadcast(self._candidates(full=full) if self.comm.rank == 0 else None)
+    def _agreed(self, find: Callable[[], list[Candidate]]) -> list[Candidate]:
+        """Rank 0's ``find()`` on every rank (its error raised on every rank)."""
+        found: list[Candidate] | BaseException | None = None
+        if self.comm.rank == 0:
+            try:
+                found = find()
+            except Exception as exc:
+                found = exc
+        found = self.comm.broadcast(found)
         if isinstance(found, BaseException):
             raise found
+        assert found is not None
         return found
 
     def _try_step(
-        self, state: Mapping[str, Any], s: int, expected: str | None, *, explicit: bool
+        self, state: Mapping[str, Any], c: Candidate, *, explicit: bool
     ) -> tuple[RestorePlan | None, str]:
         """Prepare step ``s`` on every rank and agree on the outcome (a collective).
 
@@ -106,12 +131,12 @@ class Restorer:
             :func:`_classify`), the others a ``CheckpointError`` naming it; ``CheckpointError``
             when the checkpoint does not fit the live state.
         """
-        root = self.store.root_url
+        root, s = self.store.root_url, c.step
         plan: RestorePlan | None = None
         own: BaseException | None = None
         outcome: tuple[str, str] | None = None
         try:
-            plan = self._prepare(state, s, expected, explicit=explicit)
+            plan = self._prepare(state, c, explicit=explicit)
             mismatch = mismatches(plan)
             if mismatch is not None:
                 outcome = ("mismatch", f"checkpoint step {s} under {root} does not fit the live state: "
@@ -126,54 +151,26 @@ class Restorer:
             if explicit and isinstance(own, FileNotFoundError) and not isinstance(own, CheckpointError):
                 raise CheckpointNotFoundError(f"no complete checkpoint for step {s} under {root}: {own}") from own
             raise own
+        if "unverified" in outcomes:
+            return None, outcomes["unverified"]
         if "bad" in outcomes:  # walked past before its fit with the live state is judged
+            if self.comm.rank == 0:
+                record_bad(self.store, c.path, s, outcomes["bad"])
             return None, outcomes["bad"]
         if "mismatch" in outcomes:
             raise CheckpointError(outcomes["mismatch"])
         return plan, ""
 
-    def _candidates(self, *, full: bool) -> list[Candidate] | BaseException:
-        """Rank 0: the pointer's step (if usable) with the manifest checksum it recorded, then
-        (``full``, or no usable pointer) every committed step, newest first. Errors are returned,
-        to be raised on every rank."""
-        try:
-            order: list[Candidate] = []
-            latest = self.store.url(layout.LATEST)
-            try:
-                pointer = mf.pointer_from_bytes(self.store.read(layout.LATEST))
-                order.append((pointer.step, pointer.manifest_checksum))
-            except FileNotFoundError:
-                pass
-            except ManifestError as exc:
-                if exc.unknown_version and "upgrade streamio" in str(exc):
-                    return CheckpointFormatError(f"{latest}: {exc}")
-                log.warning("%s is unusable (%s); falling back to the newest complete checkpoint", latest, exc)
-            if order and not full:
-                return order
-            steps = committed_steps(self.store)
-            if order and order[0][0] not in steps:
-                log.warning("%s names step %d whose manifest is gone; falling back to the newest complete checkpoint",
-                            latest, order[0][0])
-            order += [(s, None) for s in reversed(steps) if not order or s != order[0][0]]
-            if not order:
-                foreign = detect_foreign(self.store)
-                if foreign:
-                    return CheckpointFormatError(
-                        f"{self.store.root_url} holds {foreign}; it is not a streamio checkpoint root"
-                    )
-            return order
-        except Exception as exc:
-            return exc
-
-    def _prepare(self, state: Mapping[str, Any], step: int, expected: str | None, *, explicit: bool) -> RestorePlan:
+    def _prepare(self, state: Mapping[str, Any], c: Candidate, *, explicit: bool) -> RestorePlan:
         """Everything of a restore that touches no live object: the manifest verified against
-        ``expected`` (the pointer's checksum, if it names ``step``), its own seal and ``step``;
-        every part this rank needs read and verified; the whole state decoded."""
-        manifest = read_manifest(self.store, step, checksum=expected)
+        the pointer's checksum (if it names this save), its own seal and step; every part this
+        rank needs read and verified; the whole state decoded."""
+        step, expected = c.step, c.checksum
+        manifest = read_manifest(self.store, step, path=c.path, checksum=expected)
         if not manifest.checksum and expected is None:
-            url = self.store.url(layout.manifest_path(step))
+            url = self.store.url(layout.manifest_at(c.path))
             if not explicit:
-                raise CheckpointError(
+                raise _Unverified(
                     f"{url} carries no checksum of its own (written by an older streamio) and {layout.LATEST} does "
                     f"not name it, so its JSON cannot be verified; restore it explicitly with step={step} "
                     f"if you trust it"
@@ -184,10 +181,11 @@ class Restorer:
         src_rank = rank % manifest.world_size
         wanted = dict(manifest.replicated.tensors)
         wanted.update(manifest.per_rank[src_rank].tensors)
-        tensors = load_tensors(self.part_store, manifest, wanted, concurrency=self.concurrency)
+        tensors = load_tensors(self.part_store, manifest, wanted, concurrency=self.concurrency, sdir=c.path)
         if world != manifest.world_size:
             log.warning("checkpoint step %d was saved by %d ranks and is restored by %d: "
                         "rank %d gets rank %d's per-rank state", step, manifest.world_size, world, rank, src_rank)
+        self._loaded = manifest
         return decode_state(state, manifest.replicated.tree, manifest.per_rank[src_rank].tree, tensors)
 
 
@@ -198,6 +196,8 @@ def _classify(exc: BaseException, explicit: bool) -> str:
     failure other than a missing object, anything unexpected)."""
     if explicit or getattr(exc, "unknown_version", False):
         return "fatal"
+    if isinstance(exc, _Unverified):
+        return "unverified"
     if isinstance(exc, (CorruptDataError, CheckpointError)):
         return "bad"
     if isinstance(exc, FileNotFoundError):
@@ -206,14 +206,18 @@ def _classify(exc: BaseException, explicit: bool) -> str:
 
 
 def load_tensors(
-    store: Store, manifest: Manifest, wanted: Mapping[str, TensorEntry], *, concurrency: int = 8
+    store: Store, manifest: Manifest, wanted: Mapping[str, TensorEntry], *, concurrency: int = 8,
+    sdir: str | None = None,
 ) -> dict[str, VerifiedTensor]:
     """Read the parts holding ``wanted`` concurrently, verify every size and CRC32C.
 
     Nothing is returned unless every file and tensor verified; the bytes are copied into tensors
     only when loaded (``decode_tree``).
+
+    Args:
+        sdir: the save directory (default: the step's own directory).
     """
-    sdir = layout.step_dir(manifest.step)
+    sdir = sdir if sdir is not None else layout.step_dir(manifest.step)
     spans: dict[int, list[tuple[int, int]]] = {}
     for e in wanted.values():
         spans.setdefault(e.rank, []).append((e.offset, e.offset + e.nbytes))

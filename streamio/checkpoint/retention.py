@@ -1,8 +1,13 @@
 """Retention policies: which committed checkpoints to keep (PURE, like :mod:`.manifest`).
 
-A policy sees what retention knows of each committed checkpoint (:class:`CheckpointRecord`: its
-step and metrics) and returns the steps to keep; policies combine with ``|`` (union). Whatever a
-policy says, the step ``latest.json`` names is never deleted (:func:`steps_to_delete`).
+A policy sees what retention knows of each checkpoint of the *current timeline*
+(:class:`CheckpointRecord`: its step and metrics), in commit order, oldest first, and returns the
+steps to keep; policies combine with ``|`` (union). Saves of abandoned timelines are never shown
+to a policy: they are retired whatever it says (docs/checkpoint-lifecycle.md). Whatever a policy
+says, the step ``latest.json`` names is never deleted (:func:`steps_to_delete`).
+
+A policy is recorded in the root (:func:`policy_to_json`, ``retention.json``) so that a job that
+opens the root without one applies the same (:func:`policy_from_json`).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ class RetentionPolicy:
     """
 
     def keep(self, records: Sequence[CheckpointRecord]) -> set[int]:
-        """Steps to keep among ``records`` (sorted by step, oldest first)."""
+        """Steps to keep among ``records`` (the current timeline's, in commit order, oldest first)."""
         raise NotImplementedError
 
     def __or__(self, other: RetentionPolicy) -> RetentionPolicy:
@@ -37,7 +42,7 @@ class RetentionPolicy:
 
 @dataclass(frozen=True)
 class KeepLast(RetentionPolicy):
-    """Keep the ``k`` newest checkpoints."""
+    """Keep the ``k`` checkpoints committed last on the current timeline."""
 
     k: int
 
@@ -46,7 +51,7 @@ class KeepLast(RetentionPolicy):
             raise ValueError(f"KeepLast(k) needs k >= 1, got {self.k}")
 
     def keep(self, records: Sequence[CheckpointRecord]) -> set[int]:
-        return {r.step for r in sorted(records, key=lambda r: r.step)[-self.k :]}
+        return {r.step for r in records[-self.k :]}
 
 
 @dataclass(frozen=True)
@@ -114,3 +119,54 @@ def steps_to_delete(policy: RetentionPolicy, records: Sequence[CheckpointRecord]
     """Committed steps that ``policy`` drops, never ``current`` (the one the pointer names)."""
     kept = policy.keep(records) | {current}
     return sorted(r.step for r in records if r.step not in kept)
+
+
+# ------------------------------------------------------------------------------ recording
+def policy_to_json(policy: RetentionPolicy) -> dict[str, Any]:
+    """The JSON form recorded in ``retention.json``: ``{"keep_last": 3}``, ``{"keep_best":
+    {"metric": "val_loss", "mode": "min", "k": 1}}``, ``{"keep_every": 1000}``, ``{"keep_all":
+    {}}``, ``{"any": [...]}`` for a union, and ``{"custom": "module.Class"}`` for a policy of
+    one's own, which cannot be rebuilt from JSON."""
+    if isinstance(policy, KeepLast):
+        return {"keep_last": policy.k}
+    if isinstance(policy, KeepBest):
+        return {"keep_best": {"metric": policy.metric, "mode": policy.mode, "k": policy.k}}
+    if isinstance(policy, KeepEvery):
+        return {"keep_every": policy.n}
+    if isinstance(policy, KeepAll):
+        return {"keep_all": {}}
+    if isinstance(policy, KeepAny):
+        return {"any": [policy_to_json(p) for p in policy.policies]}
+    return {"custom": f"{type(policy).__module__}.{type(policy).__qualname__}"}
+
+
+def policy_from_json(doc: Any, *, depth: int = 0) -> RetentionPolicy | None:
+    """The policy ``doc`` records; ``None`` for a ``custom`` one (it cannot be rebuilt here).
+
+    Raises:
+        ValueError: ``doc`` is not a policy as :func:`policy_to_json` writes them.
+    """
+    if not isinstance(doc, dict) or len(doc) != 1 or depth > 16:
+        raise ValueError(f"a retention policy is an object with one key, got {str(doc)[:80]!r}")
+    ((kind, arg),) = doc.items()
+    if kind == "keep_last" and _count(arg):
+        return KeepLast(arg)
+    if kind == "keep_every" and _count(arg):
+        return KeepEvery(arg)
+    if kind == "keep_all" and arg == {}:
+        return KeepAll()
+    if kind == "keep_best" and isinstance(arg, dict) and set(arg) == {"metric", "mode", "k"}:
+        if isinstance(arg["metric"], str) and arg["mode"] in ("min", "max") and _count(arg["k"]):
+            return KeepBest(arg["metric"], arg["mode"], arg["k"])
+    if kind == "any" and isinstance(arg, list) and arg:
+        parts = [policy_from_json(p, depth=depth + 1) for p in arg]
+        if any(p is None for p in parts):
+            return None
+        return KeepAny(tuple(p for p in parts if p is not None))
+    if kind == "custom" and isinstance(arg, str):
+        return None
+    raise ValueError(f"unknown retention policy {str(doc)[:80]!r}")
+
+
+def _count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 1 <= v < 1 << 62
