@@ -4,7 +4,8 @@ A sample from a shard is ``{"__key__": ..., "jpg": b"...", "cls": b"3", ...}``. 
 member bytes into values by extension (the part after the last dot, as WebDataset does):
 
 * ``txt``/``text`` -> ``str`` (UTF-8); ``json`` -> parsed JSON; ``cls``/``idx``/``index`` -> ``int``
-* ``npy`` -> ``numpy.ndarray`` loaded with ``allow_pickle=False``
+* ``npy`` -> ``numpy.ndarray`` loaded with ``allow_pickle=False``, after checking that the member
+  holds the bytes its header declares (numpy would allocate the declared shape first)
 * ``pt``/``pth`` -> tensors loaded with ``torch.load(weights_only=True)`` (never arbitrary pickles)
 * ``jpg``/``jpeg``/``png``/``webp``/``bmp`` -> ``PIL.Image.Image`` when Pillow is installed
 * anything else stays ``bytes``.
@@ -16,14 +17,15 @@ from __future__ import annotations
 
 import io
 import json
+import math
 from collections.abc import Callable, Mapping
-from typing import Any, Union
+from typing import Any
 
 from streamio.errors import DatasetError
 
 Sample = dict[str, Any]
 Decoder = Callable[[bytes], Any]
-DecodeSpec = Union[None, str, Callable[[Sample], Sample], Mapping[str, Decoder]]
+DecodeSpec = None | str | Callable[[Sample], Sample] | Mapping[str, Decoder]
 
 
 def _text(data: bytes) -> str:
@@ -40,8 +42,18 @@ def _int(data: bytes) -> int:
 
 def _npy(data: bytes) -> Any:
     import numpy as np
+    from numpy.lib import format as npy
 
-    return np.load(io.BytesIO(data), allow_pickle=False)
+    f = io.BytesIO(data)
+    version = npy.read_magic(f)
+    if version in ((1, 0), (2, 0)):  # numpy allocates the declared shape before it reads: check it first
+        read_header = npy.read_array_header_1_0 if version == (1, 0) else npy.read_array_header_2_0
+        shape, _, dtype = read_header(f)
+        declared, held = math.prod(shape) * dtype.itemsize, len(data) - f.tell()
+        if declared > held:
+            raise ValueError(f"its header declares {declared} bytes of {dtype} {shape}, it holds {held}")
+        f.seek(0)
+    return np.load(f, allow_pickle=False)
 
 
 def _torch(data: bytes) -> Any:

@@ -8,7 +8,9 @@
 
 Per shard it records the size, the CRC32C of the whole object, the sample count and, for each
 sample, the byte offset of its first member (``samples + 1`` offsets, the last one where the
-end-of-archive blocks begin) and the CRC32C of its bytes. Offsets make sample-exact planning and
+end-of-archive blocks begin) and the CRC32C of its bytes; for ``.tar.zst`` shards also
+``max_sample_bytes``, the largest sample after decompression, which is the output limit readers
+decompress with (an older index without it gets the readers' default limit). Offsets make sample-exact planning and
 mid-shard starts by one ranged GET possible; the per-sample checksums let a reader verify any run
 of samples. They sit in the index itself while the dataset is small (``inline_limit`` samples in
 all); beyond that each shard's layout goes to a binary sidecar ``_layout/<shard>.bin`` whose
@@ -19,6 +21,10 @@ Reasons for the rest: the index is written last in one atomic PUT, so a half-wri
 never looks complete; ``fingerprint`` hashes the shard list (paths, sizes, counts, checksums) and
 nothing about where layouts live, so a resume state can tell "same data" from "other data";
 unknown fields are ignored (newer writers may add some) but an unknown ``format`` is refused.
+
+An index is untrusted input like the shards: it is read with a size limit, parsed with a depth
+limit, every number and offset is checked, and every shard or sidecar path must be a plain
+relative name below the dataset (:mod:`streamio.data.index_schema`) before anything is read on its word.
 """
 
 from __future__ import annotations
@@ -29,26 +35,32 @@ import json
 import logging
 import struct
 import sys
-from contextlib import closing
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from contextlib import closing
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import braceexpand
 import zstandard
 
-from streamio.checksum import Crc32c, crc32c, format_checksum, parse_checksum
-from streamio.data.samples import group_samples, iter_members, iter_samples, unsafe_reason
+from streamio.checksum import Crc32c, crc32c, format_checksum
+from streamio.data import zstdframes
+from streamio.data.index_schema import check_document, check_layout, shard_path_problem
+from streamio.data.samples import group_samples, iter_members, iter_samples
+from streamio.data.tarfields import MAX_SAMPLE_BYTES
 from streamio.errors import (
     CorruptDataError,
     DatasetError,
     IndexFormatError,
     IndexNotFoundError,
+    ObjectNotFoundError,
     ShardFormatError,
+    StorageError,
     StreamioError,
 )
+from streamio.limits import MAX_JSON_BYTES, load_json
 from streamio.storage import Store
 
 log = logging.getLogger(__name__)
@@ -58,6 +70,7 @@ INDEX_NAME = "index.json"
 LAYOUT_DIR = "_layout"
 INLINE_LIMIT = 100_000
 _SIDECAR_MAGIC = b"STIOLAY1"
+_WHOLE_FRAME = 16 << 20  # a scanned frame declaring up to this is decompressed in one call, larger ones in pieces
 _COMPRESSION_BY_SUFFIX = {".tar": None, ".tar.zst": "zstd"}
 
 
@@ -91,10 +104,14 @@ class SampleLayout:
         offsets: ``samples + 1`` byte offsets; sample ``i`` is ``[offsets[i], offsets[i+1])`` of the
             shard object (its tar members, or its zstd frame in a ``.tar.zst``).
         checksums: CRC32C (int) of each sample's byte range.
+        max_sample_bytes: for ``.tar.zst`` shards, the largest sample's tar records after
+            decompression: the output limit a reader decompresses a sample with (None: not recorded,
+            readers use :data:`~streamio.data.tarfields.MAX_SAMPLE_BYTES`).
     """
 
     offsets: tuple[int, ...]
     checksums: tuple[int, ...]
+    max_sample_bytes: int | None = None
 
     def byte_range(self, first: int, stop: int) -> tuple[int, int]:
         """``[start, end)`` bytes of samples ``first .. stop-1`` (one ranged GET)."""
@@ -120,7 +137,7 @@ class DatasetIndex:
     compression: str | None
     fingerprint: str = field(init=False)
     _inline: dict[int, SampleLayout] = field(default_factory=dict, repr=False, compare=False)
-    _sidecars: dict[int, tuple[str, str]] = field(default_factory=dict, repr=False, compare=False)
+    _sidecars: dict[int, tuple[str, str, int | None]] = field(default_factory=dict, repr=False, compare=False)
     _cache: dict[int, SampleLayout] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -148,15 +165,18 @@ class DatasetIndex:
                 f"{store.url(INDEX_NAME)} records no sample offsets for shard {shard_id}; "
                 f"rebuild the index with `streamio index {store.root_url}`"
             )
-        path, checksum = self._sidecars[shard_id]
-        data = store.read(path)
+        path, checksum, biggest = self._sidecars[shard_id]
+        samples = self.shards[shard_id].samples
+        data = store.read(path, 0, _sidecar_size(samples))  # what the index's sample count needs, never more
         if format_checksum(crc32c(data)) != checksum:
             raise CorruptDataError(
                 f"layout sidecar {store.url(path)} does not match its checksum {checksum} in {INDEX_NAME}: "
                 f"re-read it; if it persists, rebuild with `streamio index {store.root_url}`"
             )
-        layout = decode_layout(data, url=store.url(path))
-        _check_layout(layout, self.shards[shard_id], store.url(INDEX_NAME))
+        layout = replace(decode_layout(data, url=store.url(path)), max_sample_bytes=biggest)
+        shard = self.shards[shard_id]
+        check_layout(layout.offsets, layout.checksums, samples=shard.samples, size=shard.bytes, path=shard.path,
+                     url=store.url(INDEX_NAME))
         self._cache[shard_id] = layout
         return layout
 
@@ -191,13 +211,19 @@ def encode_layout(layout: SampleLayout) -> bytes:
     return _SIDECAR_MAGIC + struct.pack("<Q", len(layout.checksums)) + offsets.tobytes() + crcs.tobytes()
 
 
+def _sidecar_size(samples: int) -> int:
+    return 16 + 8 * (samples + 1) + 4 * samples
+
+
 def decode_layout(data: bytes, *, url: str) -> SampleLayout:
     """Inverse of :func:`encode_layout`; raises IndexFormatError naming ``url`` on anything else."""
     if data[:8] != _SIDECAR_MAGIC or len(data) < 16:
         raise IndexFormatError(f"layout sidecar {url} is not a {_SIDECAR_MAGIC.decode()} file; rebuild the index")
     (n,) = struct.unpack_from("<Q", data, 8)
-    if len(data) != 16 + 8 * (n + 1) + 4 * n:
-        raise IndexFormatError(f"layout sidecar {url} has {len(data)} bytes, not what {n} samples need; rebuild the index")
+    if len(data) != _sidecar_size(n):
+        raise IndexFormatError(
+            f"layout sidecar {url} has {len(data)} bytes, not what {n} samples need; rebuild the index"
+        )
     offsets = array("Q")
     offsets.frombytes(data[16 : 16 + 8 * (n + 1)])
     crcs = array("I")
@@ -214,82 +240,41 @@ def sidecar_path(shard_path: str) -> str:
 
 
 # ----------------------------------------------------------------------------- load / write
-def _bad(url: str, what: str) -> IndexFormatError:
-    return IndexFormatError(f"{url}: {what}; rebuild it with `streamio index {url.rsplit('/', 1)[0]}`")
-
-
-def _int(value: Any, url: str, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise _bad(url, f"{what} is {value!r}, not a non-negative integer")
-    return value
-
-
-def _check_layout(layout: SampleLayout, shard: ShardInfo, url: str) -> None:
-    offs = layout.offsets
-    if len(offs) != shard.samples + 1 or len(layout.checksums) != shard.samples:
-        raise _bad(url, f"shard {shard.path!r} has {shard.samples} samples but {len(offs)} offsets")
-    if not all(type(x) is int for x in offs) or not all(type(c) is int and 0 <= c < 1 << 32 for c in layout.checksums):
-        raise _bad(url, f"offsets / crc32c of shard {shard.path!r} are not all 32/64-bit integers")
-    if offs and (offs[0] < 0 or offs[-1] > shard.bytes or any(b <= a for a, b in zip(offs, offs[1:]))):
-        raise _bad(url, f"offsets of shard {shard.path!r} are not increasing within its {shard.bytes} bytes")
-
-
 def parse_index(data: bytes, *, url: str) -> DatasetIndex:
-    """Parse and validate the bytes of an ``index.json`` (``url`` is named in errors)."""
-    try:
-        doc = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise _bad(url, f"is not valid JSON ({exc})") from exc
-    if not isinstance(doc, dict):
-        raise _bad(url, "is not a JSON object")
-    fmt = doc.get("format")
-    if fmt != FORMAT:
-        raise IndexFormatError(
-            f"{url} has format {fmt!r}; this streamio reads {FORMAT!r}. "
-            f"Upgrade streamio if it was written by a newer one, or rebuild it with `streamio index`."
-        )
-    raw_shards = doc.get("shards")
-    if not isinstance(raw_shards, list):
-        raise _bad(url, "'shards' is not a list")
+    """Parse and validate the bytes of an ``index.json`` (``url`` is named in errors).
+
+    Nothing in it is trusted: the document has a size and nesting limit
+    (:func:`streamio.limits.load_json`), and every number, offset and path is checked
+    (:mod:`streamio.data.index_schema`) before anything is read on its word.
+
+    Raises:
+        IndexFormatError: naming the field at fault.
+    """
+    doc = check_document(load_json(data, what=url, error=IndexFormatError), url, fmt=FORMAT)
     shards: list[ShardInfo] = []
     inline: dict[int, SampleLayout] = {}
-    sidecars: dict[int, tuple[str, str]] = {}
-    for i, entry in enumerate(raw_shards):
-        if not isinstance(entry, dict):
-            raise _bad(url, f"shard {i} is not an object")
-        path = entry.get("path")
-        if not isinstance(path, str) or unsafe_reason(path):
-            raise _bad(url, f"shard {i} has path {path!r}, not a safe relative path")
-        checksum = entry.get("checksum")
-        try:
-            parse_checksum(checksum)  # type: ignore[arg-type]
-        except ValueError:
-            raise _bad(url, f"shard {path!r} has checksum {checksum!r}, not 'crc32c:<8 hex digits>'") from None
-        shard = ShardInfo(path, _int(entry.get("bytes"), url, f"'bytes' of {path!r}"),
-                          _int(entry.get("samples"), url, f"'samples' of {path!r}"), checksum)  # type: ignore[arg-type]
-        shards.append(shard)
-        if "offsets" in entry:
-            offsets, crcs = entry.get("offsets"), entry.get("crc32c")
-            if not isinstance(offsets, list) or not isinstance(crcs, list):
-                raise _bad(url, f"shard {path!r} has 'offsets' without a 'crc32c' list")
-            layout = SampleLayout(tuple(offsets), tuple(crcs))
-            _check_layout(layout, shard, url)
-            inline[i] = layout
-        elif "layout" in entry:
-            lpath, lsum = entry.get("layout"), entry.get("layout_checksum")
-            if not isinstance(lpath, str) or unsafe_reason(lpath) or not isinstance(lsum, str):
-                raise _bad(url, f"shard {path!r} has an invalid 'layout' / 'layout_checksum'")
-            sidecars[i] = (lpath, lsum)
-    total = _int(doc.get("samples"), url, "'samples'")
-    if total != sum(s.samples for s in shards):
-        raise _bad(url, f"'samples' is {total} but the shards hold {sum(s.samples for s in shards)}")
-    keys = doc.get("keys", [])
-    if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
-        raise _bad(url, "'keys' is not a list of strings")
-    compression = doc.get("compression")
-    if compression not in (None, "zstd", "mixed"):
-        raise _bad(url, f"'compression' is {compression!r}")
-    return DatasetIndex(tuple(shards), total, tuple(keys), compression, _inline=inline, _sidecars=sidecars)
+    sidecars: dict[int, tuple[str, str, int | None]] = {}
+    for i, e in enumerate(doc.shards):
+        shards.append(ShardInfo(e.path, e.bytes, e.samples, e.checksum))
+        if e.offsets is not None and e.crcs is not None:
+            inline[i] = SampleLayout(e.offsets, e.crcs, e.max_sample_bytes)
+        elif e.sidecar is not None:
+            sidecars[i] = (*e.sidecar, e.max_sample_bytes)
+    return DatasetIndex(tuple(shards), doc.samples, doc.keys, doc.compression, _inline=inline, _sidecars=sidecars)
+
+
+def read_bounded(store: Store, path: str, limit: int, *, what: str, error: type[Exception]) -> bytes:
+    """The whole object ``path``, streamed, refused with ``error`` as soon as it passes ``limit`` bytes."""
+    parts: list[bytes] = []
+    total = 0
+    with closing(store.iter_bytes(path, chunk_size=1 << 20)) as stream:
+        for chunk in stream:
+            total += len(chunk)
+            if total > limit:
+                raise error(f"{what} {store.url(path)} is larger than {limit} bytes, the most it can be; rebuild it "
+                            f"with `streamio index {store.root_url}`")
+            parts.append(chunk)
+    return b"".join(parts)
 
 
 def load_index(store: Store) -> DatasetIndex:
@@ -297,10 +282,11 @@ def load_index(store: Store) -> DatasetIndex:
 
     Raises:
         IndexNotFoundError: there is none (says to run ``streamio index URL``).
-        IndexFormatError: unknown format version or an invalid field.
+        IndexFormatError: unknown format version, an invalid field, or over the size limit of a
+            JSON document (:data:`streamio.limits.MAX_JSON_BYTES`).
     """
     try:
-        data = store.read(INDEX_NAME)
+        data = read_bounded(store, INDEX_NAME, MAX_JSON_BYTES, what="the index", error=IndexFormatError)
     except FileNotFoundError as exc:
         raise IndexNotFoundError(
             f"no {INDEX_NAME} at {store.url(INDEX_NAME)}: write the dataset with `streamio shard`, or index "
@@ -309,14 +295,20 @@ def load_index(store: Store) -> DatasetIndex:
     return parse_index(data, url=store.url(INDEX_NAME))
 
 
-def index_document(index: DatasetIndex, store: Store, *, inline_limit: int = INLINE_LIMIT) -> tuple[dict[str, Any], list[tuple[str, bytes]]]:
+def index_document(
+    index: DatasetIndex, store: Store, *, inline_limit: int = INLINE_LIMIT
+) -> tuple[dict[str, Any], list[tuple[str, bytes]]]:
     """The ``index.json`` document of ``index`` and the sidecars it refers to (``(path, bytes)``)."""
     inline = index.samples <= inline_limit
     entries: list[dict[str, Any]] = []
     sidecars: list[tuple[str, bytes]] = []
     for i, shard in enumerate(index.shards):
-        entry: dict[str, Any] = {"path": shard.path, "bytes": shard.bytes, "samples": shard.samples, "checksum": shard.checksum}
+        entry: dict[str, Any] = {
+            "path": shard.path, "bytes": shard.bytes, "samples": shard.samples, "checksum": shard.checksum
+        }
         layout = index.layout(i, store)
+        if layout.max_sample_bytes is not None:
+            entry["max_sample_bytes"] = layout.max_sample_bytes
         if inline:
             entry["offsets"] = list(layout.offsets)
             entry["crc32c"] = list(layout.checksums)
@@ -442,73 +434,79 @@ class _Tee:
         return value
 
 
-def scan_shard(store: Store, path: str) -> tuple[ShardInfo, SampleLayout, set[str]]:
+def scan_shard(
+    store: Store, path: str, *, max_sample_bytes: int = MAX_SAMPLE_BYTES
+) -> tuple[ShardInfo, SampleLayout, set[str]]:
     """Stream one shard once: size, whole CRC32C, sample offsets and per-sample CRC32C, keys.
 
     ``.tar`` shards from any writer; ``.tar.zst`` shards only with one zstd frame per sample (as
     ``streamio shard --compress zstd`` writes them), since offsets must point at frame starts.
+    Member data is passed over, not kept; memory is bounded by ``max_sample_bytes`` (a sample
+    spanning more, decompressed, is refused) whatever the headers or frames declare.
 
     Raises:
-        ShardFormatError: not a tar, truncated, unsafe member, or a zstd frame holding several samples.
+        ShardFormatError: not a tar, truncated, unsafe member, a sample over ``max_sample_bytes``,
+            or a zstd frame holding several samples.
     """
     with closing(store.iter_bytes(path)) as stream:
-        return scan_chunks(stream, url=store.url(path), path=path)
+        return scan_chunks(stream, url=store.url(path), path=path, max_sample_bytes=max_sample_bytes)
 
 
-def scan_chunks(chunks: Iterable[bytes], *, url: str, path: str) -> tuple[ShardInfo, SampleLayout, set[str]]:
+def scan_chunks(
+    chunks: Iterable[bytes], *, url: str, path: str, max_sample_bytes: int = MAX_SAMPLE_BYTES
+) -> tuple[ShardInfo, SampleLayout, set[str]]:
     """:func:`scan_shard` on bytes from anywhere (chunks of any size); ``path`` names the shard in the result."""
     if path.endswith(".zst"):
-        return _scan_zstd(chunks, url, path)
-    return _scan(_Tee(chunks), url, path)
+        return _scan_zstd(chunks, url, path, max_sample_bytes)
+    return _scan(_Tee(chunks), url, path, max_sample_bytes)
 
 
-def _zstd_frames(chunks: Iterable[bytes], whole: Crc32c, url: str) -> Iterator[tuple[int, bytes, bytes]]:
-    """``(offset, compressed frame, decompressed frame)`` of each zstd frame of a stream."""
-    dctx = zstandard.ZstdDecompressor()
-    dobj, parts, out, start = dctx.decompressobj(), [], [], 0
-    for chunk in chunks:
-        whole.update(chunk)
-        data = bytes(chunk)
-        while data:
-            try:
-                raw = dobj.decompress(data)
-            except zstandard.ZstdError as exc:
-                raise ShardFormatError(f"shard {url!r}: bad zstd data in the frame at byte {start}: {exc}") from exc
-            if raw:
-                out.append(raw)
-            if not dobj.eof:
-                parts.append(data)
-                break
-            rest = dobj.unused_data
-            parts.append(data[: len(data) - len(rest)])
-            frame = b"".join(parts)
-            yield start, frame, b"".join(out)
-            start += len(frame)
-            dobj, parts, out, data = dctx.decompressobj(), [], [], rest
-    if parts:
-        raise ShardFormatError(f"shard {url!r} ends inside the zstd frame at byte {start}: it is truncated")
+class _Counted:
+    """Pieces pass through; ``total`` counts their bytes."""
+
+    def __init__(self, pieces: Iterable[bytes]) -> None:
+        self._pieces = pieces
+        self.total = 0
+
+    def __iter__(self) -> Iterator[bytes]:
+        for piece in self._pieces:
+            self.total += len(piece)
+            yield piece
 
 
-def _scan_zstd(chunks: Iterable[bytes], url: str, path: str) -> tuple[ShardInfo, SampleLayout, set[str]]:
+def _scan_zstd(
+    chunks: Iterable[bytes], url: str, path: str, max_sample_bytes: int
+) -> tuple[ShardInfo, SampleLayout, set[str]]:
     whole = Crc32c()
     starts: list[int] = []
     crcs: list[int] = []
     keys: set[str] = set()
+    biggest = 0
     end_of_samples: int | None = None
-    for start, frame, raw in _zstd_frames(chunks, whole, url):
+    frame_limit = max_sample_bytes + (max_sample_bytes >> 10) + 1024  # raw blocks: 3 bytes per 128 KiB, headers
+    dctx = zstandard.ZstdDecompressor()
+    for start, frame in zstdframes.split_frames(chunks, url=url, limit=frame_limit, on_chunk=whole.update):
         if end_of_samples is not None:
             continue  # after the end-of-archive frame: only the whole-object checksum counts
+        raw = _Counted(zstdframes.decompress_sample(  # whole when small: a frame per sample, data not kept
+            frame, dctx, url=url, what=f"the zstd frame at byte {start}", limit=max_sample_bytes, start=start,
+            whole_up_to=_WHOLE_FRAME,
+        ))
         ends: list[int] = []
-        found = list(group_samples(iter_members((raw,), url=url, require_end=False, on_end=ends.append), url=url))
+        members = iter_members(raw, url=url, require_end=False, on_end=ends.append, max_sample_bytes=max_sample_bytes,
+                               keep_data=False)
+        found = list(group_samples(members, url=url, max_sample_bytes=max_sample_bytes))  # data not kept: small
         if len(found) > 1 or (found and ends):
             raise ShardFormatError(
-                f"shard {url!r}: the zstd frame at byte {start} holds {len(found)} samples{' and the end of the archive' if ends else ''}; "
-                f"indexing needs one frame per sample. Re-shard it with `streamio shard {url} DEST --compress zstd`."
+                f"shard {url!r}: the zstd frame at byte {start} holds {len(found)} samples"
+                f"{' and the end of the archive' if ends else ''}; indexing needs one frame per sample. "
+                f"Re-shard it with `streamio shard {url} DEST --compress zstd`."
             )
         if found:
             starts.append(start)
             crcs.append(crc32c(frame))
             keys.update(k for k in found[0][1] if k != "__key__")
+            biggest = max(biggest, raw.total)
         elif ends:
             end_of_samples = start
         else:
@@ -517,17 +515,17 @@ def _scan_zstd(chunks: Iterable[bytes], url: str, path: str) -> tuple[ShardInfo,
             )
     if end_of_samples is None:
         raise ShardFormatError(f"shard {url!r} ends without the end-of-archive blocks: it is truncated")
-    layout = SampleLayout(tuple(starts) + (end_of_samples,), tuple(crcs))
+    layout = SampleLayout(tuple(starts) + (end_of_samples,), tuple(crcs), biggest)
     return ShardInfo(path, whole.size, len(starts), whole.hexdigest()), layout, keys
 
 
-def _scan(tee: _Tee, url: str, path: str) -> tuple[ShardInfo, SampleLayout, set[str]]:
+def _scan(tee: _Tee, url: str, path: str, max_sample_bytes: int) -> tuple[ShardInfo, SampleLayout, set[str]]:
     starts: list[int] = []
     crcs: list[int] = []
     keys: set[str] = set()
     ends: list[int] = []
-    members = iter_members(tee, url=url, on_end=ends.append)
-    for start, sample in group_samples(members, url=url):
+    members = iter_members(tee, url=url, on_end=ends.append, max_sample_bytes=max_sample_bytes, keep_data=False)
+    for start, sample in group_samples(members, url=url, max_sample_bytes=max_sample_bytes):
         if starts:
             crcs.append(tee.range_crc(start))
         else:
@@ -549,6 +547,7 @@ def build_index(
     *,
     concurrency: int = 8,
     progress: Callable[[ShardInfo], None] | None = None,
+    max_sample_bytes: int = MAX_SAMPLE_BYTES,
 ) -> DatasetIndex:
     """Index existing WebDataset shards: ``.tar`` written by anything (webdataset, ``tar``, ...), and
     ``.tar.zst`` with one zstd frame per sample.
@@ -562,21 +561,36 @@ def build_index(
             None takes every ``.tar`` below the root.
         concurrency: shards scanned at once.
         progress: called with each shard's info as its scan ends (for progress bars).
+        max_sample_bytes: the largest sample accepted (its tar records, decompressed); larger
+            ones are refused rather than held.
 
     Raises:
-        DatasetError: no shard matched.
+        ObjectNotFoundError: nothing to index: no shard under the root (empty or missing) or none
+            matching the patterns, or a shard named by a pattern does not exist.
+        DatasetError: a matched path cannot be named in an index.
         ShardFormatError: a shard is not a readable tar (the message names it).
-        ObjectNotFoundError: a shard named by a pattern does not exist.
     """
     paths = expand_patterns(store, patterns)
+    if not paths and patterns is None:
+        raise ObjectNotFoundError(
+            f"no .tar or .tar.zst shards under {store.root_url}: it is empty or does not exist. Check the URL, "
+            f"or name the shards with a pattern such as '{store.root_url}/shard-{{000000..000099}}.tar'"
+        )
     if not paths:
-        raise DatasetError(
+        raise ObjectNotFoundError(
             f"no shards match {patterns!r} under {store.root_url}: check the URL, or give a pattern such as "
             f"'shard-{{000000..000099}}.tar'"
         )
+    for path in paths:
+        problem = shard_path_problem(path)
+        if problem:
+            raise DatasetError(
+                f"{store.url(path)} cannot be named in an index: its path {path!r} below {store.root_url} is not a "
+                f"plain relative name ({problem}). Index from a root that holds it without '..' or schemes."
+            )
 
     def scan(path: str) -> tuple[ShardInfo, SampleLayout, set[str]]:
-        result = scan_shard(store, path)
+        result = scan_shard(store, path, max_sample_bytes=max_sample_bytes)
         if progress is not None:
             progress(result[0])
         return result
@@ -630,6 +644,8 @@ def _deep_check(store: Store, index: DatasetIndex, i: int) -> str | None:
                 pass
     except FileNotFoundError:
         return "missing: the object does not exist"
+    except StorageError:
+        raise  # could not read (access, network): not a verdict on the shard; the caller cannot vouch
     except StreamioError as exc:
         return str(exc)
     if whole.size != shard.bytes:
@@ -647,6 +663,10 @@ def validate(store: Store, index: DatasetIndex, *, deep: bool = False, concurren
     Shallow: one fresh listing; every shard must exist with the recorded size. Deep: every shard is
     re-read (streamed, ``concurrency`` at a time) and its size, whole CRC32C, every sample's CRC32C
     and the sample count are compared with the index.
+
+    Raises:
+        StorageError: a shard could not be read (access refused, storage unreachable): a read that
+            failed is no verdict on the shard, so it is raised rather than reported as bad.
     """
     listing = {o.path: o.size for o in store.list()}
     bad: list[BadShard] = []
@@ -661,7 +681,7 @@ def validate(store: Store, index: DatasetIndex, *, deep: bool = False, concurren
             to_read.append(i)
     if deep and to_read:
         with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
-            for i, reason in zip(to_read, pool.map(lambda j: _deep_check(store, index, j), to_read)):
+            for i, reason in zip(to_read, pool.map(lambda j: _deep_check(store, index, j), to_read), strict=True):
                 if reason is not None:
                     bad.append(BadShard(index.shards[i].path, reason))
     order = {s.path: n for n, s in enumerate(index.shards)}

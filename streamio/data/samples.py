@@ -21,6 +21,12 @@ Design and reasons:
   before anything of it is yielded, so no unverified byte reaches training (s3fs hands back flipped
   bytes silently on ranged reads). Without a layout (foreign shards) only the tar structure is
   checked.
+* **Bounded**: a shard is untrusted input. Header fields are parsed strictly and every size is
+  checked before anything is read on its word (:mod:`streamio.data.tarfields`: no negative or
+  unparseable size, pax records that always advance, extended headers of at most 1 MiB), so
+  time is linear in the bytes given. Memory is one sample: its byte range when an index gives it,
+  ``max_sample_bytes`` otherwise (default 1 GiB); ``.tar.zst`` is decompressed as a stream with
+  that output limit (:mod:`streamio.data.zstdframes`), never by what a frame header declares.
 * **Safe names**: absolute paths, ``..`` components, links, devices and FIFOs are refused
   (nothing is ever extracted; only regular files become sample fields). Directory entries are
   skipped.
@@ -39,11 +45,14 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable, Iterable, Iterator
+from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 import zstandard
 
 from streamio.checksum import crc32c
+from streamio.data import zstdframes
+from streamio.data.tarfields import MAX_META_BYTES, MAX_SAMPLE_BYTES, checksum_ok, member_size, pax_records, pax_size
 from streamio.errors import CorruptDataError, ShardFormatError
 
 if TYPE_CHECKING:
@@ -60,6 +69,10 @@ MODE = 0o644
 _PAX_NAME = b"././@PaxHeader"
 _MAX_OCTAL_SIZE = 8**11 - 1
 _REGULAR = (b"0", b"\0", b"7")
+_META_KINDS = {  # headers that describe the next member: their size counts against MAX_META_BYTES
+    b"x": "pax extended header", b"g": "pax global header", b"L": "GNU long name", b"K": "GNU long link name",
+}
+_META = tuple(_META_KINDS)
 _UNSAFE_TYPES = {b"1": "hard link", b"2": "symbolic link", b"3": "character device", b"4": "block device", b"6": "FIFO"}
 
 _WDS_SPLIT = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")  # webdataset.tariterators.base_plus_ext
@@ -153,7 +166,10 @@ def member_record(name: str, size: int) -> bytes:
         records += _pax_record(b"size", b"%d" % size)
     fallback = raw[:100].decode("utf-8", "ignore").encode("ascii", "replace")
     return b"".join(
-        (bytes(_header(_PAX_NAME, len(records), b"x")), records, _padding(len(records)), bytes(_header(fallback, size, b"0")))
+        (
+            bytes(_header(_PAX_NAME, len(records), b"x")), records, _padding(len(records)),
+            bytes(_header(fallback, size, b"0")),
+        )
     )
 
 
@@ -216,46 +232,26 @@ class _Source:
             return parts[0]
         return b"".join(parts)
 
+    def skip(self, n: int) -> int:
+        """Pass over the next ``n`` bytes without keeping them; returns how many there were."""
+        left = n
+        while left:
+            avail = len(self._buf) - self._pos
+            if avail <= 0:
+                chunk = next(self._it, None)
+                if chunk is None:
+                    break
+                self._buf, self._pos = chunk, 0
+                continue
+            k = min(avail, left)
+            self._pos += k
+            left -= k
+        self.offset += n - left
+        return n - left
+
 
 class _Recoverable(ShardFormatError):
     """A problem confined to one member; a handler may skip it."""
-
-
-def _parse_size(field: bytes) -> int:
-    if field[0] & 0x80:
-        return int.from_bytes(field[1:], "big")
-    text = field.strip(b" \0")
-    return int(text, 8) if text else 0
-
-
-def _checksum_ok(block: bytes) -> bool:
-    try:
-        stored = int(block[148:156].strip(b" \0"), 8)
-    except ValueError:
-        return False
-    unsigned = sum(block) - sum(block[148:156]) + 256
-    if stored == unsigned:
-        return True
-    signed = unsigned - 2 * sum(b for b in block if b > 127) + 2 * sum(b for b in block[148:156] if b > 127)
-    return stored == signed
-
-
-def _pax(data: bytes, url: str, offset: int) -> dict[str, str]:
-    out: dict[str, str] = {}
-    pos = 0
-    while pos < len(data):
-        space = data.find(b" ", pos)
-        try:
-            length = int(data[pos:space])
-        except ValueError:
-            raise ShardFormatError(
-                f"shard {url!r}: malformed pax header at byte {offset}; the shard is damaged or not a tar"
-            ) from None
-        record = data[space + 1 : pos + length - 1]
-        key, _, value = record.partition(b"=")
-        out[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
-        pos += length
-    return out
 
 
 def iter_members(
@@ -266,8 +262,15 @@ def iter_members(
     require_end: bool = True,
     handler: Handler | None = None,
     on_end: Callable[[int], None] | None = None,
+    max_sample_bytes: int = MAX_SAMPLE_BYTES,
+    keep_data: bool = True,
 ) -> Iterator[tuple[int, str, bytes]]:
     """Regular-file members of a tar byte stream: ``(offset of its first header, name, data)``.
+
+    Every header field used is parsed strictly (:mod:`streamio.data.tarfields`) and every size is
+    checked against its limit before a byte is read on its word, so time is linear in the bytes
+    given and memory is one member (at most ``max_sample_bytes``) plus its extended headers (at
+    most :data:`~streamio.data.tarfields.MAX_META_BYTES`).
 
     Args:
         chunks: the tar bytes, in pieces of any size.
@@ -277,86 +280,144 @@ def iter_members(
             truncated (True), or simply the end of a run of samples (False).
         handler: see the module docstring.
         on_end: called with the offset of the end-of-archive block when the parser reaches it.
+        max_sample_bytes: a member declaring more is refused (a handler may skip it).
+        keep_data: False passes over member data without keeping it (``data`` is ``b""``): what
+            an index scan needs.
 
     Raises:
-        ShardFormatError: truncated or non-tar bytes, unsafe member (unless the handler skips it).
+        ShardFormatError: truncated or non-tar bytes, an invalid or over-limit header field, an
+            unsafe or over-limit member (unless the handler skips it).
     """
     src = _Source(chunks, start_offset)
-    long_name: str | None = None
-    pax: dict[str, str] = {}
-    first = None  # offset of the first header of the member being assembled
+    ext: _Extended | None = None  # extended headers read for the next member, if any
     last_name = None
     while True:
         at = src.offset
-        block = src.take(BLOCK)
-        if len(block) < BLOCK:
-            if not block and first is None and not require_end:
-                return
-            after = f" after member {last_name!r}" if last_name else ""
-            where = "inside a header" if block else "without the end-of-archive block"
-            raise ShardFormatError(
-                f"shard {url!r} ends at byte {src.offset}{after}, {where}: it is truncated. "
-                f"Re-fetch it or re-run `streamio verify` on its dataset."
-            )
-        if block == _ZERO_BLOCK:
-            if on_end is not None:
-                on_end(at)
+        block = _next_header(src, url, last_name, ending_ok=not require_end and ext is None, on_end=on_end)
+        if block is None:
             return
-        if not _checksum_ok(block):
-            raise ShardFormatError(
-                f"shard {url!r}: the 512 bytes at offset {at}{' after member ' + repr(last_name) if last_name else ''} "
-                f"are not a valid tar header (bad checksum): the shard is damaged or not a tar file"
-            )
-        if first is None:
-            first = at
         typeflag = block[156:157]
-        size = _parse_size(block[124:136])
-        if "size" in pax:
-            size = int(pax["size"])
-        data = src.take(size)
-        pad = -size % BLOCK
-        padding = src.take(pad) if pad else b""
-        if len(data) < size or len(padding) < pad:
-            raise ShardFormatError(
-                f"shard {url!r} ends at byte {src.offset} inside member {_name(block, long_name, pax)!r} "
-                f"(header at {at}, {size} bytes announced): it is truncated. Re-fetch it or re-run `streamio verify`."
-            )
-        if typeflag == b"L":
-            long_name = data.rstrip(b"\0").decode("utf-8", "surrogateescape")
+        size = member_size(block, url=url, at=at)
+        if typeflag in _META:
+            ext = ext or _Extended(at)
+            ext.check(url, typeflag, at, size)
+            ext.add(typeflag, _member_data(src, size, url, at, _name(block, ext), keep=True), url, at)
             continue
-        if typeflag == b"x":
-            pax.update(_pax(data, url, at))
-            continue
-        if typeflag in (b"g", b"K"):
-            continue
-        name = _name(block, long_name, pax)
-        member_start, first, long_name, pax = first, None, None, {}
+        if ext is not None and "size" in ext.pax:
+            size = pax_size(ext.pax["size"], url=url, at=at)
+        name, member_start = _name(block, ext), (at if ext is None else ext.first)
+        ext = None
         last_name = name
-        if typeflag == b"5":
-            continue
-        if name.startswith("./"):
-            name = name[2:]
-        problem = None
-        if typeflag not in _REGULAR:
-            kind = _UNSAFE_TYPES.get(typeflag, f"type {typeflag!r}")
-            problem = f"member {name!r} at byte {member_start} is a {kind}; only regular files are read"
-        else:
-            reason = unsafe_reason(name)
-            if reason:
-                problem = f"member {name!r} at byte {member_start} is unsafe to read: {reason}"
+        name = name[2:] if name.startswith("./") else name
+        problem = _problem(typeflag, name, member_start, size, max_sample_bytes)
         if problem is not None:
             exc = _Recoverable(f"shard {url!r}: {problem}. Remove it from the shard, or pass a handler that skips it.")
-            if handler is not None and handler(exc):
-                continue
-            raise exc
-        yield member_start, name, data
+            if handler is None or not handler(exc):
+                raise exc
+        wanted = problem is None and typeflag in _REGULAR
+        data = _member_data(src, size, url, at, name, keep=keep_data and wanted)
+        if wanted:
+            yield member_start, name, data
 
 
-def _name(block: bytes, long_name: str | None, pax: dict[str, str]) -> str:
-    if "path" in pax:
-        return pax["path"]
-    if long_name is not None:
-        return long_name
+class _Extended:
+    """The pax records and GNU long name read for the member that follows them, and their size."""
+
+    __slots__ = ("first", "long_name", "pax", "size")
+
+    def __init__(self, first: int) -> None:
+        self.first = first  # offset of the first header of the member they belong to
+        self.long_name: str | None = None
+        self.pax: dict[str, str] = {}
+        self.size = 0
+
+    def check(self, url: str, typeflag: bytes, at: int, size: int) -> None:
+        """Refuse extended headers past :data:`MAX_META_BYTES` before their data is read."""
+        self.size += BLOCK + size
+        if self.size > MAX_META_BYTES:
+            raise ShardFormatError(
+                f"shard {url!r}: the {_META_KINDS[typeflag]} at byte {at} ({size} bytes) brings the extended headers "
+                f"of one member to {self.size} bytes, over the limit of {MAX_META_BYTES}: the shard is damaged or "
+                f"hostile. Re-create it, or remove it from the dataset."
+            )
+
+    def add(self, typeflag: bytes, data: bytes, url: str, at: int) -> None:
+        if typeflag == b"L":
+            self.long_name = data.rstrip(b"\0").decode("utf-8", "surrogateescape")
+        elif typeflag == b"x":
+            self.pax.update(pax_records(data, url=url, at=at))
+
+
+def _next_header(
+    src: _Source, url: str, last_name: str | None, *, ending_ok: bool, on_end: Callable[[int], None] | None
+) -> bytes | None:
+    """The next header block; None at the end-of-archive block (``on_end`` is told) or where a run may end."""
+    at = src.offset
+    block = src.take(BLOCK)
+    if len(block) < BLOCK:
+        if not block and ending_ok:
+            return None
+        where = "inside a header" if block else "without the end-of-archive block"
+        raise ShardFormatError(
+            f"shard {url!r} ends at byte {src.offset}{_after(last_name)}, {where}: it is truncated. "
+            f"Re-fetch it or re-run `streamio verify` on its dataset."
+        )
+    if block == _ZERO_BLOCK:
+        if on_end is not None:
+            on_end(at)
+        return None
+    if not checksum_ok(block):
+        raise ShardFormatError(
+            f"shard {url!r}: the 512 bytes at offset {at}{_after(last_name)} are not a valid tar header (bad "
+            f"checksum): the shard is damaged or not a tar file"
+        )
+    return block
+
+
+def _after(last_name: str | None) -> str:
+    return f" after member {last_name!r}" if last_name else ""
+
+
+def _problem(typeflag: bytes, name: str, start: int, size: int, limit: int) -> str | None:
+    """Why the member must not be read (a handler may skip it), or None."""
+    if typeflag == b"5":
+        return None  # a directory: skipped, nothing to read
+    if typeflag not in _REGULAR:
+        kind = _UNSAFE_TYPES.get(typeflag, f"type {typeflag!r}")
+        return f"member {name!r} at byte {start} is a {kind}; only regular files are read"
+    reason = unsafe_reason(name)
+    if reason:
+        return f"member {name!r} at byte {start} is unsafe to read: {reason}"
+    if size > limit:
+        return (
+            f"member {name!r} at byte {start} declares {size} bytes, more than the {limit} a sample may hold "
+            f"(max_sample_bytes)"
+        )
+    return None
+
+
+def _member_data(src: _Source, size: int, url: str, at: int, name: str, *, keep: bool) -> bytes:
+    """The ``size`` data bytes of the member whose header is at ``at`` (and its padding); b"" unless ``keep``."""
+    pad = -size % BLOCK
+    if keep:
+        data = src.take(size)
+        got = len(data)
+    else:
+        data, got = b"", src.skip(size)
+    if got < size or (pad and src.skip(pad) < pad):
+        raise ShardFormatError(
+            f"shard {url!r} ends at byte {src.offset} inside member {name!r} "
+            f"(header at {at}, {size} bytes announced): it is truncated. Re-fetch it or re-run `streamio verify`."
+        )
+    return data
+
+
+def _name(block: bytes, ext: _Extended | None) -> str:
+    if ext is not None:
+        if "path" in ext.pax:
+            return ext.pax["path"]
+        if ext.long_name is not None:
+            return ext.long_name
     name = block[0:100].split(b"\0", 1)[0]
     if block[257:263] == b"ustar\0":  # POSIX ustar: a prefix field (GNU uses these bytes otherwise)
         prefix = block[345:500].split(b"\0", 1)[0]
@@ -366,9 +427,17 @@ def _name(block: bytes, long_name: str | None, pax: dict[str, str]) -> str:
 
 
 def group_samples(
-    members: Iterable[tuple[int, str, bytes]], *, url: str, handler: Handler | None = None
+    members: Iterable[tuple[int, str, bytes]],
+    *,
+    url: str,
+    handler: Handler | None = None,
+    max_sample_bytes: int = MAX_SAMPLE_BYTES,
 ) -> Iterator[tuple[int, Sample]]:
-    """``(offset, name, data)`` members -> ``(offset of the sample's first member, sample)``, by key."""
+    """``(offset, name, data)`` members -> ``(offset of the sample's first member, sample)``, by key.
+
+    A sample whose members span more than ``max_sample_bytes`` of the stream is refused
+    (:class:`ShardFormatError`) as the member that crosses the limit arrives.
+    """
     current: Sample | None = None
     current_key = None
     start = 0
@@ -385,6 +454,12 @@ def group_samples(
                 if current is not None:
                     yield start, current
                 current, current_key, start = {"__key__": key}, key, offset
+            elif offset + len(data) - start > max_sample_bytes:
+                raise ShardFormatError(
+                    f"shard {url!r}: sample {key!r} at byte {start} spans more than {max_sample_bytes} bytes (member "
+                    f"{name!r} at byte {offset}), more than a sample may hold (max_sample_bytes): the shard is damaged "
+                    f"or hostile, or pass a larger max_sample_bytes."
+                )
             elif ext in current:  # type: ignore[operator]
                 raise _Recoverable(
                     f"shard {url!r}: member {name!r} at byte {offset} repeats field {ext!r} of sample {key!r}"
@@ -398,15 +473,7 @@ def group_samples(
         yield start, current
 
 
-def _decompressed(chunks: Iterable[bytes]) -> Iterator[bytes]:
-    dobj = zstandard.ZstdDecompressor().decompressobj(read_across_frames=True)
-    for chunk in chunks:
-        out = dobj.decompress(chunk)
-        if out:
-            yield out
-
-
-def iter_samples(
+def iter_samples(  # noqa: PLR0913 - keyword-only options of one call
     chunks: Iterable[bytes],
     *,
     url: str,
@@ -416,8 +483,13 @@ def iter_samples(
     compression: str | None = None,
     handler: Handler | None = None,
     num_samples: int | None = None,
+    max_sample_bytes: int | None = None,
 ) -> Iterator[Sample]:
     """Samples from the bytes of one shard, starting at sample ``first_sample``.
+
+    Memory is bounded by one sample: with a layout, by the sample's byte range (``.tar``) or the
+    layout's ``max_sample_bytes`` (``.tar.zst``, decompressed); without one, by
+    ``max_sample_bytes``. Decompression is streamed and stops one byte past that bound.
 
     Args:
         chunks: the shard's bytes from ``start_offset`` on, in pieces of any size (e.g.
@@ -432,68 +504,69 @@ def iter_samples(
         compression: None for ``.tar``, ``"zstd"`` for ``.tar.zst``.
         handler: ``handler(exc) -> bool``, see the module docstring; None raises.
         num_samples: with a layout, read only this many samples (a ranged read of part of a shard).
+        max_sample_bytes: the most bytes of tar records one sample may span (decompressed);
+            None takes the layout's, else :data:`~streamio.data.tarfields.MAX_SAMPLE_BYTES`.
 
     Yields:
         ``{"__key__": str, "<ext>": bytes, ...}`` in shard order.
 
     Raises:
-        ShardFormatError: truncated or non-tar bytes, unsafe member (shard, byte offset, member).
+        ShardFormatError: truncated, non-tar or non-zstd bytes, an invalid header field, unsafe member,
+            a sample over its size bound (shard, byte offset, member).
         CorruptDataError: a sample's bytes do not match the layout (shard, sample, offset).
         ValueError: ``start_offset`` disagrees with the layout, or unknown ``compression``.
     """
     if compression not in (None, "zstd"):
         raise ValueError(f"unknown compression {compression!r} for shard {url!r}: expected None or 'zstd'")
+    if max_sample_bytes is None:
+        max_sample_bytes = (layout.max_sample_bytes if layout is not None else None) or MAX_SAMPLE_BYTES
     if layout is None:
-        stream = _decompressed(chunks) if compression == "zstd" else chunks
-        offset = 0 if compression == "zstd" else start_offset
+        stream: Iterable[bytes] = chunks
+        offset = start_offset
+        if compression == "zstd":  # offsets in messages are then those of the decompressed tar
+            stream, offset = zstdframes.decompress(chunks, url=url, what="the zstd stream", start=start_offset), 0
         try:
-            for _, sample in group_samples(
-                iter_members(stream, url=url, start_offset=offset, handler=handler), url=url, handler=handler
-            ):
+            limit = max_sample_bytes
+            members = iter_members(stream, url=url, start_offset=offset, handler=handler, max_sample_bytes=limit)
+            for _, sample in group_samples(members, url=url, handler=handler, max_sample_bytes=limit):
                 yield sample
-        except zstandard.ZstdError as exc:
-            _structural(
-                ShardFormatError(f"shard {url!r}: zstd decompression failed after byte {start_offset}: {exc}"), handler, exc
-            )
         except ShardFormatError as exc:
             if isinstance(exc, _Recoverable):
                 raise
             _structural(exc, handler)
         return
-    yield from _iter_verified(chunks, url, start_offset, first_sample, layout, compression, handler, num_samples)
+    count = len(layout.offsets) - 1
+    if not 0 <= first_sample <= count:
+        raise ValueError(f"shard {url!r} has {count} samples; cannot start at sample {first_sample}")
+    if start_offset != layout.offsets[first_sample]:
+        raise ValueError(
+            f"shard {url!r}: sample {first_sample} starts at byte {layout.offsets[first_sample]}, not {start_offset}"
+        )
+    stop = count if num_samples is None else min(count, first_sample + num_samples)
+    yield from _iter_verified(
+        _Source(chunks, start_offset), url, layout, range(first_sample, stop), compression, handler, max_sample_bytes
+    )
 
 
-def _structural(exc: ShardFormatError, handler: Handler | None, cause: BaseException | None = None) -> None:
+def _structural(exc: ShardFormatError, handler: Handler | None) -> None:
     if handler is not None and handler(exc):
         log.warning("ending shard early: %s", exc)
         return
-    if cause is not None:
-        raise exc from cause
     raise exc
 
 
-def _iter_verified(
-    chunks: Iterable[bytes],
+def _iter_verified(  # noqa: PLR0913, PLR0917 - the private half of iter_samples
+    src: _Source,
     url: str,
-    start_offset: int,
-    first_sample: int,
     layout: SampleLayout,
+    samples: range,
     compression: str | None,
     handler: Handler | None,
-    num_samples: int | None,
+    max_sample_bytes: int,
 ) -> Iterator[Sample]:
     offsets, checksums = layout.offsets, layout.checksums
-    count = len(offsets) - 1
-    if not 0 <= first_sample <= count:
-        raise ValueError(f"shard {url!r} has {count} samples; cannot start at sample {first_sample}")
-    if start_offset != offsets[first_sample]:
-        raise ValueError(
-            f"shard {url!r}: sample {first_sample} starts at byte {offsets[first_sample]}, not {start_offset}"
-        )
-    stop = count if num_samples is None else min(count, first_sample + num_samples)
-    src = _Source(chunks, start_offset)
-    dctx = zstandard.ZstdDecompressor() if compression == "zstd" else None
-    for i in range(first_sample, stop):
+    dctx = zstandard.ZstdDecompressor() if compression == "zstd" else None  # one per run: they cost to make
+    for i in samples:
         begin, size = offsets[i], offsets[i + 1] - offsets[i]
         data = src.take(size)
         if len(data) < size:
@@ -513,25 +586,20 @@ def _iter_verified(
             if handler is not None and handler(exc):
                 continue
             raise exc
+        stream: Iterable[bytes] = (data,)
+        limit = size
         if dctx is not None:
-            try:
-                data = dctx.decompress(data)
-            except zstandard.ZstdError as zexc:
-                raise ShardFormatError(
-                    f"shard {url!r}: sample {i} at byte {begin} is not one zstd frame ({zexc}); "
-                    f"this shard was not written with one frame per sample"
-                ) from zexc
-        found = list(
-            group_samples(
-                iter_members((data,), url=url, start_offset=begin, require_end=False, handler=handler),
-                url=url,
-                handler=handler,
-            )
+            what = f"sample {i} at byte {begin}"
+            stream = zstdframes.decompress_sample(data, dctx, url=url, what=what, limit=max_sample_bytes, start=begin)
+            limit = max_sample_bytes
+        members = iter_members(
+            stream, url=url, start_offset=begin, require_end=False, handler=handler, max_sample_bytes=limit
         )
+        found = list(islice(group_samples(members, url=url, handler=handler, max_sample_bytes=limit), 2))
         if len(found) != 1:
             exc2 = ShardFormatError(
-                f"shard {url!r}: sample {i} at byte {begin} holds {len(found)} samples' members, not 1: "
-                f"the index does not describe this shard. Rebuild it with `streamio index`."
+                f"shard {url!r}: sample {i} at byte {begin} holds {'no' if not found else 'more than one'} sample's "
+                f"members, not 1: the index does not describe this shard. Rebuild it with `streamio index`."
             )
             if handler is not None and handler(exc2):
                 continue

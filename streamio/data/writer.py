@@ -56,7 +56,8 @@ from streamio.data.index import (
     write_index,
 )
 from streamio.data.samples import END_OF_ARCHIVE, Handler, encode_sample, iter_samples, split_name, unsafe_reason
-from streamio.errors import DatasetError
+from streamio.data.tarfields import MAX_SAMPLE_BYTES
+from streamio.errors import DatasetError, ObjectNotFoundError
 from streamio.storage import Store
 
 log = logging.getLogger(__name__)
@@ -72,7 +73,7 @@ def _field_bytes(key: str, ext: str, value: Any) -> bytes:
         return bytes(value)
     if isinstance(value, str):
         return value.encode("utf-8")
-    if ext.endswith("json") and isinstance(value, (dict, list, int, float, bool)) or value is None and ext.endswith("json"):
+    if ext.endswith("json") and (value is None or isinstance(value, (dict, list, int, float, bool))):
         return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
     if isinstance(value, int) and not isinstance(value, bool):
         return str(value).encode()
@@ -137,7 +138,7 @@ class DatasetWriter:
         inline_limit: datasets up to this many samples keep their offsets inside ``index.json``.
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - keyword-only options of one writer
         self,
         dest: str | Store,
         storage_options: Mapping[str, Any] | None = None,
@@ -190,6 +191,7 @@ class DatasetWriter:
         self._offsets: list[int] = []
         self._crcs: list[int] = []
         self._shard_crc = 0
+        self._biggest = 0  # the largest sample's tar records (what readers decompress a sample into)
 
     def write(self, sample: Mapping[str, Any]) -> None:
         """Append one sample (raises DatasetError for an invalid one, naming it)."""
@@ -203,12 +205,14 @@ class DatasetWriter:
                 f"the two. Give every sample a distinct '__key__'."
             )
         pieces = encode_sample(members)
+        raw_size = sum(len(p) for p in pieces)
         if self._cctx is not None:
             pieces = [self._cctx.compress(b"".join(pieces))]
         size = sum(len(p) for p in pieces)
         count = len(self._offsets)
         if count and (
-            self._size + size + len(self._trailer) > self.max_bytes or (self.max_count is not None and count >= self.max_count)
+            self._size + size + len(self._trailer) > self.max_bytes
+            or (self.max_count is not None and count >= self.max_count)
         ):
             self._finish_shard()
         crc = 0
@@ -219,6 +223,7 @@ class DatasetWriter:
         self._crcs.append(crc)
         self._pieces.extend(pieces)
         self._size += size
+        self._biggest = max(self._biggest, raw_size)
         self._last_key = key
         self._keys.update(name[len(key) + 1 :] for name, _ in members)
         self.samples_written += 1
@@ -231,7 +236,8 @@ class DatasetWriter:
         crc = crc32c(self._trailer, self._shard_crc)
         total = self._size + len(self._trailer)
         self._shards.append(ShardInfo(path, total, len(self._offsets), format_checksum(crc)))
-        self._layouts[shard_id] = SampleLayout(tuple(self._offsets) + (self._size,), tuple(self._crcs))
+        biggest = self._biggest if self._cctx is not None else None
+        self._layouts[shard_id] = SampleLayout(tuple(self._offsets) + (self._size,), tuple(self._crcs), biggest)
         pieces = self._pieces
         self._new_shard()
         self._slots.acquire()  # at most max_pending shards (and buffers) in flight
@@ -307,7 +313,9 @@ class DatasetWriter:
     def __enter__(self) -> DatasetWriter:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         if exc_type is None:
             self.close()
         else:
@@ -336,7 +344,8 @@ def write_dataset(
                               "s3://bucket/ds", max_count=100, compression="zstd")
     """
     with DatasetWriter(
-        dest_url, storage_options, max_bytes=max_bytes, max_count=max_count, compression=compression, prefix=prefix, **options
+        dest_url, storage_options, max_bytes=max_bytes, max_count=max_count, compression=compression, prefix=prefix,
+        **options,
     ) as writer:
         for sample in samples:
             writer.write(sample)
@@ -442,13 +451,26 @@ def samples_from_jsonl(
 
 
 def samples_from_shards(
-    store: Store, patterns: str | Sequence[str] | None = None, *, handler: Handler | None = None
+    store: Store,
+    patterns: str | Sequence[str] | None = None,
+    *,
+    handler: Handler | None = None,
+    max_sample_bytes: int = MAX_SAMPLE_BYTES,
 ) -> Iterator[dict[str, Any]]:
-    """Samples of existing ``.tar`` / ``.tar.zst`` shards (brace / glob patterns), streamed in order."""
+    """Samples of existing ``.tar`` / ``.tar.zst`` shards (brace / glob patterns), streamed in order.
+
+    The shards are foreign input without an index: every header is checked and a sample spanning
+    more than ``max_sample_bytes`` (decompressed) is refused, so a hostile shard stops the
+    stream with a :class:`~streamio.errors.ShardFormatError` instead of growing it without end.
+    """
     paths = expand_patterns(store, patterns)
     if not paths:
-        raise DatasetError(f"no shards match {patterns!r} under {store.root_url}: nothing to shard")
+        raise ObjectNotFoundError(
+            f"no shards match {patterns!r} under {store.root_url}: nothing to shard. Check the URL."
+        )
     for path in paths:
         compression = "zstd" if path.endswith(".zst") else None
         with closing(store.iter_bytes(path)) as chunks:
-            yield from iter_samples(chunks, url=store.url(path), compression=compression, handler=handler)
+            yield from iter_samples(
+                chunks, url=store.url(path), compression=compression, handler=handler, max_sample_bytes=max_sample_bytes
+            )

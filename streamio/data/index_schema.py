@@ -1,0 +1,175 @@
+"""Checks on what a stored ``index.json`` declares, before anything is read on its word.
+
+An index is read back from storage that someone else can write, so, like the shards, it is
+untrusted input. :func:`check_document` takes the parsed JSON (already size- and depth-limited by
+:func:`streamio.limits.load_json`) and returns plain checked values, or raises
+:class:`~streamio.errors.IndexFormatError` naming the field at fault:
+
+* **numbers** (``bytes``, ``samples``, offsets, ``max_sample_bytes``) are integers in
+  ``[0, 2**63)`` (not bools, floats or strings); a shard holds at most one sample per byte;
+  offsets increase strictly inside their shard; CRC32C values fit 32 bits; the total matches.
+* **paths** (shards and layout sidecars) are plain relative names below the dataset root
+  (:func:`shard_path_problem`), and no shard is named twice.
+
+The rule for paths refuses what can leave the root on some backend (``..``, absolute paths,
+schemes and drives, backslashes, control characters) and nothing else: foreign WebDataset shards
+carry all sorts of names, so it is not an allow-list of characters.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from streamio.checksum import parse_checksum
+from streamio.data.samples import unsafe_reason
+from streamio.errors import IndexFormatError
+
+MAX_INT = (1 << 63) - 1
+MAX_PATH_CHARS = 1024
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")
+
+
+class ShardEntry(NamedTuple):
+    """One checked entry of ``shards``: the layout inline (offsets, crcs) or in a sidecar."""
+
+    path: str
+    bytes: int
+    samples: int
+    checksum: str
+    offsets: tuple[int, ...] | None
+    crcs: tuple[int, ...] | None
+    sidecar: tuple[str, str] | None  # (path, checksum)
+    max_sample_bytes: int | None
+
+
+class IndexDocument(NamedTuple):
+    """The checked content of an ``index.json``."""
+
+    shards: list[ShardEntry]
+    samples: int
+    keys: tuple[str, ...]
+    compression: str | None
+
+
+def bad(url: str, what: str) -> IndexFormatError:
+    """The error for an invalid field of the index at ``url``."""
+    return IndexFormatError(f"{url}: {what}; rebuild it with `streamio index {url.rsplit('/', 1)[0]}`")
+
+
+def short(value: Any) -> str:
+    """``repr(value)``, cut to a readable length for a message."""
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:40]}... ({len(text)} characters)"
+
+
+def integer(value: Any, url: str, what: str) -> int:
+    """``value`` if it is an int in ``[0, 2**63)``, else :func:`bad`."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_INT:
+        raise bad(url, f"{what} is {short(value)}, not an integer in [0, 2**63)")
+    return value
+
+
+def shard_path_problem(path: Any) -> str | None:
+    """Why ``path`` may not name an object below the dataset root, or None.
+
+    A plain relative name: a string of 1-1024 characters, ``/``-separated segments, none empty,
+    ``.`` or ``..``, not absolute, no URL scheme or drive (``s3:``, ``C:``, ``a::b``), no
+    backslash, NUL or control character.
+    """
+    if not isinstance(path, str):
+        return f"it is a {type(path).__name__}, not a string"
+    if not 0 < len(path) <= MAX_PATH_CHARS:
+        return f"its length {len(path)} is outside 1..{MAX_PATH_CHARS}"
+    if "\\" in path:
+        return "it has a backslash"
+    if "::" in path or _SCHEME.match(path):
+        return "it starts with a URL scheme or a drive"
+    if any(ord(c) < 0x20 or c == "\x7f" for c in path):
+        return "it has a control character"
+    return unsafe_reason(path)
+
+
+def check_layout(offsets: Sequence[Any], crcs: Sequence[Any], *, samples: int, size: int, path: str, url: str) -> None:
+    """``samples + 1`` integer offsets increasing within ``size`` bytes, ``samples`` 32-bit CRC32C."""
+    if len(offsets) != samples + 1 or len(crcs) != samples:
+        raise bad(url, f"shard {path!r} has {samples} samples but {len(offsets)} offsets and {len(crcs)} crc32c values")
+    if not all(type(x) is int for x in offsets) or not all(type(c) is int and 0 <= c < 1 << 32 for c in crcs):
+        raise bad(url, f"offsets / crc32c of shard {path!r} are not all 32/64-bit integers")
+    increasing = all(b > a for a, b in zip(offsets, offsets[1:], strict=False))
+    if offsets and (offsets[0] < 0 or offsets[-1] > size or not increasing):
+        raise bad(url, f"offsets of shard {path!r} are not increasing within its {size} bytes")
+
+
+def _path(value: Any, url: str, what: str) -> str:
+    problem = shard_path_problem(value)
+    if problem:
+        raise bad(url, f"{what} is {short(value)}, not a plain relative name below the dataset: {problem}")
+    return value  # type: ignore[no-any-return]
+
+
+def _checksum(value: Any, url: str, what: str) -> str:
+    try:
+        parse_checksum(value)
+    except (ValueError, TypeError, AttributeError):
+        raise bad(url, f"{what} is {short(value)}, not 'crc32c:<8 hex digits>'") from None
+    return value  # type: ignore[no-any-return]
+
+
+def check_entry(i: int, entry: Any, url: str) -> ShardEntry:
+    """Entry ``i`` of ``shards``, checked."""
+    if not isinstance(entry, dict):
+        raise bad(url, f"shard {i} is not an object")
+    path = _path(entry.get("path"), url, f"the path of shard {i}")
+    checksum = _checksum(entry.get("checksum"), url, f"the checksum of shard {path!r}")
+    size = integer(entry.get("bytes"), url, f"'bytes' of shard {path!r}")
+    samples = integer(entry.get("samples"), url, f"'samples' of shard {path!r}")
+    if samples > size:
+        raise bad(url, f"'samples' of shard {path!r} is {samples}, more than its {size} bytes can hold")
+    biggest = entry.get("max_sample_bytes")
+    if biggest is not None:
+        biggest = integer(biggest, url, f"'max_sample_bytes' of shard {path!r}")
+    if "offsets" in entry:
+        offsets, crcs = entry.get("offsets"), entry.get("crc32c")
+        if not isinstance(offsets, list) or not isinstance(crcs, list):
+            raise bad(url, f"shard {path!r} has 'offsets' without a 'crc32c' list")
+        check_layout(offsets, crcs, samples=samples, size=size, path=path, url=url)
+        return ShardEntry(path, size, samples, checksum, tuple(offsets), tuple(crcs), None, biggest)
+    sidecar = None
+    if "layout" in entry:
+        lpath = _path(entry.get("layout"), url, f"'layout' of shard {path!r}")
+        sidecar = (lpath, _checksum(entry.get("layout_checksum"), url, f"'layout_checksum' of shard {path!r}"))
+    return ShardEntry(path, size, samples, checksum, None, None, sidecar, biggest)
+
+
+def check_document(doc: Any, url: str, *, fmt: str) -> IndexDocument:
+    """Every field of a parsed ``index.json`` of format ``fmt``, checked."""
+    if not isinstance(doc, dict):
+        raise bad(url, "is not a JSON object")
+    if doc.get("format") != fmt:
+        raise IndexFormatError(
+            f"{url} has format {short(doc.get('format'))}; this streamio reads {fmt!r}. "
+            f"Upgrade streamio if it was written by a newer one, or rebuild it with `streamio index`."
+        )
+    raw = doc.get("shards")
+    if not isinstance(raw, list):
+        raise bad(url, "'shards' is not a list")
+    entries: list[ShardEntry] = []
+    seen: set[str] = set()
+    for i, item in enumerate(raw):
+        entry = check_entry(i, item, url)
+        if entry.path in seen:
+            raise bad(url, f"shard path {entry.path!r} appears more than once")
+        seen.add(entry.path)
+        entries.append(entry)
+    total = integer(doc.get("samples"), url, "'samples'")
+    if total != sum(e.samples for e in entries):
+        raise bad(url, f"'samples' is {total} but the shards hold {sum(e.samples for e in entries)}")
+    keys = doc.get("keys", [])
+    if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+        raise bad(url, "'keys' is not a list of strings")
+    compression = doc.get("compression")
+    if compression not in (None, "zstd", "mixed"):
+        raise bad(url, f"'compression' is {short(compression)}")
+    return IndexDocument(entries, total, tuple(keys), compression)
