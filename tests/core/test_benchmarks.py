@@ -19,7 +19,7 @@ import pytest
 from benchmarks import common, run
 from benchmarks.bench_dataset import _trial_stats, scale_model
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_summary_median_spread_and_ratio() -> None:

@@ -4,10 +4,10 @@
 any process, so a parent can check that what a killed child left restores to exactly the state of
 the step it reports. Run as a script it is the child of the kill -9 tests::
 
-    python tests/ckpt_support.py zygote   # imports torch once, forks one child per JSON line
+    python tests/support/ckpt.py zygote   # imports torch once, forks one child per JSON line
                                           # on stdin: saves step 1, then step 2 dying at a phase
                                           # (or wherever the proxy kills it)
-    torchrun --nproc_per_node 2 tests/ckpt_support.py ddp ROOT OUT.json
+    torchrun --nproc_per_node 2 tests/support/ckpt.py ddp ROOT OUT.json
 """
 
 from __future__ import annotations

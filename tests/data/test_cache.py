@@ -13,7 +13,7 @@ import stat
 import threading
 
 import pytest
-from test_cache_support import bytes_fetched, cache_files, cache_for, gets_for, make_shards, proxy, s3_store  # noqa: F401
+from support.cache import bytes_fetched, cache_files, cache_for, gets_for, make_shards, proxy, s3_store  # noqa: F401
 
 from streamio.checksum import checksum_bytes
 from streamio.data.cache import CacheConfig, ShardCache

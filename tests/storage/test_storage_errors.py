@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from auth_s3_support import AuthS3, auth_moto
+from support.auth_s3 import AuthS3, auth_moto
 from click.testing import CliRunner
 from streamio.cli.main import cli
 

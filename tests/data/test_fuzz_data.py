@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 from itertools import islice
 from typing import Any
 
-import hostile_corpus as hc
+from support import hostile_corpus as hc
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st

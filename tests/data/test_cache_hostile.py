@@ -15,7 +15,7 @@ import os
 import stat
 
 import pytest
-from test_cache_support import cache_for, make_shards
+from support.cache import cache_for, make_shards
 
 from streamio.data.cache import ShardCache
 from streamio.data.index import ShardInfo

@@ -15,7 +15,7 @@ from collections import Counter
 import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
-from plan_helpers import all_streams, dataloader_batches, dataloader_order, global_sequence, multiset
+from support.plan import all_streams, dataloader_batches, dataloader_order, global_sequence, multiset
 
 from streamio.data.plan import STATE_VERSION, EpochPlan, Sampling, Shuffle, Topology, Window, WorkerStream, plan_epoch
 from streamio.errors import PlanError, StateMismatchError

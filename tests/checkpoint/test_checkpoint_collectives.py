@@ -1,6 +1,6 @@
 """Collective misuse is an error, not a hang: save/restore called on one rank only.
 
-The slow test runs tests/ckpt_collective_support.py ``misuse`` under torchrun (2 gloo ranks,
+The slow test runs tests/support/ckpt_collective.py ``misuse`` under torchrun (2 gloo ranks,
 ``SaveOptions(collective_timeout_s=3)``): rank 0 saves alone (the ``torch.save`` habit), each
 rank restores alone, the ranks save different steps, a manager is constructed on rank 0 only.
 Each must end in a ``CheckpointError`` naming the ranks that did not come, within the timeout,
@@ -51,7 +51,7 @@ def misuse(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     tmp = tmp_path_factory.mktemp("misuse")
     out = tmp / "result.json"
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    script = Path(__file__).with_name("ckpt_collective_support.py")
+    script = (Path(__file__).parents[1] / "support" / "ckpt_collective.py")
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
          str(script), "misuse", str(tmp / "ckpt"), str(out), str(TIMEOUT_S)],

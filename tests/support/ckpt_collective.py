@@ -1,7 +1,7 @@
 """torchrun workers (2 gloo ranks) for the checkpoint collective and model-wrapper tests.
 
-    torchrun --nproc_per_node 2 tests/ckpt_collective_support.py misuse ROOT OUT.json TIMEOUT_S
-    torchrun --nproc_per_node 2 tests/ckpt_collective_support.py wrappers ROOT OUT.json
+    torchrun --nproc_per_node 2 tests/support/ckpt_collective.py misuse ROOT OUT.json TIMEOUT_S
+    torchrun --nproc_per_node 2 tests/support/ckpt_collective.py wrappers ROOT OUT.json
 
 ``misuse`` calls save/restore on one rank only (and constructs a manager on one rank only) and
 records, per scenario, the error each rank got and how long it took; ``wrappers`` restores a

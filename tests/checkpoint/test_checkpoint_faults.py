@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 import torch
-from ckpt_support import light_state_for
+from support.ckpt import light_state_for
 
 from streamio.checkpoint import CheckpointManager
 from streamio.checkpoint.admin import check_pointer, verify_checkpoint
@@ -42,7 +42,7 @@ class Zygote:
     """The forking helper process; ``run(cmd)`` returns the child's pid."""
 
     def __init__(self) -> None:
-        script = Path(__file__).with_name("ckpt_support.py")
+        script = (Path(__file__).parents[1] / "support" / "ckpt.py")
         env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
         self.proc = subprocess.Popen([sys.executable, str(script), "zygote"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, env=env)

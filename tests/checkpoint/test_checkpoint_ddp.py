@@ -1,6 +1,6 @@
 """torchrun, 2 ranks, gloo: DDP model + Adam + per-rank RNG saved and restored through S3 (moto).
 
-The worker (tests/ckpt_support.py ``ddp``) saves asynchronously, trains on, restores into fresh
+The worker (tests/support/ckpt.py ``ddp``) saves asynchronously, trains on, restores into fresh
 objects and checks bit-exactness on each rank; here we check the outcome and that the replicated
 bytes were split about evenly between the ranks.
 """
@@ -28,7 +28,7 @@ def test_ddp_two_ranks_save_restore_and_share_uploads(s3: S3Endpoint, tmp_path: 
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     env["CKPT_TEST_STORAGE_OPTIONS"] = json.dumps(s3.storage_options())
     env["OMP_NUM_THREADS"] = "1"
-    script = Path(__file__).with_name("ckpt_support.py")
+    script = (Path(__file__).parents[1] / "support" / "ckpt.py")
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
          str(script), "ddp", root, str(out)],

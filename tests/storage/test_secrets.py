@@ -24,8 +24,8 @@ from typing import Any
 
 import aiohttp
 import pytest
-from auth_s3_support import AuthS3, auth_moto
-from dataset_support import all_keys, make_dataset
+from support.auth_s3 import AuthS3, auth_moto
+from support.dataset import all_keys, make_dataset
 
 from streamio.data.dataset import StreamingDataset
 from streamio.data.loader import StreamingDataLoader

@@ -48,7 +48,7 @@ from streamio.errors import (
 )
 from streamio.testing import FaultProxy, S3Endpoint
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 DEEP = 100_000  # nesting levels: far past CPython's recursion limit
 
 

@@ -12,7 +12,7 @@ import threading
 import time
 
 import pytest
-from test_cache_support import (  # noqa: F401
+from support.cache import (  # noqa: F401
     bytes_fetched,
     cache_files,
     cache_for,
@@ -34,7 +34,7 @@ MB = 1 << 20
 # forkserver: every child is a fresh process that gets its arguments pickled (as with spawn, so
 # the cache and the store cross as configuration), but the imports are paid once per session
 CTX = mp.get_context("forkserver")
-CTX.set_forkserver_preload(["test_cache_support"])
+CTX.set_forkserver_preload(["support.cache"])
 SPAWN = mp.get_context("spawn")  # one test pays for a real spawn, as DataLoader workers may
 
 

@@ -8,7 +8,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from test_cache_support import bytes_fetched, cache_for, make_shards, proxy, s3_store  # noqa: F401
+from support.cache import bytes_fetched, cache_for, make_shards, proxy, s3_store  # noqa: F401
 
 from streamio.data.index import ShardInfo
 from streamio.data.prefetch import ByteRun, PrefetchConfig, Prefetcher

@@ -23,7 +23,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-import hostile_corpus as hc
+from support import hostile_corpus as hc
 import pytest
 
 from streamio.data.index import build_index, load_index, read_bounded, scan_chunks, validate

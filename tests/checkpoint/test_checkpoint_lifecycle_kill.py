@@ -2,7 +2,7 @@
 
 A child (forked by the zygote of test_checkpoint_faults.py) builds a root of three timelines,
 rolls back to step 3 of the first and dies at one phase of its first save there
-(``ckpt_support.timeline_scenario``). Then, in this process:
+(``support.ckpt.timeline_scenario``). Then, in this process:
 
 * restore returns the newest committed step of the current timeline, bit for bit: timeline 3's
   step 8 when the child died before its pointer swap, the new step 4 from the swap on;
@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 import torch
-from ckpt_support import light_state_for
+from support.ckpt import light_state_for
 from test_checkpoint_faults import Zygote, _wait_gone
 
 from streamio.checkpoint import CheckpointManager

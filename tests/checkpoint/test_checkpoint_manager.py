@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import torch
-from ckpt_support import PART_SIZE, assert_same_state, fresh_state, rewrite_manifest, state_for
+from support.ckpt import PART_SIZE, assert_same_state, fresh_state, rewrite_manifest, state_for
 from click.testing import CliRunner
 
 from streamio.checkpoint import CheckpointManager, KeepBest, KeepEvery, KeepLast, SaveOptions

@@ -13,7 +13,7 @@ from pathlib import Path
 from benchmarks import run, tables
 from benchmarks.report import Column, Each, Plots, SectionSpec, Table, Text, render
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_committed_report_is_rendered_from_committed_results(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import torch
-from ckpt_collective_support import wrapper_model
+from support.ckpt_collective import wrapper_model
 
 from streamio.checkpoint import CheckpointManager, SaveOptions
 from streamio.checkpoint.catalog import read_manifest
@@ -172,7 +172,7 @@ def test_real_ddp_on_two_ranks_restores_plain_and_saves_for_plain(s3: S3Endpoint
     out = tmp_path / "result.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     env.update(CKPT_TEST_STORAGE_OPTIONS=json.dumps(options), OMP_NUM_THREADS="1")
-    script = Path(__file__).with_name("ckpt_collective_support.py")
+    script = (Path(__file__).parents[1] / "support" / "ckpt_collective.py")
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
          str(script), "wrappers", url, str(out)],

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from dataset_support import UNEVEN_37, all_keys, key, make_dataset
+from support.dataset import UNEVEN_37, all_keys, key, make_dataset
 from streamio.data.dataset import DatasetOptions, StreamingDataset
 from streamio.data.loader import StreamingDataLoader
 from streamio.errors import (

@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from test_cache_support import cache_for, make_shards, proxy, s3_store  # noqa: F401
+from support.cache import cache_for, make_shards, proxy, s3_store  # noqa: F401
 
 from streamio.storage import Store
 from streamio.testing import FaultProxy

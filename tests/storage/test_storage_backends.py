@@ -184,7 +184,7 @@ def test_run_parallel_keeps_order_and_raises_the_first_error() -> None:
 
 # ------------------------------------------------------------------ the factory decides, nobody else
 def test_no_protocol_names_are_compared_outside_the_backend_factory() -> None:
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     root = repo / "streamio"
     names = r"[\"'](?:file|local|memory|s3|s3a|gs|gcs)[\"']"
     pattern = re.compile(rf"(?:==|!=|\bin\b)\s*[(\[{{]?\s*{names}|{names}\s*(?:==|!=|\bin\b)")

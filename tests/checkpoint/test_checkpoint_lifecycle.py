@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import torch
-from ckpt_support import PART_SIZE, Net, assert_same_state, fresh_state, state_for
+from support.ckpt import PART_SIZE, Net, assert_same_state, fresh_state, state_for
 from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st

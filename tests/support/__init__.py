@@ -1,0 +1,1 @@
+"""Fixtures, builders and worker scripts shared by the tests (importable as ``support.*``)."""
