@@ -24,13 +24,13 @@ from typing import Any
 
 import pytest
 import torch
-from support.ckpt import light_state_for
 
 from streamio.checkpoint import CheckpointManager
 from streamio.checkpoint.admin import check_pointer, verify_checkpoint
 from streamio.storage import Store
 from streamio.testing import S3Endpoint
 from streamio.testing.proxy import FaultProxy
+from support.ckpt import light_state_for
 
 pytestmark = pytest.mark.slow
 

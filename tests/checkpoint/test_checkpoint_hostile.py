@@ -23,7 +23,6 @@ from typing import Any
 import pytest
 import torch
 import zstandard
-from support.ckpt import PART_SIZE, Net, assert_same_state, fresh_state, rewrite_manifest, state_for
 from click.testing import CliRunner
 
 from streamio.checkpoint import CheckpointManager, KeepLast, SaveOptions
@@ -42,6 +41,7 @@ from streamio.errors import (
 from streamio.limits import MAX_JSON_DEPTH
 from streamio.storage import Store
 from streamio.testing import S3Endpoint
+from support.ckpt import PART_SIZE, Net, assert_same_state, fresh_state, rewrite_manifest, state_for
 
 OPTS = SaveOptions(part_size=PART_SIZE, concurrency=4)
 # a 16-byte zstd frame (single segment, 8-byte content size, one empty raw block) declaring 64 GiB

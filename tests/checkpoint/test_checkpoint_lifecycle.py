@@ -19,7 +19,6 @@ from typing import Any
 
 import pytest
 import torch
-from support.ckpt import PART_SIZE, Net, assert_same_state, fresh_state, state_for
 from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -35,6 +34,7 @@ from streamio.cli.main import cli
 from streamio.errors import CheckpointConflictError
 from streamio.storage import Store
 from streamio.testing import S3Endpoint
+from support.ckpt import PART_SIZE, Net, assert_same_state, fresh_state, state_for
 
 OPTS = SaveOptions(part_size=PART_SIZE, concurrency=4)
 

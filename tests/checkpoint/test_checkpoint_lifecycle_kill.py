@@ -22,7 +22,6 @@ from typing import Any
 
 import pytest
 import torch
-from support.ckpt import light_state_for
 from test_checkpoint_faults import Zygote, _wait_gone
 
 from streamio.checkpoint import CheckpointManager
@@ -31,6 +30,7 @@ from streamio.checkpoint.catalog import committed_saves, read_manifest, read_poi
 from streamio.checkpoint.timeline import Tip, classify
 from streamio.storage import Store
 from streamio.testing import S3Endpoint
+from support.ckpt import light_state_for
 
 pytestmark = pytest.mark.slow
 

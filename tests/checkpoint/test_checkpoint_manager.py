@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 import torch
-from support.ckpt import PART_SIZE, assert_same_state, fresh_state, rewrite_manifest, state_for
 from click.testing import CliRunner
 
 from streamio.checkpoint import CheckpointManager, KeepBest, KeepEvery, KeepLast, SaveOptions
@@ -33,6 +32,7 @@ from streamio.errors import (
 from streamio.storage import Store
 from streamio.testing import S3Endpoint
 from streamio.testing.proxy import FaultProxy
+from support.ckpt import PART_SIZE, assert_same_state, fresh_state, rewrite_manifest, state_for
 
 OPTS = SaveOptions(part_size=PART_SIZE, concurrency=4)
 

@@ -18,13 +18,13 @@ from typing import Any
 
 import pytest
 import torch
-from support.ckpt_collective import wrapper_model
 
 from streamio.checkpoint import CheckpointManager, SaveOptions
 from streamio.checkpoint.catalog import read_manifest
 from streamio.checkpoint.wrappers import ModuleKeys
 from streamio.storage import Store
 from streamio.testing import S3Endpoint
+from support.ckpt_collective import wrapper_model
 
 
 @pytest.fixture(params=["file", "s3"])

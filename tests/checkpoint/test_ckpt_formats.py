@@ -29,7 +29,6 @@ from streamio.checkpoint.manifest import (
 from streamio.checkpoint.serialize import HostBuffer, TreeEncoder, assign_shares, decode_tree, plan_layout
 from streamio.errors import CheckpointError
 
-
 # ------------------------------------------------------------------------------ retention
 records_st = st.lists(
     st.builds(CheckpointRecord, st.integers(0, 10_000), st.fixed_dictionaries({"loss": st.floats(-10, 10)})),

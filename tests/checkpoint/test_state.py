@@ -156,7 +156,7 @@ def test_every_cuda_device_is_restored() -> None:
     assert len(state["cuda"]) == len(devices)
     first = [torch.rand(4, device=dev).cpu() for dev in devices]
     rng.load_state_dict(state)
-    assert all(torch.equal(a, torch.rand(4, device=dev).cpu()) for a, dev in zip(first, devices))
+    assert all(torch.equal(a, torch.rand(4, device=dev).cpu()) for a, dev in zip(first, devices, strict=False))
 
 
 @given(seed=st.integers(0, 2**32 - 1), before=st.integers(0, 700), after=st.integers(1, 50))

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from streamio.cli.exits import EXIT_CODES, ExitCode, classify, one_line
-from streamio.cli.main import cli
 
 from streamio.checkpoint import manifest as mf
+from streamio.cli.exits import EXIT_CODES, ExitCode, classify, one_line
+from streamio.cli.main import cli
 from streamio.data.writer import write_dataset
 from streamio.errors import (
     BucketNotFoundError,

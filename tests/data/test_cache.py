@@ -13,7 +13,6 @@ import stat
 import threading
 
 import pytest
-from support.cache import bytes_fetched, cache_files, cache_for, gets_for, make_shards, proxy, s3_store  # noqa: F401
 
 from streamio.checksum import checksum_bytes
 from streamio.data.cache import CacheConfig, ShardCache
@@ -21,6 +20,7 @@ from streamio.data.index import ShardInfo
 from streamio.errors import CacheError, CacheTooSmallError, CorruptDataError
 from streamio.storage import Store
 from streamio.testing import FaultProxy
+from support.cache import bytes_fetched, cache_files, cache_for, gets_for, make_shards
 
 MB = 1 << 20
 

@@ -15,12 +15,12 @@ import os
 import stat
 
 import pytest
-from support.cache import cache_for, make_shards
 
 from streamio.data.cache import ShardCache
 from streamio.data.index import ShardInfo
 from streamio.errors import CacheError
 from streamio.storage import Store
+from support.cache import cache_for, make_shards
 
 
 def _setup(tmp_path) -> tuple[Store, ShardInfo, bytes, ShardCache, str]:  # type: ignore[no-untyped-def]

@@ -36,7 +36,7 @@ def test_runs_through_cache_yield_exactly_the_planned_samples(tmp_path, compress
     for attempt in ("cold", "warm"):
         got = []
         pf = Prefetcher(store, runs, cache=cache, config=PrefetchConfig(workers=3))
-        for (shard_id, first, end), (run, chunks) in zip(plan, pf):
+        for (shard_id, first, end), (run, chunks) in zip(plan, pf, strict=False):
             got += [s["__key__"] for s in iter_samples(
                 chunks, url=store.url(run.shard.path), start_offset=run.start, first_sample=first,
                 layout=index.layout(shard_id, store), compression=run.shard.compression, num_samples=end - first,

@@ -16,10 +16,10 @@ from __future__ import annotations
 import time
 
 import pytest
-from support.cache import cache_for, make_shards, proxy, s3_store  # noqa: F401
 
 from streamio.storage import Store
 from streamio.testing import FaultProxy
+from support.cache import cache_for, make_shards
 
 pytestmark = pytest.mark.slow
 

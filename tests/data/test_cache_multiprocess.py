@@ -12,22 +12,20 @@ import threading
 import time
 
 import pytest
-from support.cache import (  # noqa: F401
+
+from streamio.storage import Store
+from streamio.testing import FaultProxy, S3Endpoint
+from support.cache import (
     bytes_fetched,
     cache_files,
     cache_for,
     gets_for,
     make_shards,
     prefetch_all,
-    proxy,
     read_all,
     read_slowly,
-    s3_store,
     store_spec,
 )
-
-from streamio.storage import Store
-from streamio.testing import FaultProxy, S3Endpoint
 
 pytestmark = pytest.mark.slow
 MB = 1 << 20

@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from support.dataset import UNEVEN_37, all_keys, key, make_dataset
 from streamio.data.dataset import DatasetOptions, StreamingDataset
 from streamio.data.loader import StreamingDataLoader
 from streamio.errors import (
@@ -28,6 +27,7 @@ from streamio.errors import (
 )
 from streamio.storage import Store
 from streamio.testing import FaultProxy, S3Endpoint
+from support.dataset import UNEVEN_37, all_keys, key, make_dataset
 
 
 def keys_of(batch: list[dict[str, Any]]) -> list[str]:

@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from support.dataset import UNEVEN_37, all_keys, make_dataset
 from streamio.testing import S3Endpoint
+from support.dataset import UNEVEN_37, all_keys, make_dataset
 
 pytestmark = pytest.mark.slow
-WORKER = str((Path(__file__).parents[1] / "support" / "ddp_dataset_worker.py"))
+WORKER = str(Path(__file__).parents[1] / "support" / "ddp_dataset_worker.py")
 
 
 def run(s3: S3Endpoint, nproc: int, args: list[str], out: Path, workers: int = 2) -> list[dict[str, Any]]:

@@ -20,7 +20,6 @@ from collections.abc import Callable, Iterable
 from itertools import islice
 from typing import Any
 
-from support import hostile_corpus as hc
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -33,6 +32,7 @@ from streamio.data.tarfields import member_size, octal, pax_records
 from streamio.data.writer import write_dataset
 from streamio.errors import IndexFormatError, StreamioError
 from streamio.storage import Store
+from support import hostile_corpus as hc
 
 LIMIT = 1 << 20  # max_sample_bytes while fuzzing: inputs are tens of KB
 TIME_BUDGET = 3.0

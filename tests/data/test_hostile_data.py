@@ -23,7 +23,6 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from support import hostile_corpus as hc
 import pytest
 
 from streamio.data.index import build_index, load_index, read_bounded, scan_chunks, validate
@@ -31,6 +30,7 @@ from streamio.data.samples import iter_samples
 from streamio.data.writer import samples_from_shards
 from streamio.errors import DatasetError, IndexFormatError, ObjectNotFoundError, ShardFormatError, StreamioError
 from streamio.storage import Store
+from support import hostile_corpus as hc
 
 LIMIT = 8 << 20  # max_sample_bytes of the library cases: a bomb must stop here
 CAP = 10_000  # more samples than any case holds: a reader that loops backwards is stopped here

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from streamio.checksum import checksum_bytes
 from streamio.data.index import (
     FORMAT,
     INDEX_NAME,
@@ -24,7 +25,6 @@ from streamio.data.index import (
     validate,
     write_index,
 )
-from streamio.checksum import checksum_bytes
 from streamio.data.samples import iter_samples
 from streamio.data.writer import write_dataset
 from streamio.errors import (

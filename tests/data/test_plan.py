@@ -15,10 +15,10 @@ from collections import Counter
 import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
-from support.plan import all_streams, dataloader_batches, dataloader_order, global_sequence, multiset
 
 from streamio.data.plan import STATE_VERSION, EpochPlan, Sampling, Shuffle, Topology, Window, WorkerStream, plan_epoch
 from streamio.errors import PlanError, StateMismatchError
+from support.plan import all_streams, dataloader_batches, dataloader_order, global_sequence, multiset
 
 # Shards with 0 and 1 samples are common on purpose; totals stay small so 64 ranks x 8 workers is fast.
 counts_st = st.lists(st.one_of(st.integers(0, 1), st.integers(0, 25)), min_size=1, max_size=16)
@@ -235,6 +235,7 @@ def test_resume_new_topology_exactly_once_over_three_changes(counts, topos, shuf
     # `left`: multiset of what the current stage still owes (the full stage for a new stage)
     left = multiset(all_streams(plan))
     consumed: Counter = Counter()
+    state: dict = {}  # the state saved at the end of the previous stage
     for i, topo in enumerate(topos):
         if i:
             before = plan.stage

@@ -8,13 +8,13 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from support.cache import bytes_fetched, cache_for, make_shards, proxy, s3_store  # noqa: F401
 
 from streamio.data.index import ShardInfo
 from streamio.data.prefetch import ByteRun, PrefetchConfig, Prefetcher
 from streamio.errors import CacheTooSmallError, CorruptDataError, ObjectNotFoundError
 from streamio.storage import RetryPolicy, Store
 from streamio.testing import FaultProxy
+from support.cache import cache_for, make_shards
 
 KB = 1 << 10
 
@@ -59,7 +59,7 @@ def test_bounded_in_bytes_not_runs(tmp_path) -> None:
     store = _CountingStore(str(tmp_path / "ds"), outstanding)
     shards = make_shards(Store(str(tmp_path / "ds")), 4, 400 * KB)
     cfg = PrefetchConfig(workers=4, max_bytes=100 * KB, chunk_size=16 * KB)
-    for run, chunks in Prefetcher(store, [ByteRun(s) for s, _ in shards], config=cfg):
+    for _run, chunks in Prefetcher(store, [ByteRun(s) for s, _ in shards], config=cfg):
         for chunk in chunks:
             time.sleep(0.001)  # a slow consumer: producers run ahead until the bound stops them
             outstanding[0] -= len(chunk)

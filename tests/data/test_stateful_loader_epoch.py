@@ -17,7 +17,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from support.dataset import make_dataset
 from torch.utils.data import IterableDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -25,6 +24,7 @@ import streamio.data.dataset as dataset_module
 from streamio.data.dataset import StreamingDataset
 from streamio.data.loader import StreamingDataLoader
 from streamio.errors import PlanError, StateMismatchError
+from support.dataset import make_dataset
 
 EPOCHS = 2
 COUNTS = [5, 7, 3, 9]  # 24 samples: 6 batches of 4 per epoch

@@ -173,7 +173,6 @@ def test_many_loaders_connecting_at_once_are_not_made_to_wait(s3: S3Endpoint, pr
     # once: each dropped one cost a SYN retransmit (>= 1 s), measured up to 7.7 s for 48 clients
     import http.client
     import time
-
     import urllib.parse
 
     client.put_object(Bucket=s3.bucket, Key="c", Body=b"x" * 100)

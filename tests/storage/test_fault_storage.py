@@ -71,7 +71,7 @@ def test_s3_storm_of_three_is_retried_and_succeeds(
     assert s3_store.read("obj") == b"payload"
     assert [r.status for r in s3_proxy.log()] == [status] * 3 + [200]
     assert len(sleeps) == 3  # one backoff per retry, full jitter under the growing cap
-    assert all(0 <= s <= cap for s, cap in zip(sleeps, [0.2, 0.4, 0.8]))
+    assert all(0 <= s <= cap for s, cap in zip(sleeps, [0.2, 0.4, 0.8], strict=False))
 
 
 def test_s3_persistent_503_costs_exactly_max_attempts(s3_store: Store, s3_proxy: FaultProxy) -> None:

@@ -24,8 +24,6 @@ from typing import Any
 
 import aiohttp
 import pytest
-from support.auth_s3 import AuthS3, auth_moto
-from support.dataset import all_keys, make_dataset
 
 from streamio.data.dataset import StreamingDataset
 from streamio.data.loader import StreamingDataLoader
@@ -39,6 +37,8 @@ from streamio.errors import (
 from streamio.storage import RetryPolicy, Store
 from streamio.storage import secrets as storage_secrets
 from streamio.testing import S3Endpoint
+from support.auth_s3 import AuthS3, auth_moto
+from support.dataset import all_keys, make_dataset
 
 USER, PASSWORD = "alice", "url-password-7Hq2"  # noqa: S105 - test credentials
 WRONG = "wrong-pass-9a"  # noqa: S105 - (as a name: tracebacks quote source lines)

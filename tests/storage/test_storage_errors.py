@@ -18,11 +18,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from support.auth_s3 import AuthS3, auth_moto
 from click.testing import CliRunner
-from streamio.cli.main import cli
 
 from streamio.checkpoint import CheckpointManager
+from streamio.cli.main import cli
 from streamio.data.index import load_index
 from streamio.errors import (
     BucketNotFoundError,
@@ -36,6 +35,7 @@ from streamio.errors import (
 )
 from streamio.storage import RetryPolicy, Store
 from streamio.testing import FaultProxy, GcsEndpoint, S3Endpoint
+from support.auth_s3 import AuthS3, auth_moto
 
 
 @pytest.fixture

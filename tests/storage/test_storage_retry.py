@@ -10,7 +10,6 @@ from botocore.exceptions import ClientError, EndpointConnectionError, NoCredenti
 
 from streamio.errors import (
     BucketNotFoundError,
-    ObjectNotFoundError,
     StorageError,
     StoragePermissionError,
     TransientStorageError,
@@ -106,7 +105,7 @@ def test_transient_errors_are_retried_with_full_jitter_backoff() -> None:
     fn = Flaky([client_error("SlowDown", 503)] * 4)
     assert policy.call(fn, URL) == "ok"
     assert fn.calls == 5 and len(sleeps) == 4
-    for s, cap in zip(sleeps, [0.5, 1.0, 1.5, 1.5]):
+    for s, cap in zip(sleeps, [0.5, 1.0, 1.5, 1.5], strict=False):
         assert 0 <= s <= cap
 
 

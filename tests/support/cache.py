@@ -9,10 +9,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from collections.abc import Iterator
 from typing import Any
-
-import pytest
 
 from streamio.checksum import checksum_bytes
 from streamio.data.cache import CacheConfig, ShardCache
@@ -69,18 +66,6 @@ def cache_files(directory: str) -> dict[str, int]:
     return out
 
 
-@pytest.fixture
-def proxy(moto_endpoint: str) -> Iterator[FaultProxy]:
-    with FaultProxy(moto_endpoint) as p:
-        yield p
-
-
-@pytest.fixture
-def s3_store(s3: S3Endpoint, proxy: FaultProxy) -> Store:
-    """A store on a fresh bucket, reached through the proxy."""
-    return Store(s3.url("ds"), s3.storage_options(proxy.endpoint_url), retry=FAST_RETRY)
-
-
 def cache_for(directory: Any, max_bytes: int = 1 << 30, **kw: Any) -> ShardCache:
     kw.setdefault("min_free_bytes", 0)
     kw.setdefault("chunk_size", 256 << 10)
@@ -98,7 +83,7 @@ def read_all(cache: ShardCache, spec: tuple[str, dict[str, Any]], shards: list[S
     try:
         store = Store(spec[0], spec[1], retry=FAST_RETRY)
         for _ in range(loops):
-            for shard, seed in zip(shards, seeds):
+            for shard, seed in zip(shards, seeds, strict=False):
                 got = b"".join(cache.open_range(store, shard))
                 expected = pseudo_random(shard.bytes, seed=seed)
                 if got != expected:
@@ -124,7 +109,7 @@ def prefetch_all(cache: ShardCache, spec: tuple[str, dict[str, Any]], shards: li
     try:
         store = Store(spec[0], spec[1], retry=FAST_RETRY)
         pf = Prefetcher(store, [ByteRun(s) for s in shards], cache=cache, config=PrefetchConfig(workers=3))
-        for (run, chunks), seed in zip(pf, seeds):
+        for (run, chunks), seed in zip(pf, seeds, strict=False):
             if b"".join(chunks) != pseudo_random(run.shard.bytes, seed=seed):
                 out.put(("bad", run.shard.path))
                 return

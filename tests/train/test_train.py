@@ -225,11 +225,11 @@ def test_in_memory_loader_resumes_exactly_with_workers() -> None:
     assert len(rest) == 7
     tail = [b[0] for b in rest]
     assert len(everything) == 12 and len(head) + len(tail) == 12 and len(rest) == 0
-    assert all(torch.equal(a, b) for a, b in zip(everything, head + tail))
+    assert all(torch.equal(a, b) for a, b in zip(everything, head + tail, strict=False))
     # the other rank's samples are disjoint; another epoch is another order
     other = loader(1)
     other.set_epoch(3)
-    assert not any(torch.equal(a, b) for a, b in zip(everything, (b[0] for b in other)))
+    assert not any(torch.equal(a, b) for a, b in zip(everything, (b[0] for b in other), strict=False))
     with pytest.raises(StateMismatchError, match="world size"):
         InMemoryLoader(AugmentedArrays(x, y, seed=1, noise=0.1), batch_size=8, rank=0, world_size=3, seed=1).load_state_dict(state)
 
