@@ -11,6 +11,8 @@ from __future__ import annotations
 import google_crc32c
 import numpy as np
 
+from streamio.errors import ConfigError
+
 PREFIX = "crc32c:"
 
 
@@ -32,7 +34,7 @@ def format_checksum(value: int) -> str:
 def parse_checksum(text: str) -> int:
     """``"crc32c:1234abcd"`` -> ``0x1234abcd``; raises ``ValueError`` for anything else."""
     if not isinstance(text, str) or not text.startswith(PREFIX) or len(text) != len(PREFIX) + 8:
-        raise ValueError(f"checksum {text!r} is not of the form 'crc32c:<8 hex digits>'")
+        raise ConfigError(f"checksum {text!r} is not of the form 'crc32c:<8 hex digits>'")
     return int(text[len(PREFIX) :], 16)
 
 

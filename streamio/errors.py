@@ -4,6 +4,7 @@ Every error streamio raises is a :class:`StreamioError` and, where one fits, als
 refines, so callers can catch either (``except FileNotFoundError`` keeps working)::
 
     StreamioError
+    ├── ConfigError (ValueError)                  an argument or setting given by the caller is invalid
     ├── StorageError (OSError)                    bytes could not move to or from storage
     │   ├── ObjectNotFoundError (FileNotFoundError)   missing object or prefix (the bucket exists)
     │   ├── BucketNotFoundError                       the bucket itself does not exist (NOT a
@@ -43,6 +44,10 @@ from __future__ import annotations
 
 class StreamioError(Exception):
     """Base class of every error raised by streamio."""
+
+
+class ConfigError(StreamioError, ValueError):
+    """An argument or setting given by the caller is invalid; the message names it and the valid values."""
 
 
 class StorageError(StreamioError, OSError):

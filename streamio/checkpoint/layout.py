@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import re
 
+from streamio.errors import ConfigError
+
 __all__ = [
     "BAD",
     "LATEST",
@@ -74,7 +76,7 @@ def step_dir(step: int) -> str:
         ValueError: ``step`` is not a non-negative int.
     """
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-        raise ValueError(f"checkpoint step must be a non-negative int, got {step!r}")
+        raise ConfigError(f"checkpoint step must be a non-negative int, got {step!r}")
     return f"step-{step:09d}"
 
 
@@ -151,5 +153,5 @@ def split_ranges(total: int, part_size: int) -> list[tuple[int, int]]:
         ValueError: ``part_size`` is not positive.
     """
     if part_size <= 0:
-        raise ValueError(f"part_size must be positive, got {part_size}")
+        raise ConfigError(f"part_size must be positive, got {part_size}")
     return [(s, min(s + part_size, total)) for s in range(0, total, part_size)]

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from streamio.errors import ConfigError
+
 __all__ = ["SaveOptions", "SaveStats"]
 
 
@@ -40,11 +42,11 @@ class SaveOptions:
 
     def __post_init__(self) -> None:
         if self.part_size < 4096:
-            raise ValueError(f"part_size must be at least 4096 bytes, got {self.part_size}")
+            raise ConfigError(f"part_size must be at least 4096 bytes, got {self.part_size}")
         if self.compression not in (None, "zstd"):
-            raise ValueError(f"compression must be None or 'zstd', got {self.compression!r}")
+            raise ConfigError(f"compression must be None or 'zstd', got {self.compression!r}")
         if not self.collective_timeout_s > 0:
-            raise ValueError(f"collective_timeout_s must be a positive number of seconds, got "
+            raise ConfigError(f"collective_timeout_s must be a positive number of seconds, got "
                              f"{self.collective_timeout_s}")
         object.__setattr__(self, "per_rank", frozenset(self.per_rank))
 

@@ -29,7 +29,7 @@ from streamio.checkpoint.records import Pointer
 from streamio.checkpoint.timeline import Tip, contains, retreat
 from streamio.checkpoint.validate import ManifestError
 from streamio.checksum import checksum_bytes
-from streamio.errors import CheckpointConflictError, CheckpointNotFoundError, WriteConflictError
+from streamio.errors import CheckpointConflictError, CheckpointNotFoundError, ConfigError, WriteConflictError
 from streamio.storage import ObjectInfo, Store
 
 __all__ = ["Removal", "plan_removal", "remove"]
@@ -99,7 +99,7 @@ def remove(store: Store, removal: Removal) -> None:
         ValueError: the removal was refused (``removal.refusal``).
     """
     if removal.refusal:
-        raise ValueError(removal.refusal)
+        raise ConfigError(removal.refusal)
     if removal.pointer is not None:
         data = mf.pointer_to_bytes(removal.pointer)
         try:

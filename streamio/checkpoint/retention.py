@@ -16,6 +16,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from streamio.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class CheckpointRecord:
@@ -48,7 +50,7 @@ class KeepLast(RetentionPolicy):
 
     def __post_init__(self) -> None:
         if self.k < 1:
-            raise ValueError(f"KeepLast(k) needs k >= 1, got {self.k}")
+            raise ConfigError(f"KeepLast(k) needs k >= 1, got {self.k}")
 
     def keep(self, records: Sequence[CheckpointRecord]) -> set[int]:
         return {r.step for r in records[-self.k :]}
@@ -64,9 +66,9 @@ class KeepBest(RetentionPolicy):
 
     def __post_init__(self) -> None:
         if self.mode not in ("min", "max"):
-            raise ValueError(f"KeepBest mode must be 'min' or 'max', got {self.mode!r}")
+            raise ConfigError(f"KeepBest mode must be 'min' or 'max', got {self.mode!r}")
         if self.k < 1:
-            raise ValueError(f"KeepBest(k) needs k >= 1, got {self.k}")
+            raise ConfigError(f"KeepBest(k) needs k >= 1, got {self.k}")
 
     def keep(self, records: Sequence[CheckpointRecord]) -> set[int]:
         scored = [
@@ -88,7 +90,7 @@ class KeepEvery(RetentionPolicy):
 
     def __post_init__(self) -> None:
         if self.n < 1:
-            raise ValueError(f"KeepEvery(n) needs n >= 1, got {self.n}")
+            raise ConfigError(f"KeepEvery(n) needs n >= 1, got {self.n}")
 
     def keep(self, records: Sequence[CheckpointRecord]) -> set[int]:
         return {r.step for r in records if r.step % self.n == 0}
@@ -147,7 +149,7 @@ def policy_from_json(doc: Any, *, depth: int = 0) -> RetentionPolicy | None:
         ValueError: ``doc`` is not a policy as :func:`policy_to_json` writes them.
     """
     if not isinstance(doc, dict) or len(doc) != 1 or depth > 16:
-        raise ValueError(f"a retention policy is an object with one key, got {str(doc)[:80]!r}")
+        raise ConfigError(f"a retention policy is an object with one key, got {str(doc)[:80]!r}")
     ((kind, arg),) = doc.items()
     if kind == "keep_last" and _count(arg):
         return KeepLast(arg)
@@ -165,7 +167,7 @@ def policy_from_json(doc: Any, *, depth: int = 0) -> RetentionPolicy | None:
         return KeepAny(tuple(p for p in parts if p is not None))
     if kind == "custom" and isinstance(arg, str):
         return None
-    raise ValueError(f"unknown retention policy {str(doc)[:80]!r}")
+    raise ConfigError(f"unknown retention policy {str(doc)[:80]!r}")
 
 
 def _count(v: Any) -> bool:

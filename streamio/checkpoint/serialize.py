@@ -29,7 +29,7 @@ from streamio.checkpoint.tree import dtype_from_name as dtype_from_name
 from streamio.checkpoint.tree import dtype_name as dtype_name
 from streamio.checkpoint.tree import run_copies as run_copies
 from streamio.checksum import crc32c, format_checksum
-from streamio.errors import CheckpointFormatError, CorruptDataError
+from streamio.errors import CheckpointFormatError, ConfigError, CorruptDataError
 from streamio.limits import zstd_decompress
 
 ALIGN = 64
@@ -151,7 +151,7 @@ def encode_part(raw: np.ndarray, compression: str | None, level: int = 3) -> tup
         data: bytes | memoryview = zstandard.ZstdCompressor(level=level).compress(readonly(raw))
         return data, format_checksum(crc32c(data))  # type: ignore[arg-type]
     if compression is not None:
-        raise ValueError(f"unknown compression {compression!r}; use None or 'zstd'")
+        raise ConfigError(f"unknown compression {compression!r}; use None or 'zstd'")
     return memoryview(raw), format_checksum(crc32c(readonly(raw)))  # type: ignore[arg-type]
 
 

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from streamio.checkpoint.validate import ManifestError, integer, short
+from streamio.errors import CheckpointError
 
 __all__ = [
     "MAX_HISTORY",
@@ -148,7 +149,7 @@ def branch(parent: Timeline | None, at: int | None, *, new_id: str, first_step: 
             history.append((tid, upto))
             prev = upto
     if len(history) > MAX_HISTORY:
-        raise ValueError(
+        raise CheckpointError(
             f"the history of this root names {len(history)} timelines that still hold checkpoints, over "
             f"{MAX_HISTORY}: remove old checkpoints with `streamio ckpt rm` or start a new root"
         )

@@ -15,7 +15,7 @@ from typing import Any
 from torch.utils.data import DataLoader, default_collate
 
 from streamio.data.dataset import StreamingDataset
-from streamio.errors import PlanError
+from streamio.errors import ConfigError, PlanError
 from streamio.state_version import VERSION_KEY, check_version
 
 __all__ = ["StreamingDataLoader", "collate_samples"]
@@ -55,7 +55,7 @@ class StreamingDataLoader(DataLoader):
 
     def __init__(self, dataset: StreamingDataset, batch_size: int | None = None, **kwargs: Any) -> None:
         if not isinstance(dataset, StreamingDataset):
-            raise TypeError(f"StreamingDataLoader needs a StreamingDataset, got {type(dataset).__name__}")
+            raise ConfigError(f"StreamingDataLoader needs a StreamingDataset, got {type(dataset).__name__}")
         batch_size = dataset.batch_size if batch_size is None else batch_size
         if batch_size != dataset.batch_size:
             raise PlanError(

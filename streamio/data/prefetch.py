@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 
 from streamio.data.cache import ReadStats, ShardCache
 from streamio.data.index import ShardInfo
-from streamio.errors import CorruptDataError
+from streamio.errors import ConfigError, CorruptDataError
 from streamio.storage import Store
 
 log = logging.getLogger(__name__)
@@ -103,7 +103,7 @@ class PrefetchConfig:
 
     def __post_init__(self) -> None:
         if self.workers < 1 or self.max_bytes < 1 or self.chunk_size < 1:
-            raise ValueError(f"PrefetchConfig{(self.workers, self.max_bytes, self.chunk_size)}: all must be positive")
+            raise ConfigError(f"PrefetchConfig{(self.workers, self.max_bytes, self.chunk_size)}: all must be positive")
 
 
 @dataclass
@@ -144,7 +144,7 @@ class Prefetcher:
         self.stats = ReadStats()
         for run in self.runs:
             if not 0 <= run.start <= run.stop <= run.shard.bytes:
-                raise ValueError(
+                raise ConfigError(
                     f"run [{run.start}, {run.stop}) is outside shard {store.url(run.shard.path)!r} "
                     f"of {run.shard.bytes} bytes"
                 )
@@ -163,7 +163,7 @@ class Prefetcher:
 
     def __iter__(self) -> Iterator[tuple[ByteRun, Iterator[bytes]]]:
         if self._started:
-            raise RuntimeError("a Prefetcher is iterated once; build a new one for another pass")
+            raise ConfigError("a Prefetcher is iterated once; build a new one for another pass")
         self._started = True
         return self._iterate()
 

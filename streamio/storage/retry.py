@@ -47,6 +47,7 @@ import tenacity
 
 from streamio.errors import (
     BucketNotFoundError,
+    ConfigError,
     ObjectNotFoundError,
     StorageError,
     StoragePermissionError,
@@ -254,7 +255,7 @@ class RetryPolicy:
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
-            raise ValueError(f"RetryPolicy.max_attempts must be >= 1, got {self.max_attempts}")
+            raise ConfigError(f"RetryPolicy.max_attempts must be >= 1, got {self.max_attempts}")
 
     def backoff(self, retry_number: int) -> float:
         """Seconds to wait before retry ``retry_number`` (1-based): full jitter."""

@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from streamio.errors import ObjectNotFoundError
+from streamio.errors import ConfigError, ObjectNotFoundError
 from streamio.pool import run_parallel
 from streamio.storage import backends
 from streamio.storage.backends import TMP_SUFFIX, Backend, PutRequest, WriteMode
@@ -258,11 +258,15 @@ class Store:
         backend, full = self._backend, self._conn.full(prefix)
 
         def op() -> list[ObjectInfo]:
-            out = [
-                ObjectInfo(self._conn.relative(name), int(d.get("size") or 0), backend.version_of(d))
-                for name, d in backend.find(full).items()
-                if not name.endswith(TMP_SUFFIX) and d.get("type") != "directory"
-            ]
+            out = []
+            for name, d in backend.find(full).items():
+                if name.endswith(TMP_SUFFIX) or d.get("type") == "directory":
+                    continue
+                try:
+                    version = backend.version_of(d)
+                except FileNotFoundError:  # deleted between the listing and its stat: not there any more
+                    continue
+                out.append(ObjectInfo(self._conn.relative(name), int(d.get("size") or 0), version))
             return sorted(out, key=lambda o: o.path)
 
         found = self._call(op, self.url(prefix))
@@ -291,9 +295,9 @@ class Store:
             TransientStorageError: transient errors outlasted the policy.
         """
         if mode not in ("overwrite", "create"):
-            raise ValueError(f"put mode must be 'overwrite' or 'create', got {mode!r}")
+            raise ConfigError(f"put mode must be 'overwrite' or 'create', got {mode!r}")
         if mode == "create" and if_match is not None:
-            raise ValueError("put takes mode='create' or if_match=, not both")
+            raise ConfigError("put takes mode='create' or if_match=, not both")
         backend, full, url = self._backend, self._conn.full(path), self.url(path)
         view = memoryview(data) if isinstance(data, bytes) else memoryview(data).cast("B")
         request = PutRequest(mode, if_match, concurrency, PART_SIZE, MULTIPART_THRESHOLD)

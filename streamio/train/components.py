@@ -22,6 +22,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from streamio.errors import ConfigError
 from streamio.train.config import TrainConfig
 from streamio.train.model import make_model
 from streamio.train.process_group import Distributed
@@ -78,7 +79,7 @@ def build_components(cfg: TrainConfig, d: Distributed, batches_per_epoch: int) -
     optimizer = torch.optim.AdamW(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     steps_per_epoch = batches_per_epoch // cfg.grad_accum
     if steps_per_epoch == 0:
-        raise ValueError(
+        raise ConfigError(
             f"{batches_per_epoch} batches per epoch per rank cannot make one optimizer step of "
             f"{cfg.grad_accum} micro-batches: lower --grad-accum or --batch-size, or add data"
         )

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from streamio.errors import CheckpointFormatError
+from streamio.errors import CheckpointFormatError, ConfigError
 from streamio.state_version import check_version
 
 _VERSION = 1
@@ -30,7 +30,7 @@ class EarlyStopping:
 
     def __init__(self, patience: int, *, mode: Literal["min", "max"] = "min", min_delta: float = 0.0) -> None:
         if mode not in ("min", "max"):
-            raise ValueError(f"mode must be 'min' or 'max', not {mode!r}")
+            raise ConfigError(f"mode must be 'min' or 'max', not {mode!r}")
         self.patience = patience
         self.mode = mode
         self.min_delta = min_delta

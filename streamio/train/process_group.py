@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from streamio.distributed import local_rank_and_world
+from streamio.errors import ConfigError
 from streamio.train.config import TrainConfig
 
 
@@ -46,9 +47,9 @@ def setup_distributed(cfg: TrainConfig) -> Distributed:
         PlanError: ``LOCAL_RANK`` or ``LOCAL_WORLD_SIZE`` is set but not an integer (a ``ValueError``).
     """
     if cfg.device not in ("auto", "cpu", "cuda"):
-        raise ValueError(f"--device {cfg.device!r} is not one of auto, cpu, cuda")
+        raise ConfigError(f"--device {cfg.device!r} is not one of auto, cpu, cuda")
     if cfg.device == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError(
+        raise ConfigError(
             f"--device cuda, but this torch {torch.__version__} sees no CUDA device: "
             "use --device auto (or cpu), or install a CUDA build of torch"
         )

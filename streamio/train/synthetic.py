@@ -19,6 +19,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from streamio.errors import ConfigError
+
 DIM = 32
 NUM_CLASSES = 8
 _SPLITS = {"train": 1, "val": 2}
@@ -31,7 +33,7 @@ def make_arrays(n: int, *, seed: int = 0, split: str = "train") -> tuple[np.ndar
         ValueError: ``split`` is not ``train`` or ``val``.
     """
     if split not in _SPLITS:
-        raise ValueError(f"split {split!r} is not one of {sorted(_SPLITS)}")
+        raise ConfigError(f"split {split!r} is not one of {sorted(_SPLITS)}")
     task = np.random.default_rng([seed, 0xDA7A])  # the task itself: same for both splits
     centers = task.normal(0.0, 1.0, (NUM_CLASSES, DIM))
     mix = task.normal(0.0, 1.0 / np.sqrt(DIM), (DIM, DIM))

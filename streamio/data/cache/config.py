@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from streamio.errors import CacheTooSmallError
+from streamio.errors import CacheTooSmallError, ConfigError
 
 __all__ = ["CacheConfig"]
 
@@ -41,4 +41,4 @@ class CacheConfig:
                 f"cache {os.fspath(self.directory)!r}: max_bytes={self.max_bytes} must be positive"
             )
         if self.chunk_size <= 0:
-            raise ValueError(f"cache {os.fspath(self.directory)!r}: chunk_size={self.chunk_size} must be positive")
+            raise ConfigError(f"cache {os.fspath(self.directory)!r}: chunk_size={self.chunk_size} must be positive")

@@ -19,7 +19,7 @@ from streamio.data.cache.core import CacheCore
 from streamio.data.cache.source import Source
 from streamio.data.cache.stats import ReadStats
 from streamio.data.index import ShardInfo
-from streamio.errors import CacheTooSmallError
+from streamio.errors import CacheTooSmallError, ConfigError
 from streamio.storage import Store
 
 __all__ = ["ShardCache"]
@@ -100,7 +100,7 @@ class ShardCache:
         """
         end = shard.bytes if end is None else end
         if not 0 <= start <= end <= shard.bytes:
-            raise ValueError(
+            raise ConfigError(
                 f"range [{start}, {end}) is outside shard {store.url(shard.path)!r} of {shard.bytes} bytes"
             )
         return self._core.open_range(self._source(store, shard), start, end, stats=stats)
