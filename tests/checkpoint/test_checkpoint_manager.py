@@ -270,7 +270,10 @@ def test_ls_inspect_cli(tmp_path) -> None:  # type: ignore[no-untyped-def]
         mgr.save(8, state_for(8), metrics={"val_loss": 0.5})
     out = CliRunner().invoke(cli, ["ckpt", "ls", str(tmp_path), "--json"])
     rows = json.loads(out.output)
-    assert [(r["step"], r["latest"], r["metrics"]) for r in rows] == [(7, False, {"val_loss": 0.25}), (8, True, {"val_loss": 0.5})]
+    assert [(r["step"], r["latest"], r["metrics"]) for r in rows] == [
+        (7, False, {"val_loss": 0.25}),
+        (8, True, {"val_loss": 0.5}),
+    ]
     out = CliRunner().invoke(cli, ["ckpt", "inspect", str(tmp_path), "7", "--json"])
     doc = json.loads(out.output)
     assert doc["step"] == 7 and doc["world_size"] == 1 and doc["software"]["torch"] == torch.__version__

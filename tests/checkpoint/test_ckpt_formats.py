@@ -46,7 +46,9 @@ policy_st = st.recursive(
 
 
 @given(records_st, policy_st, st.data())
-def test_retention_never_deletes_the_current_checkpoint(records: list[CheckpointRecord], policy: Any, data: Any) -> None:
+def test_retention_never_deletes_the_current_checkpoint(
+    records: list[CheckpointRecord], policy: Any, data: Any
+) -> None:
     current = data.draw(st.sampled_from([r.step for r in records]))
     doomed = steps_to_delete(policy, records, current=current)
     assert current not in doomed
@@ -69,8 +71,13 @@ def test_keep_best_keeps_the_extreme(records: list[CheckpointRecord], mode: str)
 
 
 def test_keep_best_ignores_missing_nan_and_bool_metrics() -> None:
-    records = [CheckpointRecord(1, {}), CheckpointRecord(2, {"loss": float("nan")}), CheckpointRecord(3, {"loss": True}),
-               CheckpointRecord(4, {"loss": 2.0}), CheckpointRecord(5, {"loss": 3})]
+    records = [
+        CheckpointRecord(1, {}),
+        CheckpointRecord(2, {"loss": float("nan")}),
+        CheckpointRecord(3, {"loss": True}),
+        CheckpointRecord(4, {"loss": 2.0}),
+        CheckpointRecord(5, {"loss": 3}),
+    ]
     assert KeepBest("loss").keep(records) == {4}
     assert KeepBest("loss", mode="max").keep(records) == {5}
     assert KeepEvery(2).keep(records) == {2, 4} and KeepAll().keep(records) == {1, 2, 3, 4, 5}
@@ -88,8 +95,14 @@ def _markers() -> list[DoneMarker]:
     f0 = FileEntry("rank-00000/part-abc-00000.bin", 0, 0, 64, 64, "crc32c:0000000a")
     f1 = FileEntry("rank-00001/part-abc-00000.bin", 1, 0, 64, 30, "crc32c:0000000b", "zstd")
     return [
-        DoneMarker(0, "abc", (f0,), {"model/w": t}, Section({"rng": {"$t": "tensor", "k": "rng/s"}}, {"rng/s": t}), {"model": {"w": 1}}),
-        DoneMarker(1, "abc", (f1,), {"model/b": TensorEntry(1, 0, 4, "bfloat16", (2,), "crc32c:00000002")}, Section({"rng": 1})),
+        DoneMarker(
+            0, "abc", (f0,), {"model/w": t},
+            Section({"rng": {"$t": "tensor", "k": "rng/s"}}, {"rng/s": t}), {"model": {"w": 1}},
+        ),
+        DoneMarker(
+            1, "abc", (f1,), {"model/b": TensorEntry(1, 0, 4, "bfloat16", (2,), "crc32c:00000002")},
+            Section({"rng": 1}),
+        ),
     ]
 
 
@@ -108,7 +121,10 @@ def test_build_manifest_rejects_mixed_saves_and_double_claims() -> None:
     with pytest.raises(ManifestError, match="expected save 'abc'"):
         mf.build_manifest(1, [a, DoneMarker(1, "zzz", (), {}, Section(None))], metrics={}, software={}, created="")
     with pytest.raises(ManifestError, match="saved by two ranks"):
-        mf.build_manifest(1, [a, DoneMarker(1, "abc", (), dict(a.replicated_tensors), Section(None))], metrics={}, software={}, created="")
+        mf.build_manifest(
+            1, [a, DoneMarker(1, "abc", (), dict(a.replicated_tensors), Section(None))],
+            metrics={}, software={}, created="",
+        )
 
 
 @pytest.mark.parametrize(
@@ -119,7 +135,8 @@ def test_build_manifest_rejects_mixed_saves_and_double_claims() -> None:
         (b'{"format": "streamio.checkpoint/9"}', True, "upgrade streamio"),
         (b'{"format": "torch.dcp"}', True, "not written by streamio"),
         (json.dumps({"format": mf.FORMAT, "step": -1, "files": [], "per_rank": [{"tree": None, "tensors": {}}],
-                     "world_size": 1, "save_id": "a", "replicated": {"tree": None, "tensors": {}}}).encode(), False, "'step'"),
+                     "world_size": 1, "save_id": "a", "replicated": {"tree": None, "tensors": {}}}).encode(),
+         False, "'step'"),
         (json.dumps({"format": mf.FORMAT, "step": 1, "files": [], "per_rank": [], "world_size": 2, "save_id": "a",
                      "replicated": {"tree": None, "tensors": {}}}).encode(), False, "world_size 2 but 0"),
     ],
@@ -222,7 +239,10 @@ def test_layout_is_aligned_and_host_buffer_is_reused() -> None:
     assert again.ctypes.data == first and bytes(again[64:104]) == tensors["b"].numpy().tobytes()
 
 
-@given(st.dictionaries(st.text(min_size=1, max_size=6), st.integers(0, 10_000), min_size=1, max_size=40), st.integers(1, 8))
+@given(
+    st.dictionaries(st.text(min_size=1, max_size=6), st.integers(0, 10_000), min_size=1, max_size=40),
+    st.integers(1, 8),
+)
 def test_shares_are_deterministic_and_balanced(sizes: dict[str, int], world: int) -> None:
     owner = assign_shares(sizes, world)
     assert owner == assign_shares(dict(reversed(list(sizes.items()))), world)

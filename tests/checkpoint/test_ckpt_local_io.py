@@ -53,7 +53,9 @@ def test_saved_part_count_per_backend(tmp_path, url_kind: str, parts: int) -> No
 
 def _two_steps(root: Path) -> list[Path]:
     """Save steps 1 and 2 under ``root``; the paths of step 2's part files."""
-    with CheckpointManager(str(root), async_save=False, retention=KeepLast(5), options=SaveOptions(concurrency=4)) as mgr:
+    with CheckpointManager(
+        str(root), async_save=False, retention=KeepLast(5), options=SaveOptions(concurrency=4)
+    ) as mgr:
         mgr.save(1, _state(1))
         mgr.save(2, _state(2))
     return [root / mf.step_dir(2) / f.path for f in read_manifest(Store(str(root)), 2).files]

@@ -80,8 +80,9 @@ def test_scale_model_grows_with_epochs_not_ranks() -> None:
 def _synthetic() -> dict[str, Any]:
     s = common.summary
     contenders = {
-        name: {"samples_per_s": s([100.0, 120.0]), "MBps": s([6.0, 7.0]), "stall": s([0.1, 0.2]), "stall_steady": s([0.01, 0.02]),
-               "stall_mean": s([0.1]), "first_batch_s": s([1.0]), "wall_s": s([5.0]), "samples": 500}
+        name: {"samples_per_s": s([100.0, 120.0]), "MBps": s([6.0, 7.0]), "stall": s([0.1, 0.2]),
+               "stall_steady": s([0.01, 0.02]), "stall_mean": s([0.1]), "first_batch_s": s([1.0]),
+               "wall_s": s([5.0]), "samples": 500}
         for name in ("streamio cold", "streamio warm", "webdataset stream", "webdataset cold", "webdataset warm")
     }
     return {
@@ -89,13 +90,16 @@ def _synthetic() -> dict[str, Any]:
         "references": {"status": "ok", "memcpy": {"size_MB": 1, "reps": 1, "MBps": s([1000.0])},
                        "disk": {"size_MB": 1, "reps": 1, "write_fsync_MBps": s([100.0]), "read_cold_MBps": s([]),
                                 "read_cold_how": "unavailable", "read_warm_MBps": s([900.0])}},
-        "dataset": {"status": "ok", "config": {"shards": 8, "shard_mb": 4, "sample_kb": 64, "batch_size": 16, "compute_ms": 20.0, "ranks": 2,
-                                               "workers": 1, "prefetch": 4, "reps": 2, "latency_ms": 30.0},
+        "dataset": {"status": "ok",
+                    "config": {"shards": 8, "shard_mb": 4, "sample_kb": 64, "batch_size": 16, "compute_ms": 20.0,
+                               "ranks": 2, "workers": 1, "prefetch": 4, "reps": 2, "latency_ms": 30.0},
                     "compute_bound_samples_per_s": 1600.0, "dataset_bytes": 31_000_000, "dataset_samples": 488,
                     "contenders": contenders, "ratios": {"streamio cold / webdataset stream (samples/s)": 1.25},
-                    "store_ceiling": {"concurrency": 8, "objects": 8, "bytes": 31_000_000, "get_MBps": s([500.0]), "put_MBps": s([100.0])}},
+                    "store_ceiling": {"concurrency": 8, "objects": 8, "bytes": 31_000_000,
+                                      "get_MBps": s([500.0]), "put_MBps": s([100.0])}},
         "loader": {"status": "ok", "samples": 976, "bytes": 64_000_000, "reps": 2,
-                   "samples_per_s": {"streamio (default sample)": s([1000.0, 1200.0]), "streamio, ints dropped": s([2000.0]),
+                   "samples_per_s": {"streamio (default sample)": s([1000.0, 1200.0]),
+                                     "streamio, ints dropped": s([2000.0]),
                                      "webdataset": s([1800.0])},
                    "ratios": {"streamio ints dropped / webdataset": 1.11}},
         "checkpoint": {"status": "failed", "error": "RuntimeError: boom"},
@@ -128,7 +132,8 @@ def test_unknown_section_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
 @pytest.mark.slow
 def test_quick_suite_runs_and_writes_its_report(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.run", "--quick", "--only", "references,scale", "--no-nginx", "--out", str(tmp_path)],
+        [sys.executable, "-m", "benchmarks.run", "--quick", "--only", "references,scale", "--no-nginx",
+         "--out", str(tmp_path)],
         cwd=REPO, capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -11,7 +11,8 @@ from streamio.storage import Store
 
 def test_public_api_is_pinned() -> None:
     assert sorted(streamio.__all__) == sorted([
-        "CacheConfig", "CheckpointManager", "DatasetIndex", "DatasetOptions", "KeepAll", "KeepBest", "KeepEvery", "KeepLast",
+        "CacheConfig", "CheckpointManager", "DatasetIndex", "DatasetOptions", "KeepAll", "KeepBest", "KeepEvery",
+        "KeepLast",
         "PrefetchConfig", "RNGState", "RetentionPolicy", "RetryPolicy", "SaveOptions", "SaveStats", "Shuffle",
         "Store", "StreamingDataLoader", "StreamingDataset", "__version__", "build_index", "errors", "load_index",
         "write_dataset",
@@ -20,7 +21,9 @@ def test_public_api_is_pinned() -> None:
 
 
 def test_cli_help_runs_from_the_installed_entry_point() -> None:
-    out = subprocess.run([sys.executable, "-m", "streamio.cli.main", "--help"], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "streamio.cli.main", "--help"], capture_output=True, text=True, check=True
+    )
     assert "Usage" in out.stdout
 
 

@@ -204,7 +204,8 @@ def test_s3_whole_read_cut_by_a_reset_starts_the_range_again(s3_store: Store, s3
     s3_proxy.truncate_next(1, 1000)
     assert s3_store.read("w", 5) == data[5:]
     gets = s3_proxy.log()
-    assert [r.fault for r in gets] == ["truncate", None] and gets[1].range == "bytes=5-"  # no HEAD for the length: botocore checks it
+    # no HEAD for the length: botocore checks it
+    assert [r.fault for r in gets] == ["truncate", None] and gets[1].range == "bytes=5-"
 
 
 def test_s3_read_past_the_end_is_corrupt_data_not_a_retry(s3_store: Store, s3_proxy: FaultProxy) -> None:
@@ -238,7 +239,11 @@ def test_s3_sync_client_mirrors_the_filesystem_settings(s3: S3Endpoint) -> None:
 
     from streamio.storage.backends import s3 as s3_backend
 
-    opts = {**s3.storage_options(), "requester_pays": True, "s3_additional_kwargs": {"ACL": "private", "SSECustomerAlgorithm": "AES256"}}
+    opts = {
+        **s3.storage_options(),
+        "requester_pays": True,
+        "s3_additional_kwargs": {"ACL": "private", "SSECustomerAlgorithm": "AES256"},
+    }
     fs = Store(s3.url("x"), opts).fs
     client = s3_backend.sync_client(fs)
     assert client.meta.endpoint_url == s3.endpoint_url
@@ -295,7 +300,9 @@ def test_first_bytes_arrive_before_the_body_completes(s3_store: Store, s3_proxy:
 
 
 # ------------------------------------------------------------------ corruption: not the store's job
-def test_corruption_passes_the_store_silently_and_the_checksum_catches_it(s3_store: Store, s3_proxy: FaultProxy) -> None:
+def test_corruption_passes_the_store_silently_and_the_checksum_catches_it(
+    s3_store: Store, s3_proxy: FaultProxy
+) -> None:
     data = os.urandom(200_000)
     s3_store.put("c", data)
     s3_proxy.clear()

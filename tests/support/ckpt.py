@@ -120,7 +120,12 @@ def light_state_for(step: int) -> dict[str, Any]:
         torch.manual_seed(2000 + step)
         model = Net(128)
         moments = {name: torch.randn_like(p) for name, p in model.named_parameters()}
-    return {"model": model, "moments": moments, "counters": {"step": step}, "extra": torch.full((3,), float(step), dtype=torch.bfloat16)}
+    return {
+        "model": model,
+        "moments": moments,
+        "counters": {"step": step},
+        "extra": torch.full((3,), float(step), dtype=torch.bfloat16),
+    }
 
 
 def fault_scenario(root: str, phase: str, options: dict[str, Any]) -> None:

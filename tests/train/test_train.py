@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from streamio.data.writer import write_dataset
-from streamio.errors import StateMismatchError
+from streamio.errors import ConfigError, StateMismatchError
 from streamio.testing import S3Endpoint
 from streamio.train.checkpointing import retention_policy
 from streamio.train.config import TrainConfig, parse_args
@@ -77,7 +77,8 @@ def test_early_stopping_min_delta_max_mode_and_state_roundtrip() -> None:
 
 
 def test_trainer_stops_at_epoch_7_and_a_run_crashed_after_epoch_4_does_too(tmp_path: Path) -> None:
-    ref = Trainer(_cfg(tmp_path / "ref", ckpt_url=str(tmp_path / "ref-ckpt"), keep_last=1, keep_best=1), ONE, evaluate=_scripted)
+    ref_cfg = _cfg(tmp_path / "ref", ckpt_url=str(tmp_path / "ref-ckpt"), keep_last=1, keep_best=1)
+    ref = Trainer(ref_cfg, ONE, evaluate=_scripted)
     steps_per_epoch = len(ref.data.train) // 2
     summary = ref.run()
     ref.close()
@@ -86,7 +87,10 @@ def test_trainer_stops_at_epoch_7_and_a_run_crashed_after_epoch_4_does_too(tmp_p
     assert ref.ckpt.steps() == [3 * steps_per_epoch, 8 * steps_per_epoch]  # type: ignore[union-attr]
 
     # crash at the first step of epoch 5, i.e. right after epoch 4's validation
-    cfg = _cfg(tmp_path / "run", ckpt_url=str(tmp_path / "ckpt"), ckpt_every=steps_per_epoch, fail_at_step=5 * steps_per_epoch + 1)
+    cfg = _cfg(
+        tmp_path / "run", ckpt_url=str(tmp_path / "ckpt"), ckpt_every=steps_per_epoch,
+        fail_at_step=5 * steps_per_epoch + 1,
+    )
     crashed = Trainer(cfg, ONE, evaluate=_scripted, crash=_crash)
     with pytest.raises(Crash):
         crashed.run()
@@ -118,7 +122,8 @@ def test_loss_falls_and_validation_counts_every_sample(tmp_path: Path) -> None:
     records = read_metrics(Path(cfg.out_dir) / "rank-00000.jsonl")
     losses = [r["loss"] for r in records if r["event"] == "step"]
     assert len(losses) == summary.steps == 3 * (1024 // 16 // 2)
-    assert np.mean(losses[-8:]) < 0.6 * np.mean(losses[:4]) and math.isclose(np.mean(losses[:2]), math.log(8), rel_tol=0.2)
+    assert np.mean(losses[-8:]) < 0.6 * np.mean(losses[:4])
+    assert math.isclose(np.mean(losses[:2]), math.log(8), rel_tol=0.2)
     vals = [r for r in records if r["event"] == "val"]
     assert [v["val_count"] for v in vals] == [37.0] * 3
     assert torch.load(Path(cfg.out_dir) / "final_model.pt", weights_only=True).keys() == trainer.net.state_dict().keys()
@@ -169,14 +174,18 @@ def test_scheduler_steps_once_per_optimizer_step_not_per_micro_batch(tmp_path: P
     assert trainer.optimizer.state_dict()["state"][0]["step"].item() == 3
 
 
-def test_in_process_resume_matches_uninterrupted_on_s3(tmp_path: Path, s3: S3Endpoint, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_in_process_resume_matches_uninterrupted_on_s3(
+    tmp_path: Path, s3: S3Endpoint, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Data (StreamingDataset) and checkpoints through real HTTP (moto): crash mid-epoch, resume,
     identical weights and losses. (DataLoader workers: see test_train_ddp.py.)"""
     for name, value in s3.env().items():
         monkeypatch.setenv(name, value)
     common: dict[str, Any] = dict(train_samples=512, epochs=2, ckpt_every=3, keep_last=1, keep_best=0)
     for split, n in (("train", 512), ("val", 37)):
-        write_dataset(iter_samples(n, split=split), s3.url(f"data/{split}"), s3.storage_options(), max_count=150, prefix=split)
+        write_dataset(
+            iter_samples(n, split=split), s3.url(f"data/{split}"), s3.storage_options(), max_count=150, prefix=split
+        )
     common.update(data_url=s3.url("data"))
     ref = Trainer(_cfg(tmp_path / "ref", **common), ONE)
     ref.run()
@@ -193,7 +202,8 @@ def test_in_process_resume_matches_uninterrupted_on_s3(tmp_path: Path, s3: S3End
     assert summary.resumed_from == 9
     for name, tensor in ref.net.state_dict().items():
         assert torch.equal(tensor, resumed.net.state_dict()[name]), name
-    ref_losses = {r["step"]: r["loss"] for r in read_metrics(tmp_path / "ref" / "out" / "rank-00000.jsonl") if r["event"] == "step"}
+    ref_metrics = read_metrics(tmp_path / "ref" / "out" / "rank-00000.jsonl")
+    ref_losses = {r["step"]: r["loss"] for r in ref_metrics if r["event"] == "step"}
     got = [r for r in read_metrics(Path(cfg.out_dir) / "rank-00000.jsonl") if r["event"] == "step"]
     assert len(got) == 10 + (summary.steps - 9)
     assert all(ref_losses[r["step"]] == r["loss"] for r in got)
@@ -206,7 +216,9 @@ def test_in_memory_loader_resumes_exactly_with_workers() -> None:
     x, y = make_arrays(200, seed=1)
 
     def loader(rank: int) -> InMemoryLoader:
-        return InMemoryLoader(AugmentedArrays(x, y, seed=1, noise=0.1), batch_size=8, rank=rank, world_size=2, seed=1, num_workers=2)
+        return InMemoryLoader(
+            AugmentedArrays(x, y, seed=1, noise=0.1), batch_size=8, rank=rank, world_size=2, seed=1, num_workers=2
+        )
 
     full = loader(0)
     full.set_epoch(3)
@@ -231,7 +243,9 @@ def test_in_memory_loader_resumes_exactly_with_workers() -> None:
     other.set_epoch(3)
     assert not any(torch.equal(a, b) for a, b in zip(everything, (b[0] for b in other), strict=False))
     with pytest.raises(StateMismatchError, match="world size"):
-        InMemoryLoader(AugmentedArrays(x, y, seed=1, noise=0.1), batch_size=8, rank=0, world_size=3, seed=1).load_state_dict(state)
+        InMemoryLoader(
+            AugmentedArrays(x, y, seed=1, noise=0.1), batch_size=8, rank=0, world_size=3, seed=1
+        ).load_state_dict(state)
 
 
 def test_retention_policy_keeps_last_and_best() -> None:
@@ -260,7 +274,7 @@ def test_synthetic_data_is_deterministic_and_samples_match_arrays() -> None:
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
 def test_device_cuda_without_cuda_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("WORLD_SIZE", raising=False)
-    with pytest.raises(RuntimeError, match="sees no CUDA device"):
+    with pytest.raises(ConfigError, match="sees no CUDA device"):
         setup_distributed(TrainConfig(device="cuda"))
     with pytest.raises(ValueError, match="not one of"):
         setup_distributed(TrainConfig(device="tpu"))

@@ -40,13 +40,19 @@ def _env(s3: S3Endpoint) -> dict[str, str]:
 
 
 def _torchrun(args: list[str], env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone", "-m", "streamio.train", *args]
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
+        "-m", "streamio.train", *args,
+    ]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def _steps(out: Path) -> dict[int, list[float]]:
     """step -> [loss of rank 0, loss of rank 1]."""
-    per_rank = [{r["step"]: r["loss"] for r in read_metrics(out / f"rank-{k:05d}.jsonl") if r["event"] == "step"} for k in (0, 1)]
+    per_rank = [
+        {r["step"]: r["loss"] for r in read_metrics(out / f"rank-{k:05d}.jsonl") if r["event"] == "step"}
+        for k in (0, 1)
+    ]
     assert per_rank[0].keys() == per_rank[1].keys()
     return {s: [per_rank[0][s], per_rank[1][s]] for s in per_rank[0]}
 
@@ -58,7 +64,9 @@ def _records(out: Path, rank: int, event: str) -> list[dict[str, Any]]:
 def _shard_demo_data(s3: S3Endpoint, train: int, val: int) -> str:
     """The demo's synthetic samples as streamio datasets in moto: 11 uneven train shards."""
     for split, n in (("train", train), ("val", val)):
-        write_dataset(iter_samples(n, split=split), s3.url(f"data/{split}"), s3.storage_options(), max_count=200, prefix=split)
+        write_dataset(
+            iter_samples(n, split=split), s3.url(f"data/{split}"), s3.storage_options(), max_count=200, prefix=split
+        )
     return s3.url("data")
 
 
@@ -73,7 +81,9 @@ def test_crash_and_resume_is_bit_exact(tmp_path: Path, s3: S3Endpoint) -> None:
 
     # the run to crash: every rank leaves with os._exit right after step 20 (no cleanup, no flush
     # of the checkpoint in flight), which is what kill -9 leaves behind in storage
-    crashed = _torchrun([*COMMON, *data, "--ckpt-url", s3.url("run"), "--out-dir", str(run_out), "--fail-at-step", "20"], env)
+    crashed = _torchrun(
+        [*COMMON, *data, "--ckpt-url", s3.url("run"), "--out-dir", str(run_out), "--fail-at-step", "20"], env
+    )
     assert crashed.returncode != 0 and "simulating a crash" in crashed.stdout
     killed_at = max(_steps(run_out))
     assert killed_at == 20

@@ -10,7 +10,10 @@ import torch
 from streamio.train.demo import compare
 
 
-def _run(root: Path, name: str, steps: range, *, loss_of=lambda s, r: 1.0 / s + r, weight: float = 1.0, resume: int | None = None) -> Path:
+def _run(
+    root: Path, name: str, steps: range, *,
+    loss_of=lambda s, r: 1.0 / s + r, weight: float = 1.0, resume: int | None = None,
+) -> Path:
     out = root / name
     out.mkdir(parents=True)
     for rank in (0, 1):
