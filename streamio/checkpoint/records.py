@@ -7,7 +7,7 @@ check of :mod:`.validate` first.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -115,11 +115,6 @@ class Manifest:
     def total_bytes(self) -> int:
         """Stored bytes of all files."""
         return sum(f.size for f in self.files)
-
-    def files_for(self, ranks: Iterable[int]) -> list[FileEntry]:
-        """The parts of the given ranks' streams."""
-        wanted = set(ranks)
-        return [f for f in self.files if f.rank in wanted]
 
 
 @dataclass(frozen=True)

@@ -113,7 +113,7 @@ def test_manifest_round_trip_through_markers() -> None:
     assert back == m
     assert back.world_size == 2 and set(back.replicated.tensors) == {"model/w", "model/b"}
     assert back.replicated.tree == {"model": {"w": 1}} and back.per_rank[1].tree == {"rng": 1}
-    assert [f.path for f in back.files_for([1])] == ["rank-00001/part-abc-00000.bin"] and back.total_bytes == 94
+    assert [f.path for f in back.files if f.rank == 1] == ["rank-00001/part-abc-00000.bin"] and back.total_bytes == 94
 
 
 def test_build_manifest_rejects_mixed_saves_and_double_claims() -> None:
