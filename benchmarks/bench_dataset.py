@@ -238,7 +238,7 @@ class Dataset:
 
 def make_dataset(root: str, shards: int, shard_mb: int, sample_kb: int) -> Dataset:
     """Write ``shards`` x ~``shard_mb`` MB of ``sample_kb`` KB random samples with ``write_dataset``."""
-    from streamio.data.writer import write_dataset
+    from streamio.data.writer import ShardSpec, write_dataset
 
     size = sample_kb * 1000
     per_shard = max(1, (shard_mb * MB) // (size + 1536))  # + tar headers of 2 members
@@ -250,7 +250,7 @@ def make_dataset(root: str, shards: int, shard_mb: int, sample_kb: int) -> Datas
             off = (i * 7919 * 64) % (len(pool) - size)
             yield {"__key__": f"{i:08d}", "bin": pool[off : off + size]}
 
-    index = write_dataset(samples(), root, max_count=per_shard)
+    index = write_dataset(samples(), root, spec=ShardSpec(max_count=per_shard))
     files = [s.path for s in index.shards]
     return Dataset(root, "", files, index.samples, sum(s.bytes for s in index.shards))
 

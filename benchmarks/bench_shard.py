@@ -42,9 +42,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from streamio.checksum import checksum_bytes  # noqa: E402
-from streamio.data.index import FORMAT, INDEX_NAME, SampleLayout, ShardInfo, encode_layout, load_index, sidecar_path  # noqa: E402
+from streamio.data.format import FORMAT, INDEX_NAME, SampleLayout, ShardInfo, sidecar_path  # noqa: E402
+from streamio.data.index import encode_layout, load_index  # noqa: E402
 from streamio.data.samples import iter_samples  # noqa: E402
-from streamio.data.writer import write_dataset  # noqa: E402
+from streamio.data.writer import ShardSpec, write_dataset  # noqa: E402
 from streamio.storage import Store  # noqa: E402
 
 SHARD_BYTES = 256_000_000
@@ -67,7 +68,7 @@ def tree_bytes(root: str) -> int:
 
 # ----------------------------------------------------------------------------- contenders
 def streamio_local(samples: list[dict[str, Any]], out: str, compression: str | None = None) -> int:
-    index = write_dataset(samples, out, max_bytes=SHARD_BYTES, compression=compression)
+    index = write_dataset(samples, out, spec=ShardSpec(max_bytes=SHARD_BYTES, compression=compression))
     return sum(s.bytes for s in index.shards)
 
 
@@ -193,7 +194,9 @@ def bench_s3(samples: list[dict[str, Any]], rounds: int, scratch: str) -> dict[s
 
         def ours(out: str) -> int:
             prefix = uuid.uuid4().hex[:8]
-            index = write_dataset(samples, Store(f"s3://bench/{prefix}", options), max_bytes=SHARD_BYTES)
+            index = write_dataset(
+                samples, Store(f"s3://bench/{prefix}", options), spec=ShardSpec(max_bytes=SHARD_BYTES),
+            )
             return sum(s.bytes for s in index.shards)
 
         def theirs(out: str) -> int:
@@ -227,7 +230,7 @@ def bench_read(samples: list[dict[str, Any]], rounds: int, scratch: str) -> dict
     import webdataset as wds
 
     root = os.path.join(scratch, "read")
-    write_dataset(samples, root, max_bytes=SHARD_BYTES)
+    write_dataset(samples, root, spec=ShardSpec(max_bytes=SHARD_BYTES))
     store = Store(root)
     index = load_index(store)
     total = sum(s.bytes for s in index.shards)

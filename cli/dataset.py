@@ -1,9 +1,10 @@
 """`streamio` verbs of the dataset group: ``shard``, ``index``, ``ls``, ``inspect``, ``verify``.
 
 Thin by design: argument parsing, progress bars (tqdm, samples/s and MB/s on stderr) and output
-formatting; everything else is :mod:`streamio.data.writer` / :mod:`streamio.data.index`. Storage
-options come from the environment the way s3fs/gcsfs read it (``AWS_ENDPOINT_URL_S3``,
-credentials, ...) plus ``--storage-option key=value`` (values parsed as JSON when they parse).
+formatting; everything else is in :mod:`streamio.data` (``writer``, ``sources``, ``indexer``,
+``verify``, ``index``). Storage options come from the environment the way s3fs/gcsfs read it
+(``AWS_ENDPOINT_URL_S3``, credentials, ...) plus ``--storage-option key=value`` (values parsed as
+JSON when they parse).
 Errors follow the contract of :mod:`streamio.cli.exits` (one line; 1 bad data, 2 usage, 3 could
 not check): ``verify`` exits 1 only when it read a shard and found it bad, 3 when it could not
 read. Option values are validated by click types, so a bad one is a usage error (2) before any
@@ -22,23 +23,13 @@ from typing import Any
 import click
 from tqdm import tqdm
 
-from streamio.data.index import (
-    INDEX_NAME,
-    DatasetIndex,
-    ShardInfo,
-    build_index,
-    load_index,
-    split_pattern,
-    validate,
-    write_index,
-)
-from streamio.data.samples import unsafe_reason
-from streamio.data.writer import (
-    DatasetWriter,
-    samples_from_directory,
-    samples_from_jsonl,
-    samples_from_shards,
-)
+from streamio.data.format import INDEX_NAME, ShardInfo, unsafe_reason
+from streamio.data.index import DatasetIndex, load_index, write_index
+from streamio.data.indexer import build_index
+from streamio.data.patterns import split_pattern
+from streamio.data.sources import samples_from_directory, samples_from_jsonl, samples_from_shards
+from streamio.data.verify import validate
+from streamio.data.writer import DatasetWriter, ShardSpec
 from streamio.storage import Store
 
 from .common import storage_option
@@ -151,9 +142,8 @@ def shard_cmd(
             f"{target.url(INDEX_NAME)} exists: DEST already holds a dataset; pass --overwrite to replace it"
         )
     progress = _Progress("shard")
-    with DatasetWriter(
-        target, max_bytes=max_size, max_count=max_count, compression=compress, prefix=prefix, overwrite=overwrite,
-    ) as writer:
+    spec = ShardSpec(max_bytes=max_size, max_count=max_count, compression=compress, prefix=prefix)
+    with DatasetWriter(target, spec=spec, overwrite=overwrite) as writer:
         for sample in samples:
             before = writer.bytes_written
             writer.write(sample)

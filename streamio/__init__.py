@@ -17,11 +17,12 @@ from streamio.checkpoint import (
 )
 from streamio.data.cache import CacheConfig
 from streamio.data.dataset import DatasetOptions, StreamingDataset
-from streamio.data.index import DatasetIndex, build_index, load_index
+from streamio.data.index import DatasetIndex, load_index
+from streamio.data.indexer import build_index
 from streamio.data.loader import StreamingDataLoader
 from streamio.data.plan import Shuffle
 from streamio.data.prefetch import PrefetchConfig
-from streamio.data.writer import write_dataset
+from streamio.data.writer import ShardSpec, write_dataset
 from streamio.storage import RetryPolicy, Store
 
 __version__ = "0.1.0"
@@ -41,6 +42,7 @@ __all__ = [
     "RetryPolicy",
     "SaveOptions",
     "SaveStats",
+    "ShardSpec",
     "Shuffle",
     "Store",
     "StreamingDataLoader",

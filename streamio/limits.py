@@ -8,7 +8,8 @@ someone else and may be hostile or damaged. Two things must never depend on what
 * **memory**: a 21-byte zstd frame may declare a 64 GiB content size, and a 16 KB frame may
   inflate to gigabytes. Decompression here is streamed with an explicit output limit that the
   caller takes from the index or manifest (the size it *expects*), never from the frame header;
-  one byte past the limit is an error.
+  one byte past the limit is an error, and so is a frame cut short (the streaming decoder of
+  python-zstandard would hand back its partial output without a word).
 * **time and stack**: ``json.loads`` of ``[[[[...`` recurses once per level in C and raises a bare
   ``RecursionError``; a document of gigabytes parses for ever. Documents have a byte limit and a
   nesting limit, checked before and after parsing.
@@ -31,6 +32,10 @@ MAX_JSON_BYTES = 256 * 1024 * 1024
 MAX_JSON_DEPTH = 200
 
 _CHUNK = 1 << 20
+#: The magic number that starts every zstd frame (RFC 8878).
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+#: The largest block a zstd frame may hold.
+ZSTD_MAX_BLOCK = 128 * 1024
 
 
 def load_json(
@@ -91,7 +96,9 @@ def zstd_decompress(data: bytes | memoryview, *, limit: int, what: str, error: t
     """Decompress zstd ``data`` (one or more frames) into at most ``limit`` bytes.
 
     The frame header's declared content size is never used to allocate: output is produced by the
-    streaming decoder in chunks of at most 1 MiB, and the first byte past ``limit`` stops it.
+    streaming decoder in chunks of at most 1 MiB, and the first byte past ``limit`` stops it. The
+    frame and block headers are walked first (:func:`zstd_framing_problem`), because the streaming
+    decoder returns the output of a frame cut short as if it were whole.
 
     Args:
         data: compressed bytes.
@@ -110,6 +117,9 @@ def zstd_decompress(data: bytes | memoryview, *, limit: int, what: str, error: t
         raise error(f"{what} is not a zstd frame: {exc}") from exc
     if declared > limit:  # -1 means "unknown": decoded below, still bounded
         raise error(f"{what}: zstd frame declares {declared} bytes of content, more than the {limit} expected")
+    problem = zstd_framing_problem(data)  # the streaming decoder ends silently on a cut frame
+    if problem is not None:
+        raise error(f"{what} is truncated or damaged: {problem}")
     reader = zstandard.ZstdDecompressor().stream_reader(data, read_across_frames=True, closefd=False)
     out = bytearray()
     try:
@@ -125,3 +135,48 @@ def zstd_decompress(data: bytes | memoryview, *, limit: int, what: str, error: t
     finally:
         reader.close()
     return bytes(out)
+
+
+def zstd_frame_size(data: bytes | memoryview) -> int | None:
+    """The compressed size of the zstd frame at the start of ``data``, read from its frame and block
+    headers alone (RFC 8878), or None when ``data`` does not start with a whole, well-formed one."""
+    n = len(data)
+    if n < 6 or data[:4] != ZSTD_MAGIC or data[4] & 0x08:
+        return None
+    fhd = data[4]
+    single = fhd >> 5 & 1
+    pos = 5 + (1 - single) + (0, 1, 2, 4)[fhd & 3] + (single, 2, 4, 8)[fhd >> 6]
+    while pos + 3 <= n:
+        h = data[pos] | data[pos + 1] << 8 | data[pos + 2] << 16
+        kind, size = h >> 1 & 3, h >> 3
+        if kind == 3 or size > ZSTD_MAX_BLOCK:
+            return None
+        pos += 3 + (1 if kind == 1 else size)
+        if h & 1:
+            pos += 4 * (fhd >> 2 & 1)
+            return pos if pos <= n else None
+    return None
+
+
+def zstd_framing_problem(data: bytes | memoryview) -> str | None:
+    """Why ``data`` is not a sequence of whole zstd frames (skippable ones included), or None.
+
+    Only headers are read, so this costs a few steps per 128 KiB block. It is what tells a cut
+    stream from a whole one: python-zstandard's ``stream_reader`` returns the output of a frame cut
+    short as if it were complete.
+    """
+    view = memoryview(data).cast("B")
+    pos, n = 0, len(view)
+    while pos < n:
+        head = bytes(view[pos : pos + 4])
+        if len(head) == 4 and head[1:] == b"\x2a\x4d\x18" and head[0] & 0xF0 == 0x50:  # skippable frame
+            end = pos + 8 + int.from_bytes(view[pos + 4 : pos + 8], "little") if n - pos >= 8 else None
+        elif ZSTD_MAGIC.startswith(head):
+            size = zstd_frame_size(view[pos:])
+            end = None if size is None else pos + size
+        else:
+            return f"the bytes at offset {pos} are not a zstd frame (magic {head.hex()})"
+        if end is None or end > n:
+            return f"the zstd frame at offset {pos} runs past the end of the {n} bytes or has a damaged header"
+        pos = end
+    return None

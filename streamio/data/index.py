@@ -1,4 +1,4 @@
-"""The dataset index (``index.json``): schema, load / write / validate, and indexing foreign shards.
+"""The dataset index (``index.json``): the :class:`DatasetIndex` value and its codecs.
 
 ``index.json`` is what turns a prefix of tar shards into a dataset streamio can plan over::
 
@@ -10,12 +10,13 @@ Per shard it records the size, the CRC32C of the whole object, the sample count 
 sample, the byte offset of its first member (``samples + 1`` offsets, the last one where the
 end-of-archive blocks begin) and the CRC32C of its bytes; for ``.tar.zst`` shards also
 ``max_sample_bytes``, the largest sample after decompression, which is the output limit readers
-decompress with (an older index without it gets the readers' default limit). Offsets make sample-exact planning and
-mid-shard starts by one ranged GET possible; the per-sample checksums let a reader verify any run
-of samples. They sit in the index itself while the dataset is small (``inline_limit`` samples in
-all); beyond that each shard's layout goes to a binary sidecar ``_layout/<shard>.bin`` whose
-CRC32C the index records, so a 5,000-shard index stays under 1 MB and loads in tens of milliseconds,
-and a rank only fetches the sidecars of shards it reads (cached in the index object).
+decompress with (an older index without it gets the readers' default limit). Offsets make
+sample-exact planning and mid-shard starts by one ranged GET possible; the per-sample checksums
+let a reader verify any run of samples. They sit in the index itself while the dataset is small
+(``inline_limit`` samples in all); beyond that each shard's layout goes to a binary sidecar
+``_layout/<shard>.bin`` whose CRC32C the index records, so a 5,000-shard index stays under 1 MB and
+loads in tens of milliseconds, and a rank only fetches the sidecars of shards it reads (cached in
+the index object).
 
 Reasons for the rest: the index is written last in one atomic PUT, so a half-written dataset
 never looks complete; ``fingerprint`` hashes the shard list (paths, sizes, counts, checksums) and
@@ -24,98 +25,45 @@ unknown fields are ignored (newer writers may add some) but an unknown ``format`
 
 An index is untrusted input like the shards: it is read with a size limit, parsed with a depth
 limit, every number and offset is checked, and every shard or sidecar path must be a plain
-relative name below the dataset (:mod:`streamio.data.index_schema`) before anything is read on its word.
+relative name below the dataset (:mod:`streamio.data.index_schema`) before anything is read on its
+word.
+
+Building an index for existing shards is :mod:`streamio.data.indexer`; checking a dataset
+against its index is :mod:`streamio.data.verify`. The values an index is made of
+(:class:`~streamio.data.format.ShardInfo`, :class:`~streamio.data.format.SampleLayout`) and the
+names it uses live in :mod:`streamio.data.format`.
 """
 
 from __future__ import annotations
 
-import fnmatch
 import hashlib
 import json
 import logging
 import struct
 import sys
 from array import array
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterable, Sequence
 from contextlib import closing
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import braceexpand
-import zstandard
-
-from streamio.checksum import Crc32c, crc32c, format_checksum
-from streamio.data import zstdframes
-from streamio.data.index_schema import check_document, check_layout, shard_path_problem
-from streamio.data.samples import group_samples, iter_members, iter_samples
-from streamio.data.tarfields import MAX_SAMPLE_BYTES
-from streamio.errors import (
-    CorruptDataError,
-    DatasetError,
-    IndexFormatError,
-    IndexNotFoundError,
-    ObjectNotFoundError,
-    ShardFormatError,
-    StorageError,
-    StreamioError,
-)
+from streamio.checksum import crc32c, format_checksum
+from streamio.data.format import FORMAT, INDEX_NAME, SampleLayout, ShardInfo, sidecar_path
+from streamio.data.index_schema import check_document, check_layout
+from streamio.errors import CorruptDataError, IndexFormatError, IndexNotFoundError
 from streamio.limits import MAX_JSON_BYTES, load_json
 from streamio.storage import Store
 
+__all__ = [
+    "INLINE_LIMIT", "DatasetIndex", "decode_layout", "encode_layout", "fingerprint_of", "index_document",
+    "load_index", "make_index", "parse_index", "read_bounded", "write_index",
+]
+
 log = logging.getLogger(__name__)
 
-FORMAT = "streamio.dataset/1"
-INDEX_NAME = "index.json"
-LAYOUT_DIR = "_layout"
+#: Datasets of up to this many samples keep their layouts inside ``index.json``.
 INLINE_LIMIT = 100_000
 _SIDECAR_MAGIC = b"STIOLAY1"
-_WHOLE_FRAME = 16 << 20  # a scanned frame declaring up to this is decompressed in one call, larger ones in pieces
-_COMPRESSION_BY_SUFFIX = {".tar": None, ".tar.zst": "zstd"}
-
-
-@dataclass(frozen=True)
-class ShardInfo:
-    """One shard as the index records it.
-
-    Attributes:
-        path: path of the shard relative to the dataset root (``data-000000.tar``).
-        bytes: exact size of the shard object.
-        samples: number of samples in it.
-        checksum: ``"crc32c:..."`` of the whole shard object.
-    """
-
-    path: str
-    bytes: int
-    samples: int
-    checksum: str
-
-    @property
-    def compression(self) -> str | None:
-        """``"zstd"`` for ``.tar.zst`` shards, None for ``.tar``."""
-        return "zstd" if self.path.endswith(".zst") else None
-
-
-@dataclass(frozen=True)
-class SampleLayout:
-    """Where each sample of one shard lies, and its checksum.
-
-    Attributes:
-        offsets: ``samples + 1`` byte offsets; sample ``i`` is ``[offsets[i], offsets[i+1])`` of the
-            shard object (its tar members, or its zstd frame in a ``.tar.zst``).
-        checksums: CRC32C (int) of each sample's byte range.
-        max_sample_bytes: for ``.tar.zst`` shards, the largest sample's tar records after
-            decompression: the output limit a reader decompresses a sample with (None: not recorded,
-            readers use :data:`~streamio.data.tarfields.MAX_SAMPLE_BYTES`).
-    """
-
-    offsets: tuple[int, ...]
-    checksums: tuple[int, ...]
-    max_sample_bytes: int | None = None
-
-    def byte_range(self, first: int, stop: int) -> tuple[int, int]:
-        """``[start, end)`` bytes of samples ``first .. stop-1`` (one ranged GET)."""
-        return self.offsets[first], self.offsets[stop]
 
 
 @dataclass(frozen=True)
@@ -180,9 +128,6 @@ class DatasetIndex:
         self._cache[shard_id] = layout
         return layout
 
-    def with_layouts(self, layouts: dict[int, SampleLayout]) -> DatasetIndex:
-        """A copy holding these layouts in memory (what writers and ``build_index`` return)."""
-        return DatasetIndex(self.shards, self.samples, self.keys, self.compression, _inline=dict(layouts))
 
 
 def fingerprint_of(shards: Sequence[ShardInfo]) -> str:
@@ -233,10 +178,6 @@ def decode_layout(data: bytes, *, url: str) -> SampleLayout:
         crcs.byteswap()
     return SampleLayout(tuple(offsets), tuple(crcs))
 
-
-def sidecar_path(shard_path: str) -> str:
-    """Where the layout of ``shard_path`` goes when it is not inline."""
-    return f"{LAYOUT_DIR}/{shard_path}.bin"
 
 
 # ----------------------------------------------------------------------------- load / write
@@ -342,347 +283,3 @@ def write_index(store: Store, index: DatasetIndex, *, inline_limit: int = INLINE
         store.put_many(sidecars)
     store.put(INDEX_NAME, json.dumps(doc, separators=(",", ":")).encode())
     log.info("wrote %s: %d shards, %d samples", store.url(INDEX_NAME), len(index.shards), index.samples)
-
-
-# ----------------------------------------------------------------------------- build (foreign shards)
-def _is_shard(path: str) -> bool:
-    return path.endswith(".tar") or path.endswith(".tar.zst")
-
-
-def expand_patterns(store: Store, patterns: str | Sequence[str] | None) -> list[str]:
-    """Shard paths (relative to ``store``) named by brace / glob patterns, in pattern order.
-
-    ``None`` means every ``.tar`` / ``.tar.zst`` below the root. Braces are expanded here (s3fs's glob
-    does not); glob characters are matched against one fresh listing.
-    """
-    if patterns is None:
-        return [o.path for o in store.list() if _is_shard(o.path) and not o.path.startswith(LAYOUT_DIR + "/")]
-    if isinstance(patterns, str):
-        patterns = [patterns]
-    listing: list[str] | None = None
-    out: list[str] = []
-    seen: set[str] = set()
-    for pattern in patterns:
-        for expanded in braceexpand.braceexpand(pattern):
-            if any(c in expanded for c in "*?["):
-                if listing is None:
-                    listing = [o.path for o in store.list()]
-                matches = sorted(p for p in listing if fnmatch.fnmatchcase(p, expanded))
-            else:
-                matches = [expanded]
-            for m in matches:
-                if m not in seen:
-                    seen.add(m)
-                    out.append(m)
-    return out
-
-
-def split_pattern(url: str) -> tuple[str, str | None]:
-    """``"s3://b/ds/shard-{000..009}.tar"`` -> ``("s3://b/ds", "shard-{000..009}.tar")``; no pattern -> ``(url, None)``.
-
-    The root is everything before the first path component holding ``{``, ``*``, ``?`` or ``[``;
-    a URL naming one ``.tar`` / ``.tar.zst`` splits into its directory and its name.
-    """
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        scheme, rest = "", url
-    parts = rest.split("/")
-    for i, part in enumerate(parts):
-        if any(c in part for c in "{*?["):
-            root = "/".join(parts[:i]) or ("/" if rest.startswith("/") else ".")
-            return (f"{scheme}://{root}" if sep else root), "/".join(parts[i:])
-    if _is_shard(parts[-1]):  # one shard named outright
-        root = "/".join(parts[:-1]) or ("/" if rest.startswith("/") else ".")
-        return (f"{scheme}://{root}" if sep else root), parts[-1]
-    return url, None
-
-
-class _Tee:
-    """Chunks pass through; CRC32C of the whole stream and of byte ranges are computed on the way."""
-
-    def __init__(self, chunks: Iterable[bytes]) -> None:
-        self._chunks = chunks
-        self.whole = Crc32c()
-        self._kept: list[tuple[int, bytes]] = []  # (offset, chunk) not yet fully hashed into ranges
-        self._pos = 0  # end of the ranges hashed so far
-        self._stream = self._run()
-
-    def __iter__(self) -> Iterator[bytes]:
-        return self._stream  # one pass: iterating again continues (draining the trailer)
-
-    def _run(self) -> Iterator[bytes]:
-        offset = 0
-        for chunk in self._chunks:
-            chunk = bytes(chunk)
-            self.whole.update(chunk)
-            self._kept.append((offset, chunk))
-            offset += len(chunk)
-            yield chunk
-
-    def range_crc(self, end: int) -> int:
-        """CRC32C of ``[previous end, end)``; everything before ``end`` is then forgotten."""
-        value = 0
-        keep: list[tuple[int, bytes]] = []
-        for off, chunk in self._kept:
-            lo, hi = max(self._pos, off), min(end, off + len(chunk))
-            if lo < hi:
-                value = crc32c(chunk[lo - off : hi - off], value)
-            if off + len(chunk) > end:
-                keep.append((off, chunk))
-        self._kept = keep
-        self._pos = end
-        return value
-
-
-def scan_shard(
-    store: Store, path: str, *, max_sample_bytes: int = MAX_SAMPLE_BYTES
-) -> tuple[ShardInfo, SampleLayout, set[str]]:
-    """Stream one shard once: size, whole CRC32C, sample offsets and per-sample CRC32C, keys.
-
-    ``.tar`` shards from any writer; ``.tar.zst`` shards only with one zstd frame per sample (as
-    ``streamio shard --compress zstd`` writes them), since offsets must point at frame starts.
-    Member data is passed over, not kept; memory is bounded by ``max_sample_bytes`` (a sample
-    spanning more, decompressed, is refused) whatever the headers or frames declare.
-
-    Raises:
-        ShardFormatError: not a tar, truncated, unsafe member, a sample over ``max_sample_bytes``,
-            or a zstd frame holding several samples.
-    """
-    with closing(store.iter_bytes(path)) as stream:
-        return scan_chunks(stream, url=store.url(path), path=path, max_sample_bytes=max_sample_bytes)
-
-
-def scan_chunks(
-    chunks: Iterable[bytes], *, url: str, path: str, max_sample_bytes: int = MAX_SAMPLE_BYTES
-) -> tuple[ShardInfo, SampleLayout, set[str]]:
-    """:func:`scan_shard` on bytes from anywhere (chunks of any size); ``path`` names the shard in the result."""
-    if path.endswith(".zst"):
-        return _scan_zstd(chunks, url, path, max_sample_bytes)
-    return _scan(_Tee(chunks), url, path, max_sample_bytes)
-
-
-class _Counted:
-    """Pieces pass through; ``total`` counts their bytes."""
-
-    def __init__(self, pieces: Iterable[bytes]) -> None:
-        self._pieces = pieces
-        self.total = 0
-
-    def __iter__(self) -> Iterator[bytes]:
-        for piece in self._pieces:
-            self.total += len(piece)
-            yield piece
-
-
-def _scan_zstd(
-    chunks: Iterable[bytes], url: str, path: str, max_sample_bytes: int
-) -> tuple[ShardInfo, SampleLayout, set[str]]:
-    whole = Crc32c()
-    starts: list[int] = []
-    crcs: list[int] = []
-    keys: set[str] = set()
-    biggest = 0
-    end_of_samples: int | None = None
-    frame_limit = max_sample_bytes + (max_sample_bytes >> 10) + 1024  # raw blocks: 3 bytes per 128 KiB, headers
-    dctx = zstandard.ZstdDecompressor()
-    for start, frame in zstdframes.split_frames(chunks, url=url, limit=frame_limit, on_chunk=whole.update):
-        if end_of_samples is not None:
-            continue  # after the end-of-archive frame: only the whole-object checksum counts
-        raw = _Counted(zstdframes.decompress_sample(  # whole when small: a frame per sample, data not kept
-            frame, dctx, url=url, what=f"the zstd frame at byte {start}", limit=max_sample_bytes, start=start,
-            whole_up_to=_WHOLE_FRAME,
-        ))
-        ends: list[int] = []
-        members = iter_members(raw, url=url, require_end=False, on_end=ends.append, max_sample_bytes=max_sample_bytes,
-                               keep_data=False)
-        found = list(group_samples(members, url=url, max_sample_bytes=max_sample_bytes))  # data not kept: small
-        if len(found) > 1 or (found and ends):
-            raise ShardFormatError(
-                f"shard {url!r}: the zstd frame at byte {start} holds {len(found)} samples"
-                f"{' and the end of the archive' if ends else ''}; indexing needs one frame per sample. "
-                f"Re-shard it with `streamio shard {url} DEST --compress zstd`."
-            )
-        if found:
-            starts.append(start)
-            crcs.append(crc32c(frame))
-            keys.update(k for k in found[0][1] if k != "__key__")
-            biggest = max(biggest, raw.total)
-        elif ends:
-            end_of_samples = start
-        else:
-            raise ShardFormatError(
-                f"shard {url!r}: the zstd frame at byte {start} holds no sample; indexing needs one frame per sample"
-            )
-    if end_of_samples is None:
-        raise ShardFormatError(f"shard {url!r} ends without the end-of-archive blocks: it is truncated")
-    layout = SampleLayout(tuple(starts) + (end_of_samples,), tuple(crcs), biggest)
-    return ShardInfo(path, whole.size, len(starts), whole.hexdigest()), layout, keys
-
-
-def _scan(tee: _Tee, url: str, path: str, max_sample_bytes: int) -> tuple[ShardInfo, SampleLayout, set[str]]:
-    starts: list[int] = []
-    crcs: list[int] = []
-    keys: set[str] = set()
-    ends: list[int] = []
-    members = iter_members(tee, url=url, on_end=ends.append, max_sample_bytes=max_sample_bytes, keep_data=False)
-    for start, sample in group_samples(members, url=url, max_sample_bytes=max_sample_bytes):
-        if starts:
-            crcs.append(tee.range_crc(start))
-        else:
-            tee.range_crc(start)  # bytes before the first sample (directory entries) belong to none
-        starts.append(start)
-        keys.update(k for k in sample if k != "__key__")
-    end_of_samples = ends[0]  # the end-of-archive block that stopped the parser
-    if starts:
-        crcs.append(tee.range_crc(end_of_samples))
-    for _ in tee:  # drain the trailer so the whole-object CRC covers every byte
-        pass
-    layout = SampleLayout(tuple(starts) + (end_of_samples,), tuple(crcs))
-    return ShardInfo(path, tee.whole.size, len(starts), tee.whole.hexdigest()), layout, keys
-
-
-def build_index(
-    store: Store,
-    patterns: str | Sequence[str] | None = None,
-    *,
-    concurrency: int = 8,
-    progress: Callable[[ShardInfo], None] | None = None,
-    max_sample_bytes: int = MAX_SAMPLE_BYTES,
-) -> DatasetIndex:
-    """Index existing WebDataset shards: ``.tar`` written by anything (webdataset, ``tar``, ...), and
-    ``.tar.zst`` with one zstd frame per sample.
-
-    Shards are streamed (never held whole) and scanned ``concurrency`` at a time. The result is
-    not written: pass it to :func:`write_index`.
-
-    Args:
-        store: the dataset root; shard paths in the index are relative to it.
-        patterns: brace / glob patterns relative to the root (``"shard-{000000..000099}.tar"``);
-            None takes every ``.tar`` below the root.
-        concurrency: shards scanned at once.
-        progress: called with each shard's info as its scan ends (for progress bars).
-        max_sample_bytes: the largest sample accepted (its tar records, decompressed); larger
-            ones are refused rather than held.
-
-    Raises:
-        ObjectNotFoundError: nothing to index: no shard under the root (empty or missing) or none
-            matching the patterns, or a shard named by a pattern does not exist.
-        DatasetError: a matched path cannot be named in an index.
-        ShardFormatError: a shard is not a readable tar (the message names it).
-    """
-    paths = expand_patterns(store, patterns)
-    if not paths and patterns is None:
-        raise ObjectNotFoundError(
-            f"no .tar or .tar.zst shards under {store.root_url}: it is empty or does not exist. Check the URL, "
-            f"or name the shards with a pattern such as '{store.root_url}/shard-{{000000..000099}}.tar'"
-        )
-    if not paths:
-        raise ObjectNotFoundError(
-            f"no shards match {patterns!r} under {store.root_url}: check the URL, or give a pattern such as "
-            f"'shard-{{000000..000099}}.tar'"
-        )
-    for path in paths:
-        problem = shard_path_problem(path)
-        if problem:
-            raise DatasetError(
-                f"{store.url(path)} cannot be named in an index: its path {path!r} below {store.root_url} is not a "
-                f"plain relative name ({problem}). Index from a root that holds it without '..' or schemes."
-            )
-
-    def scan(path: str) -> tuple[ShardInfo, SampleLayout, set[str]]:
-        result = scan_shard(store, path, max_sample_bytes=max_sample_bytes)
-        if progress is not None:
-            progress(result[0])
-        return result
-
-    with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
-        results = list(pool.map(scan, paths))
-    keys: set[str] = set()
-    for _, _, k in results:
-        keys |= k
-    return make_index([r[0] for r in results], {i: r[1] for i, r in enumerate(results)}, keys)
-
-
-# ----------------------------------------------------------------------------- validate
-@dataclass(frozen=True)
-class BadShard:
-    """One shard that failed validation, and why (one sentence naming the fix)."""
-
-    path: str
-    reason: str
-
-
-@dataclass(frozen=True)
-class ValidationReport:
-    """What :func:`validate` found: ``ok`` when ``bad`` is empty."""
-
-    checked: int
-    deep: bool
-    bad: tuple[BadShard, ...]
-
-    @property
-    def ok(self) -> bool:
-        return not self.bad
-
-
-def _deep_check(store: Store, index: DatasetIndex, i: int) -> str | None:
-    shard = index.shards[i]
-    url = store.url(shard.path)
-    try:
-        layout = index.layout(i, store)
-        whole = Crc32c()
-
-        def counted(chunks: Iterable[bytes]) -> Iterator[bytes]:
-            for chunk in chunks:
-                whole.update(chunk)
-                yield chunk
-
-        with closing(store.iter_bytes(shard.path)) as raw:
-            stream = counted(raw)
-            n = sum(1 for _ in iter_samples(stream, url=url, layout=layout, compression=shard.compression))
-            for _ in stream:  # the trailer after the last sample, for the whole-object checksum
-                pass
-    except FileNotFoundError:
-        return "missing: the object does not exist"
-    except StorageError:
-        raise  # could not read (access, network): not a verdict on the shard; the caller cannot vouch
-    except StreamioError as exc:
-        return str(exc)
-    if whole.size != shard.bytes:
-        return f"size {whole.size} bytes, the index says {shard.bytes}"
-    if whole.hexdigest() != shard.checksum:
-        return f"checksum {whole.hexdigest()}, the index says {shard.checksum}: the shard is corrupt"
-    if n != shard.samples:
-        return f"{n} samples, the index says {shard.samples}"
-    return None
-
-
-def validate(store: Store, index: DatasetIndex, *, deep: bool = False, concurrency: int = 8) -> ValidationReport:
-    """Check that the shards the index names are there, and (``deep``) that their bytes are right.
-
-    Shallow: one fresh listing; every shard must exist with the recorded size. Deep: every shard is
-    re-read (streamed, ``concurrency`` at a time) and its size, whole CRC32C, every sample's CRC32C
-    and the sample count are compared with the index.
-
-    Raises:
-        StorageError: a shard could not be read (access refused, storage unreachable): a read that
-            failed is no verdict on the shard, so it is raised rather than reported as bad.
-    """
-    listing = {o.path: o.size for o in store.list()}
-    bad: list[BadShard] = []
-    to_read: list[int] = []
-    for i, shard in enumerate(index.shards):
-        size = listing.get(shard.path)
-        if size is None:
-            bad.append(BadShard(shard.path, "missing: the object does not exist"))
-        elif size != shard.bytes:
-            bad.append(BadShard(shard.path, f"size {size} bytes, the index says {shard.bytes}"))
-        else:
-            to_read.append(i)
-    if deep and to_read:
-        with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
-            for i, reason in zip(to_read, pool.map(lambda j: _deep_check(store, index, j), to_read), strict=True):
-                if reason is not None:
-                    bad.append(BadShard(index.shards[i].path, reason))
-    order = {s.path: n for n, s in enumerate(index.shards)}
-    return ValidationReport(len(index.shards), deep, tuple(sorted(bad, key=lambda b: order[b.path])))

@@ -9,7 +9,7 @@ untrusted input. :func:`check_document` takes the parsed JSON (already size- and
   ``[0, 2**63)`` (not bools, floats or strings); a shard holds at most one sample per byte;
   offsets increase strictly inside their shard; CRC32C values fit 32 bits; the total matches.
 * **paths** (shards and layout sidecars) are plain relative names below the dataset root
-  (:func:`shard_path_problem`), and no shard is named twice.
+  (:func:`streamio.data.format.shard_path_problem`), and no shard is named twice.
 
 The rule for paths refuses what can leave the root on some backend (``..``, absolute paths,
 schemes and drives, backslashes, control characters) and nothing else: foreign WebDataset shards
@@ -18,17 +18,14 @@ carry all sorts of names, so it is not an allow-list of characters.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from streamio.checksum import parse_checksum
-from streamio.data.samples import unsafe_reason
+from streamio.data.format import shard_path_problem
 from streamio.errors import IndexFormatError
 
 MAX_INT = (1 << 63) - 1
-MAX_PATH_CHARS = 1024
-_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")
 
 
 class ShardEntry(NamedTuple):
@@ -69,26 +66,6 @@ def integer(value: Any, url: str, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_INT:
         raise bad(url, f"{what} is {short(value)}, not an integer in [0, 2**63)")
     return value
-
-
-def shard_path_problem(path: Any) -> str | None:
-    """Why ``path`` may not name an object below the dataset root, or None.
-
-    A plain relative name: a string of 1-1024 characters, ``/``-separated segments, none empty,
-    ``.`` or ``..``, not absolute, no URL scheme or drive (``s3:``, ``C:``, ``a::b``), no
-    backslash, NUL or control character.
-    """
-    if not isinstance(path, str):
-        return f"it is a {type(path).__name__}, not a string"
-    if not 0 < len(path) <= MAX_PATH_CHARS:
-        return f"its length {len(path)} is outside 1..{MAX_PATH_CHARS}"
-    if "\\" in path:
-        return "it has a backslash"
-    if "::" in path or _SCHEME.match(path):
-        return "it starts with a URL scheme or a drive"
-    if any(ord(c) < 0x20 or c == "\x7f" for c in path):
-        return "it has a control character"
-    return unsafe_reason(path)
 
 
 def check_layout(offsets: Sequence[Any], crcs: Sequence[Any], *, samples: int, size: int, path: str, url: str) -> None:

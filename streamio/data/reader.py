@@ -33,7 +33,7 @@ from streamio.errors import CorruptDataError, StorageError, StreamioError
 from streamio.storage import Store
 
 if TYPE_CHECKING:
-    from streamio.data.index import SampleLayout
+    from streamio.data.format import SampleLayout
 
 __all__ = ["WindowReader"]
 

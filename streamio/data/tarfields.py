@@ -25,10 +25,10 @@ Limits (sizes are checked against them *before* anything is read on their word):
 
 * :data:`MAX_META_BYTES`: pax extended headers, GNU long names and long link names together, per
   member (1 MiB, the bound Go's ``archive/tar`` uses for the same records).
-* :data:`MAX_SAMPLE_BYTES`: the largest sample a reader accepts when no index declares sizes
-  (scanning foreign shards with ``streamio index``, reading them without an index as ``streamio
-  shard`` does, and decompressing samples of an index written before it recorded
-  ``max_sample_bytes``): the bytes of its tar records (headers, data, padding), after
+* :data:`streamio.data.format.MAX_SAMPLE_BYTES`: the largest sample a reader accepts when no
+  index declares sizes (scanning foreign shards with ``streamio index``, reading them without an
+  index as ``streamio shard`` does, and decompressing samples of an index written before it
+  recorded ``max_sample_bytes``): the bytes of its tar records (headers, data, padding), after
   decompression. Readers take it as the ``max_sample_bytes`` argument.
 """
 
@@ -42,8 +42,6 @@ from streamio.errors import ShardFormatError
 BLOCK = 512
 #: Bytes of pax extended headers and GNU long names / link names accepted before one member.
 MAX_META_BYTES = 1 << 20
-#: Default bound of one sample's tar records (decompressed) when no index declares it: 1 GiB.
-MAX_SAMPLE_BYTES = 1 << 30
 
 _OCTAL = re.compile(rb" *([0-7]*) *")
 _DECIMAL = re.compile(rb"[0-9]{1,19}")

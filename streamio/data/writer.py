@@ -2,7 +2,9 @@
 
 ``DatasetWriter`` packs samples (``{"__key__": str, "<ext>": bytes | str | JSON value, ...}``) into
 WebDataset tar shards named ``{prefix}-{i:06d}.tar`` (``.tar.zst`` with ``compression="zstd"``)
-and, when closed, writes ``index.json`` last.
+and, when closed, writes ``index.json`` last. How shards are cut, named and compressed is one
+frozen :class:`ShardSpec` value; the samples of ``streamio shard SRC`` come from
+:mod:`streamio.data.sources`.
 
 Design and reasons:
 
@@ -33,37 +35,64 @@ from __future__ import annotations
 import collections
 import json
 import logging
-import os
-import random
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import closing
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
 import zstandard
 
 from streamio.checksum import crc32c, format_checksum
-from streamio.data.index import (
-    INDEX_NAME,
-    INLINE_LIMIT,
-    DatasetIndex,
-    SampleLayout,
-    ShardInfo,
-    expand_patterns,
-    make_index,
-    write_index,
-)
-from streamio.data.samples import END_OF_ARCHIVE, Handler, encode_sample, iter_samples, split_name, unsafe_reason
-from streamio.data.tarfields import MAX_SAMPLE_BYTES
-from streamio.errors import DatasetError, ObjectNotFoundError
+from streamio.data.format import INDEX_NAME, SampleLayout, ShardInfo, unsafe_reason
+from streamio.data.index import INLINE_LIMIT, DatasetIndex, make_index, write_index
+from streamio.data.tar import END_OF_ARCHIVE, encode_sample
+from streamio.errors import ConfigError, DatasetError
 from streamio.storage import Store
+
+__all__ = ["DEFAULT_MAX_BYTES", "DatasetWriter", "ShardSpec", "sample_members", "write_dataset"]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BYTES = 256_000_000
 _COMPRESSIONS = (None, "zstd")
+
+
+@dataclass(frozen=True)
+class ShardSpec:
+    """How a writer cuts samples into shards, names and compresses them; checked when made.
+
+    Attributes:
+        max_bytes: a shard is closed before it would exceed this many bytes (a single larger
+            sample gets a shard of its own).
+        max_count: and/or after this many samples (None: no count limit).
+        compression: None (``.tar``) or ``"zstd"`` (``.tar.zst``, one frame per sample).
+        level: zstd level.
+        prefix: shard names are ``{prefix}-{i:06d}.tar[.zst]``.
+
+    Raises:
+        ConfigError: an unknown compression, a limit that is not positive, or a prefix that is not
+            a plain file-name prefix.
+    """
+
+    max_bytes: int = DEFAULT_MAX_BYTES
+    max_count: int | None = None
+    compression: str | None = None
+    level: int = 3
+    prefix: str = "data"
+
+    def __post_init__(self) -> None:
+        if self.compression not in _COMPRESSIONS:
+            raise ConfigError(f"compression must be one of {_COMPRESSIONS}, not {self.compression!r}")
+        if self.max_bytes <= 0 or (self.max_count is not None and self.max_count <= 0):
+            raise ConfigError(f"max_bytes ({self.max_bytes}) and max_count ({self.max_count}) must be positive")
+        if unsafe_reason(self.prefix) or "/" in self.prefix:
+            raise ConfigError(f"prefix {self.prefix!r} must be a plain file-name prefix")
+
+    def shard_path(self, shard_id: int) -> str:
+        """The name of shard ``shard_id``: ``{prefix}-{shard_id:06d}.tar`` or ``.tar.zst``."""
+        return f"{self.prefix}-{shard_id:06d}{'.tar.zst' if self.compression == 'zstd' else '.tar'}"
 
 
 def _field_bytes(key: str, ext: str, value: Any) -> bytes:
@@ -127,42 +156,30 @@ class DatasetWriter:
     Args:
         dest: dataset root URL (any fsspec URL) or a :class:`Store`.
         storage_options: fsspec options when ``dest`` is a URL.
-        max_bytes: a shard is closed before it would exceed this many bytes (a single larger
-            sample gets a shard of its own).
-        max_count: and/or after this many samples.
-        compression: None (``.tar``) or ``"zstd"`` (``.tar.zst``, one frame per sample).
-        prefix: shard names are ``{prefix}-{i:06d}.tar[.zst]``.
-        level: zstd level.
+        spec: how shards are cut, named and compressed (default: ``ShardSpec()``, 256 MB ``.tar``
+            shards named ``data-000000.tar``, ...).
         max_pending: shards uploading or waiting to upload at once (memory bound).
         overwrite: allow writing where an ``index.json`` already exists (it is removed first).
         inline_limit: datasets up to this many samples keep their offsets inside ``index.json``.
+
+    Raises:
+        DatasetError: ``dest`` already holds an index and ``overwrite`` is False.
     """
 
-    def __init__(  # noqa: PLR0913 - keyword-only options of one writer
+    def __init__(
         self,
         dest: str | Store,
         storage_options: Mapping[str, Any] | None = None,
         *,
-        max_bytes: int = DEFAULT_MAX_BYTES,
-        max_count: int | None = None,
-        compression: str | None = None,
-        prefix: str = "data",
-        level: int = 3,
+        spec: ShardSpec | None = None,
         max_pending: int = 2,
         overwrite: bool = False,
         inline_limit: int = INLINE_LIMIT,
     ) -> None:
-        if compression not in _COMPRESSIONS:
-            raise ValueError(f"compression must be one of {_COMPRESSIONS}, not {compression!r}")
-        if max_bytes <= 0 or (max_count is not None and max_count <= 0):
-            raise ValueError(f"max_bytes ({max_bytes}) and max_count ({max_count}) must be positive")
-        if unsafe_reason(prefix) or "/" in prefix:
-            raise ValueError(f"prefix {prefix!r} must be a plain file-name prefix")
+        self.spec = spec = ShardSpec() if spec is None else spec
         self.store = dest if isinstance(dest, Store) else Store(dest, storage_options)
-        self.max_bytes, self.max_count, self.compression = max_bytes, max_count, compression
-        self.prefix, self.inline_limit = prefix, inline_limit
-        self._suffix = ".tar.zst" if compression == "zstd" else ".tar"
-        self._cctx = zstandard.ZstdCompressor(level=level, write_content_size=True) if compression else None
+        self.inline_limit = inline_limit
+        self._cctx = zstandard.ZstdCompressor(level=spec.level, write_content_size=True) if spec.compression else None
         self._trailer = self._cctx.compress(END_OF_ARCHIVE) if self._cctx else END_OF_ARCHIVE
         self._pool = ThreadPoolExecutor(max_workers=max(1, max_pending), thread_name_prefix="streamio-upload")
         self._slots = threading.Semaphore(max(1, max_pending))
@@ -211,8 +228,8 @@ class DatasetWriter:
         size = sum(len(p) for p in pieces)
         count = len(self._offsets)
         if count and (
-            self._size + size + len(self._trailer) > self.max_bytes
-            or (self.max_count is not None and count >= self.max_count)
+            self._size + size + len(self._trailer) > self.spec.max_bytes
+            or (self.spec.max_count is not None and count >= self.spec.max_count)
         ):
             self._finish_shard()
         crc = 0
@@ -231,7 +248,7 @@ class DatasetWriter:
 
     def _finish_shard(self) -> None:
         shard_id = len(self._shards)
-        path = f"{self.prefix}-{shard_id:06d}{self._suffix}"
+        path = self.spec.shard_path(shard_id)
         self._pieces.append(self._trailer)
         crc = crc32c(self._trailer, self._shard_crc)
         total = self._size + len(self._trailer)
@@ -328,149 +345,23 @@ def write_dataset(
     dest_url: str | Store,
     storage_options: Mapping[str, Any] | None = None,
     *,
-    max_bytes: int = DEFAULT_MAX_BYTES,
-    max_count: int | None = None,
-    compression: str | None = None,
-    prefix: str = "data",
-    **options: Any,
+    spec: ShardSpec | None = None,
+    max_pending: int = 2,
+    overwrite: bool = False,
+    inline_limit: int = INLINE_LIMIT,
 ) -> DatasetIndex:
     """Write ``samples`` as a dataset at ``dest_url`` and return its index.
 
-    Args and errors as :class:`DatasetWriter` (``options`` are its other keyword arguments).
+    Args and errors as :class:`DatasetWriter`.
 
     Example::
 
         index = write_dataset(({"__key__": f"{i:06d}", "txt": f"sample {i}"} for i in range(1000)),
-                              "s3://bucket/ds", max_count=100, compression="zstd")
+                              "s3://bucket/ds", spec=ShardSpec(max_count=100, compression="zstd"))
     """
     with DatasetWriter(
-        dest_url, storage_options, max_bytes=max_bytes, max_count=max_count, compression=compression, prefix=prefix,
-        **options,
+        dest_url, storage_options, spec=spec, max_pending=max_pending, overwrite=overwrite, inline_limit=inline_limit
     ) as writer:
         for sample in samples:
             writer.write(sample)
     return writer.close()  # already closed by __exit__: returns the index
-
-
-# ----------------------------------------------------------------------------- sources (`streamio shard SRC`)
-def samples_from_directory(root: str, *, shuffle_seed: int | None = None) -> Iterator[dict[str, Any]]:
-    """Samples from a directory tree, files grouped by key the WebDataset way.
-
-    ``root/a/0001.jpg`` and ``root/a/0001.cls`` become ``{"__key__": "a/0001", "jpg": ..., "cls": ...}``
-    (the key is the relative path up to the first dot of the file name). Samples come in sorted
-    key order, or shuffled with ``random.Random(shuffle_seed)`` (the listing is shuffled, the
-    bytes are read lazily). Hidden files (``.name``) are skipped.
-
-    Raises:
-        DatasetError: no files, a file without an extension, or a file that cannot be read.
-    """
-    if not os.path.isdir(root):
-        raise DatasetError(f"{root} is not a directory")
-    groups: dict[str, list[tuple[str, str]]] = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        for name in sorted(filenames):
-            if name.startswith("."):
-                log.info("skipping hidden file %s", os.path.join(dirpath, name))
-                continue
-            full = os.path.join(dirpath, name)
-            rel = os.path.relpath(full, root).replace(os.sep, "/")
-            parts = split_name(rel)
-            if parts is None:
-                raise DatasetError(
-                    f"{full} has no extension: files are grouped into samples as 'key.ext'. Rename or remove it."
-                )
-            groups.setdefault(parts[0], []).append((parts[1], full))
-    if not groups:
-        raise DatasetError(f"{root} holds no files: nothing to shard")
-    keys = sorted(groups)
-    if shuffle_seed is not None:
-        random.Random(shuffle_seed).shuffle(keys)
-    for key in keys:
-        sample: dict[str, Any] = {"__key__": key}
-        for ext, path in groups[key]:
-            sample[ext] = _read_file(path)
-        yield sample
-
-
-def _read_file(path: str) -> bytes:
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError as exc:
-        raise DatasetError(f"cannot read {path}: {exc.strerror or exc}. Fix it or remove it from the source.") from exc
-
-
-def samples_from_jsonl(
-    path: str, *, file_fields: Iterable[str] | None = None, shuffle_seed: int | None = None
-) -> Iterator[dict[str, Any]]:
-    """Samples from a JSONL file, one JSON object per line.
-
-    String fields listed in ``file_fields`` name files (relative to the JSONL file's directory or
-    absolute) whose bytes become the field; with ``file_fields=None`` any string naming an existing
-    file is read. Other strings are stored as UTF-8, other JSON values as JSON text. ``__key__`` is
-    taken from the line if present.
-
-    Raises:
-        DatasetError: unreadable or empty file, a line that is not a JSON object, a named file missing.
-    """
-    base = os.path.dirname(os.path.abspath(path))
-    forced = set(file_fields) if file_fields is not None else None
-    try:
-        with open(path, encoding="utf-8") as f:
-            lines = [(n, line) for n, line in enumerate(f, 1) if line.strip()]
-    except (OSError, UnicodeDecodeError) as exc:
-        raise DatasetError(f"cannot read {path}: {exc}") from exc
-    if not lines:
-        raise DatasetError(f"{path} holds no samples: nothing to shard")
-    if shuffle_seed is not None:
-        random.Random(shuffle_seed).shuffle(lines)
-    for lineno, line in lines:
-        try:
-            obj = json.loads(line)
-        except ValueError as exc:
-            raise DatasetError(f"{path}:{lineno} is not valid JSON ({exc})") from exc
-        if not isinstance(obj, dict):
-            raise DatasetError(f"{path}:{lineno} is a JSON {type(obj).__name__}, not an object (one sample per line)")
-        sample: dict[str, Any] = {}
-        for field, value in obj.items():
-            if field.startswith("__"):
-                sample[field] = value
-                continue
-            if isinstance(value, str):
-                target = value if os.path.isabs(value) else os.path.join(base, value)
-                if forced is not None and field in forced:
-                    sample[field] = _read_file(target)
-                elif forced is None and os.path.isfile(target):
-                    sample[field] = _read_file(target)
-                else:
-                    sample[field] = value
-            else:
-                sample[field] = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-        yield sample
-
-
-def samples_from_shards(
-    store: Store,
-    patterns: str | Sequence[str] | None = None,
-    *,
-    handler: Handler | None = None,
-    max_sample_bytes: int = MAX_SAMPLE_BYTES,
-) -> Iterator[dict[str, Any]]:
-    """Samples of existing ``.tar`` / ``.tar.zst`` shards (brace / glob patterns), streamed in order.
-
-    The shards are foreign input without an index: every header is checked and a sample spanning
-    more than ``max_sample_bytes`` (decompressed) is refused, so a hostile shard stops the
-    stream with a :class:`~streamio.errors.ShardFormatError` instead of growing it without end.
-    """
-    paths = expand_patterns(store, patterns)
-    if not paths:
-        raise ObjectNotFoundError(
-            f"no shards match {patterns!r} under {store.root_url}: nothing to shard. Check the URL."
-        )
-    for path in paths:
-        compression = "zstd" if path.endswith(".zst") else None
-        with closing(store.iter_bytes(path)) as chunks:
-            yield from iter_samples(
-                chunks, url=store.url(path), compression=compression, handler=handler, max_sample_bytes=max_sample_bytes
-            )

@@ -15,7 +15,8 @@ stream cut inside a frame. So:
 * :func:`decompress_sample` is the fast path for one sample already in memory (checked against its
   index): a single frame that declares a content size within the limit, what streamio's writer
   produces, is decompressed in one call into a buffer of exactly that size (zstd fails rather than
-  write past it); anything else is streamed as above.
+  write past it) once its headers show it whole (:func:`streamio.limits.zstd_frame_size`, the walk
+  checkpoint parts are checked with too); anything else is streamed as above.
 * :func:`split_frames` cuts a stream into its frames by reading only frame and block headers
   (RFC 8878): no decompression, each frame held once, and a frame larger than a limit refused
   before it is complete.
@@ -33,9 +34,10 @@ from typing import NoReturn
 import zstandard
 
 from streamio.errors import ShardFormatError
+from streamio.limits import ZSTD_MAGIC, ZSTD_MAX_BLOCK, zstd_frame_size
 
-MAGIC = b"\x28\xb5\x2f\xfd"
-MAX_BLOCK = 128 * 1024
+MAGIC = ZSTD_MAGIC
+MAX_BLOCK = ZSTD_MAX_BLOCK
 _OUT = 1 << 20
 _IN = 128 * 1024
 
@@ -208,27 +210,6 @@ def decompress(
         reader.close()
 
 
-def frame_size(data: bytes | memoryview) -> int | None:
-    """The compressed size of the zstd frame at the start of ``data`` from its headers, or None when
-    ``data`` does not start with a whole, well-formed one (a quick check; :class:`FrameWalker` says why)."""
-    n = len(data)
-    if n < 6 or data[:4] != MAGIC or data[4] & 0x08:
-        return None
-    fhd = data[4]
-    single = fhd >> 5 & 1
-    pos = 5 + (1 - single) + (0, 1, 2, 4)[fhd & 3] + (single, 2, 4, 8)[fhd >> 6]
-    while pos + 3 <= n:
-        h = data[pos] | data[pos + 1] << 8 | data[pos + 2] << 16
-        kind, size = h >> 1 & 3, h >> 3
-        if kind == 3 or size > MAX_BLOCK:
-            return None
-        pos += 3 + (1 if kind == 1 else size)
-        if h & 1:
-            pos += 4 * (fhd >> 2 & 1)
-            return pos if pos <= n else None
-    return None
-
-
 def decompress_sample(  # noqa: PLR0913 - keyword-only context for messages and limits
     data: bytes,
     dctx: zstandard.ZstdDecompressor,
@@ -247,7 +228,7 @@ def decompress_sample(  # noqa: PLR0913 - keyword-only context for messages and 
     anything else goes through :func:`decompress`, in pieces.
     """
     declared = check_declared(data, url=url, what=what, limit=limit)
-    if 0 <= declared <= (limit if whole_up_to is None else whole_up_to) and frame_size(data) == len(data):
+    if 0 <= declared <= (limit if whole_up_to is None else whole_up_to) and zstd_frame_size(data) == len(data):
         try:
             return (dctx.decompress(data),)
         except zstandard.ZstdError as exc:

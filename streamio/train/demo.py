@@ -72,12 +72,12 @@ def _location(url: str | None) -> Iterator[Location]:
 
 def shard_demo_data(loc: Location, *, seed: int = 0, train: int = 4096, val: int = 1001, per_shard: int = 512) -> str:
     """Write the synthetic train/val sets as shards + index under ``loc.url/data``; return that URL."""
-    from streamio.data.writer import write_dataset
+    from streamio.data.writer import ShardSpec, write_dataset
 
     for split, n in (("train", train), ("val", val)):
         index = write_dataset(
             iter_samples(n, seed=seed, split=split), f"{loc.url}/data/{split}", loc.storage_options,
-            max_count=per_shard, prefix=split, overwrite=True,
+            spec=ShardSpec(max_count=per_shard, prefix=split), overwrite=True,
         )
         log.info("sharded %d %s samples into %d shards at %s/data/%s", n, split, len(index.shards), loc.url, split)
     return f"{loc.url}/data"

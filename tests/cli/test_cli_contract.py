@@ -22,7 +22,7 @@ from click.testing import CliRunner
 from streamio.checkpoint import manifest as mf
 from streamio.cli.exits import EXIT_CODES, ExitCode, classify, one_line
 from streamio.cli.main import cli
-from streamio.data.writer import write_dataset
+from streamio.data.writer import ShardSpec, write_dataset
 from streamio.errors import (
     BucketNotFoundError,
     CacheError,
@@ -82,7 +82,9 @@ def assert_one_line(res: subprocess.CompletedProcess[str], code: int, *names: st
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("contract") / "ds"
-    write_dataset(({"__key__": f"{i:03d}", "txt": f"sample {i}"} for i in range(6)), str(root), max_count=3)
+    write_dataset(
+        ({"__key__": f"{i:03d}", "txt": f"sample {i}"} for i in range(6)), str(root), spec=ShardSpec(max_count=3),
+    )
     return root
 
 
@@ -200,7 +202,9 @@ def test_verify_against_an_unreachable_endpoint_is_3_not_1() -> None:
 
 def test_verify_that_cannot_read_a_shard_is_3_not_a_bad_shard(s3: S3Endpoint) -> None:
     url = s3.url("ds")
-    write_dataset(({"__key__": f"{i}", "txt": f"s{i}"} for i in range(6)), url, s3.storage_options(), max_count=3)
+    write_dataset(
+        ({"__key__": f"{i}", "txt": f"s{i}"} for i in range(6)), url, s3.storage_options(), spec=ShardSpec(max_count=3),
+    )
     with FaultProxy(s3.endpoint_url) as proxy:
         args = ["verify", url]
         for k, v in s3.storage_options(proxy.endpoint_url).items():

@@ -12,8 +12,9 @@ from click.testing import CliRunner
 
 from streamio.cli.dataset import parse_size
 from streamio.cli.main import cli
-from streamio.data.index import INDEX_NAME, load_index
-from streamio.data.writer import write_dataset
+from streamio.data.format import INDEX_NAME
+from streamio.data.index import load_index
+from streamio.data.writer import ShardSpec, write_dataset
 from streamio.storage import Store
 from streamio.testing import S3Endpoint
 
@@ -60,7 +61,9 @@ def test_shard_shuffle_is_seeded(tmp_path) -> None:
 
 def test_verify_exits_non_zero_listing_bad_shards(tmp_path) -> None:
     dest = tmp_path / "ds"
-    write_dataset([{"__key__": f"{i}", "bin": os.urandom(3000)} for i in range(9)], str(dest), max_count=3)
+    write_dataset(
+        [{"__key__": f"{i}", "bin": os.urandom(3000)} for i in range(9)], str(dest), spec=ShardSpec(max_count=3),
+    )
     raw = bytearray((dest / "data-000000.tar").read_bytes())
     raw[1000] ^= 0xFF
     (dest / "data-000000.tar").write_bytes(bytes(raw))

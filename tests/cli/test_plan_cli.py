@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from streamio.cli.main import cli
 from streamio.data.plan import EpochPlan
-from streamio.data.writer import write_dataset
+from streamio.data.writer import ShardSpec, write_dataset
 from streamio.storage import Store
 from streamio.testing import S3Endpoint
 
@@ -18,7 +18,9 @@ N = 103  # 10 shards of 10 and one of 3: nothing divides evenly
 
 
 def _write(dest: str | Store) -> None:
-    write_dataset(({"__key__": f"{i:06d}", "txt": f"sample {i}"} for i in range(N)), dest, max_count=10)
+    write_dataset(
+        ({"__key__": f"{i:06d}", "txt": f"sample {i}"} for i in range(N)), dest, spec=ShardSpec(max_count=10),
+    )
 
 
 @pytest.fixture(scope="module")

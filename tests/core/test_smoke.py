@@ -13,7 +13,8 @@ def test_public_api_is_pinned() -> None:
     assert sorted(streamio.__all__) == sorted([
         "CacheConfig", "CheckpointManager", "DatasetIndex", "DatasetOptions", "KeepAll", "KeepBest", "KeepEvery",
         "KeepLast",
-        "PrefetchConfig", "RNGState", "RetentionPolicy", "RetryPolicy", "SaveOptions", "SaveStats", "Shuffle",
+        "PrefetchConfig", "RNGState", "RetentionPolicy", "RetryPolicy", "SaveOptions", "SaveStats", "ShardSpec",
+        "Shuffle",
         "Store", "StreamingDataLoader", "StreamingDataset", "__version__", "build_index", "errors", "load_index",
         "write_dataset",
     ])

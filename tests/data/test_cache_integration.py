@@ -9,7 +9,7 @@ from streamio.data.cache import CacheConfig, ShardCache
 from streamio.data.index import load_index
 from streamio.data.prefetch import ByteRun, PrefetchConfig, Prefetcher
 from streamio.data.samples import iter_samples
-from streamio.data.writer import write_dataset
+from streamio.data.writer import ShardSpec, write_dataset
 from streamio.errors import CorruptDataError
 from streamio.storage import Store
 
@@ -22,7 +22,7 @@ def _samples(n: int) -> list[dict]:
 def test_runs_through_cache_yield_exactly_the_planned_samples(tmp_path, compression: str | None) -> None:
     store = Store(str(tmp_path / "ds"))
     written = _samples(300)
-    write_dataset(written, store, max_count=64, compression=compression)
+    write_dataset(written, store, spec=ShardSpec(max_count=64, compression=compression))
     index = load_index(store)
     # runs as the planner makes them (shard id, first sample, end sample), mid-shard starts included
     plan = [(0, 10, 64), (1, 0, 64), (2, 30, 31), (4, 5, index.shards[4].samples), (0, 0, 10)]
@@ -51,7 +51,7 @@ def test_bit_rot_that_keeps_the_stamp_is_caught_per_sample_then_invalidated(tmp_
     import os
 
     store = Store(str(tmp_path / "ds"))
-    write_dataset(_samples(50), store, max_count=50)
+    write_dataset(_samples(50), store, spec=ShardSpec(max_count=50))
     index = load_index(store)
     shard, layout = index.shards[0], index.layout(0, store)
     cache = ShardCache(CacheConfig(tmp_path / "cache", max_bytes=1 << 30, min_free_bytes=0))

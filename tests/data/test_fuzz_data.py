@@ -25,11 +25,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamio.checksum import crc32c, format_checksum
-from streamio.data.index import SampleLayout, decode_layout, encode_layout, load_index, parse_index, scan_chunks
+from streamio.data.format import SampleLayout
+from streamio.data.index import decode_layout, encode_layout, load_index, parse_index
 from streamio.data.index_schema import MAX_INT
-from streamio.data.samples import iter_members, iter_samples
+from streamio.data.indexer import scan_chunks
+from streamio.data.samples import iter_samples
+from streamio.data.tar import iter_members
 from streamio.data.tarfields import member_size, octal, pax_records
-from streamio.data.writer import write_dataset
+from streamio.data.writer import ShardSpec, write_dataset
 from streamio.errors import IndexFormatError, StreamioError
 from streamio.storage import Store
 from support import hostile_corpus as hc
@@ -70,7 +73,7 @@ def _streamio(compression: str | None) -> tuple[bytes, SampleLayout]:
     store = Store(f"memory://fuzz-{uuid.uuid4().hex}")
     samples = [{"__key__": f"k{i}", "txt": f"sample {i}", "bin": bytes([i]) * (300 * i), "n" * 120: b"long name"}
                for i in range(4)]
-    index = write_dataset(samples, store, compression=compression)
+    index = write_dataset(samples, store, spec=ShardSpec(compression=compression))
     return store.read(index.shards[0].path), index.layout(0, store)
 
 
@@ -277,7 +280,8 @@ def test_fuzz_zstd_reader(data: bytes, chunk: int) -> None:
 # --------------------------------------------------------------------------- index.json and sidecars
 def _base_index() -> dict[str, Any]:
     store = Store(f"memory://fuzz-ix-{uuid.uuid4().hex}")
-    write_dataset([{"__key__": f"k{i}", "txt": f"t{i}"} for i in range(6)], store, max_count=3, compression="zstd")
+    samples = [{"__key__": f"k{i}", "txt": f"t{i}"} for i in range(6)]
+    write_dataset(samples, store, spec=ShardSpec(max_count=3, compression="zstd"))
     return json.loads(store.read("index.json"))
 
 

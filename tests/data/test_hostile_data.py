@@ -25,9 +25,11 @@ from typing import Any
 
 import pytest
 
-from streamio.data.index import build_index, load_index, read_bounded, scan_chunks, validate
+from streamio.data.index import load_index, read_bounded
+from streamio.data.indexer import build_index, scan_chunks
 from streamio.data.samples import iter_samples
-from streamio.data.writer import samples_from_shards
+from streamio.data.sources import samples_from_shards
+from streamio.data.verify import validate
 from streamio.errors import DatasetError, IndexFormatError, ObjectNotFoundError, ShardFormatError, StreamioError
 from streamio.storage import Store
 from support import hostile_corpus as hc
@@ -297,12 +299,14 @@ def test_index_of_a_path_that_cannot_be_named_is_refused() -> None:
 
 
 def test_max_sample_bytes_round_trips_through_the_index() -> None:
-    from streamio.data.writer import write_dataset
+    from streamio.data.writer import ShardSpec, write_dataset
 
     store = Store(f"memory://rt-{uuid.uuid4().hex}")
     samples = [{"__key__": f"k{i}", "bin": bytes(1000 * i)} for i in range(5)]
     for inline_limit in (100, 0):  # in index.json, and beside a sidecar
-        index = write_dataset(samples, store, compression="zstd", overwrite=True, inline_limit=inline_limit)
+        index = write_dataset(
+            samples, store, spec=ShardSpec(compression="zstd"), overwrite=True, inline_limit=inline_limit,
+        )
         biggest = 512 + 4096  # the last sample: its header and 4000 bytes padded
         assert index.layout(0, store).max_sample_bytes == biggest
         assert load_index(store).layout(0, store).max_sample_bytes == biggest

@@ -12,21 +12,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamio.checksum import checksum_bytes
-from streamio.data.index import (
-    FORMAT,
-    INDEX_NAME,
-    DatasetIndex,
-    ShardInfo,
-    build_index,
-    load_index,
-    make_index,
-    scan_chunks,
-    split_pattern,
-    validate,
-    write_index,
-)
+from streamio.data.format import FORMAT, INDEX_NAME, ShardInfo
+from streamio.data.index import DatasetIndex, load_index, make_index, write_index
+from streamio.data.indexer import build_index, scan_chunks
+from streamio.data.patterns import split_pattern
 from streamio.data.samples import iter_samples
-from streamio.data.writer import write_dataset
+from streamio.data.verify import validate
+from streamio.data.writer import ShardSpec, write_dataset
 from streamio.errors import (
     CorruptDataError,
     IndexFormatError,
@@ -77,7 +69,7 @@ def test_missing_index_says_how_to_make_one() -> None:
 )
 def test_invalid_index_fields_are_refused(mutate, message: str) -> None:  # type: ignore[no-untyped-def]
     store = mem()
-    write_dataset(samples(10), store, max_count=4)
+    write_dataset(samples(10), store, spec=ShardSpec(max_count=4))
     d = doc(store)
     mutate(d)
     store.put(INDEX_NAME, json.dumps(d).encode())
@@ -105,8 +97,8 @@ def test_unknown_fields_are_ignored_for_forward_compatibility() -> None:
 # --------------------------------------------------------------------------- layout and sidecars
 def test_inline_and_sidecar_layouts_agree_and_have_the_same_fingerprint() -> None:
     a, b = mem(), mem()
-    ia = write_dataset(samples(12), a, max_count=5)
-    ib = write_dataset(samples(12), b, max_count=5, inline_limit=0)
+    ia = write_dataset(samples(12), a, spec=ShardSpec(max_count=5))
+    ib = write_dataset(samples(12), b, spec=ShardSpec(max_count=5), inline_limit=0)
     assert "offsets" in doc(a)["shards"][0] and "layout" in doc(b)["shards"][0] and "offsets" not in doc(b)["shards"][0]
     la, lb = load_index(a), load_index(b)
     assert la.fingerprint == lb.fingerprint == ia.fingerprint == ib.fingerprint
@@ -117,7 +109,7 @@ def test_inline_and_sidecar_layouts_agree_and_have_the_same_fingerprint() -> Non
 
 def test_sidecars_are_read_once_and_checked() -> None:
     store = mem()
-    write_dataset(samples(6), store, max_count=3, inline_limit=0)
+    write_dataset(samples(6), store, spec=ShardSpec(max_count=3), inline_limit=0)
     index = load_index(store)
     reads: list[str] = []
     real_read = store.read
@@ -136,7 +128,7 @@ def test_a_loaded_index_pickles_with_its_cached_layouts() -> None:
     import pickle
 
     store = mem()
-    write_dataset(samples(6), store, max_count=3, inline_limit=0)
+    write_dataset(samples(6), store, spec=ShardSpec(max_count=3), inline_limit=0)
     index = load_index(store)
     index.layout(1, store)
     clone = pickle.loads(pickle.dumps(index))  # DataLoader workers receive it this way
@@ -179,7 +171,7 @@ def _tar(members: list[tuple[str, bytes]]) -> bytes:
 
 def test_build_index_of_foreign_shards_matches_what_the_writer_records() -> None:
     store = mem()
-    ours = write_dataset(samples(30, size=777), store, max_count=7)
+    ours = write_dataset(samples(30, size=777), store, spec=ShardSpec(max_count=7))
     store.delete(INDEX_NAME)
     built = build_index(store, ["data-{000000..000002}.tar", "data-00000[34].tar"], concurrency=3)
     assert built.fingerprint == ours.fingerprint
@@ -227,7 +219,7 @@ def test_build_index_of_per_sample_zstd_shards_and_refusal_of_whole_file_zstd() 
     import zstandard
 
     store = mem()
-    ours = write_dataset(samples(9, size=3000), store, max_count=4, compression="zstd")
+    ours = write_dataset(samples(9, size=3000), store, spec=ShardSpec(max_count=4, compression="zstd"))
     store.delete(INDEX_NAME)
     built = build_index(store)
     assert built.fingerprint == ours.fingerprint and built.compression == "zstd"
@@ -282,7 +274,7 @@ def test_split_pattern() -> None:
 @pytest.mark.parametrize("compression", [None, "zstd"])
 def test_validate_catches_flipped_byte_truncation_and_missing_shard(tmp_path, compression: str | None) -> None:
     store = Store(str(tmp_path))
-    write_dataset(samples(20), store, max_count=5, compression=compression)
+    write_dataset(samples(20), store, spec=ShardSpec(max_count=5, compression=compression))
     index = load_index(store)
     assert validate(store, index, deep=True).ok
     names = [s.path for s in index.shards]
@@ -314,7 +306,9 @@ def test_deep_validate_catches_a_changed_trailer(tmp_path) -> None:
 # --------------------------------------------------------------------------- one ranged GET over real HTTP
 @pytest.mark.parametrize("compression", [None, "zstd"])
 def test_starting_at_sample_k_is_one_ranged_get_at_its_offset(s3: S3Endpoint, compression: str | None) -> None:
-    write_dataset(samples(12, size=5000), Store(s3.url("ds"), s3.storage_options()), compression=compression)
+    write_dataset(
+        samples(12, size=5000), Store(s3.url("ds"), s3.storage_options()), spec=ShardSpec(compression=compression),
+    )
     with FaultProxy(s3.endpoint_url) as proxy:
         store = Store(s3.url("ds"), s3.storage_options(proxy.endpoint_url))
         index = load_index(store)

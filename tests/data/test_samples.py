@@ -14,9 +14,11 @@ import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamio.data.index import SampleLayout, load_index
-from streamio.data.samples import encode_sample, iter_members, iter_samples, split_name
-from streamio.data.writer import write_dataset
+from streamio.data.format import SampleLayout, split_name
+from streamio.data.index import load_index
+from streamio.data.samples import iter_samples
+from streamio.data.tar import encode_sample, iter_members
+from streamio.data.writer import ShardSpec, write_dataset
 from streamio.errors import CorruptDataError, ShardFormatError
 from streamio.storage import Store
 
@@ -68,7 +70,7 @@ def read_shards(store: Store, *, chunk: int, verified: bool) -> list[dict]:
 @given(samples=samples_st, compression=st.sampled_from([None, "zstd"]), max_count=st.integers(1, 5), chunk=st.integers(1, 70_000))
 def test_round_trip_property(samples: list[dict], compression: str | None, max_count: int, chunk: int) -> None:
     store = Store(f"memory://rt-{uuid.uuid4().hex}")
-    index = write_dataset(samples, store, max_count=max_count, compression=compression)
+    index = write_dataset(samples, store, spec=ShardSpec(max_count=max_count, compression=compression))
     assert index.samples == len(samples)
     assert read_shards(store, chunk=chunk, verified=True) == samples
     assert read_shards(store, chunk=chunk, verified=False) == samples
@@ -78,7 +80,7 @@ def test_round_trip_property(samples: list[dict], compression: str | None, max_c
 @given(samples=samples_st, compression=st.sampled_from([None, "zstd"]), data=st.data())
 def test_start_at_any_sample_reads_the_rest(samples: list[dict], compression: str | None, data: st.DataObject) -> None:
     store = Store(f"memory://k-{uuid.uuid4().hex}")
-    write_dataset(samples, store, compression=compression)
+    write_dataset(samples, store, spec=ShardSpec(compression=compression))
     index = load_index(store)
     layout = index.layout(0, store)
     shard = index.shards[0]
@@ -97,7 +99,7 @@ def test_start_at_any_sample_reads_the_rest(samples: list[dict], compression: st
 
 def test_zstd_shard_is_one_valid_zstd_stream_of_one_valid_tar(tmp_path) -> None:
     samples = [{"__key__": f"s{i}", "txt": f"sample {i}", "bin": bytes(i * 100)} for i in range(5)]
-    write_dataset(samples, str(tmp_path), compression="zstd")
+    write_dataset(samples, str(tmp_path), spec=ShardSpec(compression="zstd"))
     raw = (tmp_path / "data-000000.tar.zst").read_bytes()
     reader = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(raw), read_across_frames=True)
     with tarfile.open(fileobj=reader, mode="r|") as tar:

@@ -10,16 +10,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from streamio.data.index import INDEX_NAME, build_index, load_index, write_index
+from streamio.data.format import INDEX_NAME
+from streamio.data.index import load_index, write_index
+from streamio.data.indexer import build_index
 from streamio.data.samples import iter_samples
-from streamio.data.writer import (
-    DatasetWriter,
-    samples_from_directory,
-    samples_from_jsonl,
-    samples_from_shards,
-    write_dataset,
-)
-from streamio.errors import BucketNotFoundError, DatasetError
+from streamio.data.sources import samples_from_directory, samples_from_jsonl, samples_from_shards
+from streamio.data.writer import DatasetWriter, ShardSpec, write_dataset
+from streamio.errors import BucketNotFoundError, ConfigError, DatasetError
 from streamio.storage import Store
 from streamio.testing import S3Endpoint
 
@@ -44,7 +41,9 @@ def digests(root) -> dict[str, str]:  # type: ignore[no-untyped-def]
 @pytest.mark.parametrize("compression", [None, "zstd"])
 def test_same_input_gives_identical_shards(tmp_path, compression: str | None) -> None:
     for run in ("a", "b"):
-        write_dataset(make_samples(30), str(tmp_path / run), max_count=8, compression=compression)
+        write_dataset(
+            make_samples(30), str(tmp_path / run), spec=ShardSpec(max_count=8, compression=compression),
+        )
     assert digests(tmp_path / "a") == digests(tmp_path / "b")
     assert len(digests(tmp_path / "a")) == 5  # 4 shards + index.json
 
@@ -58,12 +57,13 @@ def test_field_order_does_not_change_the_bytes(tmp_path) -> None:
 def test_max_bytes_and_max_count_split_shards() -> None:
     store = Store(f"memory://w-{uuid.uuid4().hex}")
     samples = make_samples(20, size=10_000)  # 10,752 bytes of tar each
-    index = write_dataset(samples, store, max_bytes=50_000)
+    index = write_dataset(samples, store, spec=ShardSpec(max_bytes=50_000))
     assert index.sample_counts() == [4, 4, 4, 4, 4]
     assert all(s.bytes <= 50_000 for s in index.shards)
     assert [s.path for s in index.shards] == [f"data-{i:06d}.tar" for i in range(5)]
     store2 = Store(f"memory://w-{uuid.uuid4().hex}")
-    assert write_dataset(samples, store2, max_bytes=10**9, max_count=6, prefix="train").sample_counts() == [6, 6, 6, 2]
+    spec = ShardSpec(max_bytes=10**9, max_count=6, prefix="train")
+    assert write_dataset(samples, store2, spec=spec).sample_counts() == [6, 6, 6, 2]
     assert load_index(store2).shards[0].path == "train-000000.tar"
     assert read_all(store2) == [{**s, "cls": s["cls"].encode()} for s in samples]
 
@@ -71,11 +71,11 @@ def test_max_bytes_and_max_count_split_shards() -> None:
 def test_a_sample_larger_than_max_bytes_gets_its_own_shard() -> None:
     store = Store(f"memory://w-{uuid.uuid4().hex}")
     samples = [{"__key__": "a", "x": b"1"}, {"__key__": "b", "x": bytes(100_000)}, {"__key__": "c", "x": b"3"}]
-    assert write_dataset(samples, store, max_bytes=20_000).sample_counts() == [1, 1, 1]
+    assert write_dataset(samples, store, spec=ShardSpec(max_bytes=20_000)).sample_counts() == [1, 1, 1]
 
 
 def test_index_records_what_the_shards_hold(tmp_path) -> None:
-    index = write_dataset(make_samples(10), str(tmp_path), max_count=4, compression="zstd")
+    index = write_dataset(make_samples(10), str(tmp_path), spec=ShardSpec(max_count=4, compression="zstd"))
     assert index.compression == "zstd" and index.keys == ("bin", "cls") and index.samples == 10
     store = Store(str(tmp_path))
     rebuilt = load_index(store)
@@ -92,7 +92,7 @@ def _failing(n: int) -> Iterator[dict]:
 
 def test_no_index_is_written_when_writing_fails(tmp_path) -> None:
     with pytest.raises(RuntimeError, match="source broke"):
-        write_dataset(_failing(25), str(tmp_path), max_count=10)
+        write_dataset(_failing(25), str(tmp_path), spec=ShardSpec(max_count=10))
     assert (tmp_path / "data-000000.tar").exists()  # finished shards may be there ...
     assert not (tmp_path / INDEX_NAME).exists()  # ... but the prefix is not a dataset
 
@@ -107,7 +107,7 @@ def test_index_is_the_last_object_written() -> None:
         return real_put(path, data, **kw)  # type: ignore[arg-type]
 
     store.put = recording_put  # type: ignore[method-assign]
-    write_dataset(make_samples(12), store, max_count=3)
+    write_dataset(make_samples(12), store, spec=ShardSpec(max_count=3))
     assert order[-1] == INDEX_NAME and sorted(order[:-1]) == [f"data-{i:06d}.tar" for i in range(4)]
 
 
@@ -143,19 +143,21 @@ def test_values_are_encoded_by_type() -> None:
     store = Store(f"memory://w-{uuid.uuid4().hex}")
     write_dataset([{"txt": "héllo", "cls": 3, "json": {"a": [1, 2]}, "bin": bytearray(b"\x00\x01")}], store)
     (got,) = read_all(store)
-    assert got == {"__key__": "000000000", "txt": "héllo".encode(), "cls": b"3", "json": b'{"a":[1,2]}', "bin": b"\x00\x01"}
+    assert got == {
+        "__key__": "000000000", "txt": "héllo".encode(), "cls": b"3", "json": b'{"a":[1,2]}', "bin": b"\x00\x01"
+    }
 
 
 def test_upload_errors_surface_and_no_index_is_written(s3: S3Endpoint) -> None:
     store = Store(f"s3://no-such-bucket-{uuid.uuid4().hex[:8]}/ds", s3.storage_options())
     with pytest.raises(BucketNotFoundError):
-        write_dataset(make_samples(6), store, max_count=2)
+        write_dataset(make_samples(6), store, spec=ShardSpec(max_count=2))
 
 
 def test_round_trip_on_s3_with_sidecars(s3: S3Endpoint) -> None:
     store = Store(s3.url("ds"), s3.storage_options())
     samples = make_samples(40, size=3000)
-    index = write_dataset(samples, store, max_count=10, compression="zstd", inline_limit=0)
+    index = write_dataset(samples, store, spec=ShardSpec(max_count=10, compression="zstd"), inline_limit=0)
     assert [o.path for o in store.list("_layout")] == [f"_layout/data-{i:06d}.tar.zst.bin" for i in range(4)]
     assert read_all(store) == [{**s, "cls": s["cls"].encode()} for s in samples]
     assert load_index(store).fingerprint == index.fingerprint
@@ -211,7 +213,7 @@ def test_jsonl_source_reads_named_files(tmp_path) -> None:
 
 
 def test_shard_source_reshards_existing_shards(tmp_path) -> None:
-    write_dataset(make_samples(9), str(tmp_path / "src"), max_count=4, compression="zstd")
+    write_dataset(make_samples(9), str(tmp_path / "src"), spec=ShardSpec(max_count=4, compression="zstd"))
     got = list(samples_from_shards(Store(str(tmp_path / "src")), "data-{000000..000002}.tar.zst"))
     assert [s["__key__"] for s in got] == [f"{i:06d}" for i in range(9)]
 
@@ -223,8 +225,10 @@ def test_shard_source_reshards_existing_shards(tmp_path) -> None:
 def test_webdataset_reads_our_shards(tmp_path) -> None:
     import webdataset as wds
 
-    samples = [{"__key__": f"d.x/{i:04d}", "bin": bytes([i]) * (i * 300), "seg.png": b"P" * i, "txt": b""} for i in range(25)]
-    write_dataset(samples, str(tmp_path), max_count=10)
+    samples = [
+        {"__key__": f"d.x/{i:04d}", "bin": bytes([i]) * (i * 300), "seg.png": b"P" * i, "txt": b""} for i in range(25)
+    ]
+    write_dataset(samples, str(tmp_path), spec=ShardSpec(max_count=10))
     ds = wds.WebDataset(str(tmp_path / "data-{000000..000002}.tar"), shardshuffle=False)
     got = [{k: v for k, v in s.items() if k not in ("__url__", "__local_path__")} for s in ds]
     assert got == samples
@@ -248,7 +252,7 @@ def test_webdataset_shardwriter_shards_are_indexed_and_read(tmp_path) -> None:
 
 def test_class_form_counts_and_refuses_writes_after_close() -> None:
     store = Store(f"memory://w-{uuid.uuid4().hex}")
-    with DatasetWriter(store, max_count=2, compression="zstd", prefix="p") as writer:
+    with DatasetWriter(store, spec=ShardSpec(max_count=2, compression="zstd", prefix="p")) as writer:
         for s in make_samples(5):
             writer.write(s)
         assert writer.samples_written == 5 and writer.bytes_written > 0
@@ -257,13 +261,33 @@ def test_class_form_counts_and_refuses_writes_after_close() -> None:
     with pytest.raises(DatasetError, match="is closed"):
         writer.write(make_samples(1)[0])
     with pytest.raises(ValueError, match="compression must be one of"):
-        DatasetWriter(store, compression="gzip")
+        DatasetWriter(store, spec=ShardSpec(compression="gzip"))
 
 
 def test_an_exception_inside_the_writer_block_writes_no_index() -> None:
     store = Store(f"memory://w-{uuid.uuid4().hex}")
-    with pytest.raises(KeyError), DatasetWriter(store, max_count=1) as writer:
+    with pytest.raises(KeyError), DatasetWriter(store, spec=ShardSpec(max_count=1)) as writer:
         writer.write(make_samples(1)[0])
         writer.write(make_samples(2)[1])
         raise KeyError("user code failed")
     assert not store.exists(INDEX_NAME)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"compression": "gzip"}, "compression must be one of"),
+        ({"max_bytes": 0}, r"max_bytes \(0\) and max_count \(None\) must be positive"),
+        ({"max_count": 0}, r"max_bytes \(256000000\) and max_count \(0\) must be positive"),
+        ({"prefix": "a/b"}, "prefix 'a/b' must be a plain file-name prefix"),
+        ({"prefix": ".."}, "prefix '..' must be a plain file-name prefix"),
+    ],
+)
+def test_shard_spec_is_checked_when_made(fields: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        ShardSpec(**fields)  # type: ignore[arg-type]
+
+
+def test_shard_spec_names_shards() -> None:
+    assert ShardSpec().shard_path(7) == "data-000007.tar"
+    assert ShardSpec(compression="zstd", prefix="train").shard_path(123456) == "train-123456.tar.zst"

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from streamio.data.writer import write_dataset
+from streamio.data.writer import ShardSpec, write_dataset
 from streamio.errors import ConfigError, StateMismatchError
 from streamio.testing import S3Endpoint
 from streamio.train.checkpointing import retention_policy
@@ -184,7 +184,8 @@ def test_in_process_resume_matches_uninterrupted_on_s3(
     common: dict[str, Any] = dict(train_samples=512, epochs=2, ckpt_every=3, keep_last=1, keep_best=0)
     for split, n in (("train", 512), ("val", 37)):
         write_dataset(
-            iter_samples(n, split=split), s3.url(f"data/{split}"), s3.storage_options(), max_count=150, prefix=split
+            iter_samples(n, split=split), s3.url(f"data/{split}"), s3.storage_options(),
+            spec=ShardSpec(max_count=150, prefix=split),
         )
     common.update(data_url=s3.url("data"))
     ref = Trainer(_cfg(tmp_path / "ref", **common), ONE)

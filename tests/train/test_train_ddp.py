@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import torch
 
-from streamio.data.writer import write_dataset
+from streamio.data.writer import ShardSpec, write_dataset
 from streamio.testing import S3Endpoint
 from streamio.train.loop import read_metrics
 from streamio.train.synthetic import iter_samples
@@ -65,7 +65,8 @@ def _shard_demo_data(s3: S3Endpoint, train: int, val: int) -> str:
     """The demo's synthetic samples as streamio datasets in moto: 11 uneven train shards."""
     for split, n in (("train", train), ("val", val)):
         write_dataset(
-            iter_samples(n, split=split), s3.url(f"data/{split}"), s3.storage_options(), max_count=200, prefix=split
+            iter_samples(n, split=split), s3.url(f"data/{split}"), s3.storage_options(),
+            spec=ShardSpec(max_count=200, prefix=split),
         )
     return s3.url("data")
 

@@ -1,0 +1,247 @@
+"""Indexing existing shards: scan each one once, and build the :class:`DatasetIndex` of a set.
+
+What ``streamio index URL`` runs. :func:`build_index` expands the patterns
+(:mod:`streamio.data.patterns`), checks that every path can be named in an index, and scans the
+shards ``concurrency`` at a time; :func:`scan_shard` streams one shard once and records its size,
+whole CRC32C, the offset and CRC32C of every sample and the member extensions it holds.
+
+* ``.tar`` from any writer (webdataset, ``tar``, ...): the tar records are parsed by
+  :func:`streamio.data.tar.iter_members` without keeping member data, and each sample's CRC32C is
+  computed over its byte range as the bytes pass through a tee.
+* ``.tar.zst`` only with one zstd frame per sample (as ``streamio shard --compress zstd`` writes
+  them), since offsets must point at frame starts: the stream is cut into frames by their headers
+  (:func:`streamio.data.zstdframes.split_frames`), each frame must decompress to exactly one sample,
+  and the largest decompressed sample is recorded as the layout's ``max_sample_bytes``.
+
+Shards are foreign, untrusted input: memory is bounded by ``max_sample_bytes`` (a sample spanning
+more, decompressed, is refused) whatever the headers or frames declare. The result is not
+written: pass it to :func:`streamio.data.index.write_index`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import closing
+
+import zstandard
+
+from streamio.checksum import Crc32c, crc32c
+from streamio.data import zstdframes
+from streamio.data.format import MAX_SAMPLE_BYTES, SampleLayout, ShardInfo, shard_path_problem
+from streamio.data.index import DatasetIndex, make_index
+from streamio.data.patterns import expand_patterns
+from streamio.data.samples import group_samples
+from streamio.data.tar import iter_members
+from streamio.errors import DatasetError, ObjectNotFoundError, ShardFormatError
+from streamio.storage import Store
+
+__all__ = ["build_index", "scan_chunks", "scan_shard"]
+
+_WHOLE_FRAME = 16 << 20  # a scanned frame declaring up to this is decompressed in one call, larger ones in pieces
+
+
+class _Tee:
+    """Chunks pass through; CRC32C of the whole stream and of byte ranges are computed on the way."""
+
+    def __init__(self, chunks: Iterable[bytes]) -> None:
+        self._chunks = chunks
+        self.whole = Crc32c()
+        self._kept: list[tuple[int, bytes]] = []  # (offset, chunk) not yet fully hashed into ranges
+        self._pos = 0  # end of the ranges hashed so far
+        self._stream = self._run()
+
+    def __iter__(self) -> Iterator[bytes]:
+        return self._stream  # one pass: iterating again continues (draining the trailer)
+
+    def _run(self) -> Iterator[bytes]:
+        offset = 0
+        for chunk in self._chunks:
+            chunk = bytes(chunk)
+            self.whole.update(chunk)
+            self._kept.append((offset, chunk))
+            offset += len(chunk)
+            yield chunk
+
+    def range_crc(self, end: int) -> int:
+        """CRC32C of ``[previous end, end)``; everything before ``end`` is then forgotten."""
+        value = 0
+        keep: list[tuple[int, bytes]] = []
+        for off, chunk in self._kept:
+            lo, hi = max(self._pos, off), min(end, off + len(chunk))
+            if lo < hi:
+                value = crc32c(chunk[lo - off : hi - off], value)
+            if off + len(chunk) > end:
+                keep.append((off, chunk))
+        self._kept = keep
+        self._pos = end
+        return value
+
+
+def scan_shard(
+    store: Store, path: str, *, max_sample_bytes: int = MAX_SAMPLE_BYTES
+) -> tuple[ShardInfo, SampleLayout, set[str]]:
+    """Stream one shard once: size, whole CRC32C, sample offsets and per-sample CRC32C, keys.
+
+    ``.tar`` shards from any writer; ``.tar.zst`` shards only with one zstd frame per sample (as
+    ``streamio shard --compress zstd`` writes them), since offsets must point at frame starts.
+    Member data is passed over, not kept; memory is bounded by ``max_sample_bytes`` (a sample
+    spanning more, decompressed, is refused) whatever the headers or frames declare.
+
+    Raises:
+        ShardFormatError: not a tar, truncated, unsafe member, a sample over ``max_sample_bytes``,
+            or a zstd frame holding several samples.
+    """
+    with closing(store.iter_bytes(path)) as stream:
+        return scan_chunks(stream, url=store.url(path), path=path, max_sample_bytes=max_sample_bytes)
+
+
+def scan_chunks(
+    chunks: Iterable[bytes], *, url: str, path: str, max_sample_bytes: int = MAX_SAMPLE_BYTES
+) -> tuple[ShardInfo, SampleLayout, set[str]]:
+    """:func:`scan_shard` on bytes from anywhere (chunks of any size); ``path`` names the shard in the result."""
+    if path.endswith(".zst"):
+        return _scan_zstd(chunks, url, path, max_sample_bytes)
+    return _scan(_Tee(chunks), url, path, max_sample_bytes)
+
+
+class _Counted:
+    """Pieces pass through; ``total`` counts their bytes."""
+
+    def __init__(self, pieces: Iterable[bytes]) -> None:
+        self._pieces = pieces
+        self.total = 0
+
+    def __iter__(self) -> Iterator[bytes]:
+        for piece in self._pieces:
+            self.total += len(piece)
+            yield piece
+
+
+def _scan_zstd(
+    chunks: Iterable[bytes], url: str, path: str, max_sample_bytes: int
+) -> tuple[ShardInfo, SampleLayout, set[str]]:
+    whole = Crc32c()
+    starts: list[int] = []
+    crcs: list[int] = []
+    keys: set[str] = set()
+    biggest = 0
+    end_of_samples: int | None = None
+    frame_limit = max_sample_bytes + (max_sample_bytes >> 10) + 1024  # raw blocks: 3 bytes per 128 KiB, headers
+    dctx = zstandard.ZstdDecompressor()
+    for start, frame in zstdframes.split_frames(chunks, url=url, limit=frame_limit, on_chunk=whole.update):
+        if end_of_samples is not None:
+            continue  # after the end-of-archive frame: only the whole-object checksum counts
+        raw = _Counted(zstdframes.decompress_sample(  # whole when small: a frame per sample, data not kept
+            frame, dctx, url=url, what=f"the zstd frame at byte {start}", limit=max_sample_bytes, start=start,
+            whole_up_to=_WHOLE_FRAME,
+        ))
+        ends: list[int] = []
+        members = iter_members(raw, url=url, require_end=False, on_end=ends.append, max_sample_bytes=max_sample_bytes,
+                               keep_data=False)
+        found = list(group_samples(members, url=url, max_sample_bytes=max_sample_bytes))  # data not kept: small
+        if len(found) > 1 or (found and ends):
+            raise ShardFormatError(
+                f"shard {url!r}: the zstd frame at byte {start} holds {len(found)} samples"
+                f"{' and the end of the archive' if ends else ''}; indexing needs one frame per sample. "
+                f"Re-shard it with `streamio shard {url} DEST --compress zstd`."
+            )
+        if found:
+            starts.append(start)
+            crcs.append(crc32c(frame))
+            keys.update(k for k in found[0][1] if k != "__key__")
+            biggest = max(biggest, raw.total)
+        elif ends:
+            end_of_samples = start
+        else:
+            raise ShardFormatError(
+                f"shard {url!r}: the zstd frame at byte {start} holds no sample; indexing needs one frame per sample"
+            )
+    if end_of_samples is None:
+        raise ShardFormatError(f"shard {url!r} ends without the end-of-archive blocks: it is truncated")
+    layout = SampleLayout(tuple(starts) + (end_of_samples,), tuple(crcs), biggest)
+    return ShardInfo(path, whole.size, len(starts), whole.hexdigest()), layout, keys
+
+
+def _scan(tee: _Tee, url: str, path: str, max_sample_bytes: int) -> tuple[ShardInfo, SampleLayout, set[str]]:
+    starts: list[int] = []
+    crcs: list[int] = []
+    keys: set[str] = set()
+    ends: list[int] = []
+    members = iter_members(tee, url=url, on_end=ends.append, max_sample_bytes=max_sample_bytes, keep_data=False)
+    for start, sample in group_samples(members, url=url, max_sample_bytes=max_sample_bytes):
+        if starts:
+            crcs.append(tee.range_crc(start))
+        else:
+            tee.range_crc(start)  # bytes before the first sample (directory entries) belong to none
+        starts.append(start)
+        keys.update(k for k in sample if k != "__key__")
+    end_of_samples = ends[0]  # the end-of-archive block that stopped the parser
+    if starts:
+        crcs.append(tee.range_crc(end_of_samples))
+    for _ in tee:  # drain the trailer so the whole-object CRC covers every byte
+        pass
+    layout = SampleLayout(tuple(starts) + (end_of_samples,), tuple(crcs))
+    return ShardInfo(path, tee.whole.size, len(starts), tee.whole.hexdigest()), layout, keys
+
+
+def build_index(
+    store: Store,
+    patterns: str | Sequence[str] | None = None,
+    *,
+    concurrency: int = 8,
+    progress: Callable[[ShardInfo], None] | None = None,
+    max_sample_bytes: int = MAX_SAMPLE_BYTES,
+) -> DatasetIndex:
+    """Index existing WebDataset shards: ``.tar`` written by anything (webdataset, ``tar``, ...), and
+    ``.tar.zst`` with one zstd frame per sample.
+
+    Shards are streamed (never held whole) and scanned ``concurrency`` at a time. The result is
+    not written: pass it to :func:`write_index`.
+
+    Args:
+        store: the dataset root; shard paths in the index are relative to it.
+        patterns: brace / glob patterns relative to the root (``"shard-{000000..000099}.tar"``);
+            None takes every ``.tar`` below the root.
+        concurrency: shards scanned at once.
+        progress: called with each shard's info as its scan ends (for progress bars).
+        max_sample_bytes: the largest sample accepted (its tar records, decompressed); larger
+            ones are refused rather than held.
+
+    Raises:
+        ObjectNotFoundError: nothing to index: no shard under the root (empty or missing) or none
+            matching the patterns, or a shard named by a pattern does not exist.
+        DatasetError: a matched path cannot be named in an index.
+        ShardFormatError: a shard is not a readable tar (the message names it).
+    """
+    paths = expand_patterns(store, patterns)
+    if not paths and patterns is None:
+        raise ObjectNotFoundError(
+            f"no .tar or .tar.zst shards under {store.root_url}: it is empty or does not exist. Check the URL, "
+            f"or name the shards with a pattern such as '{store.root_url}/shard-{{000000..000099}}.tar'"
+        )
+    if not paths:
+        raise ObjectNotFoundError(
+            f"no shards match {patterns!r} under {store.root_url}: check the URL, or give a pattern such as "
+            f"'shard-{{000000..000099}}.tar'"
+        )
+    for path in paths:
+        problem = shard_path_problem(path)
+        if problem:
+            raise DatasetError(
+                f"{store.url(path)} cannot be named in an index: its path {path!r} below {store.root_url} is not a "
+                f"plain relative name ({problem}). Index from a root that holds it without '..' or schemes."
+            )
+
+    def scan(path: str) -> tuple[ShardInfo, SampleLayout, set[str]]:
+        result = scan_shard(store, path, max_sample_bytes=max_sample_bytes)
+        if progress is not None:
+            progress(result[0])
+        return result
+
+    with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+        results = list(pool.map(scan, paths))
+    keys: set[str] = set()
+    for _, _, k in results:
+        keys |= k
+    return make_index([r[0] for r in results], {i: r[1] for i, r in enumerate(results)}, keys)
