@@ -151,7 +151,7 @@ class StreamingDataset(IterableDataset):
         self._loader_workers = 0
         self._base_plan_state: dict[str, Any] | None = None
         self._state_taken_in_worker = False  # a stateful loader (torchdata's) asks each worker for it
-        self._check_seed_across_ranks()
+        check_seed_across_ranks(self)
         install(StreamingDataset)  # torchdata's StatefulDataLoader restores `epoch` here too
 
     def __repr__(self) -> str:
@@ -335,21 +335,21 @@ class StreamingDataset(IterableDataset):
             plan = self.plan(num_workers)
             self._resume = {_K_EPOCH: self.epoch, _K_PLAN: plan.state_dict(plan.batches_per_rank)}
 
-    # ------------------------------------------------------------------ checks
-    def _check_seed_across_ranks(self) -> None:
-        """Raise if ranks disagree on seed or index (silent duplication in other libraries)."""
-        if not group_initialized():
-            return
-        rank, world = rank_and_world()
-        if world == 1:
-            return
-        mine = (self.seed, self.index.fingerprint, self.sampling.policy, repr(self.sampling.shuffle))
-        everyone: list[Any] = [None] * world
-        dist.all_gather_object(everyone, mine)
-        bad = [r for r, v in enumerate(everyone) if tuple(v) != mine]
-        if bad:
-            raise PlanError(
-                f"StreamingDataset({self.store.root_url!r}): ranks disagree on (seed, index, policy, shuffle): "
-                f"rank {rank} has {mine[:1] + mine[2:]}, ranks {bad} differ ({everyone[bad[0]][:1]}...). "
-                "Pass the same seed and settings on every rank, or data is duplicated silently."
-            )
+
+def check_seed_across_ranks(ds: StreamingDataset) -> None:
+    """Raise if ranks disagree on seed or index (silent duplication in other libraries)."""
+    if not group_initialized():
+        return
+    rank, world = rank_and_world()
+    if world == 1:
+        return
+    mine = (ds.seed, ds.index.fingerprint, ds.sampling.policy, repr(ds.sampling.shuffle))
+    everyone: list[Any] = [None] * world
+    dist.all_gather_object(everyone, mine)
+    bad = [r for r, v in enumerate(everyone) if tuple(v) != mine]
+    if bad:
+        raise PlanError(
+            f"StreamingDataset({ds.store.root_url!r}): ranks disagree on (seed, index, policy, shuffle): "
+            f"rank {rank} has {mine[:1] + mine[2:]}, ranks {bad} differ ({everyone[bad[0]][:1]}...). "
+            "Pass the same seed and settings on every rank, or data is duplicated silently."
+        )

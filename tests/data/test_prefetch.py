@@ -11,7 +11,7 @@ import pytest
 
 from streamio.data.index import ShardInfo
 from streamio.data.prefetch import ByteRun, PrefetchConfig, Prefetcher
-from streamio.errors import CacheTooSmallError, CorruptDataError, ObjectNotFoundError
+from streamio.errors import CacheTooSmallError, ConfigError, CorruptDataError, ObjectNotFoundError
 from streamio.storage import RetryPolicy, Store
 from streamio.testing import FaultProxy
 from support.cache import cache_for, make_shards
@@ -181,7 +181,7 @@ def test_iterated_once_and_validates_runs(tmp_path) -> None:
     (s, _), = make_shards(store, 1, 1000)
     pf = Prefetcher(store, [ByteRun(s)])
     list(pf)
-    with pytest.raises(RuntimeError, match="once"):
+    with pytest.raises(ConfigError, match="once"):
         iter(pf)
     with pytest.raises(ValueError, match="outside shard"):
         Prefetcher(store, [ByteRun(s, 10, 2000)])
