@@ -46,7 +46,10 @@ def check_protocol(url: str, shown: str) -> None:
         proto = fsspec.core.split_protocol(part)[0]
         if proto is None or proto in known:
             continue
-        close = difflib.get_close_matches(proto, sorted(known), n=1, cutoff=0.5)
+        # a typo of a usual scheme first (s4 -> s3), then only close names among the rest (foo is no root)
+        close = difflib.get_close_matches(proto, _USUAL, n=1, cutoff=0.5) or difflib.get_close_matches(
+            proto, sorted(known), n=1, cutoff=0.75
+        )
         raise UnsupportedProtocolError(
             f"unknown storage protocol {proto!r} in {shown}: "
             f"{f'did you mean {close[0]}://? ' if close else ''}use {', '.join(f'{p}://' for p in _USUAL)} "
