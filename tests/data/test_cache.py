@@ -85,7 +85,9 @@ def test_partial_file_never_visible_and_early_stop_resumes(s3_store: Store, prox
     assert cache.contains(s3_store, shard)
 
 
-def test_flipped_byte_in_cached_file_is_detected_and_refetched(s3_store: Store, proxy: FaultProxy, tmp_path, caplog) -> None:
+def test_flipped_byte_in_cached_file_is_detected_and_refetched(
+    s3_store: Store, proxy: FaultProxy, tmp_path, caplog
+) -> None:
     (shard, data), = make_shards(s3_store, 1, MB)
     d = tmp_path / "c"
     cache = cache_for(d)

@@ -15,7 +15,10 @@ from streamio.storage import Store
 
 
 def _samples(n: int) -> list[dict]:
-    return [{"__key__": f"s{i:05d}", "txt": f"sample {i}".encode() * (1 + i % 7), "cls": str(i % 10).encode()} for i in range(n)]
+    return [
+        {"__key__": f"s{i:05d}", "txt": f"sample {i}".encode() * (1 + i % 7), "cls": str(i % 10).encode()}
+        for i in range(n)
+    ]
 
 
 @pytest.mark.parametrize("compression", [None, "zstd"])

@@ -51,8 +51,9 @@ def test_four_processes_download_each_shard_once(s3_store: Store, proxy: FaultPr
     proxy.clear()
     proxy.set_latency(0.02)  # every request slow enough that the readers overlap
     queue = CTX.Queue()
+    spec = store_spec(s3_store, s3, proxy.endpoint_url)
     procs = [
-        CTX.Process(target=read_all, args=(cache, store_spec(s3_store, s3, proxy.endpoint_url), [s for s, _ in shards], seeds, queue)) for _ in range(4)
+        CTX.Process(target=read_all, args=(cache, spec, [s for s, _ in shards], seeds, queue)) for _ in range(4)
     ]
     for p in procs:
         p.start()
@@ -66,7 +67,9 @@ def test_four_processes_download_each_shard_once(s3_store: Store, proxy: FaultPr
     assert sum(st["follows"] + st["hits"] for st in stats) == 3 * 8
 
 
-def test_two_prefetching_processes_share_downloads(s3_store: Store, proxy: FaultProxy, s3: S3Endpoint, tmp_path) -> None:
+def test_two_prefetching_processes_share_downloads(
+    s3_store: Store, proxy: FaultProxy, s3: S3Endpoint, tmp_path
+) -> None:
     """DataLoader workers of one node: each Prefetcher downloads ahead; the other follows."""
     shards = make_shards(s3_store, 6, 256 << 10, seed=3)
     seeds = [3000 + i for i in range(6)]
@@ -75,7 +78,9 @@ def test_two_prefetching_processes_share_downloads(s3_store: Store, proxy: Fault
     proxy.set_latency(0.02)
     queue = CTX.Queue()
     spec = store_spec(s3_store, s3, proxy.endpoint_url)
-    procs = [CTX.Process(target=prefetch_all, args=(cache, spec, [s for s, _ in shards], seeds, queue)) for _ in range(2)]
+    procs = [
+        CTX.Process(target=prefetch_all, args=(cache, spec, [s for s, _ in shards], seeds, queue)) for _ in range(2)
+    ]
     for p in procs:
         p.start()
     results = _results(queue, procs)
@@ -86,7 +91,9 @@ def test_two_prefetching_processes_share_downloads(s3_store: Store, proxy: Fault
     assert sum(r[1]["bytes_from_network"] for r in results) == sum(s.bytes for s, _ in shards)
 
 
-def test_kill_9_mid_shard_leaves_no_final_file_and_is_taken_over(s3_store: Store, proxy: FaultProxy, s3: S3Endpoint, tmp_path) -> None:
+def test_kill_9_mid_shard_leaves_no_final_file_and_is_taken_over(
+    s3_store: Store, proxy: FaultProxy, s3: S3Endpoint, tmp_path
+) -> None:
     (shard, data), = make_shards(s3_store, 1, 2 * MB)
     d = tmp_path / "c"
     cache = cache_for(d, chunk_size=64 << 10)
@@ -124,12 +131,15 @@ def test_kill_9_mid_shard_leaves_no_final_file_and_is_taken_over(s3_store: Store
     os.close(fd)
 
 
-def test_killed_reader_alone_leaves_only_a_resumable_part(s3_store: Store, proxy: FaultProxy, s3: S3Endpoint, tmp_path) -> None:
+def test_killed_reader_alone_leaves_only_a_resumable_part(
+    s3_store: Store, proxy: FaultProxy, s3: S3Endpoint, tmp_path
+) -> None:
     (shard, data), = make_shards(s3_store, 1, 2 * MB)
     d = tmp_path / "c"
     cache = cache_for(d, chunk_size=64 << 10)
     progress = SPAWN.Queue()
-    child = SPAWN.Process(target=read_slowly, args=(cache, store_spec(s3_store, s3, proxy.endpoint_url), shard, progress))
+    spec = store_spec(s3_store, s3, proxy.endpoint_url)
+    child = SPAWN.Process(target=read_slowly, args=(cache, spec, shard, progress))
     child.start()
     for _ in range(3):
         progress.get(timeout=60)
@@ -145,7 +155,9 @@ def test_killed_reader_alone_leaves_only_a_resumable_part(s3_store: Store, proxy
     assert gets_for(proxy, shard.path)[0].range.split("=")[1].split("-")[0] != "0"
 
 
-def test_limit_of_three_shards_two_processes_ten_shards(s3_store: Store, proxy: FaultProxy, s3: S3Endpoint, tmp_path) -> None:
+def test_limit_of_three_shards_two_processes_ten_shards(
+    s3_store: Store, proxy: FaultProxy, s3: S3Endpoint, tmp_path
+) -> None:
     size = 256 << 10
     shards = make_shards(s3_store, 10, size, seed=2)
     seeds = [2000 + i for i in range(10)]
@@ -169,9 +181,10 @@ def test_limit_of_three_shards_two_processes_ten_shards(s3_store: Store, proxy: 
     watcher.start()
     queue = CTX.Queue()
     order = [s for s, _ in shards]
+    spec = store_spec(s3_store, s3, proxy.endpoint_url)
     procs = [
-        CTX.Process(target=read_all, args=(cache, store_spec(s3_store, s3, proxy.endpoint_url), order, seeds, queue, 3)),
-        CTX.Process(target=read_all, args=(cache, store_spec(s3_store, s3, proxy.endpoint_url), order[::-1], seeds[::-1], queue, 3)),
+        CTX.Process(target=read_all, args=(cache, spec, order, seeds, queue, 3)),
+        CTX.Process(target=read_all, args=(cache, spec, order[::-1], seeds[::-1], queue, 3)),
     ]
     for p in procs:
         p.start()

@@ -50,7 +50,17 @@ def as_rank(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     yield set_rank
 
 
-def read_rank(url: str, *, batch_size: int, workers: int, epoch: int = 0, policy: str = "drop", state: Any = None, stop_after: int | None = None, **kw: Any) -> tuple[list[list[str]], Any]:
+def read_rank(
+    url: str,
+    *,
+    batch_size: int,
+    workers: int,
+    epoch: int = 0,
+    policy: str = "drop",
+    state: Any = None,
+    stop_after: int | None = None,
+    **kw: Any,
+) -> tuple[list[list[str]], Any]:
     ds = StreamingDataset(url, batch_size=batch_size, options=DatasetOptions(policy=policy), **kw)  # type: ignore[arg-type]
     ds.set_epoch(epoch)
     loader = StreamingDataLoader(ds, num_workers=workers, collate_fn=keys_of)
@@ -66,7 +76,9 @@ def read_rank(url: str, *, batch_size: int, workers: int, epoch: int = 0, policy
 
 @pytest.mark.parametrize(("world", "workers"), [(1, 0), (2, 2), (3, 1), (5, 2)])
 @pytest.mark.parametrize("policy", ["drop", "pad"])
-def test_every_sample_once_per_epoch_and_equal_batches(local_ds: str, as_rank: Any, world: int, workers: int, policy: str) -> None:
+def test_every_sample_once_per_epoch_and_equal_batches(
+    local_ds: str, as_rank: Any, world: int, workers: int, policy: str
+) -> None:
     seen: list[str] = []
     batch_counts = []
     for rank in range(world):
@@ -172,7 +184,9 @@ def test_plain_dataloader_without_workers_state_is_exact(local_ds: str, as_rank:
     assert head + [s["__key__"] for s in again] == full
 
 
-def test_plain_dataloader_with_workers_says_what_to_use(local_ds: str, as_rank: Any, caplog: pytest.LogCaptureFixture) -> None:
+def test_plain_dataloader_with_workers_says_what_to_use(
+    local_ds: str, as_rank: Any, caplog: pytest.LogCaptureFixture
+) -> None:
     from torch.utils.data import DataLoader
 
     as_rank(0, 1)
@@ -328,7 +342,9 @@ def test_missing_shard_is_named_or_skipped_and_counted(s3_ds: tuple[S3Endpoint, 
     assert sorted(got) == sorted(k for k in all_keys(UNEVEN_37[:12]) if not k.startswith("s003-"))
 
 
-def test_cache_serves_the_second_pass_and_bit_rot_in_it_is_refetched(s3_ds: tuple[S3Endpoint, str], as_rank: Any, tmp_path: Any, caplog: pytest.LogCaptureFixture) -> None:
+def test_cache_serves_the_second_pass_and_bit_rot_in_it_is_refetched(
+    s3_ds: tuple[S3Endpoint, str], as_rank: Any, tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
     import os
 
     from streamio.data.cache import CacheConfig
@@ -344,7 +360,8 @@ def test_cache_serves_the_second_pass_and_bit_rot_in_it_is_refetched(s3_ds: tupl
         assert second == first
         assert proxy.count("GET", ".tar") == 0  # warm: every shard from local disk
         # flip a byte inside a cached shard, keeping its size and mtime (the stamp cannot see it)
-        victim = max((p for p in (tmp_path / "cache").iterdir() if p.name.endswith(".data")), key=lambda p: p.stat().st_size)
+        cached_files = (p for p in (tmp_path / "cache").iterdir() if p.name.endswith(".data"))
+        victim = max(cached_files, key=lambda p: p.stat().st_size)
         st = victim.stat()
         data = bytearray(victim.read_bytes())
         data[len(data) // 2] ^= 0xFF
@@ -361,7 +378,13 @@ def test_default_collate_keeps_metadata_as_lists(local_ds: str, as_rank: Any) ->
     import torch
 
     as_rank(0, 1)
-    ds = StreamingDataset(local_ds, shuffle=False, batch_size=4, decode="auto", transform=lambda s: {**s, "x": torch.tensor([float(s["cls"])])})
+    ds = StreamingDataset(
+        local_ds,
+        shuffle=False,
+        batch_size=4,
+        decode="auto",
+        transform=lambda s: {**s, "x": torch.tensor([float(s["cls"])])},
+    )
     batch = next(iter(StreamingDataLoader(ds)))
     assert batch["__key__"] == [key(0, 0), key(1, 0), key(1, 1), key(1, 2)]
     assert batch["__shard__"] == [0, 1, 1, 1] and batch["__index__"] == [0, 0, 1, 2]

@@ -25,7 +25,10 @@ def run(s3: S3Endpoint, nproc: int, args: list[str], out: Path, workers: int = 2
     out.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "GOOGLE_"))}
     env.update(s3.env(), OMP_NUM_THREADS="1", TEST_WORKERS=str(workers), PYTHONPATH=str(Path(__file__).parent))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--standalone", WORKER, *args[:1], str(out), *args[1:]]
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--standalone",
+        WORKER, *args[:1], str(out), *args[1:],
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return [json.loads((out / f"rank-{r}.json").read_text()) for r in range(nproc)]

@@ -15,7 +15,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -327,32 +326,39 @@ CLI_RSS_BUDGET = 640 << 20  # the CLI with torch imported is ~230 MB here
 CLI_ADDRESS_LIMIT = 3 << 30  # a regression fails with MemoryError instead of taking the machine
 
 
-# the CLI under an address-space limit (set in the child itself: no preexec_fn in a threaded parent)
-_LAUNCH = (
-    f"import resource, runpy, sys; resource.setrlimit(resource.RLIMIT_AS, ({CLI_ADDRESS_LIMIT}, {CLI_ADDRESS_LIMIT})); "
-    "sys.argv[0] = 'streamio'; runpy.run_module('streamio.cli.main', run_name='__main__')"
-)
+# The CLI under an address-space limit (set in the child itself: no preexec_fn in a threaded parent).
+# Its peak RSS is the child's own VmHWM, written at exit: getrusage/wait4's ru_maxrss is inherited
+# across fork + exec, so in a long suite every child would report the pytest process's own peak.
+_LAUNCH = f"""
+import os, resource, runpy, sys
+resource.setrlimit(resource.RLIMIT_AS, ({CLI_ADDRESS_LIMIT}, {CLI_ADDRESS_LIMIT}))
+sys.argv[0] = "streamio"
+try:
+    runpy.run_module("streamio.cli.main", run_name="__main__")
+finally:
+    with open("/proc/self/status") as status, open(os.environ["STREAMIO_TEST_HWM"], "w") as hwm:
+        hwm.write(next(line.split()[1] for line in status if line.startswith("VmHWM:")))
+"""
 
 
 def run_cli(args: list[str], out: Path) -> dict[str, Any]:
-    """``python -m streamio.cli.main ARGS`` with a timeout and an address-space limit; rc, stderr, max RSS."""
+    """``python -m streamio.cli.main ARGS`` with a timeout and an address-space limit; rc, stderr, peak RSS."""
     out.mkdir(parents=True, exist_ok=True)
+    hwm = out / "hwm_kib"
+    env = {**os.environ, "STREAMIO_TEST_HWM": str(hwm)}
     with open(out / "stdout", "wb") as so, open(out / "stderr", "wb") as se:
-        proc = subprocess.Popen([sys.executable, "-c", _LAUNCH, *args], stdout=so, stderr=se, stdin=subprocess.DEVNULL)
-        deadline = time.monotonic() + CLI_TIMEOUT
-        while True:
-            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-            if pid:
-                proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here (for its rusage), not by Popen
-                break
-            if time.monotonic() > deadline:
-                proc.kill()
-                _, status, usage = os.wait4(proc.pid, 0)
-                proc.returncode = os.waitstatus_to_exitcode(status)
-                return {"rc": None, "stderr": "timed out", "rss": usage.ru_maxrss * 1024}
-            time.sleep(0.05)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _LAUNCH, *args], stdout=so, stderr=se, stdin=subprocess.DEVNULL, env=env
+        )
+        try:
+            proc.wait(timeout=CLI_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            return {"rc": None, "stderr": "timed out", "rss": 0}
     stderr = (out / "stderr").read_text(errors="replace")
-    return {"rc": proc.returncode, "stderr": stderr, "rss": usage.ru_maxrss * 1024}
+    rss = int(hwm.read_text()) * 1024 if hwm.exists() else 0
+    return {"rc": proc.returncode, "stderr": stderr, "rss": rss}
 
 
 @pytest.fixture(scope="module")
@@ -390,7 +396,7 @@ def _assert_clean_failure(result: dict[str, Any], code: int) -> None:
     assert result["rc"] == code, result
     last = result["stderr"].strip().splitlines()[-1:]
     assert "Traceback" not in result["stderr"] and last and last[0].startswith("Error: "), result["stderr"]
-    assert result["rss"] < CLI_RSS_BUDGET, f"max RSS {result['rss'] / 2**20:.0f} MiB"
+    assert 0 < result["rss"] < CLI_RSS_BUDGET, f"max RSS {result['rss'] / 2**20:.0f} MiB"
 
 
 @pytest.mark.timeout(900)  # the first one runs every CLI process of the module (cli_results)
@@ -403,7 +409,7 @@ def test_cli_refuses_hostile_shards(cli_results: dict[tuple[str, str], dict[str,
     if verb == "verify":  # verify reports bad shards itself: exit 1, one line per bad shard
         assert result["rc"] == 1 and "Traceback" not in result["stderr"], result
         assert "data-000000" in result["stderr"] and re.search(r"(byte|offset) \d+", result["stderr"]), result["stderr"]
-        assert result["rss"] < CLI_RSS_BUDGET
+        assert 0 < result["rss"] < CLI_RSS_BUDGET
         return
     _assert_clean_failure(result, 1)
     assert re.search(r"(byte|offset) \d+", result["stderr"]), result["stderr"]

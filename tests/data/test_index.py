@@ -54,7 +54,10 @@ def test_missing_index_says_how_to_make_one() -> None:
 @pytest.mark.parametrize(
     ("mutate", "message"),
     [
-        (lambda d: d.update(format="streamio.dataset/2"), r"format 'streamio.dataset/2'; this streamio reads 'streamio.dataset/1'"),
+        (
+            lambda d: d.update(format="streamio.dataset/2"),
+            r"format 'streamio.dataset/2'; this streamio reads 'streamio.dataset/1'",
+        ),
         (lambda d: d.pop("format"), "format None"),
         (lambda d: d.update(samples=999), "'samples' is 999 but the shards hold 10"),
         (lambda d: d["shards"][0].update(path="../escape.tar"), "not a plain relative name below the dataset"),
@@ -146,7 +149,8 @@ def test_fingerprint_changes_with_the_data() -> None:
 def test_a_5000_shard_index_stays_small() -> None:
     """The index of 5,000 shards x 2,500 samples keeps per-sample data in sidecars (loads in ms)."""
     shards = [ShardInfo(f"data-{i:06d}.tar", 256_000_000, 2500, "crc32c:0123abcd") for i in range(5000)]
-    index = DatasetIndex(tuple(shards), 5000 * 2500, ("jpg",), None, _sidecars={i: (f"_layout/{s.path}.bin", "crc32c:00000000") for i, s in enumerate(shards)})
+    sidecars = {i: (f"_layout/{s.path}.bin", "crc32c:00000000") for i, s in enumerate(shards)}
+    index = DatasetIndex(tuple(shards), 5000 * 2500, ("jpg",), None, _sidecars=sidecars)
     store = mem()
     d = {"format": FORMAT, "samples": index.samples, "keys": ["jpg"], "compression": None, "shards": [
         {"path": s.path, "bytes": s.bytes, "samples": s.samples, "checksum": s.checksum,
@@ -191,8 +195,12 @@ _member_names = st.lists(
 
 
 @settings(max_examples=40)
-@given(members=_member_names, fmt=st.sampled_from([tarfile.GNU_FORMAT, tarfile.PAX_FORMAT]), chunk=st.integers(100, 5000),
-       data=st.data())
+@given(
+    members=_member_names,
+    fmt=st.sampled_from([tarfile.GNU_FORMAT, tarfile.PAX_FORMAT]),
+    chunk=st.integers(100, 5000),
+    data=st.data(),
+)
 def test_scanning_foreign_tars_in_any_chunking_gives_layouts_that_read_back(members, fmt, chunk, data) -> None:  # type: ignore[no-untyped-def]
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=fmt) as tar:
@@ -212,7 +220,8 @@ def test_scanning_foreign_tars_in_any_chunking_gives_layouts_that_read_back(memb
     assert shard.checksum == checksum_bytes(raw)
     k = data.draw(st.integers(0, shard.samples))
     tail = [raw[layout.offsets[k] :][i : i + chunk] for i in range(0, len(raw), chunk)]
-    assert list(iter_samples(tail, url="t.tar", start_offset=layout.offsets[k], first_sample=k, layout=layout)) == expected[k:]
+    got = iter_samples(tail, url="t.tar", start_offset=layout.offsets[k], first_sample=k, layout=layout)
+    assert list(got) == expected[k:]
 
 
 def test_build_index_of_per_sample_zstd_shards_and_refusal_of_whole_file_zstd() -> None:
@@ -226,7 +235,10 @@ def test_build_index_of_per_sample_zstd_shards_and_refusal_of_whole_file_zstd() 
     assert [built.layout(i, store) for i in range(3)] == [ours.layout(i, store) for i in range(3)]
     whole = zstandard.ZstdCompressor().compress(_tar([("a.txt", b"1"), ("b.txt", b"2")]))
     store.put("foreign.tar.zst", whole)
-    with pytest.raises(ShardFormatError, match=r"frame at byte 0 holds 2 samples and the end of the archive; .*one frame per sample"):
+    with pytest.raises(
+        ShardFormatError,
+        match=r"frame at byte 0 holds 2 samples and the end of the archive; .*one frame per sample",
+    ):
         build_index(store, "foreign.tar.zst")
     store.put("cut.tar.zst", store.read("data-000000.tar.zst")[:-5])
     with pytest.raises(ShardFormatError, match="ends inside the zstd frame"):

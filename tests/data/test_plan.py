@@ -87,7 +87,9 @@ def test_check_detects_lost_and_unequal_work(monkeypatch: pytest.MonkeyPatch) ->
         return runs
 
     monkeypatch.setattr(WorkerStream, "runs", property(lose_one))
-    assert plan.check() == ["exactly once: 1 samples never yielded and 0 yielded again; the 'pad' policy states 0 dropped and 0 padded"]
+    assert plan.check() == [
+        "exactly once: 1 samples never yielded and 0 yielded again; the 'pad' policy states 0 dropped and 0 padded"
+    ]
     monkeypatch.undo()
     streams = EpochPlan.streams
     monkeypatch.setattr(EpochPlan, "streams", lambda self, rank: streams(self, rank)[: 1 if rank == 1 else None])
@@ -275,7 +277,9 @@ def test_resume_new_topology_exactly_once_over_three_changes(counts, topos, shuf
 
 
 @given(counts_st, topology_st, topology_st, shuffle_st, seed_st, policy_st, st.data())
-def test_resume_after_a_topology_change_continues_the_new_stage_exactly(counts, topo_a, topo_b, shuffle, seed, policy, data) -> None:
+def test_resume_after_a_topology_change_continues_the_new_stage_exactly(
+    counts, topo_a, topo_b, shuffle, seed, policy, data
+) -> None:
     # invariant 4 holds again inside a stage created by invariant 5's re-plan
     norm = lambda t: (t[0], max(t[1], 1), t[2])  # noqa: E731  (0 and 1 workers are one stream)
     assume(_plannable(counts, topo_a[0], policy) and norm(topo_a) != norm(topo_b))
@@ -315,7 +319,9 @@ def _check_spans(win: Window) -> None:
     for sp in spans:  # each span reads one or more consecutive, ascending runs of its shard
         assert i < len(runs) and runs[i].shard == sp.shard and runs[i].first == sp.first
         i += 1
-        while i < len(runs) and runs[i].shard == sp.shard and runs[i - 1].end <= runs[i].first and runs[i].end <= sp.end:
+        while (
+            i < len(runs) and runs[i].shard == sp.shard and runs[i - 1].end <= runs[i].first and runs[i].end <= sp.end
+        ):
             i += 1
         assert runs[i - 1].end == sp.end
     assert i == len(runs)

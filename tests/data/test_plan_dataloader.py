@@ -30,7 +30,9 @@ class _PlanDataset(IterableDataset):  # type: ignore[type-arg]
 
 
 def _load(plan: EpochPlan, rank: int, *, drop_last: bool = False) -> list[int]:
-    loader = DataLoader(_PlanDataset(plan, rank), batch_size=plan.batch_size, num_workers=plan.num_workers, drop_last=drop_last)
+    loader = DataLoader(
+        _PlanDataset(plan, rank), batch_size=plan.batch_size, num_workers=plan.num_workers, drop_last=drop_last
+    )
     return [int(x) for batch in loader for x in batch]
 
 

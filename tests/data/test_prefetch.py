@@ -31,7 +31,9 @@ class _CountingStore(Store):
         self.outstanding = outstanding
         self.delay = delay
 
-    def iter_bytes(self, path: str, start: int = 0, end: int | None = None, *, chunk_size: int = 8 << 20) -> Iterator[bytes]:
+    def iter_bytes(
+        self, path: str, start: int = 0, end: int | None = None, *, chunk_size: int = 8 << 20
+    ) -> Iterator[bytes]:
         for chunk in super().iter_bytes(path, start, end, chunk_size=chunk_size):
             if self.delay:
                 time.sleep(self.delay)
@@ -100,7 +102,8 @@ def test_early_stop_shuts_down_cleanly(tmp_path, how: str) -> None:
     store = _CountingStore(str(tmp_path / "ds"), outstanding, delay=0.002)
     shards = make_shards(Store(str(tmp_path / "ds")), 8, 200 * KB)
     cache = cache_for(tmp_path / "c", chunk_size=8 * KB)
-    pf = Prefetcher(store, [ByteRun(s) for s, _ in shards], cache=cache, config=PrefetchConfig(workers=3, max_bytes=64 * KB))
+    config = PrefetchConfig(workers=3, max_bytes=64 * KB)
+    pf = Prefetcher(store, [ByteRun(s) for s, _ in shards], cache=cache, config=config)
     it = iter(pf)
     run, chunks = next(it)
     next(chunks)

@@ -20,7 +20,9 @@ from streamio.testing import FaultProxy, RequestRecord, S3Endpoint
 FAST_RETRY = RetryPolicy(max_attempts=4, initial_backoff=0.01, max_backoff=0.05, max_total=20)
 
 
-def make_shards(store: Store, n: int, size: int, *, prefix: str = "shard", seed: int = 0) -> list[tuple[ShardInfo, bytes]]:
+def make_shards(
+    store: Store, n: int, size: int, *, prefix: str = "shard", seed: int = 0
+) -> list[tuple[ShardInfo, bytes]]:
     """Upload ``n`` shards of ``size`` deterministic pseudo-random bytes; return (info, bytes)."""
     out = []
     for i in range(n):
@@ -78,7 +80,14 @@ def store_spec(store: Store, s3: S3Endpoint, endpoint_url: str) -> tuple[str, di
     return store.root_url, s3.storage_options(endpoint_url)
 
 
-def read_all(cache: ShardCache, spec: tuple[str, dict[str, Any]], shards: list[ShardInfo], seeds: list[int], out: Any, loops: int = 1) -> None:
+def read_all(
+    cache: ShardCache,
+    spec: tuple[str, dict[str, Any]],
+    shards: list[ShardInfo],
+    seeds: list[int],
+    out: Any,
+    loops: int = 1,
+) -> None:
     """Child: read every shard whole through the cache, compare with the expected bytes, report."""
     try:
         store = Store(spec[0], spec[1], retry=FAST_RETRY)
@@ -102,7 +111,9 @@ def read_slowly(cache: ShardCache, spec: tuple[str, dict[str, Any]], shard: Shar
         time.sleep(0.05)
 
 
-def prefetch_all(cache: ShardCache, spec: tuple[str, dict[str, Any]], shards: list[ShardInfo], seeds: list[int], out: Any) -> None:
+def prefetch_all(
+    cache: ShardCache, spec: tuple[str, dict[str, Any]], shards: list[ShardInfo], seeds: list[int], out: Any
+) -> None:
     """Child: read every shard through a Prefetcher on the shared cache; report stats."""
     from streamio.data.prefetch import ByteRun, PrefetchConfig, Prefetcher
 
