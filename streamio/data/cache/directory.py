@@ -132,10 +132,7 @@ class CacheDirectory:
             return None
         except OSError as exc:
             if exc.errno != errno.ELOOP:
-                raise CacheError(
-                    f"cannot open cache file {self.where(name)!r} for {what}: {exc.strerror or exc}; remove it: the "
-                    f"cache directory {self.path!r} must hold only the cache's own files"
-                ) from exc
+                raise self._unusable(name, f"cache file ({what})", exc) from exc
         log.warning("cache %s: %s is a symlink; removed, never followed", self.path, name)
         self.discard(name, None)
         return None
@@ -240,16 +237,20 @@ class CacheDirectory:
                 return fd
             os.close(fd)  # deleted and re-created by an evictor meanwhile: lock the current file
 
+    def _unusable(self, name: str, kind: str, exc: OSError) -> CacheError:
+        """The error for a cache name that holds something this cache cannot open (not a symlink)."""
+        return CacheError(
+            f"cannot open {kind} {self.where(name)!r}: {exc.strerror or exc}; remove it: the "
+            f"cache directory {self.path!r} must hold only the cache's own files"
+        )
+
     def _open_lock_file(self, name: str) -> int | None:
         """An fd of the regular lock file ``name``; None after removing something hostile there."""
         try:
             fd = os.open(name, _LOCK_FLAGS, 0o600, dir_fd=self.fd())
         except OSError as exc:
             if exc.errno != errno.ELOOP:
-                raise CacheError(
-                    f"cannot open lock file {self.where(name)!r}: {exc.strerror or exc}; remove it: the cache "
-                    f"directory {self.path!r} must hold only the cache's own files"
-                ) from exc
+                raise self._unusable(name, "lock file", exc) from exc
             log.warning("cache %s: lock file %s is a symlink; removed, never followed", self.path, name)
             self.unlink(name)
             return None
