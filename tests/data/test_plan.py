@@ -17,13 +17,19 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from streamio.data.plan import STATE_VERSION, EpochPlan, Sampling, Shuffle, Topology, Window, WorkerStream, plan_epoch
+from streamio.data.plan.stream import CHUNK
 from streamio.errors import PlanError, StateMismatchError
 from support.plan import all_streams, dataloader_batches, dataloader_order, global_sequence, multiset
 
 # Shards with 0 and 1 samples are common on purpose; totals stay small so 64 ranks x 8 workers is fast.
 counts_st = st.lists(st.one_of(st.integers(0, 1), st.integers(0, 25)), min_size=1, max_size=16)
 topology_st = st.tuples(st.integers(1, 64), st.integers(0, 8), st.integers(1, 4))  # world, workers, batch
-shuffle_st = st.builds(Shuffle, shards=st.booleans(), window=st.sampled_from([0, 1, 2, 3, 5, 8]))
+shuffle_st = st.builds(
+    Shuffle,
+    shards=st.booleans(),
+    window=st.sampled_from([0, 1, 2, 3, 5, 8]),
+    interleave=st.sampled_from([1, 1, 2, 3, 32]),
+)
 seed_st = st.integers(0, 2**63)
 epoch_st = st.integers(0, 10_000)
 policy_st = st.sampled_from(["pad", "drop"])
@@ -344,13 +350,15 @@ def test_locality_runs_are_long(counts, topo, shuffle, seed, epoch, policy) -> N
             wins = list(s.windows())
             assert sum(w.size for w in wins) == s.size
             for w in wins:
-                assert w.spans == w.runs  # a fresh plan has no fragments to coalesce
+                if shuffle.interleave == 1:
+                    assert w.spans == w.runs  # a fresh plan has no fragments to coalesce
                 if w.order is not None:
-                    assert w.size <= shuffle.window and sorted(w.order.tolist()) == list(range(w.size))
+                    assert w.size <= max(shuffle.window, CHUNK if shuffle.interleave > 1 else 0)
+                    assert sorted(w.order.tolist()) == list(range(w.size))
 
 
 def test_spans_coalesce_fragments_of_a_resume_inside_windows() -> None:
-    kw = {"seed": 5, "epoch": 0, "sampling": Sampling(Shuffle(window=64))}
+    kw = {"seed": 5, "epoch": 0, "sampling": Sampling(Shuffle(window=64, interleave=1))}
     plan = plan_epoch([500] * 8, topology=Topology(4, 2), **kw)  # type: ignore[arg-type]
     state = plan.state_dict(100)  # 50 per worker: inside the first 64-sample window
     resumed = plan_epoch([500] * 8, topology=Topology(3, 1), resume=state, **kw)  # type: ignore[arg-type]

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from fractions import Fraction
 
 from streamio.data.plan import EpochPlan
+from streamio.data.plan.permutation import TAG_SHARDS, permutation
 
 Sample = tuple[int, int]
 
@@ -39,9 +42,31 @@ def dataloader_batches(plan: EpochPlan, rank: int) -> int:
     return sum(-(-s.size // plan.batch_size) for s in plan.streams(rank))
 
 
+def interleaved(order: Sequence[int], counts: Sequence[int], width: int) -> list[Sample]:
+    """Shards in ``order``, in groups of ``width`` whose samples are merged by key ``(k + 1/2) / size``.
+
+    An independent model of :mod:`streamio.data.plan.interleave` in exact fractions: item ``k`` of
+    lane ``j`` has key ``(2k + 1) / (2 c_j)``, ties broken by lane.
+    """
+    out: list[Sample] = []
+    for g in range(0, len(order), max(1, width)):
+        members = order[g : g + max(1, width)]
+        keyed = [
+            (Fraction(2 * k + 1, 2 * counts[s]), j, (s, k)) for j, s in enumerate(members) for k in range(counts[s])
+        ]
+        out.extend(item for _, _, item in sorted(keyed))
+    return out
+
+
+def mixed(slices: Sequence[Sequence[Sample]]) -> list[Sample]:
+    """Sources' epoch slices merged proportionally (same key model as :func:`interleaved`)."""
+    keyed = [(Fraction(2 * k + 1, 2 * len(sl)), i, item) for i, sl in enumerate(slices) for k, item in enumerate(sl)]
+    return [item for _, _, item in sorted(keyed)]
+
+
 def global_sequence(plan: EpochPlan, counts: Sequence[int]) -> list[Sample]:
-    """The epoch's global sequence G, from the public shard order."""
-    return [(s, i) for s in plan.shard_order for i in range(counts[s])]
+    """The epoch's global sequence G of one data set, from the public shard order."""
+    return interleaved(plan.shard_order, counts, 1)
 
 
 def all_streams(plan: EpochPlan) -> list[list[Sample]]:
@@ -55,3 +80,68 @@ def multiset(streams: Sequence[Sequence[Sample]]) -> Counter[Sample]:
     for s in streams:
         c.update(s)
     return c
+
+
+# --------------------------------------------------------------------------- mixtures (independent models)
+
+
+def source_stream(
+    counts: Sequence[int], offset: int, cycle_order: Callable[[int], Sequence[int]], a: int, b: int
+) -> list[Sample]:
+    """Positions ``[a, b)`` of a source's endless stream: its cycles one after another.
+
+    Cycle ``q`` is the source's shards in ``cycle_order(q)`` (local shard numbers), each shard's
+    samples in storage order; shards are named globally (``offset + local``).
+    """
+    size = sum(counts)
+    out: list[Sample] = []
+    for q in range(a // size, -(-b // size)):
+        cycle = [(offset + s, i) for s in cycle_order(q) for i in range(counts[s])]
+        lo, hi = max(a - q * size, 0), min(b - q * size, size)
+        out.extend(cycle[lo:hi])
+    return out
+
+
+def mixture_sequence(
+    counts: Sequence[Sequence[int]], shares: Sequence[int], *, seed: int, epoch: int, shuffle_shards: bool
+) -> list[Sample]:
+    """The global sequence G of epoch ``epoch`` of a mixture, built from the issue's definition.
+
+    Source ``i`` contributes positions ``[epoch * c_i, (epoch + 1) * c_i)`` of its stream of cycles;
+    cycle ``q``'s shard order is ``permutation((seed, q, TAG_SHARDS, i))`` for a mixture of two or
+    more sources (``(seed, q, TAG_SHARDS)`` for a single source), index order without shard shuffle.
+    The slices are merged by :func:`mixed`.
+    """
+    slices = []
+    offset = 0
+    for i, (cs, c) in enumerate(zip(counts, shares, strict=True)):
+        n = len(cs)
+
+        def order(q: int, i: int = i, n: int = n) -> list[int]:
+            if not shuffle_shards:
+                return list(range(n))
+            key = (seed, q, TAG_SHARDS, i) if len(counts) > 1 else (seed, q, TAG_SHARDS)
+            return [int(x) for x in permutation(key, n)]
+
+        slices.append(source_stream(cs, offset, order, epoch * c, (epoch + 1) * c) if c else [])
+        offset += n
+    return mixed(slices)
+
+
+def with_tail(g: Sequence[Sample], policy: str, padding: int, dropped: int) -> Counter[Sample]:
+    """The multiset an epoch over G yields under a tail policy: pad repeats G's start, drop cuts its end."""
+    if policy == "pad":
+        return Counter(g) + Counter(g[i % len(g)] for i in range(padding))
+    return Counter(g[: len(g) - dropped])
+
+
+def largest_remainder(weights: Sequence[float], pool: int) -> list[int]:
+    """Hamilton's method in exact fractions: floors of ``pool * w_i / sum(w)``, the rest to the largest remainders.
+
+    Ties in the remainder go to the earlier source.
+    """
+    exact = [Fraction(w) / sum(Fraction(x) for x in weights) * pool for w in weights]
+    out = [math.floor(x) for x in exact]
+    for i in sorted(range(len(out)), key=lambda i: (out[i] - exact[i], i))[: pool - sum(out)]:
+        out[i] += 1
+    return out

@@ -111,12 +111,14 @@ and :class:`EpochPlan`).
 
 from streamio.data.plan.config import Sampling, Shuffle, TailPolicy, Topology
 from streamio.data.plan.epoch import EpochPlan, plan_epoch
+from streamio.data.plan.mixture import PlanSource, contributions
 from streamio.data.plan.resume import STATE_VERSION
 from streamio.data.plan.stream import Run, Window, WorkerStream
 
 __all__ = [
     "STATE_VERSION",
     "EpochPlan",
+    "PlanSource",
     "Run",
     "Sampling",
     "Shuffle",
@@ -124,5 +126,6 @@ __all__ = [
     "Topology",
     "Window",
     "WorkerStream",
+    "contributions",
     "plan_epoch",
 ]

@@ -15,7 +15,9 @@ import numpy as np
 
 from streamio.errors import PlanError
 
-__all__ = ["POLICIES", "Sampling", "Shuffle", "TailPolicy", "Topology", "check_int"]
+__all__ = [
+    "DEFAULT_INTERLEAVE", "DEFAULT_WINDOW", "POLICIES", "Sampling", "Shuffle", "TailPolicy", "Topology", "check_int",
+]
 
 TailPolicy = Literal["drop", "pad"]
 """What happens to the samples that do not divide evenly across ranks (see :mod:`streamio.data.plan`)."""
@@ -30,27 +32,57 @@ def check_int(name: str, value: object, low: int) -> int:
     return int(value)
 
 
+DEFAULT_WINDOW = 256
+"""Sample-shuffle window of the default :class:`Shuffle`."""
+DEFAULT_INTERLEAVE = 32
+"""Shards read at once (interleaved) by the default :class:`Shuffle`."""
+
+
 @dataclass(frozen=True)
 class Shuffle:
     """How an epoch's order is randomised.
+
+    The default mixes across shards: every worker reads ``interleave`` shards at once, each front to
+    back, their samples interleaved, and yields every ``window`` consecutive samples permuted. On a
+    data set written one class per shard, a batch of 32 then holds samples of about 20 shards.
+    ``Shuffle(interleave=1)`` reads one shard at a time (cheaper: one read stream per worker, but
+    neighbours come from the same one or two shards); ``Shuffle(shards=False, window=0,
+    interleave=1)`` is index order (what ``shuffle=False`` means).
 
     Attributes:
         shards: permute the shard order every epoch (keyed by ``(seed, epoch)``). ``False`` keeps
             index order (evaluation).
         window: sample-level shuffle: permute every ``window`` consecutive samples of a worker's
-            stream. 0 or 1 = sequential within runs. The reader buffers this many samples.
+            stream. 0 or 1 = no sample-level permutation. The reader buffers this many samples.
+        interleave: shards whose samples are interleaved (groups of this many consecutive shards of
+            the epoch order). The reader keeps one read stream per shard of a group open, buffering
+            at most a segment (about 1 MiB) of each. 1 = one shard after another.
     """
 
     shards: bool = True
-    window: int = 0
+    window: int = DEFAULT_WINDOW
+    interleave: int = DEFAULT_INTERLEAVE
 
     def __post_init__(self) -> None:
-        if not isinstance(self.window, int) or isinstance(self.window, bool) or self.window < 0:
-            raise PlanError(f"Shuffle(window={self.window!r}) must be an int >= 0 (0 = no sample shuffle).")
+        for name in ("window", "interleave"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise PlanError(f"Shuffle({name}={v!r}) must be an int >= 0.")
+        if self.interleave > 4096:
+            raise PlanError(f"Shuffle(interleave={self.interleave}) reads too many shards at once; at most 4096.")
+        object.__setattr__(self, "interleave", max(1, self.interleave))
+
+    @classmethod
+    def off(cls) -> Shuffle:
+        """Index order, no permutation at all (``shuffle=False``)."""
+        return cls(shards=False, window=0, interleave=1)
 
     def as_json(self) -> dict[str, Any]:
         """The settings as recorded in a resume state's fingerprint."""
-        return {"shards": bool(self.shards), "window": int(self.window)}
+        out: dict[str, Any] = {"shards": bool(self.shards), "window": int(self.window)}
+        if self.interleave > 1:  # absent = 1: states written before interleaving existed still match
+            out["interleave"] = int(self.interleave)
+        return out
 
 
 @dataclass(frozen=True)

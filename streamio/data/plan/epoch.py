@@ -15,10 +15,11 @@ import numpy as np
 
 from streamio.data.plan.config import Sampling, Topology, check_int
 from streamio.data.plan.intervals import Seq
-from streamio.data.plan.permutation import TAG_SHARDS, permutation
+from streamio.data.plan.mixture import PlanSource, contributions
 from streamio.data.plan.resume import check_state, fingerprint, make_state, parse_stages, per_rank_counts, stage_record
+from streamio.data.plan.sequence import EpochSequence, Run, SourceLayout
 from streamio.data.plan.stage import Stage
-from streamio.data.plan.stream import ShardOrder, WorkerStream
+from streamio.data.plan.stream import WorkerStream
 from streamio.errors import PlanError
 
 __all__ = ["DEFAULT_SAMPLING", "EpochPlan", "plan_epoch"]
@@ -26,7 +27,7 @@ __all__ = ["DEFAULT_SAMPLING", "EpochPlan", "plan_epoch"]
 _I64 = np.int64
 
 DEFAULT_SAMPLING = Sampling()
-"""Shard order reshuffled every epoch, no sample-level shuffle, ``"pad"`` tail policy."""
+"""The default :class:`~streamio.data.plan.Shuffle` (across shards, windows of 256), ``"pad"`` tail policy."""
 
 
 class EpochPlan:
@@ -39,7 +40,9 @@ class EpochPlan:
         world_size: ranks.
         num_workers: DataLoader workers per rank, as given (0 = in the main process).
         batch_size: the DataLoader batch size the worker split is aligned to.
-        total_samples: samples in the data set (one epoch without tail policy).
+        total_samples: samples in one epoch, before the tail policy (the data set's size, or the
+            sum of a mixture's contributions).
+        contributions: samples each source contributes to the epoch (one entry for one source).
         samples_per_rank: samples each rank yields from this plan (after a resume: the rest).
         batches_per_rank: batches each rank's DataLoader yields from this plan (``drop_last=False``;
             with ``drop_last=True`` one fewer when ``stage_samples_per_rank % batch_size``).
@@ -52,16 +55,17 @@ class EpochPlan:
     """
 
     def __init__(
-        self, *, stage: Stage, shards: ShardOrder, topology: Topology, fingerprint: dict[str, Any],
+        self, *, stage: Stage, sequence: EpochSequence, topology: Topology, fingerprint: dict[str, Any],
         epoch: int, history: list[dict[str, Any]], start_batches: int,
     ) -> None:
-        self._stage, self._shards = stage, shards
+        self._stage, self._seq = stage, sequence
         self._fp, self._history, self._start = fingerprint, history, start_batches
         self.epoch = epoch
         self.world_size = stage.topo.world_size
         self.num_workers = topology.num_workers
         self.batch_size = stage.topo.batch_size
-        self.total_samples = shards.total
+        self.total_samples = sequence.total
+        self.contributions = tuple(int(c) for c in sequence.contributions)
         self.stage = stage.index
         self.stage_samples_per_rank = stage.per_rank
         self.samples_per_rank = max(0, stage.per_rank - min(start_batches * self.batch_size, stage.per_rank))
@@ -79,8 +83,14 @@ class EpochPlan:
 
     @property
     def shard_order(self) -> tuple[int, ...]:
-        """This epoch's shard order (the global sequence G is their samples in this order)."""
-        return tuple(int(s) for s in self._shards.order)
+        """The shard order of this epoch's first cycle of the first source (G groups shards in it)."""
+        first = self._seq.sources[0]
+        return tuple(int(s) for s in self._seq.cycle(0, self.epoch * first.contribution // first.size).order)
+
+    @property
+    def sequence(self) -> EpochSequence:
+        """The epoch's global sequence G (what each position holds)."""
+        return self._seq
 
     def _check(self, rank: int, worker: int) -> None:
         if not 0 <= rank < self.world_size:
@@ -104,7 +114,7 @@ class EpochPlan:
         w = self._stage.topo.workers
         plan_worker = (self._start + worker) % w  # a fresh DataLoader asks worker 0 first
         start = self._stage.consumed(plan_worker, self._start)
-        return WorkerStream(self._stage, self._shards, rank=rank, worker=worker, plan_worker=plan_worker, start=start)
+        return WorkerStream(self._stage, self._seq, rank=rank, worker=worker, plan_worker=plan_worker, start=start)
 
     def streams(self, rank: int) -> list[WorkerStream]:
         """Every worker's stream of ``rank``, by DataLoader worker id."""
@@ -152,7 +162,7 @@ class EpochPlan:
         """
         problems: list[str] = []
         b = self.batch_size
-        firsts, ends, shards = [], [], []
+        actual: list[Run] = []
         for rank in range(self.world_size):
             streams = self.streams(rank)
             n = sum(s.size for s in streams)
@@ -163,13 +173,10 @@ class EpochPlan:
                     f"not {self.samples_per_rank} in {self.batches_per_rank}"
                 )
             for s in streams:
-                for run in s.runs:
-                    shards.append(run.shard)
-                    firsts.append(run.first)
-                    ends.append(run.end)
+                actual.extend(s.runs)
         if self.stage or self._start:
             return problems  # a resumed plan owes only the rest; the property tests cover it
-        missing, extra = _coverage(self._shards.index_base(), shards, firsts, ends)
+        missing, extra = coverage_difference(self._seq, actual, self._seq.expected_runs())
         if missing != self.dropped or extra != self.padding:
             problems.append(
                 f"exactly once: {missing} samples never yielded and {extra} yielded again; "
@@ -204,31 +211,50 @@ class EpochPlan:
         return make_state(self._fp, self.epoch, [*self._history, stage])
 
 
-def _coverage(base: np.ndarray, shards: list[int], firsts: list[int], ends: list[int]) -> tuple[int, int]:
-    """``(missing, extra)``: samples of ``[0, base[-1])`` no run covers, and coverings beyond one.
+def coverage_difference(seq: EpochSequence, actual: Sequence[Run], expected: Sequence[Run]) -> tuple[int, int]:
+    """``(missing, extra)``: samples ``expected`` holds more often than ``actual``, and the reverse.
 
-    ``base[s]`` is where shard ``s`` starts in index order; runs are ``(shards[i], firsts[i], ends[i])``.
+    Both are multisets of runs (a sample may be owed more than once by a repeated source); the sweep
+    is over global shard positions, O(runs log runs).
     """
-    sh = np.asarray(shards, dtype=_I64)
-    lo = base[sh] + np.asarray(firsts, dtype=_I64) if sh.size else np.zeros(0, dtype=_I64)
-    hi = base[sh] + np.asarray(ends, dtype=_I64) if sh.size else np.zeros(0, dtype=_I64)
-    pos = np.concatenate((lo, hi, [0, int(base[-1])]))
-    delta = np.concatenate((np.ones(lo.size, _I64), -np.ones(hi.size, _I64), [0, 0]))
+    counts = np.concatenate([s.counts for s in seq.sources])
+    base = np.concatenate(([0], np.cumsum(counts))).astype(_I64)
+
+    def edges(runs: Sequence[Run], sign: int) -> tuple[np.ndarray, np.ndarray]:
+        if not runs:
+            return np.zeros(0, _I64), np.zeros(0, _I64)
+        arr = np.asarray(runs, dtype=_I64).reshape(-1, 3)
+        lo, hi = base[arr[:, 0]] + arr[:, 1], base[arr[:, 0]] + arr[:, 2]
+        return np.concatenate((lo, hi)), np.concatenate((np.full(lo.size, sign, _I64), np.full(hi.size, -sign, _I64)))
+
+    pa, da = edges(actual, 1)
+    pe, de = edges(expected, -1)
+    pos = np.concatenate((pa, pe, [0, int(base[-1])]))
+    delta = np.concatenate((da, de, [0, 0]))
     order = np.argsort(pos, kind="stable")
-    pos, mult = pos[order], np.cumsum(delta[order])
-    seg, mult = np.diff(pos), mult[:-1]
-    return int(seg[mult == 0].sum()), int((seg * np.maximum(mult - 1, 0)).sum())
+    pos, level = pos[order], np.cumsum(delta[order])
+    seg, level = np.diff(pos), level[:-1]
+    return int((seg * np.maximum(-level, 0)).sum()), int((seg * np.maximum(level, 0)).sum())
 
 
-def _sample_counts(sample_counts: Sequence[int] | np.ndarray) -> np.ndarray:
+def _sources(sample_counts: Sequence[int] | np.ndarray | Sequence[PlanSource]) -> list[PlanSource]:
+    if isinstance(sample_counts, Sequence) and sample_counts and all(isinstance(x, PlanSource) for x in sample_counts):
+        return list(sample_counts)  # type: ignore[arg-type]
     counts = np.asarray(sample_counts)
     if counts.ndim != 1 or (counts.size and (counts.dtype.kind not in "iu" or int(counts.min()) < 0)):
-        raise PlanError("sample_counts must be a 1-D sequence of ints >= 0 (samples per shard, in index order).")
-    return counts.astype(_I64)
+        raise PlanError(
+            "sample_counts must be a 1-D sequence of ints >= 0 (samples per shard, in index order), "
+            "or a list of PlanSource."
+        )
+    if int(counts.sum()) == 0:
+        raise PlanError(
+            f"the data set has no samples ({counts.size} shards, all empty); nothing to plan. Check the index."
+        )
+    return [PlanSource(counts.astype(_I64))]
 
 
 def plan_epoch(
-    sample_counts: Sequence[int] | np.ndarray,
+    sample_counts: Sequence[int] | np.ndarray | Sequence[PlanSource],
     *,
     seed: int,
     epoch: int,
@@ -236,59 +262,63 @@ def plan_epoch(
     sampling: Sampling = DEFAULT_SAMPLING,
     resume: Mapping[str, Any] | None = None,
     index_fingerprint: str | None = None,
+    epoch_samples: int | None = None,
 ) -> EpochPlan:
     """Plan one epoch (or the rest of it, from ``resume``) for one topology.
 
     Args:
-        sample_counts: samples per shard, in index order (zeros allowed).
+        sample_counts: samples per shard of one data set, in index order (zeros allowed); or the
+            sources of a mixture, as :class:`~streamio.data.plan.PlanSource` values (their counts,
+            weight or samples per epoch, and index fingerprints).
         seed: base seed (int >= 0); persisted in the state fingerprint.
         epoch: epoch number (int >= 0); with ``seed`` it keys the shard order.
         topology: ranks, DataLoader workers per rank and batch size of the readers.
         sampling: shard and sample-level shuffle, and the tail policy.
         resume: a state from :meth:`EpochPlan.state_dict` of this epoch, or ``None`` for a fresh
             epoch. Any topology may resume any state.
-        index_fingerprint: the index's own fingerprint, recorded in and checked against the state.
+        index_fingerprint: the index's own fingerprint (one data set), recorded in and checked
+            against the state.
+        epoch_samples: samples per epoch of a mixture (weights are scaled to it); None = the sum of
+            the sources' contributions.
 
     Returns:
         The plan; ``plan.stream(rank, worker)`` is what each DataLoader worker reads.
 
     Raises:
-        PlanError: invalid arguments, an empty data set, ``"drop"`` with fewer samples than
-            ranks, or a malformed state.
-        StateMismatchError: the state belongs to another data set, seed, policy, shuffle or epoch.
+        PlanError: invalid arguments, an empty data set or source, ``"drop"`` with fewer samples
+            than ranks, or a malformed state.
+        StateMismatchError: the state belongs to another data set, mixture, seed, policy, shuffle
+            or epoch.
     """
-    counts = _sample_counts(sample_counts)
+    sources = _sources(sample_counts)
+    if index_fingerprint is not None and len(sources) == 1 and sources[0].fingerprint is None:
+        sources = [PlanSource(sources[0].counts, sources[0].weight, sources[0].samples, index_fingerprint)]
     seed = check_int("seed", seed, 0)
     epoch = check_int("epoch", epoch, 0)
     if not isinstance(topology, Topology):
         raise PlanError(f"topology={topology!r} must be a streamio.data.plan.Topology.")
     if not isinstance(sampling, Sampling):
         raise PlanError(f"sampling={sampling!r} must be a streamio.data.plan.Sampling.")
-    fp = fingerprint(counts, index_fingerprint, seed, sampling)
+    shares = contributions(sources, epoch_samples)
+    fp = fingerprint(sources, shares, seed, sampling)
+    offsets = np.concatenate(([0], np.cumsum([s.counts.size for s in sources]))).astype(_I64)
+    layouts = [SourceLayout(s.counts, c, int(o)) for s, c, o in zip(sources, shares, offsets, strict=False)]
+    seq_g = EpochSequence(layouts, seed=seed, epoch=epoch, shuffle_shards=sampling.shuffle.shards)
     streams = topology.streams()  # num_workers=0 reads one stream, the same as 1
-    if sampling.shuffle.shards:
-        order = permutation((seed, epoch, TAG_SHARDS), counts.size)
-    else:
-        order = np.arange(counts.size, dtype=_I64)
-    shards = ShardOrder(order, counts)
     key = (seed, epoch)
 
     def new_plan(index: int, seq: Seq, history: list[dict[str, Any]], start: int) -> EpochPlan:
         stage = Stage(index, seq, streams, sampling, key)
         return EpochPlan(
-            stage=stage, shards=shards, topology=topology, fingerprint=fp,
+            stage=stage, sequence=seq_g, topology=topology, fingerprint=fp,
             epoch=epoch, history=history, start_batches=start,
         )
 
-    seq = Seq.whole(shards.total)
+    seq = Seq.whole(seq_g.total)
     if resume is None:
-        if shards.total == 0:
+        if sampling.policy == "drop" and seq_g.total < topology.world_size:
             raise PlanError(
-                f"the data set has no samples ({counts.size} shards, all empty); nothing to plan. Check the index."
-            )
-        if sampling.policy == "drop" and shards.total < topology.world_size:
-            raise PlanError(
-                f"world_size={topology.world_size} exceeds the {shards.total} samples of the data set: "
+                f"world_size={topology.world_size} exceeds the {seq_g.total} samples of the epoch: "
                 "with policy='drop' every rank would get 0. Use policy='pad' or fewer ranks."
             )
         return new_plan(0, seq, [], 0)

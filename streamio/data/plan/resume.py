@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from streamio.data.plan.config import Sampling, Topology, check_int
+from streamio.data.plan.mixture import PlanSource
 from streamio.errors import PlanError, StateMismatchError
 from streamio.state_version import VERSION_KEY, check_version
 
@@ -35,6 +36,7 @@ STATE_VERSION = 1
 # State keys (constants so the dataset and tests never spell them differently).
 K_VERSION, K_FINGERPRINT, K_EPOCH, K_STAGES = VERSION_KEY, "fingerprint", "epoch", "stages"
 K_WORLD, K_WORKERS, K_BATCH, K_BATCHES = "world_size", "num_workers", "batch_size", "batches"
+K_SOURCES, K_CONTRIBUTION = "sources", "contribution"
 
 _FROM_STATE_DICT = "pass a dict made by EpochPlan.state_dict()"
 
@@ -71,10 +73,49 @@ def per_rank_counts(batches: Any, world: int, what: str) -> list[int]:
     return per
 
 
-def fingerprint(counts: np.ndarray, index_fingerprint: str | None, seed: int, sampling: Sampling) -> dict[str, Any]:
-    """What a plan is a function of, besides epoch and topology; a state must match it to resume."""
-    digest = hashlib.sha256(counts.astype("<i8").tobytes()).hexdigest()[:32]
-    return {"samples": f"sha256:{digest}", "index": index_fingerprint, "seed": seed, **sampling.as_json()}
+def _digest(counts: np.ndarray) -> str:
+    return "sha256:" + hashlib.sha256(counts.astype("<i8").tobytes()).hexdigest()[:32]
+
+
+def fingerprint(sources: Sequence[PlanSource], shares: Sequence[int], seed: int, sampling: Sampling) -> dict[str, Any]:
+    """What a plan is a function of, besides epoch and topology; a state must match it to resume.
+
+    One data set read whole is recorded as before mixtures existed (``samples``, ``index``), so its
+    states stay valid; a mixture records each source's samples, index and contribution.
+    """
+    only = sources[0]
+    if len(sources) == 1 and only.weight is None and only.samples is None and shares[0] == only.size:
+        return {"samples": _digest(only.counts), "index": only.fingerprint, "seed": seed, **sampling.as_json()}
+    mix = [
+        {"samples": _digest(s.counts), "index": s.fingerprint, K_CONTRIBUTION: int(c)}
+        for s, c in zip(sources, shares, strict=True)
+    ]
+    return {K_SOURCES: mix, "seed": seed, **sampling.as_json()}
+
+
+def _differences(theirs: Mapping[str, Any], fp: Mapping[str, Any]) -> list[str]:
+    """One line per fingerprint entry that differs; a mixture's sources are compared one by one."""
+    diffs = [
+        f"{k}: state has {theirs.get(k)!r}, this plan has {fp[k]!r}"
+        for k in fp
+        if k != K_SOURCES and theirs.get(k) != fp[k]
+    ]
+    if (K_SOURCES in fp) != (K_SOURCES in theirs):
+        n = len(fp.get(K_SOURCES, [None]))
+        m = len(theirs[K_SOURCES]) if isinstance(theirs.get(K_SOURCES), list) else 1
+        return [f"sources: the state is of {m} source(s) read as {'a mixture' if m > 1 else 'one data set'}, "
+                f"this plan has {n}"]
+    mine, old = fp.get(K_SOURCES, []), theirs.get(K_SOURCES, [])
+    if not isinstance(old, list) or len(old) != len(mine):
+        got = len(old) if isinstance(old, list) else old
+        return [f"sources: the state has {got!r} sources, this plan has {len(mine)}"]
+    for i, (a, b) in enumerate(zip(old, mine, strict=True)):
+        for k in b:
+            if not isinstance(a, Mapping) or a.get(k) != b[k]:
+                what = "samples per epoch (its weight, samples= or epoch_samples)" if k == K_CONTRIBUTION else k
+                got = a.get(k) if isinstance(a, Mapping) else a
+                diffs.append(f"source {i} {what}: state has {got!r}, this plan has {b[k]!r}")
+    return diffs
 
 
 def stage_record(topology: Topology, batches: list[int]) -> dict[str, Any]:
@@ -123,12 +164,12 @@ def check_state(state: object, fp: Mapping[str, Any], epoch: int) -> Mapping[str
     theirs = state.get(K_FINGERPRINT)
     if not isinstance(theirs, Mapping):
         raise PlanError(f"resume state has no fingerprint; {_FROM_STATE_DICT}.")
-    diffs = [f"{k}: state has {theirs.get(k)!r}, this plan has {fp[k]!r}" for k in fp if theirs.get(k) != fp[k]]
+    diffs = _differences(theirs, fp)
     if state.get(K_EPOCH) != epoch:
         diffs.append(f"epoch: state has {state.get(K_EPOCH)!r}, this plan has {epoch!r}")
     if diffs:
         raise StateMismatchError(
-            f"resume state does not belong to this plan ({'; '.join(diffs)}); resume with the data set, seed, "
-            "policy, shuffle and epoch it was taken with, or start fresh."
+            f"resume state does not belong to this plan ({'; '.join(diffs)}); resume with the data set (or "
+            "mixture), seed, policy, shuffle and epoch it was taken with, or start fresh."
         )
     return state

@@ -14,13 +14,16 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from streamio.data.plan.config import Sampling, Topology
-from streamio.data.plan.intervals import Seq, empty, groups
-from streamio.data.plan.permutation import TAG_WINDOW, permutation, permutations
+from streamio.data.plan.intervals import Seq, empty, groups, merge
+from streamio.data.plan.lanes import Lanes
+from streamio.data.plan.permutation import TAG_ROUNDS, TAG_WINDOW, permutation, permutations
 
 __all__ = ["Stage"]
 
 _I64 = np.int64
 _RESIDUAL_CHUNK = 1 << 20  # permutation elements re-planned at a time (~40 MB of temporaries)
+CHUNK = 4096
+"""Stream positions per window of an interleaved stream without a sample shuffle."""
 
 Ranges = tuple[np.ndarray, np.ndarray]
 """Sorted block-position ranges ``(lo, hi)`` of one (rank, worker) stream."""
@@ -39,7 +42,8 @@ class Stage:
 
     def __init__(self, index: int, seq: Seq, topo: Topology, sampling: Sampling, key: tuple[int, int]) -> None:
         self.index, self.seq, self.topo, self.key = index, seq, topo, key
-        self.policy, self.window = sampling.policy, sampling.shuffle.window
+        self.policy, self.window, self.width = sampling.policy, sampling.shuffle.window, sampling.shuffle.interleave
+        self._lanes: dict[int, Lanes] = {}
         self.cum = seq.cum
         self.length = int(self.cum[-1])
         r, b, w = topo.world_size, topo.batch_size, topo.workers
@@ -62,6 +66,16 @@ class Stage:
         w = self.topo.workers
         n = (min(batches, self.batches) - worker + w - 1) // w
         return int(min(max(n, 0) * self.topo.batch_size, int(self.worker_sizes[worker])))
+
+    def lanes(self, worker: int) -> Lanes | None:
+        """The interleaved read order of ``worker``'s block, or None when it reads one lane."""
+        n = int(self.worker_sizes[worker])
+        if self.width <= 1 or n <= 1:
+            return None
+        found = self._lanes.get(n)
+        if found is None:
+            found = self._lanes[n] = Lanes(n, self.width)
+        return found
 
     def window_perm(self, rank: int, worker: int, j: int, size: int) -> np.ndarray:
         """The yield order of window ``j`` of (rank, worker), ``size`` samples long."""
@@ -86,6 +100,10 @@ class Stage:
         n, k = int(self.worker_sizes[worker]), self.window
         if start >= n:
             return
+        lanes = self.lanes(worker)
+        if lanes is not None:
+            yield from self._lane_windows(rank, worker, start, lanes)
+            return
         if k <= 1:
             yield np.array([start], dtype=_I64), np.array([n], dtype=_I64), None
             return
@@ -97,11 +115,60 @@ class Stage:
             order = self.window_perm(rank, worker, j, size)
             yield np.array([j * k], dtype=_I64), np.array([j * k + size], dtype=_I64), order
 
+    def _window_positions(self, rank: int, worker: int, lanes: Lanes, j: int, chunk: int) -> np.ndarray:
+        """Block positions of window ``j`` (``chunk`` stream positions) of a laned stream, in yield order.
+
+        The window shuffle is stratified: each lane's samples are permuted among that lane's slots
+        of the window, then the slots of every round (``lanes.count`` consecutive slots, one per
+        lane) are permuted. So every round still holds one sample of each lane and a batch of ``B``
+        samples draws from ``min(B, lanes)`` places of the block, in a random order.
+        """
+        a = j * chunk
+        size = min(int(self.worker_sizes[worker]), a + chunk) - a
+        pos = lanes.block_positions(a, a + size)
+        if self.window <= 1:
+            return pos
+        lane = np.searchsorted(lanes.bounds, pos, side="right") - 1
+        within = self.window_perm(rank, worker, j, size)
+        out = np.empty_like(pos)
+        out[np.argsort(lane, kind="stable")] = pos[np.lexsort((within, lane))]
+        rounds = np.arange(size, dtype=_I64) // lanes.count
+        spread = permutation((*self.key, TAG_ROUNDS, self.index, rank, worker, j), size)
+        return out[np.lexsort((spread, rounds))]
+
+    def _lane_windows(
+        self, rank: int, worker: int, start: int, lanes: Lanes
+    ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        n = int(self.worker_sizes[worker])
+        chunk = self.window if self.window > 1 else CHUNK
+        j0 = start // chunk
+        for j in range(j0, -(-n // chunk)):
+            pos = self._window_positions(rank, worker, lanes, j, chunk)
+            if j == j0:
+                pos = pos[start - j * chunk :]
+            srt = np.sort(pos)
+            lo, hi = groups(srt)
+            yield lo, hi, np.searchsorted(srt, pos).astype(_I64)
+
+    def _lane_ranges(self, rank: int, worker: int, start: int, lanes: Lanes) -> Ranges:
+        k = self.window
+        if k > 1 and start % k:
+            rest = np.sort(self._window_positions(rank, worker, lanes, start // k, k)[start % k :])
+            rlo, rhi = groups(rest)
+            tlo, thi = lanes.tail_ranges(start + k - start % k)
+            lo, hi = np.concatenate((rlo, tlo)), np.concatenate((rhi, thi))
+            order = np.argsort(lo, kind="stable")
+            return merge(lo[order], hi[order])
+        return lanes.tail_ranges(start)
+
     def stream_ranges(self, rank: int, worker: int, start: int) -> Ranges:
         """Every block position yielded from ``start`` on, as sorted ranges (no full-window perms)."""
         n, k = int(self.worker_sizes[worker]), self.window
         if start >= n:
             return empty(), empty()
+        lanes = self.lanes(worker)
+        if lanes is not None:
+            return self._lane_ranges(rank, worker, start, lanes)
         if k > 1 and start % k:
             lo, hi, _ = self.residual(rank, worker, start)
             nxt = start + k - start % k
@@ -147,6 +214,13 @@ class Stage:
         base = ranks * self.per_rank + self.worker_offsets[workers]
         rows = np.arange(ranks.size, dtype=_I64)
         parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (row, lo, hi) in block positions
+        if self.width > 1:  # laned streams: each row's rest is a few ranges per lane
+            for row in rows[start < n].tolist():
+                lo, hi = self.stream_ranges(int(ranks[row]), int(workers[row]), int(start[row]))
+                parts.append((np.full(lo.size, row, dtype=_I64), lo, hi))
+            parts.append((empty(), empty(), empty()))
+            row_, lo_, hi_ = (np.concatenate([p[i] for p in parts]) for i in range(3))
+            return self._virtual_to_g(lo_ + base[row_], hi_ + base[row_])
         partial = (start < n) & (start % k != 0) if k > 1 else np.zeros(rows.size, dtype=bool)
         rest = start.copy()
         if partial.any():

@@ -2,32 +2,24 @@
 
 A :class:`WorkerStream` is what one DataLoader worker of one rank reads. It is described as
 :class:`Run` values (``shard, first, end``: one sequential ranged read each) grouped in
-:class:`Window` values (read the runs, then yield in ``order``). :class:`ShardOrder` is the epoch's
-global sequence G (shards in epoch order): it turns intervals of G into runs of shards.
+:class:`Window` values (read the runs, then yield in ``order``). The epoch's global sequence G
+(:class:`~streamio.data.plan.sequence.EpochSequence`) turns intervals of G into runs and orders.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import numpy as np
 
-from streamio.data.plan.intervals import Seq, merge, split
-from streamio.data.plan.stage import Stage
+from streamio.data.plan.intervals import Seq, merge
+from streamio.data.plan.sequence import EpochSequence, Run
+from streamio.data.plan.stage import CHUNK, Stage
 
-__all__ = ["Run", "ShardOrder", "Window", "WorkerStream"]
+__all__ = ["CHUNK", "Run", "Window", "WorkerStream"]
 
 _I64 = np.int64
-
-
-class Run(NamedTuple):
-    """Samples ``[first, end)`` of shard ``shard`` (index into the data set's shard list)."""
-
-    shard: int
-    first: int
-    end: int
 
 
 @dataclass(frozen=True)
@@ -69,31 +61,6 @@ class Window:
         return tuple(out)
 
 
-class ShardOrder:
-    """The global sequence G of an epoch: the shards in epoch order, their samples concatenated.
-
-    Args:
-        order: shard indices (into the data set's shard list) in epoch order.
-        counts: samples per shard, in index order.
-    """
-
-    def __init__(self, order: np.ndarray, counts: np.ndarray) -> None:
-        self.order = order
-        self.cum = np.concatenate(([0], np.cumsum(counts[order]))).astype(_I64)  # where each starts in G
-        self.total = int(self.cum[-1])
-
-    def runs(self, g: Seq) -> tuple[Run, ...]:
-        """Intervals of G as runs of shards, in order."""
-        j, a, b = split(g.starts, g.ends, self.cum)
-        shards = self.order[j]
-        return tuple(Run(int(s), int(x), int(y)) for s, x, y in zip(shards, a, b, strict=True))
-
-    def index_base(self) -> np.ndarray:
-        """Where each shard's samples would start if the shards were in index order (and the total)."""
-        counts = np.diff(self.cum)[np.argsort(self.order, kind="stable")]
-        return np.concatenate(([0], np.cumsum(counts))).astype(_I64)
-
-
 class WorkerStream:
     """What one DataLoader worker of one rank reads and yields in this plan.
 
@@ -108,9 +75,9 @@ class WorkerStream:
     """
 
     def __init__(
-        self, stage: Stage, shards: ShardOrder, *, rank: int, worker: int, plan_worker: int, start: int
+        self, stage: Stage, sequence: EpochSequence, *, rank: int, worker: int, plan_worker: int, start: int
     ) -> None:
-        self._stage, self._shards = stage, shards
+        self._stage, self._seq = stage, sequence
         self.rank, self.worker, self._pw = rank, worker, plan_worker
         self.skipped = start
         total = int(stage.worker_sizes[plan_worker])
@@ -121,22 +88,40 @@ class WorkerStream:
     def __repr__(self) -> str:
         return f"WorkerStream(rank={self.rank}, worker={self.worker}, size={self.size}, batches={self.batches})"
 
-    def _runs(self, lo: np.ndarray, hi: np.ndarray) -> tuple[Run, ...]:
-        return self._shards.runs(self._stage.to_g(self.rank, self._pw, lo, hi))
+    def _g(self, lo: np.ndarray, hi: np.ndarray) -> Seq:
+        return self._stage.to_g(self.rank, self._pw, lo, hi)
 
     @property
     def runs(self) -> tuple[Run, ...]:
-        """Every sample this stream yields, as runs in read order (adjacent runs merged).
+        """Every sample this stream yields, as runs in read order (touching runs merged).
 
-        Cheap: O(runs), no window permutation beyond a partially consumed first window.
+        Cheap: O(runs), no window permutation beyond a partially consumed first window. Over an
+        interleaved sequence the runs of one interval are listed shard by shard.
         """
         lo, hi = self._stage.stream_ranges(self.rank, self._pw, self.skipped)
-        return self._runs(*merge(lo, hi))
+        runs, _ = self._seq.window(self._g(*merge(lo, hi)), ordered=False)
+        out: list[Run] = []
+        for run in runs:
+            if out and out[-1].shard == run.shard and out[-1].end == run.first:
+                out[-1] = Run(run.shard, out[-1].first, run.end)
+            else:
+                out.append(run)
+        return tuple(out)
 
     def windows(self) -> Iterator[Window]:
         """The stream as windows, lazily (one permutation per window; memory O(window))."""
         for lo, hi, order in self._stage.windows(self.rank, self._pw, self.skipped):
-            yield Window(self._runs(lo, hi), order)
+            if not self._seq.mixed:
+                yield Window(tuple(self._seq.window(self._g(lo, hi), ordered=False)[0]), order)
+            elif order is not None:
+                runs, g_order = self._seq.window(self._g(lo, hi))
+                yield Window(tuple(runs), order if g_order is None else g_order[order])
+            else:  # a mixture's storage order is not G's order: cut the stream into windows of CHUNK
+                for a, b in zip(lo.tolist(), hi.tolist(), strict=True):
+                    for x in range(a, b, CHUNK):
+                        piece = (np.array([x], _I64), np.array([min(b, x + CHUNK)], _I64))
+                        runs, g_order = self._seq.window(self._g(*piece))
+                        yield Window(tuple(runs), g_order)
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
         """``(shard, sample)`` pairs in yield order."""

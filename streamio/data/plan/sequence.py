@@ -1,0 +1,171 @@
+"""The global sequence G of an epoch: which sample of which source sits at each position.
+
+The planner cuts G into rank, worker and window blocks by position only (:mod:`.stage`); this
+module is the one place that knows what a position *is*. It answers two questions about any
+interval of G: which samples (as :class:`Run` values, one sequential read each), and in which order
+(:meth:`EpochSequence.window`).
+
+Three layers, each a pure function of (source sizes, seed, epoch, settings):
+
+1. **A source's cycle** (:class:`CycleOrder`). Cycle ``q`` of a source is its shards in an order
+   keyed by ``(seed, q)`` (index order without shard shuffle), their samples concatenated.
+2. **A source's stream.** The source's cycles, one after another, forever. Epoch ``e`` takes
+   positions ``[e*c, (e+1)*c)`` of it, where ``c`` is the source's contribution per epoch: a source
+   smaller than its share is repeated (every sample ``floor`` or ``ceil(c / size)`` times), one
+   larger sees the next part of its stream each epoch (every sample before any repeats). A lone
+   source contributing its size reads exactly cycle ``e`` in epoch ``e``.
+3. **The mixture.** The sources' epoch slices interleaved proportionally to their contributions
+   (:class:`~.interleave.Interleave`): any window of ``w`` positions holds ``w * c_i / sum(c)`` of
+   source ``i`` within 2, and each source's slice keeps its own order.
+
+The cross-shard shuffle is not here: it reorders each worker's block (:mod:`.lanes`), so a rank
+reads the same shards with or without it.
+
+Shards are numbered globally: source ``i``'s shard ``s`` is ``offsets[i] + s``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+from streamio.data.plan.interleave import Interleave
+from streamio.data.plan.intervals import Seq, split
+from streamio.data.plan.permutation import TAG_SHARDS, permutation
+
+__all__ = ["CycleOrder", "EpochSequence", "Run", "SourceLayout"]
+
+_I64 = np.int64
+
+
+class Run(NamedTuple):
+    """Samples ``[first, end)`` of shard ``shard`` (a global shard number: see the module docstring)."""
+
+    shard: int
+    first: int
+    end: int
+
+
+Window = tuple[list[Run], "np.ndarray | None"]
+"""Runs in storage order, and the order of their samples in G (None: storage order)."""
+
+
+class CycleOrder:
+    """One cycle of one source: its shards in cycle order, their samples concatenated.
+
+    Args:
+        order: local shard numbers in cycle order.
+        counts: samples per local shard (index order).
+        offset: the source's first global shard number.
+    """
+
+    def __init__(self, order: np.ndarray, counts: np.ndarray, offset: int) -> None:
+        self.order, self.offset = order, offset
+        self.cum = np.concatenate(([0], np.cumsum(counts[order]))).astype(_I64)
+        self.size = int(self.cum[-1])
+
+    def runs(self, a: int, b: int) -> list[Run]:
+        """Runs covering positions ``[a, b)`` of the cycle, in order."""
+        j, lo, hi = split(np.array([a], _I64), np.array([b], _I64), self.cum)
+        return [Run(self.offset + int(self.order[x]), int(y), int(z)) for x, y, z in zip(j, lo, hi, strict=True)]
+
+
+@dataclass(frozen=True)
+class SourceLayout:
+    """What the sequence needs of one source.
+
+    Attributes:
+        counts: samples per shard, in index order.
+        contribution: samples this source contributes to each epoch.
+        offset: the source's first global shard number.
+    """
+
+    counts: np.ndarray
+    contribution: int
+    offset: int
+
+    @property
+    def size(self) -> int:
+        """Samples in the source (one cycle)."""
+        return int(self.counts.sum())
+
+
+class EpochSequence:
+    """The global sequence G of one epoch (see the module docstring).
+
+    Args:
+        sources: the sources, in mixture order.
+        seed: base seed; epoch: the epoch.
+        shuffle_shards: permute each cycle's shard order (else index order).
+    """
+
+    def __init__(self, sources: Sequence[SourceLayout], *, seed: int, epoch: int, shuffle_shards: bool) -> None:
+        self.sources, self.seed, self.epoch = list(sources), seed, epoch
+        self.shuffle_shards = shuffle_shards
+        self.contributions = np.array([s.contribution for s in self.sources], dtype=_I64)
+        self.total = int(self.contributions.sum())
+        self.mixed = len(self.sources) > 1
+        self._mix = Interleave(self.contributions) if self.mixed else None
+        self._cycles: dict[tuple[int, int], CycleOrder] = {}
+
+    def cycle(self, source: int, q: int) -> CycleOrder:
+        """Cycle ``q`` of source ``source``."""
+        found = self._cycles.get((source, q))
+        if found is None:
+            src = self.sources[source]
+            n = src.counts.size
+            if self.shuffle_shards:
+                key = (self.seed, q, TAG_SHARDS) if not self.mixed else (self.seed, q, TAG_SHARDS, source)
+                order = permutation(key, n)
+            else:
+                order = np.arange(n, dtype=_I64)
+            found = self._cycles[(source, q)] = CycleOrder(order, src.counts, src.offset)
+        return found
+
+    def _source_runs(self, source: int, a: int, b: int) -> list[Run]:
+        """Runs of positions ``[a, b)`` of the source's epoch slice, in order."""
+        src = self.sources[source]
+        size, start = src.size, self.epoch * src.contribution
+        runs: list[Run] = []
+        pos, end = start + a, start + b
+        while pos < end:
+            q, off = divmod(pos, size)
+            take = min(end - pos, size - off)
+            runs.extend(self.cycle(source, q).runs(off, off + take))
+            pos += take
+        return runs
+
+    def window(self, g: Seq, ordered: bool = True) -> Window:
+        """The samples of the intervals ``g`` of G: runs, and their order in ``g`` (None: run order).
+
+        One source: the runs are in G's order (None). A mixture: each interval's runs are listed
+        source by source, and the order (computed only when ``ordered``) interleaves them.
+        """
+        runs: list[Run] = []
+        orders: list[np.ndarray] = []
+        for a, b in zip(g.starts.tolist(), g.ends.tolist(), strict=True):
+            if b <= a:
+                continue
+            base = sum(x.end - x.first for x in runs)
+            if self._mix is None:
+                runs.extend(self._source_runs(0, a, b))
+                continue
+            if not ordered:
+                first, stop = self._mix.counts(a), self._mix.counts(b)
+                mix_order = None
+            else:
+                first, stop, mix_order = self._mix.items(a, b)
+            for i, (x, y) in enumerate(zip(first.tolist(), stop.tolist(), strict=True)):
+                runs.extend(self._source_runs(i, x, y))
+            if mix_order is not None:
+                orders.append(mix_order + base)
+        if self._mix is None or not ordered:
+            return runs, None
+        return runs, np.concatenate(orders) if orders else np.zeros(0, _I64)
+
+    def expected_runs(self) -> list[Run]:
+        """Every sample the epoch holds, as runs (with repeats): what exactly-once is checked against."""
+        return self.window(Seq.whole(self.total), ordered=False)[0]
