@@ -20,6 +20,7 @@ from streamio.data.dataset import DatasetOptions, StreamingDataset
 from streamio.data.index import DatasetIndex, load_index
 from streamio.data.indexer import build_index
 from streamio.data.loader import StreamingDataLoader
+from streamio.data.mixing import Stream
 from streamio.data.plan import Shuffle
 from streamio.data.prefetch import PrefetchConfig
 from streamio.data.writer import ShardSpec, write_dataset
@@ -44,6 +45,7 @@ __all__ = [
     "SaveStats",
     "ShardSpec",
     "Shuffle",
+    "Stream",
     "Store",
     "StreamingDataLoader",
     "StreamingDataset",

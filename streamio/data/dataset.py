@@ -36,7 +36,7 @@ the plan) so it is never applied to another dataset silently.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,7 +45,8 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from streamio.data.cache import CacheConfig, ShardCache
 from streamio.data.decode import DecodeSpec, make_decoder
-from streamio.data.index import DatasetIndex, load_index
+from streamio.data.index import DatasetIndex
+from streamio.data.mixing import Stream, describe_mixture, load_streams, plan_sources
 from streamio.data.plan import EpochPlan, Sampling, Shuffle, TailPolicy, Topology, plan_epoch
 from streamio.data.prefetch import PrefetchConfig
 from streamio.data.reader import WindowReader
@@ -55,15 +56,14 @@ from streamio.distributed import group_initialized, rank_and_world
 from streamio.errors import PlanError
 from streamio.state_version import VERSION_KEY, check_version
 from streamio.storage import Store
+from streamio.storage.secrets import scrub
 
-__all__ = ["DEFAULT_WINDOW", "DatasetOptions", "StreamingDataset"]
+__all__ = ["DatasetOptions", "StreamingDataset"]
 
 log = logging.getLogger(__name__)
 
 STATE_VERSION = 1
 _K_VERSION, _K_EPOCH, _K_PLAN, _K_WORKER, _K_YIELDED = VERSION_KEY, "epoch", "plan", "worker", "yielded"
-DEFAULT_WINDOW = 256
-"""Sample-shuffle window of ``shuffle=True``."""
 
 
 @dataclass(frozen=True)
@@ -94,17 +94,23 @@ class DatasetOptions:
 
 
 class StreamingDataset(IterableDataset):
-    """Samples of an indexed WebDataset-style dataset, exactly once per epoch across ranks and workers.
+    """Samples of an indexed WebDataset-style dataset or a mixture, exactly once per epoch on all ranks and workers.
 
     Args:
-        url: dataset prefix holding ``index.json`` (any fsspec URL). Without an index the error
-            says how to make one (``streamio index URL``).
+        url: dataset prefix holding ``index.json`` (any fsspec URL; without an index the error
+            says how to make one: ``streamio index URL``); or a mixture: a list of
+            :class:`~streamio.data.mixing.Stream` (each with a weight or samples per epoch, and its
+            own storage options), where a plain URL in the list contributes all of itself.
         batch_size: the batch size of the DataLoader that will consume this dataset. Worker streams
             are cut in whole batches so that every rank yields the same number of batches and a
             resume position is exact.
         seed: base seed; must be the same on every rank (checked when a process group exists).
-        shuffle: ``True`` (shard order reshuffled every epoch and samples shuffled within windows
-            of 256), ``False`` (index order), or a :class:`~streamio.data.plan.Shuffle`.
+        shuffle: ``True`` (the default :class:`~streamio.data.plan.Shuffle`: shard order reshuffled
+            every epoch, each worker reading 32 shards at once interleaved, samples shuffled within
+            windows of 256), ``False`` (index order), or a :class:`~streamio.data.plan.Shuffle`
+            (``Shuffle(interleave=1)`` reads one shard at a time).
+        epoch_samples: samples per epoch of a mixture; the weighted sources are scaled to fill it.
+            None = the sum of the sources' contributions.
         decode: None (members stay bytes), ``"auto"`` (built-in safe decoders), a mapping of
             extension -> decoder, or a callable on the whole sample.
         transform: applied to each decoded sample.
@@ -112,18 +118,20 @@ class StreamingDataset(IterableDataset):
         options: tail policy, cache, prefetch and fault handler (:class:`DatasetOptions`).
 
     Attributes:
-        store: the dataset's store; index: its index.
+        sources: each source's :class:`~streamio.data.mixing.Stream`, store and index.
+        store: the (first) source's store; index: its index.
         sampling: the shuffle and tail policy every plan of this dataset uses.
         epoch: the epoch :meth:`set_epoch` (or :meth:`load_state_dict`) selected.
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - the public keywords of the dataset, each documented above
         self,
-        url: str,
+        url: str | Stream | Sequence[str | Stream],
         *,
         batch_size: int = 1,
         seed: int = 0,
         shuffle: bool | Shuffle = True,
+        epoch_samples: int | None = None,
         decode: DecodeSpec = None,
         transform: Callable[[dict[str, Any]], Any] | None = None,
         storage_options: Mapping[str, Any] | None = None,
@@ -131,16 +139,19 @@ class StreamingDataset(IterableDataset):
     ) -> None:
         super().__init__()
         self.options = options if options is not None else DatasetOptions()
-        self.store = Store(url, storage_options)
-        self.index: DatasetIndex = load_index(self.store)
+        self.sources = load_streams(url, storage_options)
+        self.store: Store = self.sources[0].store
+        self.index: DatasetIndex = self.sources[0].index
+        self.epoch_samples = epoch_samples
         if not isinstance(shuffle, Shuffle):
-            shuffle = Shuffle(shards=True, window=DEFAULT_WINDOW) if shuffle else Shuffle(shards=False, window=0)
+            shuffle = Shuffle() if shuffle else Shuffle.off()
         self.sampling = Sampling(shuffle=shuffle, policy=self.options.policy)
         self.seed = seed
         self.batch_size = batch_size
         self.transform = transform
+        cache = ShardCache(self.options.cache) if self.options.cache is not None else None
         self.reader = WindowReader(
-            self.store, self.index, cache=ShardCache(self.options.cache) if self.options.cache is not None else None,
+            [(src.store, src.index) for src in self.sources], cache=cache,
             prefetch=self.options.prefetch, decode=make_decoder(decode), handler=self.options.handler,
         )
         self.epoch = 0
@@ -155,8 +166,15 @@ class StreamingDataset(IterableDataset):
         install(StreamingDataset)  # torchdata's StatefulDataLoader restores `epoch` here too
 
     def __repr__(self) -> str:
-        root, shards, samples = self.store.root_url, len(self.index.shards), self.index.samples
-        return f"StreamingDataset({root!r}, shards={shards}, samples={samples})"
+        if plan_sources(self.sources, self.epoch_samples) is None:
+            root, shards, samples = self.store.root_url, len(self.index.shards), self.index.samples
+            return f"StreamingDataset({root!r}, shards={shards}, samples={samples})"
+        return f"StreamingDataset({describe_mixture(self.sources, self.contributions)})"
+
+    @property
+    def contributions(self) -> tuple[int, ...]:
+        """Samples each source contributes to every epoch (one entry for one dataset)."""
+        return self.plan().contributions
 
     @property
     def lost_samples(self) -> int:
@@ -204,14 +222,16 @@ class StreamingDataset(IterableDataset):
     def plan(self, num_workers: int = 0) -> EpochPlan:
         """This epoch's plan for this process's world size and ``num_workers``, from any resume state."""
         _, world = rank_and_world()
+        mixture = plan_sources(self.sources, self.epoch_samples)
         return plan_epoch(
-            self.index.sample_counts(),
+            self.index.sample_counts() if mixture is None else mixture,
             seed=self.seed,
             epoch=self.epoch,
             topology=Topology(world, num_workers, self.batch_size),
             sampling=self.sampling,
             resume=self._resume[_K_PLAN] if self._resume is not None else None,
-            index_fingerprint=self.index.fingerprint,
+            index_fingerprint=self.index.fingerprint if mixture is None else None,
+            epoch_samples=self.epoch_samples,
         )
 
     def __len__(self) -> int:
@@ -310,30 +330,35 @@ class StreamingDataset(IterableDataset):
                 worker's own position, so only the same count is exact), its workers disagree on
                 the epoch or its start, or it is not a state of this dataset.
         """
-        if state.num_workers != num_workers:
-            raise PlanError(
-                f"StatefulDataLoader state was saved with num_workers={state.num_workers}, this loader has "
-                f"num_workers={num_workers}: StatefulDataLoader resumes only with the same worker count; use "
-                "streamio.StreamingDataLoader to resume on another one"
-            )
-        if not state.datasets:
-            return
-        if num_workers == 0:
-            self.load_state_dict(state.datasets[0])
-            return
-        what = "dataset state of a worker"
-        states = [check_version(s, STATE_VERSION, what=what, error=PlanError) for s in state.datasets]
-        starts = {repr((s.get(_K_EPOCH), s.get(_K_PLAN))) for s in states}
-        if len(starts) != 1:
-            raise PlanError(
-                f"StatefulDataLoader state: its {len(states)} workers' dataset states start from different epochs "
-                f"or positions ({sorted(starts)[:2]}...); it was not saved by one loader of this dataset"
-            )
-        first = states[0]  # the position the workers' iteration started from: epoch and plan, no worker
-        self.load_state_dict({_K_VERSION: STATE_VERSION, _K_EPOCH: first.get(_K_EPOCH), _K_PLAN: first.get(_K_PLAN)})
-        if state.finished:  # the loader restarts from this object once the saved rest (none) is read
-            plan = self.plan(num_workers)
-            self._resume = {_K_EPOCH: self.epoch, _K_PLAN: plan.state_dict(plan.batches_per_rank)}
+        _load_loader_state(self, state, num_workers)
+
+
+def _load_loader_state(ds: StreamingDataset, state: LoaderState, num_workers: int) -> None:
+    """:meth:`StreamingDataset.load_loader_state`'s work (see there)."""
+    if state.num_workers != num_workers:
+        raise PlanError(
+            f"StatefulDataLoader state was saved with num_workers={state.num_workers}, this loader has "
+            f"num_workers={num_workers}: StatefulDataLoader resumes only with the same worker count; use "
+            "streamio.StreamingDataLoader to resume on another one"
+        )
+    if not state.datasets:
+        return
+    if num_workers == 0:
+        ds.load_state_dict(state.datasets[0])
+        return
+    what = "dataset state of a worker"
+    states = [check_version(s, STATE_VERSION, what=what, error=PlanError) for s in state.datasets]
+    starts = {repr((s.get(_K_EPOCH), s.get(_K_PLAN))) for s in states}
+    if len(starts) != 1:
+        raise PlanError(
+            f"StatefulDataLoader state: its {len(states)} workers' dataset states start from different epochs "
+            f"or positions ({sorted(starts)[:2]}...); it was not saved by one loader of this dataset"
+        )
+    first = states[0]  # the position the workers' iteration started from: epoch and plan, no worker
+    ds.load_state_dict({_K_VERSION: STATE_VERSION, _K_EPOCH: first.get(_K_EPOCH), _K_PLAN: first.get(_K_PLAN)})
+    if state.finished:  # the loader restarts from this object once the saved rest (none) is read
+        plan = ds.plan(num_workers)
+        ds._resume = {_K_EPOCH: ds.epoch, _K_PLAN: plan.state_dict(plan.batches_per_rank)}
 
 
 def check_seed_across_ranks(ds: StreamingDataset) -> None:
@@ -343,13 +368,14 @@ def check_seed_across_ranks(ds: StreamingDataset) -> None:
     rank, world = rank_and_world()
     if world == 1:
         return
-    mine = (ds.seed, ds.index.fingerprint, ds.sampling.policy, repr(ds.sampling.shuffle))
+    indexes = tuple((src.index.fingerprint, src.stream.weight, src.stream.samples) for src in ds.sources)
+    mine = (ds.seed, (indexes, ds.epoch_samples), ds.sampling.policy, repr(ds.sampling.shuffle))
     everyone: list[Any] = [None] * world
     dist.all_gather_object(everyone, mine)
     bad = [r for r, v in enumerate(everyone) if tuple(v) != mine]
     if bad:
         raise PlanError(
-            f"StreamingDataset({ds.store.root_url!r}): ranks disagree on (seed, index, policy, shuffle): "
+            f"StreamingDataset({scrub(ds.store.root_url)!r}): ranks disagree on (seed, index, policy, shuffle): "
             f"rank {rank} has {mine[:1] + mine[2:]}, ranks {bad} differ ({everyone[bad[0]][:1]}...). "
             "Pass the same seed and settings on every rank, or data is duplicated silently."
         )

@@ -72,11 +72,14 @@ class ByteRun:
         shard: the shard as the index records it.
         start: byte offset of the run's first sample.
         end: byte offset just past its last sample.
+        store: the store the shard path is relative to, when not the prefetcher's (a mixture's
+            sources may live in different stores).
     """
 
     shard: ShardInfo
     start: int = 0
     end: int | None = None
+    store: Store | None = field(default=None, compare=False)
 
     @property
     def stop(self) -> int:
@@ -145,7 +148,7 @@ class Prefetcher:
         for run in self.runs:
             if not 0 <= run.start <= run.stop <= run.shard.bytes:
                 raise ConfigError(
-                    f"run [{run.start}, {run.stop}) is outside shard {store.url(run.shard.path)!r} "
+                    f"run [{run.start}, {run.stop}) is outside shard {self._store(run).url(run.shard.path)!r} "
                     f"of {run.shard.bytes} bytes"
                 )
         if cache is not None and self.runs:
@@ -160,6 +163,9 @@ class Prefetcher:
         self._stop = False
         self._threads: list[threading.Thread] = []
         self._started = False
+
+    def _store(self, run: ByteRun) -> Store:
+        return run.store if run.store is not None else self.store
 
     def __iter__(self) -> Iterator[tuple[ByteRun, Iterator[bytes]]]:
         if self._started:
@@ -237,7 +243,7 @@ class Prefetcher:
         # a cached run: read straight from disk in this thread (no queue, no copy, no read-ahead)
         run = self.runs[index]
         if self.cache is not None:
-            yield from self.cache.open_range(self.store, run.shard, run.start, run.stop, stats=self.stats)
+            yield from self.cache.open_range(self._store(run), run.shard, run.start, run.stop, stats=self.stats)
 
     def _abandon(self, index: int) -> None:
         with self._cond:
@@ -279,14 +285,13 @@ class Prefetcher:
 
             try:
                 if self.cache.fetch(
-                    self.store, run.shard, run.start, stats=self.stats, on_started=started, cancelled=cancelled
+                    self._store(run), run.shard, run.start, stats=self.stats, on_started=started, cancelled=cancelled
                 ):
                     return
             except Exception as exc:  # noqa: BLE001 - the consumer's own read retries and raises it
                 if slot.local:
-                    log.debug(
-                        "prefetch of %s failed (%s); the consumer reads it itself", self.store.url(run.shard.path), exc
-                    )
+                    url = self._store(run).url(run.shard.path)
+                    log.debug("prefetch of %s failed (%s); the consumer reads it itself", url, exc)
                     return
                 with cond:
                     slot.error, slot.done = exc, True
@@ -319,12 +324,13 @@ class Prefetcher:
     def _stream(self, run: ByteRun) -> Iterator[bytes]:
         self.stats.add(bypasses=1)  # streamed without the cache
         got = run.start
-        for chunk in self.store.iter_bytes(run.shard.path, run.start, run.stop, chunk_size=self.config.chunk_size):
+        store = self._store(run)
+        for chunk in store.iter_bytes(run.shard.path, run.start, run.stop, chunk_size=self.config.chunk_size):
             got += len(chunk)
             self.stats.add(bytes_from_network=len(chunk))
             yield chunk
         if got != run.stop:
             raise CorruptDataError(
-                f"shard {self.store.url(run.shard.path)!r} ended after {got} bytes, before byte {run.stop} of the run; "
+                f"shard {store.url(run.shard.path)!r} ended after {got} bytes, before byte {run.stop} of the run; "
                 f"the index says {run.shard.bytes} bytes. Re-run `streamio verify` on the dataset."
             )

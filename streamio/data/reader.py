@@ -6,8 +6,13 @@ fetches them ahead (:mod:`streamio.data.prefetch`, through the node cache when t
 parses and verifies each sample (:mod:`streamio.data.samples`) and yields them decoded, each
 window in its permuted order.
 
-* **Long reads.** The runs of consecutive windows are merged where they touch, so a sequential
-  stream is one ranged read per shard run, whatever the window size.
+* **Long reads.** Runs that continue each other (across windows) form one chain: a sequential or
+  window-shuffled stream is one ranged read per shard run, whatever the window size. Where several
+  chains are open at once (the cross-shard shuffle's lanes, a mixture's sources), each is read in
+  segments of about 1 MiB, fetched in the order they are first needed (:mod:`streamio.data.schedule`):
+  memory holds about one segment per open chain, and the prefetcher keeps up to 8 in flight.
+* **Mixtures.** Sources may live in different stores; the plan numbers shards globally and the
+  reader maps them back (:class:`SourceShards`); samples of a mixture carry ``__source__``.
 * **Exact skip.** ``read(windows, skip)`` drops the first ``skip`` samples of the yield order
   (a worker resuming inside its stream): whole skipped windows are never read, a sequential one is
   trimmed, and only a partly skipped shuffled window is read and discarded in part.
@@ -16,103 +21,138 @@ window in its permuted order.
 * **Faults the user chose to skip** (``handler(exc)`` returns True for a missing, truncated or
   corrupt shard) drop the rest of that run, counted in :attr:`WindowReader.lost_samples` and
   logged; a missing sample still occupies its window slot (as ``None``), so windows stay aligned.
+  The rest of the run is the rest of the segment being read.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import replace
+from itertools import islice
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import numpy as np
 
 from streamio.data.cache import ShardCache
 from streamio.data.index import DatasetIndex
 from streamio.data.plan import Run, Window
 from streamio.data.prefetch import ByteRun, PrefetchConfig, Prefetcher
 from streamio.data.samples import Handler, iter_samples
+from streamio.data.schedule import Schedule, Segment, build_schedule
 from streamio.errors import CorruptDataError, StorageError, StreamioError
 from streamio.storage import Store
 
 if TYPE_CHECKING:
     from streamio.data.format import SampleLayout
 
-__all__ = ["WindowReader"]
+__all__ = ["SourceShards", "WindowReader"]
+
+_MAX_LANE_DEPTH = 8  # segments in flight at most when many chains are open (cache: whole shards each)
 
 log = logging.getLogger(__name__)
 
 Sample = dict[str, Any]
 
 
+class SourceShards(NamedTuple):
+    """One source of a reader: its store and index (its shards are numbered from ``offset`` on)."""
+
+    store: Store
+    index: DatasetIndex
+    offset: int
+
+
 class WindowReader:
-    """Reads a worker's windows from one dataset and yields its decoded samples.
+    """Reads a worker's windows from one dataset or a mixture and yields its decoded samples.
 
     Args:
-        store: the dataset's store (root of ``index.json``).
-        index: the dataset's index.
+        sources: each source's store and index, in plan order (the plan numbers shards globally:
+            source ``i``'s shard ``s`` is ``offset_i + s``).
         cache: the node-local cache, or None to stream without one.
         prefetch: read-ahead settings.
         decode: applied to each raw sample (``make_decoder``'s result).
         handler: ``handler(exc) -> bool`` for a shard that is missing, truncated or corrupt: True
-            skips the rest of that run, False or None raises.
+            skips the rest of that segment, False or None raises.
 
     Attributes:
         lost_samples: samples this process skipped because ``handler`` said so.
     """
 
     def __init__(
-        self, store: Store, index: DatasetIndex, *, cache: ShardCache | None, prefetch: PrefetchConfig,
+        self, sources: Sequence[tuple[Store, DatasetIndex]], *, cache: ShardCache | None, prefetch: PrefetchConfig,
         decode: Callable[[Sample], Any], handler: Handler | None,
     ) -> None:
-        self.store, self.index, self.cache, self.prefetch = store, index, cache, prefetch
+        offsets = np.cumsum([0] + [len(ix.shards) for _, ix in sources])
+        self.sources = [SourceShards(st, ix, int(o)) for (st, ix), o in zip(sources, offsets, strict=False)]
+        self._starts = offsets[:-1]
+        self.cache, self.prefetch = cache, prefetch
         self.decode, self.handler = decode, handler
         self.lost_samples = 0
+
+    def _locate(self, shard: int) -> tuple[SourceShards, int]:
+        src = self.sources[int(np.searchsorted(self._starts, shard, side="right")) - 1]
+        return src, shard - src.offset
+
+    def _layout(self, shard: int) -> SampleLayout:
+        src, local = self._locate(shard)
+        return src.index.layout(local, src.store)
 
     def read(self, windows: Iterable[Window], skip: int = 0) -> Iterator[Any]:
         """Decoded samples of ``windows`` in yield order, after the first ``skip``.
 
-        Runs are read sequentially, each window permuted. Whole skipped windows are never read; a
-        partly skipped one is.
+        Whole skipped windows are never read; a partly skipped sequential one is trimmed, a partly
+        skipped permuted one is read and the skipped part dropped. Runs that continue each other
+        are read as one chain; several open chains are read in segments (:mod:`streamio.data.schedule`).
         """
-        kept: list[Window] = []
-        for win in windows:
-            if not kept and skip >= win.size:
-                skip -= win.size
-                continue
-            if not kept and skip and win.order is None:  # sequential: skip by trimming the runs
-                win, skip = Window(_drop_first(win.runs, skip), None), 0
-            kept.append(win)
-        samples = self._samples(_merged_runs(kept))
-        for win in kept:
-            if win.order is None:
-                for _ in range(win.size):
-                    sample = next(samples)
-                    if sample is not None:
-                        yield self.decode(sample)
-                continue
-            buffered = [next(samples) for _ in range(win.size)]
-            for i in win.order:
-                sample = buffered[int(i)]
-                if skip:
-                    skip -= 1
-                elif sample is not None:
-                    yield self.decode(sample)
+        kept, skip = _skipped(windows, skip)
+        layouts: dict[int, SampleLayout] = {}
 
-    def _samples(self, runs: list[Run]) -> Iterator[Sample | None]:
-        """Raw samples of ``runs`` in storage order, verified, with ``__url__``/``__shard__``/``__index__``."""
-        layouts = {run.shard: self.index.layout(run.shard, self.store) for run in runs}
-        byte_runs = [ByteRun(self.index.shards[r.shard], *layouts[r.shard].byte_range(r.first, r.end)) for r in runs]
-        fetched = iter(Prefetcher(self.store, byte_runs, cache=self.cache, config=self.prefetch))
+        def layout(shard: int) -> SampleLayout:
+            if shard not in layouts:
+                layouts[shard] = self._layout(shard)
+            return layouts[shard]
+
+        cfg = self.prefetch
+        schedule = build_schedule(kept, lambda s: layout(s).offsets, max_bytes=cfg.max_bytes, chunk_size=cfg.chunk_size)
+        feed = _Feed(self, schedule, layout, cfg)
         try:
-            for run, (byte_run, chunks) in zip(runs, fetched, strict=False):  # one fetched entry per run
-                yield from self._run(run, byte_run, chunks, layouts[run.shard])
+            for win, chains in zip(kept, schedule.chains, strict=True):
+                if win.order is None:
+                    for run, c in zip(win.runs, chains, strict=True):
+                        for sample in feed.take(c, run.end - run.first):
+                            if sample is not None:
+                                yield self.decode(sample)
+                    continue
+                buffered: list[Sample | None] = []
+                for run, c in zip(win.runs, chains, strict=True):
+                    buffered.extend(feed.take(c, run.end - run.first))
+                for i in win.order:
+                    sample = buffered[int(i)]
+                    if skip:
+                        skip -= 1
+                    elif sample is not None:
+                        yield self.decode(sample)
         finally:
-            fetched.close()  # type: ignore[attr-defined]  # stops the threads, releases cache leases
+            feed.close()
+
+    def samples_of(self, segment: Segment, byte_run: ByteRun, chunks: Iterator[bytes]) -> Iterator[Sample | None]:
+        """Raw samples of one segment, verified, with ``__url__``/``__shard__``/``__index__``; None if lost."""
+        src, local = self._locate(segment.shard)
+        layout = src.index.layout(local, src.store)
+        samples = self._run(Run(local, segment.first, segment.end), src.store, byte_run, chunks, layout)
+        if len(self.sources) == 1:
+            return samples
+        which = self.sources.index(src)
+        return (s if s is None else {**s, "__source__": which} for s in samples)
 
     def _run(
-        self, run: Run, byte_run: ByteRun, chunks: Iterator[bytes], layout: SampleLayout
+        self, run: Run, store: Store, byte_run: ByteRun, chunks: Iterator[bytes], layout: SampleLayout
     ) -> Iterator[Sample | None]:
-        """The samples of one run; ``None`` for each sample a skipped fault lost."""
+        """The samples of one run (local shard numbers); ``None`` for each sample a skipped fault lost."""
         shard = byte_run.shard
-        url = self.store.url(shard.path)
+        url = store.url(shard.path)
         index = run.first
         refetched = False
         while True:
@@ -141,9 +181,9 @@ class WindowReader:
                     "sample %d of %s failed its checksum; discarding the cached shard and fetching it again: %s",
                     index, url, exc,
                 )
-                self.cache.invalidate(self.store, shard)
+                self.cache.invalidate(store, shard)
                 refetched = True
-                chunks = self.cache.open_range(self.store, shard, *layout.byte_range(index, run.end))
+                chunks = self.cache.open_range(store, shard, *layout.byte_range(index, run.end))
             except (StorageError, StreamioError) as exc:
                 if not self._skip(exc, run, index, url):
                     raise
@@ -163,16 +203,20 @@ class WindowReader:
         return True
 
 
-def _merged_runs(windows: list[Window]) -> list[Run]:
-    """The runs of ``windows`` in order, touching runs of one shard merged into one read."""
-    runs: list[Run] = []
+def _skipped(windows: Iterable[Window], skip: int) -> tuple[list[Window], int]:
+    """The windows left after skipping ``skip`` samples, and how many of the first one's yield to drop.
+
+    Whole skipped windows go; a partly skipped sequential one is trimmed (its runs start later).
+    """
+    kept: list[Window] = []
     for win in windows:
-        for run in win.runs:
-            if runs and runs[-1].shard == run.shard and runs[-1].end == run.first:
-                runs[-1] = Run(run.shard, runs[-1].first, run.end)
-            else:
-                runs.append(run)
-    return runs
+        if not kept and skip >= win.size:
+            skip -= win.size
+            continue
+        if not kept and skip and win.order is None:
+            win, skip = Window(_drop_first(win.runs, skip), None), 0
+        kept.append(win)
+    return kept, skip
 
 
 def _drop_first(runs: tuple[Run, ...], n: int) -> tuple[Run, ...]:
@@ -186,3 +230,54 @@ def _drop_first(runs: tuple[Run, ...], n: int) -> tuple[Run, ...]:
         out.append(Run(run.shard, run.first + n, run.end))
         n = 0
     return tuple(out)
+
+
+class _Feed:
+    """Samples of each chain on demand, from segments fetched in schedule order (one live at a time)."""
+
+    def __init__(
+        self, reader: WindowReader, schedule: Schedule, layout: Callable[[int], SampleLayout], cfg: PrefetchConfig
+    ) -> None:
+        self._reader = reader
+        self._segments = iter(schedule.segments)
+        byte_runs = []
+        for seg in schedule.segments:
+            src, local = reader._locate(seg.shard)
+            byte_range = layout(seg.shard).byte_range(seg.first, seg.end)
+            byte_runs.append(ByteRun(src.index.shards[local], *byte_range, store=src.store))
+        depth = max(cfg.workers, min(schedule.open_at_once, _MAX_LANE_DEPTH))
+        config = replace(cfg, workers=depth) if depth != cfg.workers else cfg
+        store = reader.sources[0].store
+        self._fetched = iter(Prefetcher(store, byte_runs, cache=reader.cache, config=config))
+        self._bufs: dict[int, deque[Sample | None]] = {}
+        self._live: Iterator[Sample | None] | None = None
+        self._live_chain, self._live_left = -1, 0
+
+    def take(self, chain: int, n: int) -> Iterator[Sample | None]:
+        """The next ``n`` samples of ``chain``."""
+        buf = self._bufs.get(chain)
+        while n:
+            if buf:
+                yield buf.popleft()
+            elif self._live is not None and self._live_chain == chain and self._live_left:
+                self._live_left -= 1
+                yield next(self._live)
+            else:
+                self._advance(chain)
+                buf = self._bufs.get(chain)
+                continue
+            n -= 1
+
+    def _advance(self, chain: int) -> None:
+        if self._live is not None and self._live_left:  # another chain's segment: keep the rest of it
+            self._bufs.setdefault(self._live_chain, deque()).extend(islice(self._live, self._live_left))
+        seg = next(self._segments)
+        if seg.chain != chain:
+            raise AssertionError(f"read schedule out of order: chain {chain} needed, segment of chain {seg.chain} next")
+        byte_run, chunks = next(self._fetched)
+        self._live = self._reader.samples_of(seg, byte_run, chunks)
+        self._live_chain, self._live_left = seg.chain, seg.end - seg.first
+
+    def close(self) -> None:
+        """Stop the prefetch threads and release cache leases."""
+        self._fetched.close()  # type: ignore[attr-defined]

@@ -1,0 +1,111 @@
+"""``Stream``: one source of a :class:`~streamio.data.dataset.StreamingDataset` mixture.
+
+A mixture is a list of sources, each an indexed dataset in any store with its own options, each
+contributing a stated share of every epoch (:mod:`streamio.data.plan.mixture` says how shares
+become sample counts; :mod:`streamio.data.plan.sequence` how the sources are interleaved and how a
+source smaller or larger than its share is cycled).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from streamio.data.index import DatasetIndex, load_index
+from streamio.data.plan import PlanSource
+from streamio.errors import ConfigError
+from streamio.storage import Store
+from streamio.storage.secrets import scrub as redact_url
+
+__all__ = ["LoadedStream", "Stream", "describe_mixture", "load_streams", "plan_sources"]
+
+
+@dataclass(frozen=True)
+class Stream:
+    """One source of a mixture.
+
+    Args:
+        url: the source's dataset prefix (holding ``index.json``), any store.
+        weight: relative share of each epoch (a number > 0). The weighted sources share the epoch
+            (or what ``samples`` sources leave of ``epoch_samples``) in proportion.
+        samples: absolute samples per epoch (an int >= 1); more than the source holds repeats it.
+        storage_options: options for this source's store (endpoint, credentials); the dataset's
+            ``storage_options`` when None.
+
+    With neither ``weight`` nor ``samples`` the source contributes its own size every epoch.
+    """
+
+    url: str
+    weight: float | None = None
+    samples: int | None = None
+    storage_options: Mapping[str, Any] | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.url, str) or not self.url:
+            raise ConfigError(f"Stream(url={self.url!r}): the url must be a non-empty string")
+        if self.weight is not None and self.samples is not None:
+            raise ConfigError(f"Stream({redact_url(self.url)!r}): give weight= or samples=, not both")
+
+
+@dataclass(frozen=True)
+class LoadedStream:
+    """A source with its store and index loaded."""
+
+    stream: Stream
+    store: Store
+    index: DatasetIndex
+
+    def plan_source(self) -> PlanSource:
+        """What the planner needs of this source."""
+        return PlanSource(
+            self.index.sample_counts(), weight=self.stream.weight, samples=self.stream.samples,
+            fingerprint=self.index.fingerprint, name=f"source {redact_url(self.stream.url)!r}",
+        )
+
+
+def as_streams(url: str | Stream | Sequence[str | Stream]) -> list[Stream]:
+    """The dataset argument as a list of :class:`Stream` (a plain URL list = concatenation)."""
+    if isinstance(url, (str, Stream)):
+        items: Sequence[str | Stream] = [url]
+    elif isinstance(url, Sequence) and url:
+        items = url
+    else:
+        raise ConfigError(
+            f"StreamingDataset(url={url!r}): give a dataset URL, a streamio.Stream, or a non-empty list of them"
+        )
+    out = []
+    for item in items:
+        if isinstance(item, str):
+            out.append(Stream(item))
+        elif isinstance(item, Stream):
+            out.append(item)
+        else:
+            raise ConfigError(f"StreamingDataset: {item!r} is neither a URL string nor a streamio.Stream")
+    return out
+
+
+def load_streams(
+    url: str | Stream | Sequence[str | Stream], storage_options: Mapping[str, Any] | None
+) -> list[LoadedStream]:
+    """Open every source's store and load its index (each with its own options)."""
+    out = []
+    for stream in as_streams(url):
+        options = stream.storage_options if stream.storage_options is not None else storage_options
+        store = Store(stream.url, options)
+        out.append(LoadedStream(stream, store, load_index(store)))
+    return out
+
+
+def plan_sources(sources: Sequence[LoadedStream], epoch_samples: int | None) -> list[PlanSource] | None:
+    """The planner's sources of a mixture (or of one source with a stated share); None for one plain dataset."""
+    one = sources[0].stream
+    if len(sources) == 1 and one.weight is None and one.samples is None and epoch_samples is None:
+        return None
+    return [src.plan_source() for src in sources]
+
+
+def describe_mixture(sources: Sequence[LoadedStream], contributions: Sequence[int]) -> str:
+    """``mixture of N, samples per epoch {url: count, ...}`` (URLs without credentials)."""
+    parts = ", ".join(f"{redact_url(s.store.root_url)!r}: {c}" for s, c in zip(sources, contributions, strict=True))
+    return f"mixture of {len(sources)}, samples per epoch {{{parts}}}"
