@@ -20,6 +20,8 @@ class TrainConfig:
     Attributes:
         data_url: prefix holding ``train/`` and ``val/`` streamio datasets (any fsspec URL), as the
             demo writes them; ``None`` trains on the bundled synthetic data generated in memory.
+            Give the flag several times, each ``URL[:weight]``, to train on a weighted mixture of
+            the prefixes' ``train/`` sets (validation reads every ``val/`` set).
         ckpt_url: checkpoint root (any fsspec URL); ``None`` disables checkpointing.
         out_dir: local directory for per-rank metrics (``rank-00000.jsonl``) and final weights.
         seed: base seed of everything random (model init, shuffling, dropout, augmentation).
@@ -47,7 +49,7 @@ class TrainConfig:
         device: ``auto`` (CUDA when present), ``cpu`` or ``cuda``.
     """
 
-    data_url: str | None = None
+    data_url: str | tuple[str, ...] | None = None
     ckpt_url: str | None = None
     out_dir: str = "demo-out/run"
     seed: int = 0
@@ -104,7 +106,34 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainConfig:
             f"--{f.name.replace('_', '-')}",
             type=kind,
             default=default,
+            action="append" if f.name == "data_url" else "store",
             help=f"{helps.get(f.name, '')} (default: {default})".replace("%", "%%"),
         )
     args = parser.parse_args(argv)
-    return TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig)})
+    values = {f.name: getattr(args, f.name) for f in fields(TrainConfig)}
+    urls = values["data_url"]
+    values["data_url"] = None if not urls else urls[0] if len(urls) == 1 else tuple(urls)
+    return TrainConfig(**values)
+
+
+def data_sources(data_url: str | tuple[str, ...]) -> list[tuple[str, float | None]]:
+    """``--data-url`` values as ``(prefix, weight)``: ``URL[:weight]``, the weight after the last colon.
+
+    Raises:
+        ValueError: a weight that is not a number > 0.
+    """
+    out: list[tuple[str, float | None]] = []
+    for item in (data_url,) if isinstance(data_url, str) else data_url:
+        head, sep, tail = item.rpartition(":")
+        weight: float | None = None
+        if sep and head and not tail.startswith("/"):
+            try:
+                weight = float(tail)
+            except ValueError:
+                weight = None
+            else:
+                item = head
+                if not weight > 0:
+                    raise ValueError(f"--data-url {item}:{tail}: the weight must be a number > 0")
+        out.append((item.rstrip("/"), weight))
+    return out

@@ -33,7 +33,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from streamio.errors import StateMismatchError
 from streamio.storage import Store
-from streamio.train.config import TrainConfig
+from streamio.train.config import TrainConfig, data_sources
 from streamio.train.synthetic import make_arrays
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -198,7 +198,8 @@ class StreamingTrainLoader:
     """
 
     def __init__(
-        self, url: str, cfg: TrainConfig, *, pin_memory: bool, storage_options: Mapping[str, Any] | None = None
+        self, url: str | list[Any], cfg: TrainConfig, *, pin_memory: bool,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> None:
         from streamio.data.dataset import DatasetOptions, StreamingDataset
         from streamio.data.loader import StreamingDataLoader
@@ -276,14 +277,18 @@ def make_data(cfg: TrainConfig, *, rank: int, world_size: int, pin_memory: bool)
     """
     train: TrainLoader
     if cfg.data_url is not None:
-        root = cfg.data_url.rstrip("/")
-        streaming = StreamingTrainLoader(f"{root}/train", cfg, pin_memory=pin_memory)
+        from streamio.data.mixing import Stream
+
+        roots = data_sources(cfg.data_url)
+        if len(roots) == 1 and roots[0][1] is None:
+            url: str | list[Any] = f"{roots[0][0]}/train"
+        else:
+            url = [Stream(f"{root}/train", weight=weight) for root, weight in roots]
+        streaming = StreamingTrainLoader(url, cfg, pin_memory=pin_memory)
         train = streaming
-        vx, vy = read_arrays(f"{root}/val")
-        source = (
-            f"StreamingDataset({root}/train: {streaming.dataset.index.samples} samples), "
-            f"validation {len(vy)} samples"
-        )
+        vals = [read_arrays(f"{root}/val") for root, _ in roots]
+        vx, vy = np.concatenate([v[0] for v in vals]), np.concatenate([v[1] for v in vals])
+        source = f"{streaming.dataset!r}, validation {len(vy)} samples"
     else:
         x, y = make_arrays(cfg.train_samples, seed=cfg.seed, split="train")
         vx, vy = make_arrays(cfg.val_samples, seed=cfg.seed, split="val")

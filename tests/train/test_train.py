@@ -263,6 +263,18 @@ def test_config_flags_and_lr_schedule() -> None:
     assert [f(0), f(3)] == [0.25, 1.0] and math.isclose(f(20), 0.1) and f(10) < 1.0
 
 
+def test_several_data_urls_with_weights_make_a_mixture() -> None:
+    from streamio.train.config import data_sources
+
+    cfg = parse_args(["--data-url", "s3://b/web:0.7", "--data-url", "gs://b/code:0.3", "--data-url", "/d/x/"])
+    assert cfg.data_url == ("s3://b/web:0.7", "gs://b/code:0.3", "/d/x/")
+    assert data_sources(cfg.data_url) == [("s3://b/web", 0.7), ("gs://b/code", 0.3), ("/d/x", None)]
+    assert parse_args(["--data-url", "s3://b/one"]).data_url == "s3://b/one"
+    assert data_sources("s3://b/one") == [("s3://b/one", None)]
+    with pytest.raises(ValueError, match="must be a number > 0"):
+        data_sources(("s3://b/web:-1",))
+
+
 def test_synthetic_data_is_deterministic_and_samples_match_arrays() -> None:
     x, y = make_arrays(5, seed=3)
     x2, y2 = make_arrays(5, seed=3)
