@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from fractions import Fraction
 
 from streamio.data.plan import EpochPlan
-from streamio.data.plan.permutation import TAG_SHARDS, permutation
+from streamio.data.plan.permutation import TAG_REST, TAG_SHARDS, permutation
 
 Sample = tuple[int, int]
 
@@ -59,8 +59,13 @@ def interleaved(order: Sequence[int], counts: Sequence[int], width: int) -> list
 
 
 def mixed(slices: Sequence[Sequence[Sample]]) -> list[Sample]:
-    """Sources' epoch slices merged proportionally (same key model as :func:`interleaved`)."""
-    keyed = [(Fraction(2 * k + 1, 2 * len(sl)), i, item) for i, sl in enumerate(slices) for k, item in enumerate(sl)]
+    """Lanes merged proportionally: item ``k`` of lane ``i`` (of ``L``) at key ``(k + (i + 1/2) / L) / c_i``."""
+    lanes = len(slices)
+    keyed = [
+        (Fraction(2 * lanes * k + 2 * i + 1, 2 * lanes * len(sl)), i, item)
+        for i, sl in enumerate(slices)
+        for k, item in enumerate(sl)
+    ]
     return [item for _, _, item in sorted(keyed)]
 
 
@@ -85,47 +90,50 @@ def multiset(streams: Sequence[Sequence[Sample]]) -> Counter[Sample]:
 # --------------------------------------------------------------------------- mixtures (independent models)
 
 
-def source_stream(
-    counts: Sequence[int], offset: int, cycle_order: Callable[[int], Sequence[int]], a: int, b: int
+def source_slice(
+    counts: Sequence[int], offset: int, c: int, *, seed: int, epoch: int, source: int, single: bool, shuffle: bool
 ) -> list[Sample]:
-    """Positions ``[a, b)`` of a source's endless stream: its cycles one after another.
+    """A source's epoch slice, from the definition: ``c // size`` passes, then ``c % size`` of the remainder walk.
 
-    Cycle ``q`` is the source's shards in ``cycle_order(q)`` (local shard numbers), each shard's
-    samples in storage order; shards are named globally (``offset + local``).
+    Pass ``p`` of epoch ``e`` is the shards in ``permutation((seed, e, TAG_SHARDS, source, p))``
+    (``(seed, e, TAG_SHARDS)`` for pass 0 of a single source); the remainder walk is the shards in
+    ``permutation((seed, Q, TAG_REST, source))`` read cyclically from ``(e * r) % size``, with
+    ``Q = (e * r) // lcm(size, r)``. Shards are named globally (``offset + local``).
     """
-    size = sum(counts)
+    size, n = sum(counts), len(counts)
+
+    def samples(order: Sequence[int]) -> list[Sample]:
+        return [(offset + s, i) for s in order for i in range(counts[s])]
+
+    def order(key: tuple[int, ...]) -> list[int]:
+        return [int(x) for x in permutation(key, n)] if shuffle else list(range(n))
+
+    passes, rest = divmod(c, size)
     out: list[Sample] = []
-    for q in range(a // size, -(-b // size)):
-        cycle = [(offset + s, i) for s in cycle_order(q) for i in range(counts[s])]
-        lo, hi = max(a - q * size, 0), min(b - q * size, size)
-        out.extend(cycle[lo:hi])
+    for p in range(passes):
+        key = (seed, epoch, TAG_SHARDS) if single and p == 0 else (seed, epoch, TAG_SHARDS, source, p)
+        out.extend(samples(order(key)))
+    if rest:
+        walk = samples(order((seed, epoch * rest // math.lcm(size, rest), TAG_REST, source)))
+        first = epoch * rest % size
+        out.extend(walk[(first + x) % size] for x in range(rest))
     return out
 
 
 def mixture_sequence(
     counts: Sequence[Sequence[int]], shares: Sequence[int], *, seed: int, epoch: int, shuffle_shards: bool
 ) -> list[Sample]:
-    """The global sequence G of epoch ``epoch`` of a mixture, built from the issue's definition.
-
-    Source ``i`` contributes positions ``[epoch * c_i, (epoch + 1) * c_i)`` of its stream of cycles;
-    cycle ``q``'s shard order is ``permutation((seed, q, TAG_SHARDS, i))`` for a mixture of two or
-    more sources (``(seed, q, TAG_SHARDS)`` for a single source), index order without shard shuffle.
-    The slices are merged by :func:`mixed`.
-    """
+    """Epoch `epoch` of a mixture's global sequence G, from the definition (:func:`source_slice`, :func:`mixed`)."""
     slices = []
     offset = 0
     for i, (cs, c) in enumerate(zip(counts, shares, strict=True)):
-        n = len(cs)
-
-        def order(q: int, i: int = i, n: int = n) -> list[int]:
-            if not shuffle_shards:
-                return list(range(n))
-            key = (seed, q, TAG_SHARDS, i) if len(counts) > 1 else (seed, q, TAG_SHARDS)
-            return [int(x) for x in permutation(key, n)]
-
-        slices.append(source_stream(cs, offset, order, epoch * c, (epoch + 1) * c) if c else [])
-        offset += n
-    return mixed(slices)
+        single = len(counts) == 1
+        slices.append(
+            source_slice(cs, offset, c, seed=seed, epoch=epoch, source=i, single=single, shuffle=shuffle_shards)
+            if c else []
+        )
+        offset += len(cs)
+    return mixed(slices) if len(slices) > 1 else slices[0]
 
 
 def with_tail(g: Sequence[Sample], policy: str, padding: int, dropped: int) -> Counter[Sample]:

@@ -83,9 +83,8 @@ class EpochPlan:
 
     @property
     def shard_order(self) -> tuple[int, ...]:
-        """The shard order of this epoch's first cycle of the first source (G groups shards in it)."""
-        first = self._seq.sources[0]
-        return tuple(int(s) for s in self._seq.cycle(0, self.epoch * first.contribution // first.size).order)
+        """This epoch's shard order (of the first source's first pass, for a mixture)."""
+        return tuple(int(s) for s in self._seq.cycle(0, "pass", 0).order)
 
     @property
     def sequence(self) -> EpochSequence:
@@ -323,7 +322,8 @@ def plan_epoch(
             )
         return new_plan(0, seq, [], 0)
 
-    stages = parse_stages(check_state(resume, fp, epoch))
+    names = [s.name if s.name != "source" else f"source {i}" for i, s in enumerate(sources)]
+    stages = parse_stages(check_state(resume, fp, epoch, names))
     history: list[dict[str, Any]] = []
     for i, (topo, per, raw) in enumerate(stages):
         stage = Stage(i, seq, topo, sampling, key)

@@ -51,13 +51,13 @@ class PlanSource:
             raise PlanError(f"{self.name}: give weight= or samples=, not both")
         if self.weight is not None and (
             isinstance(self.weight, bool)
-            or not isinstance(self.weight, (int, float))
+            or not isinstance(self.weight, (int, float, np.integer, np.floating))
             or not math.isfinite(self.weight)
             or self.weight <= 0
         ):
             raise PlanError(f"{self.name}: weight={self.weight!r} must be a finite number > 0")
         if self.samples is not None and (
-            isinstance(self.samples, bool) or not isinstance(self.samples, int) or self.samples < 1
+            isinstance(self.samples, bool) or not isinstance(self.samples, (int, np.integer)) or self.samples < 1
         ):
             raise PlanError(f"{self.name}: samples={self.samples!r} must be an int >= 1")
         counts = np.asarray(self.counts)
@@ -104,6 +104,4 @@ def contributions(specs: Sequence[PlanSource], epoch_samples: int | None = None)
             floors[k] += 1
         for k, i in enumerate(weighted):
             out[i] = floors[k]
-    if sum(out) < 1:
-        raise PlanError("the mixture contributes no samples per epoch")
     return out

@@ -16,11 +16,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["TAG_ROUNDS", "TAG_SHARDS", "TAG_WINDOW", "permutation", "permutations"]
+__all__ = ["TAG_REST", "TAG_ROUNDS", "TAG_SHARDS", "TAG_WINDOW", "permutation", "permutations"]
 
 TAG_SHARDS = 1  # domain-separation tags inside permutation keys
 TAG_WINDOW = 2
 TAG_ROUNDS = 3
+TAG_REST = 4
 
 _I64 = np.int64
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)

@@ -93,7 +93,7 @@ def fingerprint(sources: Sequence[PlanSource], shares: Sequence[int], seed: int,
     return {K_SOURCES: mix, "seed": seed, **sampling.as_json()}
 
 
-def _differences(theirs: Mapping[str, Any], fp: Mapping[str, Any]) -> list[str]:
+def _differences(theirs: Mapping[str, Any], fp: Mapping[str, Any], names: Sequence[str]) -> list[str]:
     """One line per fingerprint entry that differs; a mixture's sources are compared one by one."""
     diffs = [
         f"{k}: state has {theirs.get(k)!r}, this plan has {fp[k]!r}"
@@ -114,7 +114,8 @@ def _differences(theirs: Mapping[str, Any], fp: Mapping[str, Any]) -> list[str]:
             if not isinstance(a, Mapping) or a.get(k) != b[k]:
                 what = "samples per epoch (its weight, samples= or epoch_samples)" if k == K_CONTRIBUTION else k
                 got = a.get(k) if isinstance(a, Mapping) else a
-                diffs.append(f"source {i} {what}: state has {got!r}, this plan has {b[k]!r}")
+                who = names[i] if i < len(names) else f"source {i}"
+                diffs.append(f"{who} {what}: state has {got!r}, this plan has {b[k]!r}")
     return diffs
 
 
@@ -152,7 +153,7 @@ def parse_stages(state: Mapping[str, Any]) -> list[StageRecord]:
     return out
 
 
-def check_state(state: object, fp: Mapping[str, Any], epoch: int) -> Mapping[str, Any]:
+def check_state(state: object, fp: Mapping[str, Any], epoch: int, names: Sequence[str] = ()) -> Mapping[str, Any]:
     """``state`` when its version, fingerprint and epoch are this plan's.
 
     Raises:
@@ -164,7 +165,7 @@ def check_state(state: object, fp: Mapping[str, Any], epoch: int) -> Mapping[str
     theirs = state.get(K_FINGERPRINT)
     if not isinstance(theirs, Mapping):
         raise PlanError(f"resume state has no fingerprint; {_FROM_STATE_DICT}.")
-    diffs = _differences(theirs, fp)
+    diffs = _differences(theirs, fp, names)
     if state.get(K_EPOCH) != epoch:
         diffs.append(f"epoch: state has {state.get(K_EPOCH)!r}, this plan has {epoch!r}")
     if diffs:

@@ -7,13 +7,14 @@ interval of G: which samples (as :class:`Run` values, one sequential read each),
 
 Three layers, each a pure function of (source sizes, seed, epoch, settings):
 
-1. **A source's cycle** (:class:`CycleOrder`). Cycle ``q`` of a source is its shards in an order
-   keyed by ``(seed, q)`` (index order without shard shuffle), their samples concatenated.
-2. **A source's stream.** The source's cycles, one after another, forever. Epoch ``e`` takes
-   positions ``[e*c, (e+1)*c)`` of it, where ``c`` is the source's contribution per epoch: a source
-   smaller than its share is repeated (every sample ``floor`` or ``ceil(c / size)`` times), one
-   larger sees the next part of its stream each epoch (every sample before any repeats). A lone
-   source contributing its size reads exactly cycle ``e`` in epoch ``e``.
+1. **A cycle** (:class:`CycleOrder`): a source's shards in a keyed order (index order without
+   shard shuffle), their samples concatenated.
+2. **A source's epoch slice** (``c`` samples, its contribution): ``c // size`` full passes, each
+   in its own shard order, then ``c % size`` samples of the source's *remainder walk* (one shard
+   order walked cyclically across epochs; see :meth:`EpochSequence._source_runs`). So a source
+   smaller than its share is repeated, every sample ``floor`` or ``ceil(c / size)`` times per
+   epoch, and one larger sees the next part each epoch (every sample before any repeats). A lone
+   source contributing its size reads one pass, keyed ``(seed, epoch)`` as before mixtures existed.
 3. **The mixture.** The sources' epoch slices interleaved proportionally to their contributions
    (:class:`~.interleave.Interleave`): any window of ``w`` positions holds ``w * c_i / sum(c)`` of
    source ``i`` within 2, and each source's slice keeps its own order.
@@ -26,6 +27,7 @@ Shards are numbered globally: source ``i``'s shard ``s`` is ``offsets[i] + s``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -34,7 +36,7 @@ import numpy as np
 
 from streamio.data.plan.interleave import Interleave
 from streamio.data.plan.intervals import Seq, split
-from streamio.data.plan.permutation import TAG_SHARDS, permutation
+from streamio.data.plan.permutation import TAG_REST, TAG_SHARDS, permutation
 
 __all__ = ["CycleOrder", "EpochSequence", "Run", "SourceLayout"]
 
@@ -109,33 +111,52 @@ class EpochSequence:
         self.total = int(self.contributions.sum())
         self.mixed = len(self.sources) > 1
         self._mix = Interleave(self.contributions) if self.mixed else None
-        self._cycles: dict[tuple[int, int], CycleOrder] = {}
+        self._cycles: dict[tuple[int, str, int], CycleOrder] = {}
 
-    def cycle(self, source: int, q: int) -> CycleOrder:
-        """Cycle ``q`` of source ``source``."""
-        found = self._cycles.get((source, q))
+    def cycle(self, source: int, kind: str, n: int) -> CycleOrder:
+        """Pass ``n`` of this epoch (``kind="pass"``) or remainder cycle ``n`` (``"rest"``) of a source."""
+        found = self._cycles.get((source, kind, n))
         if found is None:
             src = self.sources[source]
-            n = src.counts.size
-            if self.shuffle_shards:
-                key = (self.seed, q, TAG_SHARDS) if not self.mixed else (self.seed, q, TAG_SHARDS, source)
-                order = permutation(key, n)
+            shards = src.counts.size
+            if not self.shuffle_shards:
+                order = np.arange(shards, dtype=_I64)
+            elif kind == "pass" and n == 0 and not self.mixed:
+                order = permutation((self.seed, self.epoch, TAG_SHARDS), shards)  # one data set, as ever
+            elif kind == "pass":
+                order = permutation((self.seed, self.epoch, TAG_SHARDS, source, n), shards)
             else:
-                order = np.arange(n, dtype=_I64)
-            found = self._cycles[(source, q)] = CycleOrder(order, src.counts, src.offset)
+                order = permutation((self.seed, n, TAG_REST, source), shards)
+            if len(self._cycles) > 64:
+                self._cycles.clear()
+            found = self._cycles[(source, kind, n)] = CycleOrder(order, src.counts, src.offset)
         return found
 
     def _source_runs(self, source: int, a: int, b: int) -> list[Run]:
-        """Runs of positions ``[a, b)`` of the source's epoch slice, in order."""
+        """Runs of positions ``[a, b)`` of the source's epoch slice, in order.
+
+        The slice is ``m = c // size`` full passes (each its own shard order) and then ``r = c % size``
+        samples of the remainder walk: one shard order walked cyclically, ``r`` samples per epoch,
+        from offset ``(e * r) % size`` (wrapping to its start), reshuffled whenever the walk is back
+        at offset 0 (every ``lcm(size, r) / r`` epochs). So every sample is in an epoch ``m`` or
+        ``m + 1`` times, and the remainders of consecutive epochs see every sample before any repeats.
+        """
         src = self.sources[source]
-        size, start = src.size, self.epoch * src.contribution
+        size, c = src.size, src.contribution
+        passes, rest = divmod(c, size)
         runs: list[Run] = []
-        pos, end = start + a, start + b
-        while pos < end:
-            q, off = divmod(pos, size)
-            take = min(end - pos, size - off)
-            runs.extend(self.cycle(source, q).runs(off, off + take))
-            pos += take
+        for p in range(a // size, min(passes, -(-b // size))):
+            lo, hi = max(a, p * size) - p * size, min(b, (p + 1) * size) - p * size
+            runs.extend(self.cycle(source, "pass", p).runs(lo, hi))
+        lo, hi = max(a, passes * size) - passes * size, b - passes * size
+        if hi <= lo:
+            return runs
+        walked = self.epoch * rest
+        walk = self.cycle(source, "rest", walked // math.lcm(size, rest))
+        first = walked % size
+        for x, y in ((first + lo, min(first + hi, size)), (max(first + lo, size) - size, first + hi - size)):
+            if y > x:
+                runs.extend(walk.runs(x, y))
         return runs
 
     def window(self, g: Seq, ordered: bool = True) -> Window:
