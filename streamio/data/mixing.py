@@ -15,6 +15,7 @@ from typing import Any
 from streamio.data.index import DatasetIndex, load_index
 from streamio.data.plan import PlanSource
 from streamio.errors import ConfigError
+from streamio.pool import run_parallel
 from streamio.storage import Store
 from streamio.storage.secrets import scrub as redact_url
 
@@ -88,13 +89,17 @@ def as_streams(url: str | Stream | Sequence[str | Stream]) -> list[Stream]:
 def load_streams(
     url: str | Stream | Sequence[str | Stream], storage_options: Mapping[str, Any] | None
 ) -> list[LoadedStream]:
-    """Open every source's store and load its index (each with its own options)."""
-    out = []
-    for stream in as_streams(url):
+    """Open every source's store and load its index (each with its own options), the sources in parallel."""
+
+    def load(stream: Stream) -> LoadedStream:
         options = stream.storage_options if stream.storage_options is not None else storage_options
         store = Store(stream.url, options)
-        out.append(LoadedStream(stream, store, load_index(store)))
-    return out
+        return LoadedStream(stream, store, load_index(store))
+
+    streams = as_streams(url)
+    if len(streams) == 1:
+        return [load(streams[0])]
+    return run_parallel(load, streams, concurrency=16, name="streamio-sources")
 
 
 def plan_sources(sources: Sequence[LoadedStream], epoch_samples: int | None) -> list[PlanSource] | None:
