@@ -11,6 +11,8 @@ declarative specs in :mod:`benchmarks.tables`, rendered by :mod:`benchmarks.repo
 * ``dataset``    — training loop samples/s and stall fraction, streamio vs webdataset, cold and
   warm cache, 2 ranks, moto behind a 30 ms proxy, plus nginx, plus the store's boto3 ceiling:
   :mod:`benchmarks.bench_dataset` (in-process driver, rank processes).
+* ``mixture``    — the same bytes as 3 weighted sources vs 1 source: samples/s and first-batch time,
+  moto behind the same 30 ms proxy, 2 ranks: :mod:`benchmarks.bench_mixture`.
 * ``scale``      — 2 simulated nodes x 2 ranks: GETs / bytes per node from proxy logs, and the
   planner-derived model for 64 nodes x 8 GPUs (same module; shares the dataset's setup).
 * ``loader``     — one rank, local shards, no compute: the DataLoader path's own cost per batch,
@@ -20,6 +22,10 @@ declarative specs in :mod:`benchmarks.tables`, rendered by :mod:`benchmarks.repo
 * ``shard``      — writer throughput vs webdataset ``ShardWriter`` and a plain copy (issue 3's
   ``bench_shard.py --json``).
 * ``plan``       — planner cost and shuffle quality (issue 4's ``bench_plan.py``, JSON lines).
+* ``shuffle``    — shuffle quality on a data set of class-sorted shards: distinct shards and classes
+  per batch, displacement; streamio's shuffles vs webdataset, iid and (``--peers mosaicml,litdata``,
+  not with ``--quick``) mosaicml-streaming py1e and litdata, from their own code:
+  :mod:`benchmarks.bench_shuffle` (orders only, no I/O).
 * ``checkpoint`` — save blocked/durable and restore vs torch.save and torch DCP (issue 7's
   ``bench_checkpoint.py --json``).
 
@@ -52,7 +58,7 @@ from benchmarks.common import REPO, machine, machine_line  # noqa: E402
 from benchmarks.report import fmt, render  # noqa: E402
 from benchmarks.tables import REPORT  # noqa: E402
 
-SECTIONS = ("references", "dataset", "scale", "loader", "read", "shard", "plan", "checkpoint")
+SECTIONS = ("references", "dataset", "mixture", "scale", "loader", "read", "shard", "plan", "shuffle", "checkpoint")
 HERE = Path(__file__).resolve().parent
 
 
@@ -113,6 +119,18 @@ def section_plan(quick: bool, scratch: str) -> dict[str, Any]:
     return {"rows": rows}
 
 
+def section_mixture(quick: bool, scratch: str) -> dict[str, Any]:
+    from benchmarks import bench_mixture
+
+    return bench_mixture.run(quick, log=log, scratch_dir=scratch)
+
+
+def section_shuffle(quick: bool, peers: Sequence[str]) -> dict[str, Any]:
+    from benchmarks import bench_shuffle
+
+    return bench_shuffle.run(quick, peers=peers, log=log)
+
+
 def section_checkpoint(quick: bool, scratch: str) -> dict[str, Any]:
     if not (HERE / "bench_checkpoint.py").exists():
         return {"skipped": "benchmarks/bench_checkpoint.py does not exist yet"}
@@ -138,7 +156,8 @@ def run_sections(names: list[str], quick: bool, scratch: str, use_nginx: bool,
     out: dict[str, Any] = {}
     simple: dict[str, Callable[[bool, str], dict[str, Any]]] = {
         "references": section_references, "loader": section_loader, "read": section_read, "shard": section_shard,
-        "plan": section_plan, "checkpoint": section_checkpoint,
+        "plan": section_plan, "checkpoint": section_checkpoint, "mixture": section_mixture,
+        "shuffle": lambda quick, _scratch: section_shuffle(quick, peers),
     }
     data_secs = [n for n in ("dataset", "scale") if n in names]
     for name in SECTIONS:
@@ -235,6 +254,11 @@ def make_plots(res: dict[str, Any], out_dir: Path) -> list[str]:
         bars("read_throughput.png", f"Reader MB/s (median, min-max): {a.get('shards')} x {a.get('shard_mb')} MB, "
              f"{fmt(a.get('latency', 0) * 1000, 0)} ms latency, {a.get('rounds')} rounds", names,
              [common.summary(rd["runs"][n]) for n in names], "MB/s")
+    sh = res.get("shuffle", {})
+    if sh.get("status") == "ok" and "skipped" not in sh:
+        from benchmarks.bench_shuffle import plot
+
+        written += plot(sh, out_dir, plt, mline)
     ck = res.get("checkpoint", {})
     if ck.get("status") == "ok":
         for target in ("disk", "s3"):
@@ -262,7 +286,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--report-only", action="store_true",
                     help="re-render RESULTS.md and the plots from DIR/results.json")
     ap.add_argument("--peers", default="", help="comma-separated peers run from their own environments "
-                    "(benchmarks/peers/NAME.txt, built once into .venv-peers/NAME): mosaicml")
+                    "(benchmarks/peers/NAME.txt, built once into .venv-peers/NAME): mosaicml (dataset, shuffle), "
+                    "litdata (shuffle)")
     args = ap.parse_args(argv)
     if args.out is None:
         args.out = HERE / "out" / "quick" if args.quick else HERE

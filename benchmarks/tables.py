@@ -118,6 +118,7 @@ def _headline_shard(sh: Results) -> list[tuple[str, float]]:
 
 HEADLINES = {  # section -> its headline ratios, in the order the table lists them
     "dataset": _headline_dataset,
+    "mixture": lambda mx: [(f"mixture: {k}", v) for k, v in mx["ratios"].items()],
     "loader": lambda ld: [(f"loader (1 rank, local, no compute, samples/s): {k}", v) for k, v in ld["ratios"].items()],
     "read": lambda rd: [(f"read: {k}", v) for k, v in rd.get("ratios", {}).items()],
     "checkpoint": _headline_checkpoint,
@@ -228,6 +229,39 @@ DATASET = SectionSpec("Data loading: training loop (issue 6)", key="dataset", bl
     Text(lambda sec: [f"nginx rows skipped: {sec['nginx_skipped']}"] if sec.get("nginx_skipped") else None),
     _ratios(),
     Plots("dataset"),
+))
+
+
+# ----------------------------------------------------------------------------- mixture
+def _mixture_setup(sec: Results) -> list[str]:
+    c = sec["config"]
+    split, weights = c["split"], c["weights"]
+    return [
+        f"{sec['dataset_samples']:,} samples of {c['sample_kb']} KB ({sec['dataset_bytes'] / 1e6:,.0f} MB) as one "
+        f"data set of {c['shards']} shards, and the same samples",
+        f"as {len(split)} data sets of {' / '.join(map(str, split))} shards mixed with "
+        f"`Stream(url, weight=...)` weights {' / '.join(fmt(float(w), 0) for w in weights)}",
+        "(in proportion to their sizes: each source contributes exactly its size, so both read the same samples and "
+        "bytes).",
+        f"moto behind the FaultProxy with {c['latency_ms']:.0f} ms first-byte latency; {c['ranks']} ranks x "
+        f"{c['workers']} DataLoader workers, batch {c['batch_size']},",
+        f"default `Shuffle()`, an empty node cache per trial, no simulated compute (the loader's own pace); "
+        f"{c['reps']} repetitions interleaved,",
+        "median [min-max]; samples/s = all samples / the slowest rank's wall time (worker start-up included); "
+        "steady = after",
+        "each rank's first batch. Target (issue 15): samples/s within 5 %, the same first-batch time.",
+    ]
+
+
+MIXTURE = SectionSpec("Mixture: 3 weighted sources vs 1 source, same bytes (issue 15)", key="mixture", blocks=(
+    Text(_mixture_setup),
+    Table((_name("contender"), _stat("samples/s", "samples_per_s", 0),
+           Column("steady samples/s", lambda kv: med(kv[1]["steady_samples_per_s"], 0)
+                  if "steady_samples_per_s" in kv[1] else "n/a"),
+           _stat("MB/s", "MBps", 0), _stat("first batch s", "first_batch_s", 2),
+           _stat("stall % (steady)", "stall_steady", 1, pct=True)),
+          rows=lambda sec: sec["contenders"].items()),
+    _ratios(),
 ))
 
 
@@ -352,6 +386,59 @@ PLAN = SectionSpec("Planner (issue 4: `benchmarks/bench_plan.py --quick`)", key=
 ))
 
 
+# ----------------------------------------------------------------------------- shuffle
+def _shuffle_setup(sec: Results) -> list[str]:
+    s = sec["setup"]
+    topos = ", ".join(t.replace("x", " x ") for t in s["topologies"])
+    return [
+        f"{s['shards']} shards x {s['samples_per_shard']} samples, shards sorted by class ({s['classes']} classes, "
+        f"one per shard), batch {s['batch_size']},",
+        f"ranks x DataLoader workers {topos}; seeds {s['seeds']} pooled. Computed on the orders each loader "
+        "delivers (no I/O): per batch of",
+        "each rank, the distinct shards and classes (mean and 10th percentile), and the mean displacement of a "
+        "sample from its",
+        "index position in training-step order, / samples (0 = index order, 1/3 = random). Peers' orders come from "
+        "their own code",
+        "(`benchmarks/bench_shuffle.py` says how). Target (issue 15): streamio's default >= 16 distinct shards per "
+        "batch.",
+    ]
+
+
+def _shuffle_rows(sec: Results) -> list[dict[str, Any]]:
+    rows = list(sec["rows"])
+    return rows + [{"loader": peer, "not_measured": why} for peer, why in sec.get("not_measured", {}).items()]
+
+
+def _mean_p10(key: str) -> Any:
+    return lambda r: "n/a" if "not_measured" in r else f"{fmt(r[key + '_mean'], 1)} ({fmt(r[key + '_p10'], 0)})"
+
+
+def _shuffle_reading(sec: Results) -> list[str] | None:
+    default = [r for r in sec["rows"] if r["loader"] == "streamio Shuffle() (default)"]
+    if not default:
+        return None
+    got = ", ".join(f"{fmt(r['shards_mean'], 1)} at {r['topology'].replace('x', ' x ')}" for r in default)
+    return [f"Distinct shards per batch with streamio's default, on average: {got}. A worker interleaves "
+            "the shards of its own",
+            "block only (up to 32 at once), so the figure is bounded by shards / (ranks x workers): it falls when "
+            "the streams",
+            "outnumber the shards / 32."]
+
+
+SHUFFLE = SectionSpec("Shuffle quality (issue 15: `benchmarks/bench_shuffle.py`)", key="shuffle", blocks=(
+    Text(_shuffle_setup),
+    Table((_str("loader", "loader"), Column("ranks x workers", lambda r: r.get("topology", "-")),
+           Column("shards / batch, mean (p10)", _mean_p10("shards")),
+           Column("classes / batch, mean (p10)", _mean_p10("classes")),
+           Column("displacement", lambda r: "n/a" if "not_measured" in r else fmt(r["displacement"], 3)),
+           Column("reads / memory", lambda r: f"not measured: {r['not_measured']}" if "not_measured" in r
+                  else r["reads"])),
+          rows=_shuffle_rows),
+    Text(_shuffle_reading),
+    Plots("shuffle"),
+))
+
+
 # ----------------------------------------------------------------------------- checkpoint
 def _checkpoint_rows(target: Results) -> list[tuple[str, dict[str, float], float]]:
     return [(k, common.summary(v), target["size_bytes"]) for k, v in target["runs_s"].items()]
@@ -389,11 +476,32 @@ def _peers(res: Results) -> list[str]:
         "samples as",
         "MDS shards of the same size in the same bucket, behind the same latency proxy, the same loop"
         + (" (rows `mosaicml cold` / `mosaicml warm` above)." if ran else "; this run did not include it."),
-        "litdata is not compared: it would need the same treatment (its own environment and format conversion).",
+        "litdata is not compared: it would need the same treatment (its own environment and format conversion)."
+        if not _litdata_shuffled(res) else
+        "litdata is not in the loop benchmark (it would need a format conversion); the shuffle section measures it.",
     ]
 
 
-PEERS = SectionSpec("Peers in their own environments", blocks=(Text(_peers),))
+def _litdata_shuffled(res: Results) -> bool:
+    return any(r.get("loader") == "litdata shuffle=True" for r in res.get("shuffle", {}).get("rows", []))
 
-SECTIONS = (REFERENCES, DATASET, SCALE, LOADER, READ, SHARD, PLAN, CHECKPOINT)  # in the suite's order
+
+def _shuffle_peers(res: Results) -> list[str] | None:
+    sh = res.get("shuffle", {})
+    if sh.get("status") != "ok" or "rows" not in sh:
+        return None
+    loaders = {r["loader"] for r in sh["rows"]}
+    ran = [p for p, name in (("mosaicml-streaming", "mosaicml py1e (default block)"),
+                             ("litdata", "litdata shuffle=True")) if name in loaders]
+    if not ran:
+        return ["The shuffle section ran no peer environment this time (`--peers mosaicml,litdata`, not with "
+                "`--quick`)."]
+    return [f"The shuffle section computes {' and '.join(ran)}'s orders with their own code in their environments "
+            "(litdata's",
+            "from `benchmarks/peers/litdata.txt`: litdata 0.2.76 with the same torch/torchvision pair)."]
+
+
+PEERS = SectionSpec("Peers in their own environments", blocks=(Text(_peers), Text(_shuffle_peers)))
+
+SECTIONS = (REFERENCES, DATASET, MIXTURE, SCALE, LOADER, READ, SHARD, PLAN, SHUFFLE, CHECKPOINT)  # in the suite's order
 REPORT = (INTRO, HEADLINE, *SECTIONS, PEERS)

@@ -2,7 +2,8 @@
 
 CI checks that the benchmarks run and write their report, never how fast anything is. The real run
 (``python -m benchmarks.run --quick``) is restricted to the sections that fit the test budget on two
-busy cores (references + the 2-node x 2-rank scale simulation over moto); the other sections are
+busy cores (references, the 2-node x 2-rank scale simulation over moto, and the shuffle orders
+without peers); the other sections are
 covered by their own ``--quick`` modes and by the report tests below on synthetic results.
 """
 
@@ -132,13 +133,14 @@ def test_unknown_section_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
 @pytest.mark.slow
 def test_quick_suite_runs_and_writes_its_report(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.run", "--quick", "--only", "references,scale", "--no-nginx",
+        [sys.executable, "-m", "benchmarks.run", "--quick", "--only", "references,scale,shuffle", "--no-nginx",
          "--out", str(tmp_path)],
         cwd=REPO, capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads((tmp_path / "results.json").read_text())
     assert res["references"]["status"] == "ok" and res["scale"]["status"] == "ok"
+    assert res["shuffle"]["status"] == "ok" and (tmp_path / "shuffle_quality.png").exists()
     measured = res["scale"]["measured"]
     assert len(measured) == 2 and len(measured[0]["per_node"]) == 2
     # every shard was fetched by some node in epoch 0; the planner-derived model predicts the
@@ -148,6 +150,7 @@ def test_quick_suite_runs_and_writes_its_report(tmp_path: Path) -> None:
     assert fetched == res["scale"]["model_same_setup"]["cached_downloads"]
     text = (tmp_path / "RESULTS.md").read_text()
     assert "## Scale: simulated nodes and a model (issue 9)" in text and "| 8 x 8 |" in text
+    assert "| streamio Shuffle() (default) | 1x2 | 32.0 (32) | 10.0 (10) |" in text
 
 
 def test_peer_environment_needs_its_pins_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -168,3 +171,106 @@ def test_peer_environment_needs_its_pins_file(tmp_path: Path, monkeypatch: pytes
     (venv / ".pins-sha256").write_text(hashlib.sha256(b"six==1.16.0\n").hexdigest())
     monkeypatch.setattr(peer_env.subprocess, "run", lambda *a, **k: pytest.fail(f"pip ran: {a}"))
     assert peer_env.python("x") == venv / "bin" / "python"
+
+
+# ----------------------------------------------------------------------------- shuffle quality
+def test_shuffle_quality_measures_batches_and_displacement() -> None:
+    from benchmarks import bench_shuffle as bs
+
+    n = bs.SHARDS * bs.PER_SHARD
+    index_order = [[list(range(i, i + bs.BATCH)) for i in range(0, n, bs.BATCH)]]
+    q = bs.quality([index_order])
+    assert q["displacement"] == 0.0 and q["batches"] == n // bs.BATCH
+    # 100-sample shards: 32 consecutive samples span 1 or 2 shards; 56 of the 63 shard ends fall inside a batch
+    assert q["shards_mean"] == pytest.approx(1 + 56 / 200) and q["shards_p10"] == 1.0
+    reverse = [[list(range(n - 1 - i, max(-1, n - 1 - i - bs.BATCH), -1)) for i in range(0, n, bs.BATCH)]]
+    assert bs.quality([reverse])["displacement"] == pytest.approx(0.5, abs=1e-3)
+    # two ranks: step t of rank 0, then step t of rank 1, so index order split in halves is displaced
+    halves = [index_order[0][: n // bs.BATCH // 2], index_order[0][n // bs.BATCH // 2:]]
+    assert bs.quality([halves])["displacement"] == pytest.approx(0.25, abs=0.01)
+
+
+def test_shuffle_orders_cover_the_epoch_once() -> None:
+    from benchmarks import bench_shuffle as bs
+    from streamio.data.plan import Shuffle
+
+    n = bs.SHARDS * bs.PER_SHARD
+    for batches in (bs.streamio_batches(Shuffle(), 2, 2, 0), bs.webdataset_batches(2, 2, 0), bs.iid_batches(2, 2, 0)):
+        flat = sorted(x for rank in batches for b in rank for x in b)
+        assert flat == list(range(n))
+        assert all(len(b) <= bs.BATCH for rank in batches for b in rank)
+    off = bs.streamio_batches(Shuffle.off(), 1, 1, 0)
+    assert [x for b in off[0] for x in b] == list(range(n))
+    # the default interleaves 32 shards per worker: 1 rank x 2 workers holds 32 shards each
+    assert bs.quality([bs.streamio_batches(Shuffle(), 1, 2, 0)])["shards_mean"] == 32.0
+    # webdataset splits shards by rank and worker before shuffling them: worker 1 of rank 0 of 2 x 2
+    # reads shards 2, 6, 10, ... only
+    first = bs.webdataset_batches(2, 2, 0)[0][1]
+    assert {x // bs.PER_SHARD for x in first} <= set(range(2, bs.SHARDS, 4))
+
+
+def test_shuffle_run_reports_peers_not_measured(monkeypatch: pytest.MonkeyPatch) -> None:
+    from benchmarks import bench_shuffle as bs
+
+    monkeypatch.setattr(bs, "TOPOLOGIES", ((1, 2),))
+    monkeypatch.setattr(bs, "SEEDS", (0,))
+
+    def broken(peer: str, *a: Any, **k: Any) -> Any:
+        raise RuntimeError(f"{peer} environment is broken")
+
+    monkeypatch.setattr(bs, "peer_orders", broken)
+    res = bs.run(False, peers=["mosaicml"], log=lambda s: None)
+    assert res["not_measured"]["mosaicml"] == "failed: RuntimeError: mosaicml environment is broken"
+    assert res["not_measured"]["litdata"].startswith("not requested")
+    assert [r["loader"] for r in res["rows"]][-1] == "iid (reference)"
+    quick = bs.run(True, log=lambda s: None)
+    assert set(quick["not_measured"]) == set(bs.PEERS) and quick["setup"]["seeds"] == [0]
+    with pytest.raises(ValueError, match="unknown peer 'nope'"):
+        bs._peer_main("nope", [(1, 2)], [0])
+
+
+def test_mixture_sources_must_hold_the_same_bytes(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from benchmarks import bench_mixture
+    from benchmarks.bench_dataset import Dataset
+
+    cfg, split = bench_mixture.config(quick=True)
+    assert cfg.shards == sum(split) and cfg.compute_ms == 0.0
+    made = iter([Dataset("s", "", ["a"] * 4, 40, 4000), Dataset("p", "", ["a"] * 2, 20, 2000),
+                 Dataset("p", "", ["a"], 10, 1000), Dataset("p", "", ["a"], 9, 1000)])
+    monkeypatch.setattr(bench_mixture, "make_dataset", lambda *a: next(made))
+    with pytest.raises(RuntimeError, match="hold 39 samples / 4000 bytes, the single source 40 / 4000"):
+        bench_mixture._datasets(str(tmp_path), cfg, split)
+    ranks = [{"epochs": [{"samples": 88, "wall_s": 5.0, "first_batch_s": 3.0}]},
+             {"epochs": [{"samples": 88, "wall_s": 4.0, "first_batch_s": 1.0}]}]
+    assert bench_mixture._steady(ranks, 8)["steady_samples_per_s"] == pytest.approx(160 / 3.0)
+
+
+def test_shuffle_and_mixture_sections_render(tmp_path: Path) -> None:
+    s = common.summary
+    row = {"loader": "streamio Shuffle() (default)", "topology": "1x2", "shards_mean": 32.0, "shards_p10": 32.0,
+           "classes_mean": 10.0, "classes_p10": 10.0, "displacement": 0.331, "batches": 200, "seeds": 1,
+           "reads": "32 sequential shard reads"}
+    res = {
+        "machine": common.machine(),
+        "shuffle": {"status": "ok", "setup": {"shards": 64, "samples_per_shard": 100, "classes": 10, "batch_size": 32,
+                                              "seeds": [0], "topologies": ["1x2"]},
+                    "rows": [row, {**row, "loader": "iid (reference)", "shards_mean": 25.3, "shards_p10": 23.0}],
+                    "not_measured": {"litdata": "not requested"}},
+        "mixture": {"status": "ok", "config": {"shards": 4, "sample_kb": 64, "latency_ms": 30.0, "ranks": 2,
+                                               "workers": 1, "batch_size": 8, "reps": 1, "split": [2, 1, 1],
+                                               "weights": [2, 1, 1]},
+                    "dataset_bytes": 16_000_000, "dataset_samples": 244,
+                    "contenders": {n: {"samples_per_s": s([100.0]), "MBps": s([6.5]), "first_batch_s": s([2.0]),
+                                       "stall_steady": s([0.1])} for n in ("1 source", "3 sources mixed")},
+                    "ratios": {"mixture / 1 source (samples/s)": 0.97}},
+    }
+    plots = run.make_plots(res, tmp_path)
+    assert plots == ["shuffle_quality.png"] and (tmp_path / plots[0]).read_bytes()[:4] == b"\x89PNG"
+    text = run.write_report(res, tmp_path, plots).read_text()
+    assert "| streamio Shuffle() (default) | 1x2 | 32.0 (32) | 10.0 (10) | 0.331 | 32 sequential shard reads |" in text
+    assert "| litdata | - | n/a | n/a | n/a | not measured: not requested |" in text
+    assert "Distinct shards per batch with streamio's default, on average: 32.0 at 1 x 2." in text
+    assert "![shuffle_quality.png](shuffle_quality.png)" in text
+    assert "| 3 sources mixed | 100 [100-100] | n/a | 6 [6-6] | 2.00 [2.00-2.00] | 10.0 [10.0-10.0] |" in text
+    assert "| mixture: mixture / 1 source (samples/s) | 0.97 |" in text  # in the headline table
+    assert "The shuffle section ran no peer environment this time" in text
