@@ -23,16 +23,25 @@ save thread. The protocol lives in modules of one concept each:
   shows), options.py (SaveOptions, SaveStats);
 * wrappers.py: a module's state under wrapper-independent keys (DDP, torch.compile);
 * tree.py turns state dicts into JSON + tensor references and back without ever unpickling,
-  serialize.py handles the tensor bytes; rng.py is ``RNGState``, every RNG of a rank.
+  serialize.py handles the tensor bytes; rng.py is ``RNGState``, every RNG of a rank;
+  entries.py (PURE) the JSON of a document's entries (parts, tensors, sharded tensors);
+* sharded/: DTensor state (FSDP2, tensor parallelism): saving local shards without a gather,
+  restoring onto any sharding with ranged verified reads, ``ShardedModelState``, and
+  ``StreamioWriter`` / ``StreamioReader``, a torch DCP storage pair over the same protocol
+  (docs/sharded-checkpoints.md). The DCP pair is imported on first access (torch DCP costs a
+  second to import).
 
 See docs/design.md "Checkpoints" (layout, formats, commit protocol) and
 docs/checkpoint-lifecycle.md (timelines, bad saves, retention, gc, rm).
 """
 
+from typing import Any
+
 from streamio.checkpoint.manager import CheckpointManager
 from streamio.checkpoint.options import SaveOptions, SaveStats
 from streamio.checkpoint.retention import KeepAll, KeepBest, KeepEvery, KeepLast, RetentionPolicy
 from streamio.checkpoint.rng import RNGState
+from streamio.checkpoint.sharded.app_state import ShardedModelState
 
 __all__ = [
     "CheckpointManager",
@@ -44,4 +53,16 @@ __all__ = [
     "RetentionPolicy",
     "SaveOptions",
     "SaveStats",
+    "ShardedModelState",
+    "StreamioReader",
+    "StreamioWriter",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """``StreamioWriter`` / ``StreamioReader``, imported on first use (they import torch DCP)."""
+    if name in ("StreamioWriter", "StreamioReader"):
+        from streamio.checkpoint import sharded
+
+        return getattr(sharded, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

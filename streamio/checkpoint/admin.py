@@ -39,6 +39,7 @@ from streamio.checkpoint.catalog import delete_step as delete_step  # re-exporte
 from streamio.checkpoint.catalog import detect_foreign as detect_foreign
 from streamio.checkpoint.records import Manifest
 from streamio.checkpoint.serialize import StreamReader, decode_part, verify_file
+from streamio.checkpoint.sharded.fetch import verify_blocks
 from streamio.checkpoint.timeline import Tip, classify
 from streamio.checkpoint.validate import ManifestError
 from streamio.checksum import checksum_bytes
@@ -59,14 +60,19 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-def verify_checkpoint(store: Store, step: int, *, path: str | None = None, concurrency: int = 8) -> list[str]:
+def verify_checkpoint(
+    store: Store, step: int, *, path: str | None = None, concurrency: int = 8,
+    progress: Callable[[int, int, int], None] | None = None,
+) -> list[str]:
     """Every problem with a save of ``step`` (each naming the object at fault); empty when it verifies.
 
-    Reads every file the manifest lists, checks sizes and CRC32C, and every tensor's CRC32C.
+    Reads every file the manifest lists, checks sizes and CRC32C (and each block's, where parts
+    carry block checksums: saves with sharded state), and every tensor's CRC32C.
     Files are read one after another: ``concurrency`` is not used yet (kept for its callers).
 
     Args:
         path: the save directory; default: the one :func:`~.catalog.resolve_save` picks.
+        progress: ``progress(done, total, nbytes)``: files read of ``total`` and their bytes so far.
     """
     sdir = path if path is not None else resolve_save(store, step)
     try:
@@ -75,16 +81,23 @@ def verify_checkpoint(store: Store, step: int, *, path: str | None = None, concu
         return [str(exc)]
     problems: list[str] = []
     parts: dict[int, dict[int, bytes | memoryview]] = {}
-    for f in manifest.files:
+    report = progress or (lambda done, total, nbytes: None)
+    report(0, len(manifest.files), 0)
+    nbytes = 0
+    for done, f in enumerate(manifest.files, 1):
         url = store.url(f"{sdir}/{f.path}")
         try:
             data = store.read_view(f"{sdir}/{f.path}")
             verify_file(data, f, url)
-            parts.setdefault(f.rank, {})[f.start] = decode_part(data, f, url)
+            parts.setdefault(f.rank, {})[f.start] = raw = decode_part(data, f, url)
+            if f.blocks:  # what ranged reads of sharded state are verified against
+                verify_blocks(raw, f, 0, url)
         except FileNotFoundError:
             problems.append(f"{url} is missing")
         except CorruptDataError as exc:
             problems.append(str(exc))
+        nbytes += f.size
+        report(done, len(manifest.files), nbytes)
     if problems:
         return problems
     for section in [manifest.replicated, *manifest.per_rank]:
@@ -136,7 +149,8 @@ class GarbageReport:
 
 
 def collect_garbage(
-    store: Store, *, dry_run: bool = False, min_age_s: float = 3600.0, now: float | None = None
+    store: Store, *, dry_run: bool = False, min_age_s: float = 3600.0, now: float | None = None,
+    progress: Callable[[int, int, int], None] | None = None,
 ) -> GarbageReport:
     """Delete what no current checkpoint needs (see the module docstring).
 
@@ -157,6 +171,7 @@ def collect_garbage(
       invisible, billed parts).
 
     Whole saves lose their manifest first, so a half-deleted save is never taken for complete.
+    ``progress(done, total, nbytes)`` is called after each deletion (objects deleted of ``total``).
     """
     now = time.time() if now is None else now
     listing = store.list()
@@ -189,8 +204,12 @@ def collect_garbage(
                                                                                    pointed))]
     doomed.sort(key=lambda o: (o.path.rsplit("/", 1)[-1] != layout.MANIFEST, o.path))
     if not dry_run:
-        for o in doomed:
+        report = progress or (lambda done, total, nbytes: None)
+        deleted = 0
+        for n, o in enumerate(doomed, 1):
             store.delete(o.path)
+            deleted += o.size
+            report(n, len(doomed), deleted)
     uploads = _abandoned_uploads(store, dry_run=dry_run, min_age_s=min_age_s)
     return GarbageReport(tuple(o.path for o in doomed), sum(o.size for o in doomed), uploads, tuple(kept))
 

@@ -56,7 +56,7 @@ from streamio.checkpoint.options import SaveOptions, SaveStats
 from streamio.checkpoint.pruning import Pruner
 from streamio.checkpoint.records import DoneMarker, FileEntry, Manifest, Pointer, Section
 from streamio.checkpoint.retention import RetentionPolicy
-from streamio.checkpoint.serialize import encode_part
+from streamio.checkpoint.serialize import block_checksums, encode_part
 from streamio.checkpoint.snapshot import Snapshot
 from streamio.checkpoint.timeline import Point, Timeline, Tip, branch
 from streamio.checkpoint.validate import ManifestError
@@ -273,7 +273,9 @@ class Committer:
             start, end = ranges[i]
             data, checksum = encode_part(job.stream[start:end], opts.compression, opts.zstd_level)
             path = layout.part_path(comm.rank, save_id, i)
-            entry = FileEntry(path, comm.rank, start, end - start, len(data), checksum, opts.compression)
+            size = job.block_size if opts.compression is None else 0  # blocks: ranged reads of sharded state
+            blocks = block_checksums(job.stream[start:end], size) if size else ()
+            entry = FileEntry(path, comm.rank, start, end - start, len(data), checksum, opts.compression, size, blocks)
             store.put(f"{sdir}/{entry.path}", data)
             return entry
 
@@ -287,6 +289,7 @@ class Committer:
         marker = DoneMarker(
             rank=comm.rank, save_id=save_id, files=tuple(files), replicated_tensors=rep_entries,
             per_rank=Section(tree=job.per_rank_tree, tensors=rank_entries), replicated_tree=job.replicated_tree,
+            sharded=job.sharded,
         )
         store.put(f"{sdir}/{layout.marker_path(comm.rank, save_id)}", mf.marker_to_bytes(marker), mode="create")
         self._phase("markers")

@@ -3,8 +3,9 @@
 A manifest holds the whole non-tensor state as tagged JSON (:mod:`.tree`): the step and epoch,
 the data position (each rank's), the scheduler, counters and early stopping, optimizer
 hyper-parameters, RNG positions. :func:`describe` turns it into plain JSON for a reader: tensors
-are left out of the state (they are listed with their global shapes and dtypes), tuples and sets
-become lists, non-string keys strings, inf/nan strings, bytes their length. Nothing is decoded
+are left out of the state (they are listed with their global shapes and dtypes, and sharded ones
+with the sharding they were saved with: placements over a device mesh, and each rank's chunk),
+tuples and sets become lists, non-string keys strings, inf/nan strings, bytes their length. Nothing is decoded
 into live objects and nothing is unpickled: this runs on a laptop without torch.
 """
 
@@ -14,10 +15,10 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from streamio.checkpoint.records import Manifest
+from streamio.checkpoint.records import Manifest, ShardedEntry
 from streamio.checkpoint.timeline import timeline_to_json
 
-__all__ = ["describe", "readable"]
+__all__ = ["describe", "readable", "sharding"]
 
 _TAG = "$t"  # tree.TAG (tree.py imports torch; this module must not)
 _DROP = object()  # a tensor: shown in the tensor list, not in the state
@@ -38,7 +39,7 @@ def _readable(tree: Any) -> Any:
     tag = tree.get(_TAG)
     if tag is None:
         return _container({str(k): _readable(v) for k, v in tree.items()}, dict)
-    if tag in ("tensor", "ndarray"):
+    if tag in ("tensor", "ndarray", "dtensor"):
         return _DROP
     if tag in ("tuple", "set"):
         return _container([_readable(v) for v in tree.get("v") or []], list)
@@ -95,5 +96,25 @@ def describe(
         "bytes": m.total_bytes,
         "files": len(m.files),
         "tensors": [{"section": s, "key": k, "dtype": e.dtype, "shape": list(e.shape), "nbytes": e.nbytes,
-                     "rank": e.rank} for s, k, e in tensors],
+                     "rank": e.rank} for s, k, e in tensors] + [_sharded_row(k, e) for k, e in m.sharded.items()],
     }
+
+
+def sharding(e: ShardedEntry) -> str:
+    """How a sharded tensor was saved, in words: ``"Shard(dim=0) over mesh [2] (dp), 2 chunks"``."""
+    layout, n = e.layout, len(e.chunks)
+    chunks = f"{n} chunk{'s' if n != 1 else ''}"
+    placements = layout.get("placements")
+    if not isinstance(placements, list) or not placements:
+        return chunks
+    dims = layout.get("dims") or []
+    named = f" ({', '.join(map(str, dims))})" if dims else ""
+    return f"{', '.join(map(str, placements))} over mesh {layout.get('mesh')}{named}, {chunks}"
+
+
+def _sharded_row(key: str, e: ShardedEntry) -> dict[str, Any]:
+    """An ``inspect`` row of a sharded tensor: its global shape and how it was sharded."""
+    return {"section": "sharded", "key": key, "dtype": e.dtype, "shape": list(e.shape),
+            "nbytes": sum(c.nbytes for c in e.chunks), "rank": None, "sharding": sharding(e),
+            "layout": dict(e.layout),
+            "chunks": [{"rank": c.rank, "offsets": list(c.offsets), "sizes": list(c.sizes)} for c in e.chunks]}

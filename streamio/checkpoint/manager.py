@@ -163,7 +163,7 @@ class CheckpointManager:
         t0 = time.perf_counter()
         self._wait_pending()
         job = take_snapshot(step, state, comm=self._comm, per_rank=self.options.per_rank, buffer=self._buffer,
-                            metrics=dict(metrics or {}), started=t0)
+                            metrics=dict(metrics or {}), started=t0, block_size=self.options.block_size)
         if self.async_save:
             self._pending = self._executor.submit(self._commit, job)
         else:

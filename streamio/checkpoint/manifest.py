@@ -17,8 +17,12 @@ complete one (:mod:`.commit`).
 
 Format 2 (timelines, docs/checkpoint-lifecycle.md) adds to the manifest the ``timeline`` of the
 job that wrote it and its ``parent`` save, and to the pointer the current ``timeline`` and a
-``path`` that may name a suffixed save directory (:func:`~.layout.save_dir`). Format 1 documents
-are still read (their timeline is ``""``); a newer format is refused with "upgrade streamio".
+``path`` that may name a suffixed save directory (:func:`~.layout.save_dir`). Format 3
+(docs/sharded-checkpoints.md) is format 2 plus a ``sharded`` section (DTensors saved as chunks by
+the ranks that held them) and block checksums on the parts; it is written only when the state
+held sharded tensors, so other saves stay readable by older streamio. Format 1 and 2 documents
+are still read (format 1's timeline is ``""``); a newer format is refused with "upgrade streamio".
+The JSON of the entries (parts, tensors, sections, sharded tensors) is :mod:`.entries`.
 
 These documents are read back from storage that others can write, so the parsers here trust
 nothing: size and nesting are bounded (:mod:`streamio.limits`), every field is checked, paths
@@ -30,11 +34,10 @@ checkpoint is verified even for a step that ``latest.json`` does not name.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict
 from typing import Any
 
+from streamio.checkpoint import entries as ent
 from streamio.checkpoint import validate as vd
 from streamio.checkpoint.layout import LATEST as LATEST  # re-exported: layout.py
 from streamio.checkpoint.layout import MANIFEST as MANIFEST
@@ -47,7 +50,7 @@ from streamio.checkpoint.layout import rank_dir as rank_dir
 from streamio.checkpoint.layout import save_dir as save_dir
 from streamio.checkpoint.layout import split_ranges as split_ranges
 from streamio.checkpoint.layout import step_dir as step_dir
-from streamio.checkpoint.records import DoneMarker, FileEntry, Manifest, Pointer, Section, TensorEntry
+from streamio.checkpoint.records import DoneMarker, FileEntry, Manifest, Pointer, Section, ShardedEntry, TensorEntry
 from streamio.checkpoint.retention import CheckpointRecord as CheckpointRecord  # re-exported: retention.py
 from streamio.checkpoint.retention import KeepAll as KeepAll
 from streamio.checkpoint.retention import KeepAny as KeepAny
@@ -59,9 +62,10 @@ from streamio.checkpoint.retention import steps_to_delete as steps_to_delete
 from streamio.checkpoint.timeline import Timeline, timeline_from_json, timeline_to_json
 from streamio.checkpoint.validate import ManifestError  # defined beside the checks that raise it
 from streamio.checksum import checksum_bytes
-from streamio.limits import MAX_JSON_BYTES, MAX_JSON_DEPTH, json_depth, load_json
+from streamio.limits import MAX_JSON_BYTES
 
 FORMAT = "streamio.checkpoint/2"
+SHARDED_FORMAT = "streamio.checkpoint/3"  # a manifest with sharded tensors (else FORMAT)
 POINTER_FORMAT = "streamio.checkpoint.latest/2"
 _FORMAT_V1 = "streamio.checkpoint/1"
 _POINTER_FORMAT_V1 = "streamio.checkpoint.latest/1"
@@ -69,98 +73,18 @@ MARKER_FORMAT = "streamio.checkpoint.done/1"
 _FORMAT_FAMILY = "streamio.checkpoint/"
 _POINTER_FAMILY = "streamio.checkpoint.latest/"
 
-_DTYPE_RE = re.compile(r"[a-z][a-z0-9_]{0,31}")
-_COMPRESSIONS = (None, "zstd")
-_MAX_DIMS = 64
 _MAX_WORLD = 1 << 20
 _MAX_POINTER_BYTES = 64 << 10
 
 
-# ------------------------------------------------------------------------------------ encoding
-# Every parser below checks every field before it returns (see validate.py): a document that
-# parses names only confined paths, consistent sizes and well-formed checksums.
-def _file_to_json(f: FileEntry) -> dict[str, Any]:
-    return asdict(f)
-
-
-def _file_from_json(d: Any, what: str) -> FileEntry:
-    if not isinstance(d, dict):
-        raise ManifestError(f"{what}: must be an object, got {type(d).__name__}")
-    compression = d.get("compression")
-    if compression not in _COMPRESSIONS:
-        raise ManifestError(f"{what}: compression {vd.short(compression)} is not 'zstd' or null")
-    entry = FileEntry(
-        path=vd.relative_path(d.get("path"), what),
-        rank=vd.integer(d, "rank", what),
-        start=vd.integer(d, "start", what),
-        raw_size=vd.integer(d, "raw_size", what),
-        size=vd.integer(d, "size", what),
-        checksum=vd.checksum(d, "checksum", what),
-        compression=compression,
-    )
-    if compression is None and entry.size != entry.raw_size:
-        raise ManifestError(
-            f"{what}: uncompressed part {entry.path!r} has size {entry.size} but raw_size {entry.raw_size}"
-        )
-    return entry
-
-
-def _tensor_to_json(t: TensorEntry) -> dict[str, Any]:
-    return {"rank": t.rank, "offset": t.offset, "nbytes": t.nbytes, "dtype": t.dtype, "shape": list(t.shape),
-            "checksum": t.checksum}
-
-
-def _tensor_from_json(d: Any, what: str) -> TensorEntry:
-    if not isinstance(d, dict):
-        raise ManifestError(f"{what}: must be an object, got {type(d).__name__}")
-    shape = d.get("shape")
-    if (
-        not isinstance(shape, list) or len(shape) > _MAX_DIMS
-        or not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s <= vd.MAX_INT for s in shape)
-    ):
-        raise ManifestError(f"{what}: invalid shape {vd.short(shape)} (at most {_MAX_DIMS} non-negative integers)")
-    dtype = vd.string(d, "dtype", what)
-    if not _DTYPE_RE.fullmatch(dtype):
-        raise ManifestError(f"{what}: invalid dtype name {vd.short(dtype)}")
-    return TensorEntry(
-        rank=vd.integer(d, "rank", what), offset=vd.integer(d, "offset", what), nbytes=vd.integer(d, "nbytes", what),
-        dtype=dtype, shape=tuple(shape), checksum=vd.checksum(d, "checksum", what),
-    )
-
-
-def _section_to_json(s: Section) -> dict[str, Any]:
-    return {"tree": s.tree, "tensors": {k: _tensor_to_json(v) for k, v in s.tensors.items()}}
-
-
-def _section_from_json(d: Any, what: str) -> Section:
-    if not isinstance(d, dict):
-        raise ManifestError(f"{what}: must be an object with 'tree' and 'tensors', got {type(d).__name__}")
-    tree = d.get("tree")
-    if tree is not None and not isinstance(tree, dict):
-        raise ManifestError(f"{what}: 'tree' must be an object of state names, got {type(tree).__name__}")
-    tensors = vd.mapping(d, "tensors", what)
-    return Section(tree=tree, tensors={k: _tensor_from_json(v, f"{what}, tensor {k!r}") for k, v in tensors.items()})
-
-
-def _files(doc: Mapping[str, Any], what: str) -> tuple[FileEntry, ...]:
-    return tuple(_file_from_json(f, f"{what}, file {i}") for i, f in enumerate(_list(doc, "files", what)))
-
-
-def _dump(doc: dict[str, Any], what: str) -> bytes:
-    """JSON bytes of a document that the readers will accept back (depth checked here, at save)."""
-    depth = json_depth(doc, limit=MAX_JSON_DEPTH)
-    if depth > MAX_JSON_DEPTH:
-        raise ManifestError(
-            f"{what} would nest {depth}+ levels deep, over the {MAX_JSON_DEPTH} levels a checkpoint may hold: "
-            f"flatten the deepest value of the state"
-        )
-    return json.dumps(doc, allow_nan=False, separators=(",", ":")).encode()
+# Every parser below checks every field before it returns (see validate.py, entries.py): a
+# document that parses names only confined paths, consistent sizes and well-formed checksums.
 
 
 def manifest_to_bytes(m: Manifest) -> bytes:
     """Serialize a manifest (UTF-8 JSON, keys in a stable order), sealed with its own checksum."""
     doc = {
-        "format": FORMAT,
+        "format": SHARDED_FORMAT if m.sharded else FORMAT,
         "step": m.step,
         "save_id": m.save_id,
         "world_size": m.world_size,
@@ -169,11 +93,13 @@ def manifest_to_bytes(m: Manifest) -> bytes:
         "software": dict(m.software),
         "timeline": None if m.timeline is None else timeline_to_json(m.timeline),
         "parent": m.parent or None,
-        "files": [_file_to_json(f) for f in m.files],
-        "replicated": _section_to_json(m.replicated),
-        "per_rank": [_section_to_json(s) for s in m.per_rank],
+        "files": [ent.file_to_json(f) for f in m.files],
+        "replicated": ent.section_to_json(m.replicated),
+        "per_rank": [ent.section_to_json(s) for s in m.per_rank],
     }
-    return vd.seal(_dump(doc, f"manifest of step {m.step}"))
+    if m.sharded:
+        doc["sharded"] = ent.sharded_to_json(m.sharded)
+    return vd.seal(ent.dump(doc, f"manifest of step {m.step}"))
 
 
 def manifest_from_bytes(data: bytes, *, step: int | None = None, checksum: str | None = None) -> Manifest:
@@ -192,7 +118,8 @@ def manifest_from_bytes(data: bytes, *, step: int | None = None, checksum: str |
     what = "manifest" if step is None else f"manifest of step {step}"
     data = bytes(data)
     doc = _load_json(data, what)
-    fmt = _check_format(doc, (FORMAT, _FORMAT_V1), _FORMAT_FAMILY, what)  # first: newer is "upgrade", not "damaged"
+    # first: a newer format is "upgrade", not "damaged"
+    fmt = ent.check_format(doc, (SHARDED_FORMAT, FORMAT, _FORMAT_V1), _FORMAT_FAMILY, what)
     if checksum is not None and checksum_bytes(data) != checksum:
         raise ManifestError(
             f"{what} has checksum {checksum_bytes(data)}, but {LATEST} recorded {checksum} when it was committed: "
@@ -204,19 +131,20 @@ def manifest_from_bytes(data: bytes, *, step: int | None = None, checksum: str |
     what = f"manifest of step {found}"
     sealed = vd.unseal(data, doc, what)
     world = vd.integer(doc, "world_size", what)
-    per_rank_docs = _list(doc, "per_rank", what)
+    per_rank_docs = ent.list_field(doc, "per_rank", what)
     if not 1 <= world <= _MAX_WORLD or len(per_rank_docs) != world:
         raise ManifestError(f"{what} has world_size {world} but {len(per_rank_docs)} per-rank sections")
-    files = _files(doc, what)
-    replicated = _section_from_json(doc.get("replicated"), f"{what}, replicated section")
-    per_rank = tuple(_section_from_json(s, f"{what}, rank {r}'s section") for r, s in enumerate(per_rank_docs))
+    files = ent.files_field(doc, what)
+    replicated = ent.section_from_json(doc.get("replicated"), f"{what}, replicated section")
+    per_rank = tuple(ent.section_from_json(s, f"{what}, rank {r}'s section") for r, s in enumerate(per_rank_docs))
+    sharded = ent.sharded_from_json(doc["sharded"], what) if fmt == SHARDED_FORMAT else {}
     for r, section in enumerate(per_rank):
         for key, t in section.tensors.items():
             if t.rank != r:
                 raise ManifestError(f"{what}: rank {r}'s tensor {key!r} claims to live in rank {t.rank}'s stream")
-    tensors = [*replicated.tensors.items(), *(item for s in per_rank for item in s.tensors.items())]
+    tensors = [*replicated.tensors.items(), *(item for s in per_rank for item in s.tensors.items()), *_chunks(sharded)]
     vd.streams(files, tensors, world_size=world, what=what)
-    timeline, parent = _lineage(doc, what) if fmt == FORMAT else (None, "")
+    timeline, parent = _lineage(doc, what) if fmt != _FORMAT_V1 else (None, "")
     return Manifest(
         step=found,
         save_id=vd.save_id(doc, "save_id", what),
@@ -226,11 +154,17 @@ def manifest_from_bytes(data: bytes, *, step: int | None = None, checksum: str |
         files=files,
         metrics=vd.mapping(doc, "metrics", what),
         software=vd.mapping(doc, "software", what),
-        created=_optional_str(doc, "created", what),
+        created=ent.optional_str(doc, "created", what),
         checksum=sealed,
         timeline=timeline,
         parent=parent,
+        sharded=sharded,
     )
+
+
+def _chunks(sharded: Mapping[str, ShardedEntry]) -> list[tuple[str, Any]]:
+    """``(name, chunk)`` of every chunk, for the stream checks (a chunk has rank, offset, nbytes)."""
+    return [(f"{key} chunk {list(c.offsets)}", c) for key, e in sharded.items() for c in e.chunks]
 
 
 def _lineage(doc: Mapping[str, Any], what: str) -> tuple[Timeline | None, str]:
@@ -248,38 +182,41 @@ def marker_to_bytes(m: DoneMarker) -> bytes:
         "format": MARKER_FORMAT,
         "rank": m.rank,
         "save_id": m.save_id,
-        "files": [_file_to_json(f) for f in m.files],
-        "replicated_tensors": {k: _tensor_to_json(v) for k, v in m.replicated_tensors.items()},
-        "per_rank": _section_to_json(m.per_rank),
+        "files": [ent.file_to_json(f) for f in m.files],
+        "replicated_tensors": {k: ent.tensor_to_json(v) for k, v in m.replicated_tensors.items()},
+        "per_rank": ent.section_to_json(m.per_rank),
         "replicated_tree": m.replicated_tree,
     }
-    return _dump(doc, f"rank {m.rank}'s done marker")
+    if m.sharded:
+        doc["sharded"] = ent.sharded_to_json(m.sharded)
+    return ent.dump(doc, f"rank {m.rank}'s done marker")
 
 
 def marker_from_bytes(data: bytes) -> DoneMarker:
     """Parse and validate a rank's done marker (same checks as a manifest's)."""
     what = "done marker"
     doc = _load_json(data, what)
-    _check_format(doc, (MARKER_FORMAT,), "streamio.checkpoint.done/", what)
+    ent.check_format(doc, (MARKER_FORMAT,), "streamio.checkpoint.done/", what)
     rank = vd.integer(doc, "rank", what)
     what = f"rank {rank}'s done marker"
-    files = _files(doc, what)
+    files = ent.files_field(doc, what)
     rep_docs = vd.mapping(doc, "replicated_tensors", what)
-    rep = {k: _tensor_from_json(v, f"{what}, tensor {k!r}") for k, v in rep_docs.items()}
-    per_rank = _section_from_json(doc.get("per_rank"), f"{what}, per-rank section")
+    rep = {k: ent.tensor_from_json(v, f"{what}, tensor {k!r}") for k, v in rep_docs.items()}
+    per_rank = ent.section_from_json(doc.get("per_rank"), f"{what}, per-rank section")
+    sharded = ent.sharded_from_json(doc.get("sharded", {}), what, complete=False)
     tree = doc.get("replicated_tree")
     if tree is not None and not isinstance(tree, dict):
         raise ManifestError(f"{what}: 'replicated_tree' must be an object or null, got {type(tree).__name__}")
     for f in files:
         if f.rank != rank:
             raise ManifestError(f"{what} lists file {f.path!r} of rank {f.rank}")
-    tensors = [*rep.items(), *per_rank.tensors.items()]
+    tensors = [*rep.items(), *per_rank.tensors.items(), *_chunks(sharded)]
     for key, t in tensors:
         if t.rank != rank:
             raise ManifestError(f"{what} lists tensor {key!r} in rank {t.rank}'s stream")
     vd.streams(files, tensors, world_size=rank + 1, what=what)
     return DoneMarker(rank=rank, save_id=vd.save_id(doc, "save_id", what), files=files,
-                      replicated_tensors=rep, per_rank=per_rank, replicated_tree=tree)
+                      replicated_tensors=rep, per_rank=per_rank, replicated_tree=tree, sharded=sharded)
 
 
 def build_manifest(
@@ -293,8 +230,9 @@ def build_manifest(
     """Assemble the manifest from every rank's done marker (index = rank).
 
     Raises:
-        ManifestError: a rank is missing, a marker belongs to another save, or two ranks claim
-            the same replicated tensor.
+        ManifestError: a rank is missing, a marker belongs to another save, two ranks claim
+            the same replicated tensor, or the ranks' chunks of a sharded tensor disagree on its
+            dtype or shape or do not cover it.
     """
     if not markers:
         raise ManifestError(f"no done markers for step {step}")
@@ -312,6 +250,7 @@ def build_manifest(
             replicated[key] = entry
         files.extend(m.files)
     return Manifest(
+        sharded=_merge_sharded(markers),
         step=step,
         save_id=save_id,
         world_size=len(markers),
@@ -341,7 +280,7 @@ def pointer_from_bytes(data: bytes) -> Pointer:
     """
     what = LATEST
     doc = _load_json(data, what, max_bytes=_MAX_POINTER_BYTES)
-    fmt = _check_format(doc, (POINTER_FORMAT, _POINTER_FORMAT_V1), _POINTER_FAMILY, what)
+    fmt = ent.check_format(doc, (POINTER_FORMAT, _POINTER_FORMAT_V1), _POINTER_FAMILY, what)
     step = vd.integer(doc, "step", what)
     path = vd.string(doc, "path", what)
     save_id = vd.save_id(doc, "save_id", what, optional=True)
@@ -352,38 +291,25 @@ def pointer_from_bytes(data: bytes) -> Pointer:
         )
     timeline = timeline_from_json(doc.get("timeline"), what) if fmt == POINTER_FORMAT else Timeline()
     return Pointer(step=step, path=path, manifest_checksum=vd.checksum(doc, "manifest_checksum", what),
-                   save_id=save_id, created=_optional_str(doc, "created", what), timeline=timeline)
+                   save_id=save_id, created=ent.optional_str(doc, "created", what), timeline=timeline)
 
 
 def _load_json(data: bytes, what: str, *, max_bytes: int = MAX_JSON_BYTES) -> dict[str, Any]:
-    doc = load_json(data, what=what, error=ManifestError, max_bytes=max_bytes, max_depth=MAX_JSON_DEPTH)
-    if not isinstance(doc, dict):
-        raise ManifestError(f"{what} must be a JSON object, got {type(doc).__name__}")
-    return doc
+    return ent.load_doc(data, what, max_bytes=max_bytes)
 
 
-def _check_format(doc: Mapping[str, Any], readable: tuple[str, ...], family: str, what: str) -> str:
-    """The document's format if this streamio reads it (``readable``: newest first)."""
-    fmt = doc.get("format")
-    if fmt in readable:
-        return str(fmt)
-    names = " or ".join(map(repr, readable))
-    if isinstance(fmt, str) and fmt.startswith(family):
-        raise ManifestError(
-            f"{what} has format {vd.short(fmt)}; this streamio reads {names}: upgrade streamio to read it",
-            unknown_version=True,
-        )
-    raise ManifestError(
-        f"{what} has format {vd.short(fmt)}, not {names}: not written by streamio", unknown_version=True
-    )
-
-
-def _optional_str(d: Mapping[str, Any], key: str, what: str) -> str:
-    return vd.string(d, key, what) if d.get(key) is not None else ""
-
-
-def _list(d: Mapping[str, Any], key: str, what: str) -> list[Any]:
-    v = d.get(key)
-    if not isinstance(v, list):
-        raise ManifestError(f"{what}: field {key!r} must be a list, got {type(v).__name__}")
-    return v
+def _merge_sharded(markers: Sequence[DoneMarker]) -> dict[str, ShardedEntry]:
+    """Every rank's chunks of each sharded tensor in one entry, checked like a stored manifest's."""
+    merged: dict[str, ShardedEntry] = {}
+    for m in markers:
+        for key, e in m.sharded.items():
+            have = merged.get(key)
+            if have is not None and (have.dtype, have.shape) != (e.dtype, e.shape):
+                raise ManifestError(
+                    f"sharded tensor {key!r} is {have.dtype}{list(have.shape)} on one rank and "
+                    f"{e.dtype}{list(e.shape)} on rank {m.rank}: the ranks saved different models"
+                )
+            chunks = (have.chunks if have is not None else ()) + e.chunks
+            merged[key] = ShardedEntry(e.dtype, e.shape, chunks, (have or e).layout)
+    # the same checks as a stored manifest's (coverage by volume, boxes inside the shape)
+    return ent.sharded_from_json(ent.sharded_to_json(merged), "the ranks' done markers")

@@ -31,6 +31,10 @@ class SaveOptions:
             rank does long work alone before a save (an evaluation on rank 0 only). Every wait
             is bounded: once all ranks are in, waits for the slowest rank's uploads or downloads
             are bounded by the larger of this and 30 minutes (a rank that dies is noticed at once).
+        block_size: raw bytes per checksummed block of a part, in saves that hold sharded
+            (DTensor) state: the unit of a verified ranged read when a restore onto another
+            sharding needs only some rows of a part. Smaller blocks read less around each
+            needed span; each block costs one CRC32C string in the manifest.
     """
 
     part_size: int = 64 << 20
@@ -39,6 +43,7 @@ class SaveOptions:
     zstd_level: int = 3
     per_rank: frozenset[str] = frozenset({"rng", "data"})
     collective_timeout_s: float = 300.0
+    block_size: int = 1 << 20
 
     def __post_init__(self) -> None:
         if self.part_size < 4096:
@@ -48,6 +53,8 @@ class SaveOptions:
         if not self.collective_timeout_s > 0:
             raise ConfigError(f"collective_timeout_s must be a positive number of seconds, got "
                              f"{self.collective_timeout_s}")
+        if self.block_size < 1024:
+            raise ConfigError(f"block_size must be at least 1024 bytes, got {self.block_size}")
         object.__setattr__(self, "per_rank", frozenset(self.per_rank))
 
 

@@ -26,6 +26,10 @@ class FileEntry:
         size: stored bytes (``raw_size`` unless compressed).
         checksum: ``"crc32c:..."`` of the stored bytes.
         compression: ``None`` or ``"zstd"``.
+        block_size: raw bytes per checksummed block (``0``: none); set on the parts of a save
+            with sharded state, so that a restore can read a byte range of a part and verify it.
+        blocks: ``"crc32c:..."`` of each block of the raw part, in order (the last one may be
+            shorter); only on uncompressed parts.
     """
 
     path: str
@@ -35,6 +39,8 @@ class FileEntry:
     size: int
     checksum: str
     compression: str | None = None
+    block_size: int = 0
+    blocks: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -56,6 +62,44 @@ class TensorEntry:
     dtype: str
     shape: tuple[int, ...]
     checksum: str
+
+
+@dataclass(frozen=True)
+class ChunkEntry:
+    """One saved piece of a sharded tensor: a box of the global tensor, row-major in a rank's stream.
+
+    Attributes:
+        offsets: where the box starts in the global tensor, per dimension.
+        sizes: its extent per dimension.
+        rank: whose stream holds its bytes.
+        offset: where they start in that stream (may span consecutive parts).
+        nbytes: ``prod(sizes)`` times the element size.
+    """
+
+    offsets: tuple[int, ...]
+    sizes: tuple[int, ...]
+    rank: int
+    offset: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class ShardedEntry:
+    """A tensor saved as chunks by the ranks that held them (a DTensor, or any tensor written
+    through the DCP storage writer), restorable onto any other sharding.
+
+    Attributes:
+        dtype: torch dtype name (``"float32"``).
+        shape: the global shape.
+        chunks: the saved boxes; together they cover the global tensor exactly once.
+        layout: how it was sharded when saved, for people (``{"mesh": [2], "dims": ["dp"],
+            "placements": ["Shard(dim=0)"]}``); ``{}`` when not known. Restore never needs it.
+    """
+
+    dtype: str
+    shape: tuple[int, ...]
+    chunks: tuple[ChunkEntry, ...]
+    layout: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -91,6 +135,8 @@ class Manifest:
             written before timelines (format 1: the timeline ``""``).
         parent: the save directory of the save it follows (the previous save of its job, or the
             one the job restored); ``""`` if none or not recorded.
+        sharded: key -> tensor saved as chunks (format 3; the trees refer to them with
+            ``{"$t": "dtensor", "k": key}``); empty when the state held no sharded tensor.
     """
 
     step: int
@@ -105,6 +151,7 @@ class Manifest:
     checksum: str = field(default="", compare=False)
     timeline: Timeline | None = None
     parent: str = ""
+    sharded: Mapping[str, ShardedEntry] = field(default_factory=dict)
 
     @property
     def line(self) -> Timeline:
@@ -127,6 +174,7 @@ class DoneMarker:
     replicated_tensors: Mapping[str, TensorEntry]
     per_rank: Section
     replicated_tree: Any = None  # rank 0 only
+    sharded: Mapping[str, ShardedEntry] = field(default_factory=dict)  # the chunks this rank wrote
 
 
 @dataclass(frozen=True)

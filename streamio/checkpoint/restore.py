@@ -12,6 +12,10 @@ raises, with nothing loaded. A save the walk rejected is recorded as bad in the 
 (:func:`~.catalog.record_bad`, rank 0), so ``streamio ckpt ls`` flags it, later restores skip it
 and retention and ``gc`` remove it.
 
+Sharded tensors (DTensors) are bound to the live tensors while the state decodes, and then just
+the boxes this rank holds now, in whatever sharding, are read with ranged, block-verified GETs
+(:mod:`.sharded.loading`), before anything is loaded, like every other part.
+
 Under ``torch.distributed`` every step of the walk is agreed on: rank 0 reads the candidates and
 broadcasts them, and every rank reports its outcome for each candidate, so all ranks load the
 same step or all raise.
@@ -28,9 +32,11 @@ from streamio.checkpoint import candidates, layout
 from streamio.checkpoint.candidates import Candidate
 from streamio.checkpoint.catalog import pointer_version, read_manifest, record_bad
 from streamio.checkpoint.comm import Comm
-from streamio.checkpoint.records import FileEntry, Manifest, TensorEntry
+from streamio.checkpoint.records import Manifest, TensorEntry
 from streamio.checkpoint.restore_plan import RestorePlan, apply, decode_state, mismatches
-from streamio.checkpoint.serialize import StreamReader, decode_part, verify_file
+from streamio.checkpoint.serialize import StreamReader
+from streamio.checkpoint.sharded.fetch import Span, fetch_spans
+from streamio.checkpoint.sharded.loading import read_pending, sources_for
 from streamio.checkpoint.timeline import Point
 from streamio.checkpoint.tree import VerifiedTensor
 from streamio.errors import CheckpointError, CheckpointNotFoundError, CorruptDataError
@@ -186,7 +192,12 @@ class Restorer:
             log.warning("checkpoint step %d was saved by %d ranks and is restored by %d: "
                         "rank %d gets rank %d's per-rank state", step, manifest.world_size, world, rank, src_rank)
         self._loaded = manifest
-        return decode_state(state, manifest.replicated.tree, manifest.per_rank[src_rank].tree, tensors)
+        sources, pending = sources_for(manifest.sharded)  # DTensors: bound to the live ones while decoding
+        plan = decode_state(state, manifest.replicated.tree, manifest.per_rank[src_rank].tree, {**tensors, **sources})
+        if pending:  # read and verify just the boxes this rank holds now (any sharding), before loading
+            plan.copies.extend(read_pending(self.part_store, manifest.files, pending, sdir=c.path,
+                                            concurrency=self.concurrency))
+        return plan
 
 
 def _classify(exc: BaseException, explicit: bool) -> str:
@@ -218,25 +229,11 @@ def load_tensors(
         sdir: the save directory (default: the step's own directory).
     """
     sdir = sdir if sdir is not None else layout.step_dir(manifest.step)
-    spans: dict[int, list[tuple[int, int]]] = {}
-    for e in wanted.values():
-        spans.setdefault(e.rank, []).append((e.offset, e.offset + e.nbytes))
-    needed = [
-        f for f in manifest.files
-        if any(a < f.start + f.raw_size and f.start < b for a, b in spans.get(f.rank, ()))
-    ]
-
-    def fetch(f: FileEntry) -> bytes | memoryview:
-        # verified in the reading thread: checksums overlap the other GETs (CRC32C drops the GIL)
-        url = store.url(f"{sdir}/{f.path}")
-        data = store.read_view(f"{sdir}/{f.path}")  # local: mapped, verified and copied from the page cache
-        verify_file(data, f, url)
-        return decode_part(data, f, url)
-
-    parts: dict[int, dict[int, bytes | memoryview]] = {}
-    with concurrent.futures.ThreadPoolExecutor(max(1, concurrency), thread_name_prefix="streamio-ckpt-get") as pool:
-        for f, raw in zip(needed, gather(pool, fetch, needed), strict=True):
-            parts.setdefault(f.rank, {})[f.start] = raw
+    # verified in the reading threads: checksums overlap the other GETs (CRC32C drops the GIL);
+    # whole parts (local: mapped, verified and copied from the page cache), or with block
+    # checksums (saves with sharded state) only the blocks holding ``wanted``
+    spans = [Span(e.rank, e.offset, e.offset + e.nbytes) for e in wanted.values() if e.nbytes]
+    parts = fetch_spans(store, manifest.files, spans, sdir=sdir, concurrency=concurrency)
     readers = {r: StreamReader(p, r, store.url(sdir)) for r, p in parts.items()}
 
     def check(item: tuple[str, TensorEntry]) -> VerifiedTensor:

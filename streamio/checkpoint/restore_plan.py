@@ -28,7 +28,8 @@ from typing import Any
 
 import torch
 
-from streamio.checkpoint.tree import VerifiedTensor, decode_tree, run_copies
+from streamio.checkpoint.sharded.app_state import ShardedModelState
+from streamio.checkpoint.tree import CopySource, decode_tree, run_copies
 from streamio.checkpoint.wrappers import ModuleKeys
 from streamio.errors import CheckpointError
 
@@ -48,14 +49,14 @@ class RestorePlan:
     """A decoded state, ready to load. Nothing live has changed while it was built."""
 
     entries: list[_Entry] = field(default_factory=list)
-    copies: list[tuple[VerifiedTensor, torch.Tensor]] = field(default_factory=list)
+    copies: list[tuple[CopySource, torch.Tensor]] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
     saved: list[str] = field(default_factory=list)
 
 
 def decode_state(
     state: Mapping[str, Any], replicated: Mapping[str, Any] | None, per_rank: Mapping[str, Any] | None,
-    tensors: Mapping[str, VerifiedTensor],
+    tensors: Mapping[str, Any],
 ) -> RestorePlan:
     """Decode every entry of ``state`` from the checkpoint's trees, modifying nothing.
 
@@ -63,7 +64,8 @@ def decode_state(
         state: the caller's live state (name -> object or value).
         replicated: the manifest's replicated tree (name -> encoded state).
         per_rank: this rank's per-rank tree.
-        tensors: the verified tensors the trees refer to.
+        tensors: the verified tensors the trees refer to, and a source per sharded tensor
+            (:class:`~.sharded.loading.ShardedSource`: bound to the live tensor at its place).
 
     Raises:
         CheckpointFormatError: a tree does not decode (the checkpoint is damaged or foreign).
@@ -98,7 +100,8 @@ def mismatches(plan: RestorePlan) -> str | None:
 
     Checked: every name was saved; a module's state keys are the saved ones and each tensor has
     the saved shape and dtype; an optimizer has as many parameter groups and parameters per
-    group; elsewhere, a live tensor has the shape and dtype of the saved tensor at its place.
+    group (both also inside a :class:`~.sharded.app_state.ShardedModelState`); elsewhere, a
+    live tensor has the shape and dtype of the saved tensor at its place.
     Plain values are replaced whatever they were, so they are not compared.
     """
     if plan.missing:
@@ -112,6 +115,8 @@ def mismatches(plan: RestorePlan) -> str | None:
             problem = _module_keys(e.template, e.value)
         elif isinstance(e.obj, torch.optim.Optimizer):
             problem = _optimizer_groups(e.template, e.value)
+        elif isinstance(e.obj, ShardedModelState):
+            problem = _model_state(e.template, e.value)
         problem = problem or _tensors(e.template, e.value, "")
         if problem:
             return f"state entry {e.name!r}: {problem}"
@@ -151,6 +156,16 @@ def _module_keys(template: Any, value: Any) -> str | None:
         if isinstance(t, torch.Tensor) and not isinstance(value[key], torch.Tensor):
             return f"{key!r} is not a tensor in the checkpoint ({type(value[key]).__name__}) but one in the live module"
     return None
+
+
+def _model_state(template: Any, value: Any) -> str | None:
+    """A :class:`~.sharded.app_state.ShardedModelState`: the model's keys, the optimizer's groups."""
+    if not isinstance(value, Mapping) or not isinstance(value.get("model"), Mapping):
+        return "the checkpoint holds no model state for it"
+    problem = _module_keys(template["model"], value["model"])
+    if problem is None and template.get("optim"):
+        problem = _optimizer_groups(template["optim"], value.get("optim"))
+    return f"its model or optimizer: {problem}" if problem else None
 
 
 def _optimizer_groups(template: Any, value: Any) -> str | None:

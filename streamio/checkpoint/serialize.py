@@ -143,6 +143,13 @@ def tensor_entries(layout: Layout, stream: np.ndarray, rank: int) -> dict[str, T
     }
 
 
+def block_checksums(raw: np.ndarray, block_size: int) -> tuple[str, ...]:
+    """CRC32C of each ``block_size`` bytes of a raw part (the last block may be shorter): what a
+    ranged read of a few rows of the part is verified against (:mod:`.sharded.fetch`)."""
+    view = readonly(raw)
+    return tuple(format_checksum(crc32c(view[i : i + block_size])) for i in range(0, len(view), block_size))  # type: ignore[arg-type]
+
+
 def encode_part(raw: np.ndarray, compression: str | None, level: int = 3) -> tuple[bytes | memoryview, str]:
     """Stored bytes of one part and their checksum (zero-copy when uncompressed)."""
     if compression == "zstd":

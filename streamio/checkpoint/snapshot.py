@@ -10,9 +10,15 @@ really be equal on every rank; the one known exception, module buffers (BatchNor
 which DDP re-broadcasts from rank 0 at each forward), is always taken from rank 0, and JSON
 (non-tensor) replicated state is rank 0's.
 
+Sharded tensors (DTensors: FSDP2 parameters and optimizer state, tensor-parallel weights) are
+neither: each rank writes the local box it alone is responsible for (:mod:`.sharded.saving`), no
+gather, and the parts of such a save carry block checksums (``SaveOptions.block_size``) so that a
+restore onto another sharding can read just the rows it needs.
+
 The tensors this rank writes are then copied into the manager's reused host buffer
 (:class:`~.serialize.HostBuffer`): after that copy training may change them, and the commit
-(:mod:`.commit`) uploads from the buffer in the background.
+(:mod:`.commit`) uploads from the buffer in the background. That copy (device to host, of this
+rank's own share and shards) is all ``save`` blocks on.
 """
 
 from __future__ import annotations
@@ -25,8 +31,9 @@ from typing import Any
 import torch
 
 from streamio.checkpoint.comm import Comm
-from streamio.checkpoint.records import TensorEntry
-from streamio.checkpoint.serialize import HostBuffer, assign_shares, plan_layout, tensor_entries
+from streamio.checkpoint.records import ShardedEntry, TensorEntry
+from streamio.checkpoint.serialize import HostBuffer, Layout, assign_shares, plan_layout, tensor_entries
+from streamio.checkpoint.sharded.saving import local_shards, sharded_entries, written
 from streamio.checkpoint.tree import TreeEncoder
 from streamio.checkpoint.wrappers import ModuleKeys
 from streamio.errors import CheckpointError
@@ -49,6 +56,8 @@ class Snapshot:
         metrics: recorded in the manifest.
         entries: computes ``(replicated, per-rank)`` tensor entries (checksums) from ``stream``;
             the commit runs it beside the uploads.
+        sharded: this rank's entry of every sharded tensor (its chunks, if it writes any).
+        block_size: bytes per checksummed block of each part (0: none; set when ``sharded``).
     """
 
     step: int
@@ -60,11 +69,13 @@ class Snapshot:
     replicated_tree: Any
     metrics: dict[str, Any]
     entries: Callable[[], tuple[dict[str, TensorEntry], dict[str, TensorEntry]]] = field(repr=False)
+    sharded: dict[str, ShardedEntry] = field(default_factory=dict)
+    block_size: int = 0
 
 
 def take_snapshot(
     step: int, state: Mapping[str, Any], *, comm: Comm, per_rank: frozenset[str], buffer: HostBuffer,
-    metrics: dict[str, Any], started: float,
+    metrics: dict[str, Any], started: float, block_size: int = 1 << 20,
 ) -> Snapshot:
     """Encode ``state`` and copy this rank's share of its tensors into ``buffer``.
 
@@ -76,14 +87,17 @@ def take_snapshot(
         buffer: the host buffer the tensors are copied into (reused between saves).
         metrics: recorded in the manifest.
         started: ``time.perf_counter()`` when ``save`` was called (``blocked_s`` counts from it).
+        block_size: bytes per checksummed block of the parts when the state holds DTensors.
 
     Raises:
-        CheckpointError: a state name is not a string, or a value cannot be saved without pickling.
+        CheckpointError: a state name is not a string, a value cannot be saved without pickling,
+            or a DTensor is in per-rank state or has a ``Partial`` placement.
     """
     rep_tensors: dict[str, torch.Tensor] = {}
     rank_tensors: dict[str, torch.Tensor] = {}
     rep_tree: dict[str, Any] = {}
     rank_tree: dict[str, Any] = {}
+    dtensors: dict[str, torch.Tensor] = {}
     buffers: set[str] = set()
     for name, obj in state.items():
         if not isinstance(name, str):
@@ -98,24 +112,27 @@ def take_snapshot(
         if name in per_rank:
             rank_tree[name] = TreeEncoder(rank_tensors).encode(value, name)
         else:
-            rep_tree[name] = TreeEncoder(rep_tensors).encode(value, name)
+            rep_tree[name] = TreeEncoder(rep_tensors, sharded=dtensors).encode(value, name)
     sizes = {k: t.numel() * t.element_size() for k, t in rep_tensors.items()}
     # Module buffers (BatchNorm statistics) differ between DDP ranks until the next forward
     # broadcasts rank 0's; parameters and optimizer state are identical, so they are shared.
     owner = assign_shares(sizes, comm.world, rank0=buffers)
     mine = [(k, rep_tensors[k]) for k in rep_tensors if owner[k] == comm.rank]
+    shards = local_shards(dtensors)
     ordered = mine + list(rank_tensors.items())
-    planned = plan_layout(ordered)
-    stream = buffer.snapshot(planned, dict(ordered))
+    planned = plan_layout(ordered + written(shards))
+    stream = buffer.snapshot(planned, dict(ordered + written(shards)))
     blocked = time.perf_counter() - started
     rep_keys = {k for k, _ in mine}
+    plain = Layout(tuple(s for s in planned.slots if s.key not in dtensors), planned.total)
 
     def entries() -> tuple[dict[str, TensorEntry], dict[str, TensorEntry]]:
-        all_entries = tensor_entries(planned, stream, comm.rank)
+        all_entries = tensor_entries(plain, stream, comm.rank)  # chunks are covered by block checksums
         return ({k: e for k, e in all_entries.items() if k in rep_keys},
                 {k: e for k, e in all_entries.items() if k not in rep_keys})
 
     return Snapshot(
         step=step, started=started, blocked_s=blocked, stream=stream, total=planned.total, per_rank_tree=rank_tree,
         replicated_tree=rep_tree if comm.rank == 0 else None, metrics=metrics, entries=entries,
+        sharded=sharded_entries(shards, planned, comm.rank), block_size=block_size if dtensors else 0,
     )

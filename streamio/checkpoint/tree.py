@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import base64
 import math
+import sys
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -54,16 +55,28 @@ def dtype_from_name(name: str) -> torch.dtype:
         ) from None
 
 
+def is_dtensor(value: Any) -> bool:
+    """Whether ``value`` is a ``DTensor`` (without importing DTensor: none exists unless its module
+    was imported, and importing it costs about a second)."""
+    cls = getattr(sys.modules.get("torch.distributed.tensor"), "DTensor", None)
+    return isinstance(cls, type) and isinstance(value, cls)
+
+
 # ------------------------------------------------------------------------------- tree encoding
 class TreeEncoder:
     """Encodes state trees to JSON-able values, collecting tensors under unique keys.
 
     Args:
         tensors: the dict that receives ``key -> tensor`` (shared across several encodes).
+        sharded: the dict that receives ``key -> DTensor`` (``{"$t": "dtensor"}`` references);
+            ``None``: a DTensor here is an error (per-rank state is not sharded).
     """
 
-    def __init__(self, tensors: dict[str, torch.Tensor] | None = None) -> None:
+    def __init__(
+        self, tensors: dict[str, torch.Tensor] | None = None, sharded: dict[str, torch.Tensor] | None = None
+    ) -> None:
         self.tensors: dict[str, torch.Tensor] = {} if tensors is None else tensors
+        self.sharded = sharded
 
     def encode(self, value: Any, path: str) -> Any:
         """JSON-able form of ``value``; ``path`` names it in keys and error messages."""
@@ -92,6 +105,13 @@ class TreeEncoder:
 
     def _encode_array(self, value: torch.Tensor | np.ndarray | np.generic, path: str) -> Any:
         if isinstance(value, torch.Tensor):
+            if is_dtensor(value):
+                if self.sharded is None:
+                    raise CheckpointError(
+                        f"cannot save {path!r}: a DTensor in per-rank state (SaveOptions.per_rank); sharded "
+                        f"tensors belong to the model and optimizer state, which every rank saves together"
+                    )
+                return {TAG: "dtensor", "k": self._add(path, value, self.sharded)}
             return {TAG: "tensor", "k": self._add(path, value)}
         if isinstance(value, np.generic):
             return {TAG: "npscalar", "dtype": str(value.dtype), "v": self.encode(value.item(), path)}
@@ -114,12 +134,12 @@ class TreeEncoder:
             doc["meta"] = self.encode(meta, f"{path}/<metadata>")
         return doc
 
-    def _add(self, path: str, tensor: torch.Tensor) -> str:
+    def _add(self, path: str, tensor: torch.Tensor, into: dict[str, torch.Tensor] | None = None) -> str:
         key, n = path, 1
-        while key in self.tensors:
+        while key in self.tensors or (self.sharded is not None and key in self.sharded):
             n += 1
             key = f"{path}~{n}"
-        self.tensors[key] = tensor.detach()
+        (self.tensors if into is None else into)[key] = tensor.detach()
         return key
 
 
@@ -135,7 +155,7 @@ def _encode_atom(value: torch.Size | torch.dtype | torch.device | bytes | bytear
 
 def decode_tree(
     tree: Any, tensors: Mapping[str, Any], template: Any = None, *, path: str = "",
-    defer: list[tuple[VerifiedTensor, torch.Tensor]] | None = None,
+    defer: list[tuple[CopySource, torch.Tensor]] | None = None,
 ) -> Any:
     """Inverse of :meth:`TreeEncoder.encode`; never modifies ``template`` unless ``defer`` is None.
 
@@ -194,11 +214,22 @@ def _decode_tensor(tree: Any, tensors: Mapping[str, Any], template: Any, path: s
     if key not in tensors:
         raise CheckpointFormatError(f"{path!r} refers to tensor {key!r} which the manifest does not list")
     loaded = tensors[key]
+    if not isinstance(loaded, (VerifiedTensor, torch.Tensor)):
+        raise CheckpointFormatError(f"{path!r} refers to {key!r} as a tensor, but the manifest saved it sharded")
     if not isinstance(loaded, VerifiedTensor):
         segs = [loaded.contiguous().view(-1).view(torch.uint8).numpy()] if loaded.numel() else []
         loaded = VerifiedTensor(loaded.dtype, tuple(loaded.shape), segs)
     if tree[TAG] == "ndarray":
         return loaded.materialize().numpy()
+    if is_dtensor(template) and template.shape == loaded.shape and template.dtype == loaded.dtype:
+        from streamio.checkpoint.sharded.boxes import LocalFill  # a tensor saved whole, loaded sharded
+
+        fill, local = LocalFill(loaded, template), template.to_local().detach()
+        if defer is not None:
+            defer.append((fill, local))
+        else:
+            fill.copy_into(local)
+        return template
     if (
         isinstance(template, torch.Tensor)
         and template.shape == loaded.shape
@@ -211,6 +242,16 @@ def _decode_tensor(tree: Any, tensors: Mapping[str, Any], template: Any, path: s
             loaded.copy_into(template.detach())
         return template
     return loaded.materialize()
+
+
+def _decode_dtensor(tree: Any, tensors: Mapping[str, Any], template: Any, path: str, defer: Any) -> Any:
+    """A sharded tensor: its source (restore's, :mod:`.sharded.loading`) binds it to the live value
+    at its place and plans the reads of the chunks this rank needs; the bytes come later."""
+    key = _field(tree, "k", str)
+    bind = getattr(tensors.get(key), "bind", None)
+    if bind is None:
+        raise CheckpointFormatError(f"{path!r} refers to sharded tensor {key!r} which the manifest does not list")
+    return bind(template, path)
 
 
 def _decode_float(tree: Any, tensors: Any, template: Any, path: str, defer: Any) -> float:
@@ -268,9 +309,9 @@ def _decode_set(tree: Any, tensors: Any, template: Any, path: str, defer: Any) -
 
 _NP_SCALAR_KINDS = "biufcUS"  # bool, int, uint, float, complex, str, bytes: what encode() writes
 _DECODERS = {
-    "tensor": _decode_tensor, "ndarray": _decode_tensor, "float": _decode_float, "tuple": _decode_tuple,
-    "dict": _decode_dict, "npscalar": _decode_npscalar, "size": _decode_size, "dtype": _decode_dtype,
-    "device": _decode_device, "bytes": _decode_bytes, "set": _decode_set,
+    "tensor": _decode_tensor, "ndarray": _decode_tensor, "dtensor": _decode_dtensor, "float": _decode_float,
+    "tuple": _decode_tuple, "dict": _decode_dict, "npscalar": _decode_npscalar, "size": _decode_size,
+    "dtype": _decode_dtype, "device": _decode_device, "bytes": _decode_bytes, "set": _decode_set,
 }
 
 
@@ -318,7 +359,14 @@ class VerifiedTensor:
             pos += len(s)
 
 
-def run_copies(copies: Sequence[tuple[VerifiedTensor, torch.Tensor]], workers: int = 8) -> None:
+class CopySource(Protocol):
+    """Verified bytes that can be copied into a live tensor (:class:`VerifiedTensor`, or a box of
+    a sharded tensor's chunk: :class:`~.sharded.boxes.BoxSource`)."""
+
+    def copy_into(self, target: torch.Tensor) -> None: ...
+
+
+def run_copies(copies: Sequence[tuple[CopySource, torch.Tensor]], workers: int = 8) -> None:
     """Make deferred in-place copies on a few threads (NumPy's copy releases the GIL)."""
     if len(copies) < 2 or workers < 2:
         for src, dst in copies:

@@ -25,7 +25,8 @@ mapping here follows the same rule as DCP's ``_get_fqns`` for the wrappers that 
 Wrappers are recognised by type, at any depth (a compiled submodule), never by name: a submodule
 a model itself calls ``module`` keeps its name. The compile and checkpoint-wrapper classes are
 looked up only if their modules are already imported (nothing can be wrapped by them otherwise),
-so saving never imports ``torch._dynamo``. FSDP's sharded state is not handled here.
+so saving never imports ``torch._dynamo``. FSDP2 adds no prefix (``fully_shard`` changes the module's
+class, not its keys); its DTensor state is saved by :mod:`.sharded`.
 
 Checkpoints written before this mapping hold the wrapper's keys; restore accepts them when
 removing the wrapper segments from the saved keys gives exactly the live canonical keys

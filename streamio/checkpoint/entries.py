@@ -1,0 +1,236 @@
+"""JSON codecs of the entries of a checkpoint document: parts, tensors, sections, sharded tensors (PURE).
+
+:mod:`.manifest` assembles its documents (manifest, done marker, pointer) from these. Every parser
+here checks every field before it returns (:mod:`.validate`), because the documents are read back
+from storage that others can write: a parsed entry names only confined paths, bounded shapes,
+well-formed checksums, and (sharded tensors) chunks that lie inside the global shape and cover it
+exactly once by volume. Whether chunks overlap is checked where they are read (a restore checks
+that the chunks it reads cover each destination exactly), since only there is it cheap.
+
+Parts of a save with sharded state carry a CRC32C per *block* of raw bytes (``block_size``,
+``blocks``) besides the checksum of the whole stored object, so that a restore that needs a few
+rows of a part (another sharding than the one saved) reads just those blocks and verifies them.
+Compressed parts carry no blocks: they are read whole.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import asdict
+from typing import Any
+
+from streamio.checkpoint import validate as vd
+from streamio.checkpoint.records import ChunkEntry, FileEntry, Section, ShardedEntry, TensorEntry
+from streamio.checkpoint.validate import ManifestError
+from streamio.limits import MAX_JSON_BYTES, MAX_JSON_DEPTH, json_depth, load_json
+
+__all__ = [
+    "check_format", "dump", "file_from_json", "file_to_json", "files_field", "list_field", "load_doc",
+    "optional_str", "section_from_json", "section_to_json", "sharded_from_json", "sharded_to_json",
+    "tensor_from_json", "tensor_to_json",
+]
+
+DTYPE_RE = re.compile(r"[a-z][a-z0-9_]{0,31}")
+COMPRESSIONS = (None, "zstd")
+MAX_DIMS = 64
+
+
+# ------------------------------------------------------------------------------------ parts
+def file_to_json(f: FileEntry) -> dict[str, Any]:
+    doc = asdict(f)
+    if f.block_size:
+        doc["blocks"] = list(f.blocks)
+    else:  # format 2 documents stay as they were
+        del doc["block_size"], doc["blocks"]
+    return doc
+
+
+def file_from_json(d: Any, what: str) -> FileEntry:
+    if not isinstance(d, dict):
+        raise ManifestError(f"{what}: must be an object, got {type(d).__name__}")
+    compression = d.get("compression")
+    if compression not in COMPRESSIONS:
+        raise ManifestError(f"{what}: compression {vd.short(compression)} is not 'zstd' or null")
+    entry = FileEntry(
+        path=vd.relative_path(d.get("path"), what),
+        rank=vd.integer(d, "rank", what),
+        start=vd.integer(d, "start", what),
+        raw_size=vd.integer(d, "raw_size", what),
+        size=vd.integer(d, "size", what),
+        checksum=vd.checksum(d, "checksum", what),
+        compression=compression,
+    )
+    if compression is None and entry.size != entry.raw_size:
+        raise ManifestError(
+            f"{what}: uncompressed part {entry.path!r} has size {entry.size} but raw_size {entry.raw_size}"
+        )
+    if "block_size" in d or "blocks" in d:
+        entry = _with_blocks(d, entry, what)
+    return entry
+
+
+def _with_blocks(d: Mapping[str, Any], entry: FileEntry, what: str) -> FileEntry:
+    """``entry`` with the block checksums ``d`` declares, checked against its raw size."""
+    size = vd.integer(d, "block_size", what)
+    blocks = d.get("blocks")
+    if size == 0 or entry.compression is not None or not isinstance(blocks, list):
+        raise ManifestError(f"{what}: block checksums need a positive block_size, a list of blocks and no compression")
+    expected = -(-entry.raw_size // size)
+    if len(blocks) != expected:
+        raise ManifestError(
+            f"{what}: {len(blocks)} block checksums for {entry.raw_size} raw bytes in blocks of {size}; "
+            f"expected {expected}"
+        )
+    checked = tuple(vd.checksum({"b": b}, "b", f"{what}, block {i}") for i, b in enumerate(blocks))
+    return FileEntry(entry.path, entry.rank, entry.start, entry.raw_size, entry.size, entry.checksum,
+                     entry.compression, size, checked)
+
+
+def files_field(doc: Mapping[str, Any], what: str) -> tuple[FileEntry, ...]:
+    return tuple(file_from_json(f, f"{what}, file {i}") for i, f in enumerate(list_field(doc, "files", what)))
+
+
+# ------------------------------------------------------------------------------------ tensors
+def tensor_to_json(t: TensorEntry) -> dict[str, Any]:
+    return {"rank": t.rank, "offset": t.offset, "nbytes": t.nbytes, "dtype": t.dtype, "shape": list(t.shape),
+            "checksum": t.checksum}
+
+
+def _shape(value: Any, what: str, name: str = "shape") -> tuple[int, ...]:
+    if (
+        not isinstance(value, list) or len(value) > MAX_DIMS
+        or not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s <= vd.MAX_INT for s in value)
+    ):
+        raise ManifestError(f"{what}: invalid {name} {vd.short(value)} (at most {MAX_DIMS} non-negative integers)")
+    return tuple(value)
+
+
+def _dtype(d: Mapping[str, Any], what: str) -> str:
+    dtype = vd.string(d, "dtype", what)
+    if not DTYPE_RE.fullmatch(dtype):
+        raise ManifestError(f"{what}: invalid dtype name {vd.short(dtype)}")
+    return dtype
+
+
+def tensor_from_json(d: Any, what: str) -> TensorEntry:
+    if not isinstance(d, dict):
+        raise ManifestError(f"{what}: must be an object, got {type(d).__name__}")
+    return TensorEntry(
+        rank=vd.integer(d, "rank", what), offset=vd.integer(d, "offset", what), nbytes=vd.integer(d, "nbytes", what),
+        dtype=_dtype(d, what), shape=_shape(d.get("shape"), what), checksum=vd.checksum(d, "checksum", what),
+    )
+
+
+def section_to_json(s: Section) -> dict[str, Any]:
+    return {"tree": s.tree, "tensors": {k: tensor_to_json(v) for k, v in s.tensors.items()}}
+
+
+def section_from_json(d: Any, what: str) -> Section:
+    if not isinstance(d, dict):
+        raise ManifestError(f"{what}: must be an object with 'tree' and 'tensors', got {type(d).__name__}")
+    tree = d.get("tree")
+    if tree is not None and not isinstance(tree, dict):
+        raise ManifestError(f"{what}: 'tree' must be an object of state names, got {type(tree).__name__}")
+    tensors = vd.mapping(d, "tensors", what)
+    return Section(tree=tree, tensors={k: tensor_from_json(v, f"{what}, tensor {k!r}") for k, v in tensors.items()})
+
+
+# ------------------------------------------------------------------------------------ sharded tensors
+def sharded_to_json(entries: Mapping[str, ShardedEntry]) -> dict[str, Any]:
+    return {
+        key: {"dtype": e.dtype, "shape": list(e.shape), "layout": dict(e.layout),
+              "chunks": [{"offsets": list(c.offsets), "sizes": list(c.sizes), "rank": c.rank, "offset": c.offset,
+                          "nbytes": c.nbytes} for c in e.chunks]}
+        for key, e in entries.items()
+    }
+
+
+def sharded_from_json(d: Any, what: str, *, complete: bool = True) -> dict[str, ShardedEntry]:
+    """Parse a ``sharded`` field (key -> entry).
+
+    Args:
+        complete: the chunks must cover each tensor (a manifest); a done marker holds one
+            rank's chunks only.
+    """
+    if not isinstance(d, dict):
+        raise ManifestError(f"{what}: 'sharded' must be an object, got {type(d).__name__}")
+    return {key: _sharded_entry(v, f"{what}, sharded tensor {vd.short(key)}", complete) for key, v in d.items()}
+
+
+def _sharded_entry(d: Any, what: str, complete: bool) -> ShardedEntry:
+    if not isinstance(d, dict):
+        raise ManifestError(f"{what}: must be an object, got {type(d).__name__}")
+    shape = _shape(d.get("shape"), what)
+    layout = vd.mapping(d, "layout", what)
+    chunks = tuple(_chunk(c, shape, f"{what}, chunk {i}") for i, c in enumerate(list_field(d, "chunks", what)))
+    if complete:
+        volume = sum(math.prod(c.sizes) for c in chunks)
+        if volume != math.prod(shape):
+            raise ManifestError(
+                f"{what}: its chunks hold {volume} elements, its shape {list(shape)} has {math.prod(shape)}: "
+                f"a rank's chunks are missing or counted twice"
+            )
+    return ShardedEntry(dtype=_dtype(d, what), shape=shape, chunks=chunks, layout=layout)
+
+
+def _chunk(d: Any, shape: tuple[int, ...], what: str) -> ChunkEntry:
+    if not isinstance(d, dict):
+        raise ManifestError(f"{what}: must be an object, got {type(d).__name__}")
+    offsets, sizes = _shape(d.get("offsets"), what, "offsets"), _shape(d.get("sizes"), what, "sizes")
+    if len(offsets) != len(shape) or len(sizes) != len(shape):
+        raise ManifestError(f"{what}: offsets {list(offsets)} and sizes {list(sizes)} do not have "
+                            f"the {len(shape)} dimensions of shape {list(shape)}")
+    if any(o + s > n for o, s, n in zip(offsets, sizes, shape, strict=True)):
+        raise ManifestError(f"{what}: the box at {list(offsets)} of sizes {list(sizes)} reaches outside "
+                            f"the global shape {list(shape)}")
+    return ChunkEntry(offsets=offsets, sizes=sizes, rank=vd.integer(d, "rank", what),
+                      offset=vd.integer(d, "offset", what), nbytes=vd.integer(d, "nbytes", what))
+
+
+# ------------------------------------------------------------------------------------ documents
+def dump(doc: dict[str, Any], what: str) -> bytes:
+    """JSON bytes of a document that the readers will accept back (depth checked here, at save)."""
+    depth = json_depth(doc, limit=MAX_JSON_DEPTH)
+    if depth > MAX_JSON_DEPTH:
+        raise ManifestError(
+            f"{what} would nest {depth}+ levels deep, over the {MAX_JSON_DEPTH} levels a checkpoint may hold: "
+            f"flatten the deepest value of the state"
+        )
+    return json.dumps(doc, allow_nan=False, separators=(",", ":")).encode()
+
+
+def load_doc(data: bytes, what: str, *, max_bytes: int = MAX_JSON_BYTES) -> dict[str, Any]:
+    doc = load_json(data, what=what, error=ManifestError, max_bytes=max_bytes, max_depth=MAX_JSON_DEPTH)
+    if not isinstance(doc, dict):
+        raise ManifestError(f"{what} must be a JSON object, got {type(doc).__name__}")
+    return doc
+
+
+def check_format(doc: Mapping[str, Any], readable: tuple[str, ...], family: str, what: str) -> str:
+    """The document's format if this streamio reads it (``readable``: newest first)."""
+    fmt = doc.get("format")
+    if fmt in readable:
+        return str(fmt)
+    names = " or ".join(map(repr, readable))
+    if isinstance(fmt, str) and fmt.startswith(family):
+        raise ManifestError(
+            f"{what} has format {vd.short(fmt)}; this streamio reads {names}: upgrade streamio to read it",
+            unknown_version=True,
+        )
+    raise ManifestError(
+        f"{what} has format {vd.short(fmt)}, not {names}: not written by streamio", unknown_version=True
+    )
+
+
+def optional_str(d: Mapping[str, Any], key: str, what: str) -> str:
+    return vd.string(d, key, what) if d.get(key) is not None else ""
+
+
+def list_field(d: Mapping[str, Any], key: str, what: str) -> list[Any]:
+    v = d.get(key)
+    if not isinstance(v, list):
+        raise ManifestError(f"{what}: field {key!r} must be a list, got {type(v).__name__}")
+    return v
