@@ -14,7 +14,7 @@ def test_public_api_is_pinned() -> None:
         "CacheConfig", "CheckpointManager", "DatasetIndex", "DatasetOptions", "KeepAll", "KeepBest", "KeepEvery",
         "KeepLast",
         "PrefetchConfig", "RNGState", "RetentionPolicy", "RetryPolicy", "SaveOptions", "SaveStats", "ShardSpec",
-        "Shuffle",
+        "Shuffle", "Stream",
         "Store", "StreamingDataLoader", "StreamingDataset", "__version__", "build_index", "errors", "load_index",
         "write_dataset",
     ])
