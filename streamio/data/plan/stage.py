@@ -125,16 +125,15 @@ class Stage:
         """
         a = j * chunk
         size = min(int(self.worker_sizes[worker]), a + chunk) - a
-        pos = lanes.block_positions(a, a + size)
+        pos, lane, slots = lanes.window(a, a + size)
         if self.window <= 1:
             return pos
-        lane = np.searchsorted(lanes.bounds, pos, side="right") - 1
         within = self.window_perm(rank, worker, j, size)
         out = np.empty_like(pos)
-        out[np.argsort(lane, kind="stable")] = pos[np.lexsort((within, lane))]
+        out[slots] = pos[np.argsort(lane * size + within)]  # keys are distinct: any sort is stable
         rounds = np.arange(size, dtype=_I64) // lanes.count
         spread = permutation((*self.key, TAG_ROUNDS, self.index, rank, worker, j), size)
-        return out[np.lexsort((spread, rounds))]
+        return out[np.argsort(rounds * size + spread)]
 
     def _lane_windows(
         self, rank: int, worker: int, start: int, lanes: Lanes
