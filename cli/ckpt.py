@@ -16,20 +16,17 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from streamio.checkpoint import manifest as mf
-from streamio.checkpoint.admin import check_pointer, collect_garbage, verify_checkpoint
-from streamio.checkpoint.catalog import committed_saves
-from streamio.checkpoint.inventory import inspect_save, list_saves
-from streamio.checkpoint.removal import plan_removal, remove
-from streamio.errors import CheckpointNotFoundError
-from streamio.storage import Store
-
 from .common import storage_option
 from .exits import ExitCode, exit_codes_help, exit_codes_short
+from .progress import Progress, human_bytes, plural
+from .schemas import json_help
+
+if TYPE_CHECKING:  # the library is imported inside each verb: `streamio --help` does not load it
+    from streamio.storage import Store
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -40,17 +37,18 @@ def _root_args(fn: F) -> F:
 
     @functools.wraps(fn)
     def wrapper(root: str, storage_options: dict[str, Any], **kwargs: Any) -> Any:
+        from streamio.storage import Store
+
         return fn(store=Store(root, storage_options), **kwargs)
 
     return wrapper  # type: ignore[return-value]
 
 
-def _size(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if n < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000  # type: ignore[assignment]
-    return str(n)  # pragma: no cover
+_size = human_bytes
+
+
+def _epilog(verb: str, exits: str) -> str:
+    return f"{json_help(verb)}\n\n{exits}"
 
 
 @click.group("ckpt")
@@ -58,9 +56,9 @@ def ckpt() -> None:
     """Inspect, verify and clean checkpoint roots written by streamio.CheckpointManager."""
 
 
-@ckpt.command("ls", epilog=exit_codes_short())
+@ckpt.command("ls", epilog=_epilog("ckpt ls", exit_codes_short()))
 @_root_args
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout (keys below).")
 def ls_cmd(store: Store, as_json: bool) -> None:
     """List the committed checkpoints under ROOT (* = the one latest.json names).
 
@@ -68,12 +66,16 @@ def ls_cmd(store: Store, as_json: bool) -> None:
     one a restore went back to: the next save retires it), ahead (past the pointer: a save in
     flight, or one whose job died before its pointer swap).
     """
+    from streamio.checkpoint.inventory import list_saves
+
     rows = list_saves(store)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
     if not rows:
         click.echo(f"no checkpoints under {store.root_url}")
+        return
+    click.echo(f"  {'STEP':>10}  {'SIZE':>10}  {'FILES':>8}  {'WORLD':>5}  {'CREATED':<25}  METRICS")
     for r in rows:
         mark = "*" if r["latest"] else " "
         flags = [f"BAD: {r['bad']}"] if r["bad"] else []
@@ -83,25 +85,28 @@ def ls_cmd(store: Store, as_json: bool) -> None:
             click.echo(f"{mark} {r['step']:>10}  UNREADABLE: {r['error']}{flag}")
             continue
         metrics = " ".join(f"{k}={v}" for k, v in r["metrics"].items())
-        click.echo(f"{mark} {r['step']:>10}  {_size(r['bytes']):>10}  {r['files']:>4} files  world {r['world_size']}  "
-                   f"{r['created']}  {metrics}{flag}")
+        click.echo(f"{mark} {r['step']:>10}  {_size(r['bytes']):>10}  {plural(r['files'], 'file'):>8}  "
+                   f"{r['world_size']:>5}  {r['created']:<25}  {metrics or '-'}{flag}")
 
 
-@ckpt.command("inspect", epilog=exit_codes_short())
+@ckpt.command("inspect", epilog=_epilog("ckpt inspect", exit_codes_short()))
 @_root_args
 @click.argument("step", type=click.IntRange(min=0), required=False)
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout (keys below).")
 def inspect_cmd(store: Store, step: int | None, as_json: bool) -> None:
     """Show a checkpoint (default: latest): its non-tensor state (epoch, data position, scheduler,
     counters, each rank's own), metrics, timeline, retention, software, and every tensor's
-    global shape and dtype."""
+    global shape and dtype (sharded ones with the placements and mesh they were saved with)."""
+    from streamio.checkpoint.inventory import inspect_save
+
     d = inspect_save(store, step)
     if as_json:
         click.echo(json.dumps(d, indent=2))
         return
     tl = d["timeline"]
     click.echo(f"step {d['step']} at {store.url(d['path'])}{'  [BAD: ' + d['bad'] + ']' if d['bad'] else ''}")
-    click.echo(f"  created {d['created']}, world size {d['world_size']}, {d['files']} files, {_size(d['bytes'])}")
+    click.echo(f"  created {d['created']}, world size {d['world_size']}, {plural(d['files'], 'file')}, "
+               f"{_size(d['bytes'])}")
     click.echo(f"  timeline {tl['id'] or '(none: written before timelines)'} ({tl['place']}), "
                f"follows {tl['parent'] or '-'}, history {json.dumps(tl['history'])}")
     click.echo(f"  metrics   {json.dumps(d['metrics'])}")
@@ -113,22 +118,32 @@ def inspect_cmd(store: Store, step: int | None, as_json: bool) -> None:
     for name, value in (d["per_rank"][0] if d["per_rank"] else {}).items():
         others = f"; ranks 1-{d['world_size'] - 1}: --json" if d["world_size"] > 1 else ""
         click.echo(f"    {name} (rank 0{others}): {json.dumps(value)}")
-    click.echo(f"  {len(d['tensors'])} tensors:")
+    click.echo(f"  {plural(len(d['tensors']), 'tensor')}:")
     for t in d["tensors"]:
+        where = t.get("sharding") or f"rank {t['rank']}"  # a sharded tensor: how it was sharded when saved
         click.echo(f"    {t['section']:<10} {t['key']:<60} {t['dtype']:<9} {t['shape']!s:<18} "
-                   f"{_size(t['nbytes']):>10}  (rank {t['rank']})")
+                   f"{_size(t['nbytes']):>10}  ({where})")
 
 
-@ckpt.command("verify", epilog=exit_codes_help())
+_JSON = click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout (keys below).")
+
+
+@ckpt.command("verify", epilog=_epilog("ckpt verify", exit_codes_help()))
 @_root_args
 @click.argument("step", type=click.IntRange(min=0), required=False)
 @click.option("--all", "all_steps", is_flag=True, help="Verify every committed checkpoint.")
-def verify_cmd(store: Store, step: int | None, all_steps: bool) -> None:
+@_JSON
+def verify_cmd(store: Store, step: int | None, all_steps: bool, as_json: bool) -> None:
     """Check sizes and CRC32C of every object of a checkpoint (default: latest.json and its step).
 
     Exits 1 naming each bad object, 3 when there is nothing to check (no checkpoint under ROOT,
     no such STEP) or storage could not be read.
     """
+    from streamio.checkpoint import manifest as mf
+    from streamio.checkpoint.admin import check_pointer, verify_checkpoint
+    from streamio.checkpoint.catalog import committed_saves
+    from streamio.errors import CheckpointNotFoundError
+
     problems: list[str] = []
     todo: list[tuple[int, str | None]]
     if step is not None and not all_steps:
@@ -141,19 +156,30 @@ def verify_cmd(store: Store, step: int | None, all_steps: bool) -> None:
             raise CheckpointNotFoundError(f"no checkpoint under {store.root_url}: {'; '.join(problems)}")
         todo = ([(c.step, c.path) for c in committed] if all_steps
                 else [(pointed, None)] if pointed is not None and not problems else [])
+    steps = []
     for s, path in todo:
-        found = verify_checkpoint(store, s, path=path)
-        where = f" ({path})" if path and path != mf.step_dir(s) else ""
-        click.echo(f"step {s}{where}: {'OK' if not found else f'{len(found)} problem(s)'}")
+        with Progress(f"ckpt verify step {s}", unit="file") as progress:
+            found = verify_checkpoint(store, s, path=path, progress=progress.report)
+        steps.append({"step": s, "path": path or mf.step_dir(s), "ok": not found, "problems": found})
+        if not as_json:
+            where = f" ({path})" if path and path != mf.step_dir(s) else ""
+            click.echo(f"step {s}{where}: {'OK' if not found else plural(len(found), 'problem')}")
         problems += found
-    for p in problems:
-        click.echo(f"BAD {p}", err=True)
+    if as_json:
+        click.echo(json.dumps({"root": store.root_url, "ok": not problems, "steps": steps, "problems": problems}))
+    else:
+        for p in problems:
+            click.echo(f"BAD {p}", err=True)
     if problems:
         raise click.exceptions.Exit(ExitCode.BAD)
 
 
 def _require_step(store: Store, step: int) -> None:
     """Raise CheckpointNotFoundError when ``step`` has no manifest: then there is nothing to check."""
+    from streamio.checkpoint import manifest as mf
+    from streamio.checkpoint.catalog import committed_saves
+    from streamio.errors import CheckpointNotFoundError
+
     path = mf.manifest_path(step)
     if not store.exists(path) and not any(s.step == step for s in committed_saves(store)):
         raise CheckpointNotFoundError(
@@ -162,20 +188,30 @@ def _require_step(store: Store, step: int) -> None:
         )
 
 
-@ckpt.command("gc", epilog=exit_codes_short())
+@ckpt.command("gc", epilog=_epilog("ckpt gc", exit_codes_short()))
 @_root_args
 @click.option("--dry-run", is_flag=True, help="Only list what would be deleted.")
 @click.option("--min-age", type=click.FloatRange(min=0), default=3600.0, show_default=True,
               help="Delete unfinished or abandoned saves and abort multipart uploads only when older than this "
                    "many seconds (longer than a save takes).")
-def gc_cmd(store: Store, dry_run: bool, min_age: float) -> None:
+@_JSON
+def gc_cmd(store: Store, dry_run: bool, min_age: float, as_json: bool) -> None:
     """Delete what no current checkpoint needs: saves a restore rejected, saves of abandoned
     timelines, unfinished saves, losing saves' parts, stale multipart uploads.
 
     Whatever a live job may still be writing (a save not yet committed, a save of a timeline a
     restore just started) is kept until --min-age old.
     """
-    report = collect_garbage(store, dry_run=dry_run, min_age_s=min_age)
+    from streamio.checkpoint.admin import collect_garbage
+
+    with Progress("ckpt gc", unit="object") as progress:
+        report = collect_garbage(store, dry_run=dry_run, min_age_s=min_age, progress=progress.report)
+    if as_json:
+        click.echo(json.dumps({
+            "root": store.root_url, "dry_run": dry_run, "deleted": [store.url(p) for p in report.objects],
+            "bytes": report.bytes, "multipart_uploads": list(report.multipart_uploads), "kept": list(report.kept),
+        }))
+        return
     verb = "would delete" if dry_run else "deleted"
     for path in report.objects:
         click.echo(f"{verb} {store.url(path)}")
@@ -183,16 +219,17 @@ def gc_cmd(store: Store, dry_run: bool, min_age: float) -> None:
         click.echo(f"kept {note}")
     for upload in report.multipart_uploads:
         click.echo(f"{'would abort' if dry_run else 'aborted'} multipart upload {upload}")
-    click.echo(f"{verb} {len(report.objects)} objects ({_size(report.bytes)}), "
-               f"{len(report.multipart_uploads)} multipart uploads")
+    click.echo(f"{verb} {plural(len(report.objects), 'object')} ({_size(report.bytes)}), "
+               f"{plural(len(report.multipart_uploads), 'multipart upload')}")
 
 
-@ckpt.command("rm", epilog=exit_codes_short())
+@ckpt.command("rm", epilog=_epilog("ckpt rm", exit_codes_short()))
 @_root_args
 @click.argument("step", type=click.IntRange(min=0))
 @click.option("--force", is_flag=True, help="Also the step latest.json names: move the pointer back first.")
 @click.option("--dry-run", is_flag=True, help="Only say what would be done.")
-def rm_cmd(store: Store, step: int, force: bool, dry_run: bool) -> None:
+@_JSON
+def rm_cmd(store: Store, step: int, force: bool, dry_run: bool, as_json: bool) -> None:
     """Remove every save of STEP under ROOT (manifests first, then their objects).
 
     Refuses the step latest.json names unless --force; then the pointer is first moved back to
@@ -200,18 +237,29 @@ def rm_cmd(store: Store, step: int, force: bool, dry_run: bool) -> None:
     never names a removed checkpoint. Do not force it on a root a job is writing: that job's
     next save stops with a conflict.
     """
+    from streamio.checkpoint import manifest as mf
+    from streamio.checkpoint.removal import plan_removal, remove
+
     removal = plan_removal(store, step, force=force)
     if removal.refusal:
         raise click.UsageError(removal.refusal)
     if not dry_run:
         remove(store, removal)
-    if removal.pointer is not None:
+    pointer = removal.pointer
+    if as_json:
+        click.echo(json.dumps({
+            "root": store.root_url, "step": step, "dry_run": dry_run,
+            "pointer": None if pointer is None else {"step": pointer.step, "url": store.url(pointer.path)},
+            "saves": len(removal.dirs), "deleted": [store.url(p) for p in removal.objects],
+        }))
+        return
+    if pointer is not None:
         moved = "would move" if dry_run else "moved"
-        click.echo(f"{moved} {store.url(mf.LATEST)} to step {removal.pointer.step} ({store.url(removal.pointer.path)})")
+        click.echo(f"{moved} {store.url(mf.LATEST)} to step {pointer.step} ({store.url(pointer.path)})")
     for path in removal.objects:
         click.echo(f"{'would delete' if dry_run else 'deleted'} {store.url(path)}")
-    click.echo(f"{'would remove' if dry_run else 'removed'} step {step}: {len(removal.dirs)} save(s), "
-               f"{len(removal.objects)} objects")
+    click.echo(f"{'would remove' if dry_run else 'removed'} step {step}: {plural(len(removal.dirs), 'save')}, "
+               f"{plural(len(removal.objects), 'object')}")
 
 
 def register(group: click.Group) -> None:

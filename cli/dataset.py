@@ -1,14 +1,14 @@
-"""`streamio` verbs of the dataset group: ``shard``, ``index``, ``ls``, ``inspect``, ``verify``.
+"""`streamio` verbs that write datasets: ``shard`` and ``index`` (``ls``, ``inspect``, ``verify``: browse.py).
 
-Thin by design: argument parsing, progress bars (tqdm, samples/s and MB/s on stderr) and output
-formatting; everything else is in :mod:`streamio.data` (``writer``, ``sources``, ``indexer``,
-``verify``, ``index``). Storage options come from the environment the way s3fs/gcsfs read it
-(``AWS_ENDPOINT_URL_S3``, credentials, ...) plus ``--storage-option key=value`` (values parsed as
-JSON when they parse).
-Errors follow the contract of :mod:`streamio.cli.exits` (one line; 1 bad data, 2 usage, 3 could
-not check): ``verify`` exits 1 only when it read a shard and found it bad, 3 when it could not
-read. Option values are validated by click types, so a bad one is a usage error (2) before any
-I/O. ``--json`` prints machine-readable output on the read-only verbs.
+Thin by design: argument parsing, progress (:mod:`streamio.cli.progress`) and output formatting;
+everything else is in :mod:`streamio.data` (``writer``, ``sources``, ``indexer``, ``index``,
+``locate``). The library is imported inside each verb, so ``streamio --help`` and every other
+verb start without it. Storage options come from the environment the way s3fs/gcsfs read it
+(``AWS_ENDPOINT_URL_S3``, credentials, ...) plus ``--storage-option key=value`` (values parsed
+as JSON when they parse). Errors follow the contract of :mod:`streamio.cli.exits` (one line; 1 bad
+data, 2 usage, 3 could not check); option values are validated by click types, so a bad one is a
+usage error (2) before any I/O. ``--json`` prints the verb's one JSON document
+(:mod:`streamio.cli.schemas`) on stdout. URLs are printed without their userinfo.
 """
 
 from __future__ import annotations
@@ -16,24 +16,20 @@ from __future__ import annotations
 import json
 import os
 import re
-import time
-from collections.abc import Iterator
-from typing import Any
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 import click
-from tqdm import tqdm
-
-from streamio.data.format import INDEX_NAME, ShardInfo, unsafe_reason
-from streamio.data.index import DatasetIndex, load_index, write_index
-from streamio.data.indexer import build_index
-from streamio.data.patterns import split_pattern
-from streamio.data.sources import samples_from_directory, samples_from_jsonl, samples_from_shards
-from streamio.data.verify import validate
-from streamio.data.writer import DatasetWriter, ShardSpec
-from streamio.storage import Store
 
 from .common import storage_option
-from .exits import ExitCode, exit_codes_help, exit_codes_short
+from .exits import exit_codes_short
+from .progress import Progress, human_bytes, plural
+from .schemas import json_help
+
+if TYPE_CHECKING:  # the library is imported inside each verb: `streamio --help` does not load it
+    from streamio.data.index import DatasetIndex
+    from streamio.data.sources import Samples
+    from streamio.storage import Store
 
 _UNITS = {
     "": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
@@ -67,46 +63,60 @@ class _Size(click.ParamType):
 
 
 def _plain_prefix(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    from streamio.data.format import unsafe_reason
+
     reason = unsafe_reason(value) or ("it contains '/'" if "/" in value else None)
     if reason:
         raise click.BadParameter(f"{value!r} cannot start a shard file name: {reason}")
     return value
 
 
-_storage_option = storage_option
-_json = click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON on stdout.")
+json_option = click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout (keys below).")
+"""The ``--json`` flag; the verb's schema (schemas.py) is in its ``--help`` epilog."""
 
 
-class _Progress:
-    """A tqdm bar counting samples, with MB/s in its postfix (refreshed at most twice a second)."""
+def echo_json(doc: Any) -> None:
+    """Print ``doc`` as the verb's one line of JSON on stdout."""
+    click.echo(json.dumps(doc))
 
-    def __init__(self, desc: str, total: int | None = None, unit: str = "sample") -> None:
-        self.bar = tqdm(total=total, desc=desc, unit=unit, dynamic_ncols=True, disable=None)
-        self.start = time.monotonic()
-        self.bytes = 0
-        self._shown = 0.0
 
-    def update(self, n: int, nbytes: int) -> None:
-        self.bytes += nbytes
-        self.bar.update(n)
-        now = time.monotonic()
-        if now - self._shown > 0.5:
-            self._shown = now
-            self.bar.set_postfix_str(f"{self.bytes / max(now - self.start, 1e-9) / 1e6:.1f} MB/s", refresh=False)
+def summary(store: Store, index: DatasetIndex, index_url: str) -> dict[str, Any]:
+    """The ``shard`` / ``index`` / ``inspect`` document (schemas.py): where, how much, what."""
+    return {
+        "url": store.root_url,
+        "index_url": index_url,
+        "shards": len(index.shards),
+        "samples": index.samples,
+        "bytes": sum(s.bytes for s in index.shards),
+        "keys": list(index.keys),
+        "compression": index.compression,
+        "fingerprint": index.fingerprint,
+    }
 
-    def close(self) -> None:
-        self.bar.close()
+
+def counts(doc: dict[str, Any]) -> str:
+    """``3 shards, 7 samples, 28.1 KB`` of a :func:`summary` (singular when one)."""
+    return f"{plural(doc['shards'], 'shard')}, {plural(doc['samples'], 'sample')}, {human_bytes(doc['bytes'])}"
 
 
 def _sources(
-    src: str, options: dict[str, Any], seed: int | None, file_fields: tuple[str, ...]
-) -> Iterator[dict[str, Any]]:
+    src: str, options: dict[str, Any], seed: int | None, file_fields: tuple[str, ...], split_fields: bool
+) -> Samples:
+    from streamio.data.patterns import split_pattern
+    from streamio.data.sources import samples_from_directory, samples_from_jsonl, samples_from_shards
+    from streamio.storage import Store
+
     if os.path.isdir(src):
         return samples_from_directory(src, shuffle_seed=seed)
     if src.endswith((".jsonl", ".ndjson")):
         if not os.path.isfile(src):
             raise click.BadParameter(f"{src!r} is not a file", param_hint="SRC")
-        return samples_from_jsonl(src, file_fields=file_fields or None, shuffle_seed=seed)
+        if "json" in file_fields and not split_fields:
+            raise click.BadParameter(
+                "'json' is the member holding each line; name the file field otherwise, or pass --split-fields",
+                param_hint="'--file-field'",
+            )
+        return samples_from_jsonl(src, split_fields=split_fields, file_fields=file_fields or None, shuffle_seed=seed)
     root, pattern = split_pattern(src)
     if pattern is not None:
         if seed is not None:
@@ -115,7 +125,24 @@ def _sources(
     raise click.UsageError(f"SRC {src!r} is not a directory, a .jsonl file or a .tar glob")
 
 
-@click.command("shard", epilog=exit_codes_short())
+_SHARD_SOURCES = """\b
+SRC is one of:
+  DIR          files grouped into samples by name: a/0001.jpg + a/0001.cls ->
+               sample a/0001 with members jpg and cls.
+  FILE.jsonl   one sample per line: the line, byte for byte, is the sample's
+               one member 'json' (key: the line's "__key__", else its number);
+               readers get the object back with every type kept. Each
+               --file-field EXT adds the bytes of the file that field names as
+               member EXT. With --split-fields, each top-level field is its own
+               member instead (the older mapping): strings naming
+               a file are read as bytes (only the --file-field ones if given),
+               other strings stored as UTF-8, other values as JSON text (the
+               number 0 becomes the bytes "0").
+  'GLOB.tar'   existing shards (brace / glob pattern), resharded in order.
+"""
+
+
+@click.command("shard", epilog=f"{_SHARD_SOURCES}\n{json_help('shard')}\n\n{exit_codes_short()}")
 @click.argument("src")
 @click.argument("dest")
 @click.option("--max-size", type=_Size(), default="256MB", show_default=True, help="Shard size limit (1GiB, ...).")
@@ -126,136 +153,115 @@ def _sources(
 @click.option("--prefix", default="data", show_default=True, callback=_plain_prefix, help="Names: PREFIX-000000.tar.")
 @click.option(
     "--file-field", "file_fields", multiple=True, metavar="EXT",
-    help="JSONL field naming a file to read (repeatable; default: any string naming an existing file).",
+    help="JSONL field naming a file whose bytes become member EXT (repeatable; with --split-fields the default "
+    "is any string naming an existing file).",
 )
+@click.option("--split-fields", is_flag=True, help="JSONL: each top-level field its own member (see below).")
 @click.option("--overwrite", is_flag=True, help="Replace a dataset already at DEST.")
-@_storage_option
+@json_option
+@storage_option
 def shard_cmd(
     src: str, dest: str, max_size: int, max_count: int | None, compress: str | None, shuffle: bool, seed: int,
-    prefix: str, file_fields: tuple[str, ...], overwrite: bool, storage_options: dict[str, Any],
+    prefix: str, file_fields: tuple[str, ...], split_fields: bool, overwrite: bool, as_json: bool,
+    storage_options: dict[str, Any],
 ) -> None:
     """Pack SRC (directory tree, JSONL file or .tar glob) into shards + index.json at DEST."""
-    samples = _sources(src, storage_options, seed if shuffle else None, file_fields)
+    from streamio.data.format import INDEX_NAME
+    from streamio.data.writer import DatasetWriter, ShardSpec
+    from streamio.storage import Store
+
+    samples = _sources(src, storage_options, seed if shuffle else None, file_fields, split_fields)
     target = Store(dest, storage_options)
     if not overwrite and target.exists(INDEX_NAME):
         raise click.UsageError(
             f"{target.url(INDEX_NAME)} exists: DEST already holds a dataset; pass --overwrite to replace it"
         )
-    progress = _Progress("shard")
     spec = ShardSpec(max_bytes=max_size, max_count=max_count, compression=compress, prefix=prefix)
-    with DatasetWriter(target, spec=spec, overwrite=overwrite) as writer:
+    with Progress("shard", unit="sample", total=samples.total) as progress, \
+            DatasetWriter(target, spec=spec, overwrite=overwrite) as writer:
         for sample in samples:
             before = writer.bytes_written
             writer.write(sample)
             progress.update(1, writer.bytes_written - before)
-    progress.close()
-    index = writer.close()
-    click.echo(f"{dest}: {len(index.shards)} shards, {index.samples} samples, {_total(index) / 1e6:.1f} MB")
-
-
-@click.command("index", epilog=exit_codes_short())
-@click.argument("url")
-@click.option("--concurrency", type=click.IntRange(min=1), default=8, show_default=True, help="Shards scanned at once.")
-@_json
-@_storage_option
-def index_cmd(url: str, concurrency: int, as_json: bool, storage_options: dict[str, Any]) -> None:
-    """Index existing WebDataset shards: URL is a prefix or a pattern (shard-{000000..000099}.tar)."""
-    root, pattern = split_pattern(url)
-    store = Store(root, storage_options)
-    progress = _Progress("index", unit="shard")
-    index = build_index(store, pattern, concurrency=concurrency, progress=lambda s: progress.update(1, s.bytes))
-    progress.close()
-    write_index(store, index)
+    doc = summary(target, writer.close(), target.url(INDEX_NAME))
     if as_json:
-        click.echo(json.dumps(_summary(store, index)))
+        echo_json(doc)
     else:
+        click.echo(f"{doc['url']}: {counts(doc)}")
+    if src.endswith((".jsonl", ".ndjson")) and compress is None:
+        _framing_note(os.path.getsize(src), doc)
+
+
+def _framing_note(input_bytes: int, doc: dict[str, Any]) -> None:
+    """Say so on stderr when tar's framing made the shards much larger than a JSONL input."""
+    ratio = doc["bytes"] / max(1, input_bytes)
+    if ratio > 1.5:
         click.echo(
-            f"{store.url(INDEX_NAME)}: {len(index.shards)} shards, {index.samples} samples, "
-            f"keys {', '.join(index.keys)}"
+            f"note: the shards are {ratio:.1f}x the input ({human_bytes(input_bytes / max(1, doc['samples']))} a "
+            f"line on average; tar adds a 512-byte header to each sample and pads it to 512 bytes): "
+            f"--compress zstd squeezes that out",
+            err=True,
         )
 
 
-@click.command("ls", epilog=exit_codes_short())
+@click.command("index", epilog=f"{json_help('index')}\n\n{exit_codes_short()}")
 @click.argument("url")
-@_json
-@_storage_option
-def ls_cmd(url: str, as_json: bool, storage_options: dict[str, Any]) -> None:
-    """List the shards of the dataset at URL (path, samples, bytes)."""
-    index = load_index(Store(url, storage_options))
-    if as_json:
-        click.echo(json.dumps([_shard_json(s) for s in index.shards]))
-        return
-    width = max(len(s.path) for s in index.shards) if index.shards else 4
-    for s in index.shards:
-        click.echo(f"{s.path:<{width}}  {s.samples:>9} samples  {s.bytes:>14,} bytes  {s.checksum}")
+@click.option(
+    "--index-url", metavar="URL", default=None,
+    help="Write the index here (a prefix, or a URL ending in .json) instead of beside the shards, e.g. for shards "
+    "in a bucket you can read but not write. The index records where the shards are: give this URL to "
+    "StreamingDataset and the other verbs.",
+)
+@click.option("--concurrency", type=click.IntRange(min=1), default=8, show_default=True, help="Shards scanned at once.")
+@json_option
+@storage_option
+def index_cmd(
+    url: str, index_url: str | None, concurrency: int, as_json: bool, storage_options: dict[str, Any]
+) -> None:
+    """Index existing WebDataset shards: URL is a prefix or a pattern (shard-{000000..000099}.tar).
 
-
-@click.command("inspect", epilog=exit_codes_short())
-@click.argument("url")
-@_json
-@_storage_option
-def inspect_cmd(url: str, as_json: bool, storage_options: dict[str, Any]) -> None:
-    """Summarise the dataset at URL: shards, samples, bytes, keys, compression, fingerprint."""
-    store = Store(url, storage_options)
-    summary = _summary(store, load_index(store))
-    if as_json:
-        click.echo(json.dumps(summary))
-        return
-    for key, value in summary.items():
-        click.echo(f"{key:<12} {', '.join(value) if isinstance(value, list) else value}")
-
-
-@click.command("verify", epilog=exit_codes_help())
-@click.argument("url")
-@click.option("--quick", is_flag=True, help="Only check that every shard exists with its recorded size.")
-@click.option("--concurrency", type=click.IntRange(min=1), default=8, show_default=True, help="Shards read at once.")
-@_json
-@_storage_option
-def verify_cmd(url: str, quick: bool, concurrency: int, as_json: bool, storage_options: dict[str, Any]) -> None:
-    """Re-read every shard of URL and check sizes, checksums and sample counts.
-
-    Exits 1 when it read the dataset and found a bad shard (each is named), 3 when it could not
-    check (no index.json at URL, storage unreachable, access denied).
+    The index is written beside the shards (URL's directory), or at --index-url.
     """
-    store = Store(url, storage_options)
-    report = validate(store, load_index(store), deep=not quick, concurrency=concurrency)
+    from streamio.data.format import INDEX_NAME
+    from streamio.data.index import write_index
+    from streamio.data.indexer import build_index
+    from streamio.data.locate import absolute_url, same_location, split_index_url
+    from streamio.data.patterns import split_pattern
+    from streamio.errors import ConfigError, StoragePermissionError
+    from streamio.storage import Store
+
+    root, pattern = split_pattern(url)
+    store = Store(root, storage_options)
+    try:
+        directory, name = split_index_url(index_url) if index_url is not None else (root, INDEX_NAME)
+        apart = not same_location(directory, root)
+        shards_url = absolute_url(root) if apart else None
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from exc
+    target = Store(directory, storage_options) if index_url is not None else store
+    with Progress("index", unit="shard") as progress:
+        index = build_index(store, pattern, concurrency=concurrency, progress=progress.report)
+    index = replace(index, shards_url=shards_url) if shards_url is not None else index
+    try:
+        write_index(target, index, path=name)
+    except StoragePermissionError as exc:
+        if index_url is not None:
+            raise
+        raise StoragePermissionError(
+            f"{exc}. For shards you cannot write beside, write the index elsewhere with --index-url URL"
+        ) from exc
+    doc = summary(store, index, target.url(name))
     if as_json:
-        click.echo(json.dumps({"url": url, "checked": report.checked, "deep": report.deep, "ok": report.ok,
-                               "bad": [{"path": b.path, "reason": b.reason} for b in report.bad]}))
-    elif report.ok:
-        checked = "sizes, checksums, sample counts" if report.deep else "sizes"
-        click.echo(f"{url}: all {report.checked} shards OK ({checked})")
+        echo_json(doc)
     else:
-        click.echo(f"{url}: {len(report.bad)} of {report.checked} shards are bad:", err=True)
-        for b in report.bad:
-            click.echo(f"  {b.path}: {b.reason}", err=True)
-    if not report.ok:
-        raise click.exceptions.Exit(ExitCode.BAD)
-
-
-def _total(index: DatasetIndex) -> int:
-    return sum(s.bytes for s in index.shards)
-
-
-def _shard_json(s: ShardInfo) -> dict[str, Any]:
-    return {
-        "path": s.path, "samples": s.samples, "bytes": s.bytes, "checksum": s.checksum, "compression": s.compression,
-    }
-
-
-def _summary(store: Store, index: DatasetIndex) -> dict[str, Any]:
-    return {
-        "url": store.root_url,
-        "shards": len(index.shards),
-        "samples": index.samples,
-        "bytes": _total(index),
-        "keys": list(index.keys),
-        "compression": index.compression,
-        "fingerprint": index.fingerprint,
-    }
+        click.echo(f"{doc['index_url']}: {counts(doc)}, keys {', '.join(index.keys) or '-'}")
+        if apart:
+            click.echo(f"  shards at {doc['url']}: open the dataset with {doc['index_url']}")
 
 
 def register(group: click.Group) -> None:
     """Add this module's commands to the top-level group."""
-    for command in (shard_cmd, index_cmd, ls_cmd, inspect_cmd, verify_cmd):
+    from . import browse
+
+    for command in (shard_cmd, index_cmd, *browse.COMMANDS):
         group.add_command(command)

@@ -51,7 +51,6 @@ from streamio.errors import (
     StorageError,
     StreamioError,
 )
-from streamio.storage.secrets import scrub
 
 __all__ = ["EXIT_CODES", "ExitCode", "classify", "exit_codes_help", "exit_codes_short", "fail", "one_line"]
 
@@ -105,6 +104,8 @@ def classify(exc: BaseException) -> ExitCode:
 def one_line(exc: BaseException) -> str:
     """``exc`` as the single line printed after ``Error:`` (bounded; URL userinfo and every secret
     this process holds blanked out, as a dependency's message may quote them)."""
+    from streamio.storage.secrets import scrub  # here, not at the top: `streamio --help` must not load storage
+
     text = scrub(" ".join(str(exc).split())) or type(exc).__name__  # scrubbed before any cut
     if not isinstance(exc, (StreamioError, OSError)):
         text = f"unexpected {type(exc).__name__}: {text}"
@@ -126,6 +127,8 @@ def fail(exc: BaseException, *, verbose: int) -> NoReturn:
         _silence_stdout()
         raise click.exceptions.Exit(ExitCode.CLOSED_PIPE)
     if verbose >= 2:
+        from streamio.storage.secrets import scrub
+
         click.echo(scrub("".join(traceback.format_exception(exc))), err=True, nl=False)
     click.echo(f"Error: {one_line(exc)}", err=True)
     raise click.exceptions.Exit(classify(exc))

@@ -8,7 +8,6 @@ click's handling (status 2). ``-vv`` adds the traceback.
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import click
@@ -35,6 +34,8 @@ class _Group(click.Group):
 @click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug and tracebacks of errors).")
 def cli(verbose: int) -> None:
     """Stream datasets from and checkpoint to object storage (S3, GCS, any fsspec URL)."""
+    import logging  # here: `streamio --help` and `--version` do not pay for it
+
     level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
 

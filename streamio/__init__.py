@@ -1,57 +1,86 @@
 """streamio: streaming datasets and atomic checkpoints from object storage for PyTorch training.
 
-This module only re-exports the public API (``__all__`` is pinned by a test).
+This module only re-exports the public API (``__all__`` is pinned by a test). The names resolve
+on first use (PEP 562 ``__getattr__``), so ``import streamio`` costs nothing until one is used:
+``streamio --help`` and every CLI verb that does not need torch start without loading it.
 """
 
-from streamio import errors
-from streamio.checkpoint import (
-    CheckpointManager,
-    KeepAll,
-    KeepBest,
-    KeepEvery,
-    KeepLast,
-    RetentionPolicy,
-    RNGState,
-    SaveOptions,
-    SaveStats,
-)
-from streamio.data.cache import CacheConfig
-from streamio.data.dataset import DatasetOptions, StreamingDataset
-from streamio.data.index import DatasetIndex, load_index
-from streamio.data.indexer import build_index
-from streamio.data.loader import StreamingDataLoader
-from streamio.data.mixing import Stream
-from streamio.data.plan import Shuffle
-from streamio.data.prefetch import PrefetchConfig
-from streamio.data.writer import ShardSpec, write_dataset
-from streamio.storage import RetryPolicy, Store
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from streamio import errors  # the error tree imports nothing else: cheap, and a submodule __getattr__ would miss
 
 __version__ = "0.1.0"
 
+#: public name -> the module that defines it
+_EXPORTS = {
+    "CacheConfig": "streamio.data.cache",
+    "CheckpointManager": "streamio.checkpoint",
+    "DatasetIndex": "streamio.data.index",
+    "DatasetOptions": "streamio.data.dataset",
+    "KeepAll": "streamio.checkpoint",
+    "KeepBest": "streamio.checkpoint",
+    "KeepEvery": "streamio.checkpoint",
+    "KeepLast": "streamio.checkpoint",
+    "PrefetchConfig": "streamio.data.prefetch",
+    "RNGState": "streamio.checkpoint",
+    "RetentionPolicy": "streamio.checkpoint",
+    "RetryPolicy": "streamio.storage",
+    "SaveOptions": "streamio.checkpoint",
+    "SaveStats": "streamio.checkpoint",
+    "ShardSpec": "streamio.data.writer",
+    "Shuffle": "streamio.data.plan",
+    "Store": "streamio.storage",
+    "Stream": "streamio.data.mixing",
+    "StreamingDataLoader": "streamio.data.loader",
+    "StreamingDataset": "streamio.data.dataset",
+    "build_index": "streamio.data.indexer",
+    "load_index": "streamio.data.index",
+    "write_dataset": "streamio.data.writer",
+}
+
 __all__ = [
-    "CacheConfig",
-    "CheckpointManager",
-    "DatasetIndex",
-    "DatasetOptions",
-    "KeepAll",
-    "KeepBest",
-    "KeepEvery",
-    "KeepLast",
-    "PrefetchConfig",
-    "RNGState",
-    "RetentionPolicy",
-    "RetryPolicy",
-    "SaveOptions",
-    "SaveStats",
-    "ShardSpec",
-    "Shuffle",
-    "Stream",
-    "Store",
-    "StreamingDataLoader",
-    "StreamingDataset",
-    "__version__",
-    "build_index",
-    "errors",
-    "load_index",
-    "write_dataset",
+    "CacheConfig", "CheckpointManager", "DatasetIndex", "DatasetOptions", "KeepAll", "KeepBest", "KeepEvery",
+    "KeepLast", "PrefetchConfig", "RNGState", "RetentionPolicy", "RetryPolicy", "SaveOptions", "SaveStats",
+    "ShardSpec", "Shuffle", "Store", "Stream", "StreamingDataLoader", "StreamingDataset", "__version__",
+    "build_index", "errors", "load_index", "write_dataset",
 ]
+
+if TYPE_CHECKING:  # what type checkers and IDEs see: the names, eagerly
+    from streamio.checkpoint import (
+        CheckpointManager,
+        KeepAll,
+        KeepBest,
+        KeepEvery,
+        KeepLast,
+        RetentionPolicy,
+        RNGState,
+        SaveOptions,
+        SaveStats,
+    )
+    from streamio.data.cache import CacheConfig
+    from streamio.data.dataset import DatasetOptions, StreamingDataset
+    from streamio.data.index import DatasetIndex, load_index
+    from streamio.data.indexer import build_index
+    from streamio.data.loader import StreamingDataLoader
+    from streamio.data.mixing import Stream
+    from streamio.data.plan import Shuffle
+    from streamio.data.prefetch import PrefetchConfig
+    from streamio.data.writer import ShardSpec, write_dataset
+    from streamio.storage import RetryPolicy, Store
+
+
+def __getattr__(name: str) -> Any:
+    """Import the module defining ``name`` on first use, then keep it in the module's globals."""
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'streamio' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups do not come here
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

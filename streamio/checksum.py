@@ -9,7 +9,6 @@ format can move to another algorithm without ambiguity.
 from __future__ import annotations
 
 import google_crc32c
-import numpy as np
 
 from streamio.errors import ConfigError
 
@@ -22,6 +21,8 @@ def crc32c(data: bytes | bytearray | memoryview, value: int = 0) -> int:
         # The extension takes only buffers without a release hook (bytes, ndarrays): a bytearray
         # or memoryview is handed over as a zero-copy ndarray view, never copied (bytes(view)
         # cost a full copy of every cached shard and restored part).
+        import numpy as np  # here, not at the top: every CLI verb imports this module, few need numpy
+
         data = np.frombuffer(data, dtype=np.uint8)
     return google_crc32c.extend(value, data)
 

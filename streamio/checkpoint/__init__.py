@@ -35,13 +35,35 @@ See docs/design.md "Checkpoints" (layout, formats, commit protocol) and
 docs/checkpoint-lifecycle.md (timelines, bad saves, retention, gc, rm).
 """
 
-from typing import Any
+from __future__ import annotations
 
-from streamio.checkpoint.manager import CheckpointManager
-from streamio.checkpoint.options import SaveOptions, SaveStats
-from streamio.checkpoint.retention import KeepAll, KeepBest, KeepEvery, KeepLast, RetentionPolicy
-from streamio.checkpoint.rng import RNGState
-from streamio.checkpoint.sharded.app_state import ShardedModelState
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from streamio.checkpoint.manager import CheckpointManager
+    from streamio.checkpoint.options import SaveOptions, SaveStats
+    from streamio.checkpoint.retention import KeepAll, KeepBest, KeepEvery, KeepLast, RetentionPolicy
+    from streamio.checkpoint.rng import RNGState
+    from streamio.checkpoint.sharded import StreamioReader, StreamioWriter
+    from streamio.checkpoint.sharded.app_state import ShardedModelState
+
+#: public name -> the module defining it, imported on first use: the manager imports torch (and the
+#: DCP pair torch DCP, a second more), which `streamio ckpt ls / inspect / rm` and `--help` do not need
+_EXPORTS = {
+    "CheckpointManager": "streamio.checkpoint.manager",
+    "KeepAll": "streamio.checkpoint.retention",
+    "KeepBest": "streamio.checkpoint.retention",
+    "KeepEvery": "streamio.checkpoint.retention",
+    "KeepLast": "streamio.checkpoint.retention",
+    "RNGState": "streamio.checkpoint.rng",
+    "RetentionPolicy": "streamio.checkpoint.retention",
+    "SaveOptions": "streamio.checkpoint.options",
+    "SaveStats": "streamio.checkpoint.options",
+    "ShardedModelState": "streamio.checkpoint.sharded.app_state",
+    "StreamioReader": "streamio.checkpoint.sharded",
+    "StreamioWriter": "streamio.checkpoint.sharded",
+}
 
 __all__ = [
     "CheckpointManager",
@@ -60,9 +82,10 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    """``StreamioWriter`` / ``StreamioReader``, imported on first use (they import torch DCP)."""
-    if name in ("StreamioWriter", "StreamioReader"):
-        from streamio.checkpoint import sharded
-
-        return getattr(sharded, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    """Import the module defining ``name`` on first use."""
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -38,8 +38,6 @@ from streamio.checkpoint.catalog import (
 from streamio.checkpoint.catalog import delete_step as delete_step  # re-exported: catalog.py
 from streamio.checkpoint.catalog import detect_foreign as detect_foreign
 from streamio.checkpoint.records import Manifest
-from streamio.checkpoint.serialize import StreamReader, decode_part, verify_file
-from streamio.checkpoint.sharded.fetch import verify_blocks
 from streamio.checkpoint.timeline import Tip, classify
 from streamio.checkpoint.validate import ManifestError
 from streamio.checksum import checksum_bytes
@@ -74,6 +72,11 @@ def verify_checkpoint(
         path: the save directory; default: the one :func:`~.catalog.resolve_save` picks.
         progress: ``progress(done, total, nbytes)``: files read of ``total`` and their bytes so far.
     """
+    # torch (for the tensors' checks) is imported here, not at module level: `ckpt ls/gc/rm` and
+    # the CLI's start-up stay free of it
+    from streamio.checkpoint.serialize import StreamReader, decode_part, verify_file
+    from streamio.checkpoint.sharded.fetch import verify_blocks
+
     sdir = path if path is not None else resolve_save(store, step)
     try:
         manifest = read_manifest(store, step, path=sdir)

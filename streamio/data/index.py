@@ -18,6 +18,14 @@ let a reader verify any run of samples. They sit in the index itself while the d
 loads in tens of milliseconds, and a rank only fetches the sidecars of shards it reads (cached in
 the index object).
 
+An index may live apart from its shards (``streamio index s3://public/ds --index-url
+s3://mine/ds-index``: shards in a bucket one can read but not write). It then records
+``"shards_url"``, the absolute URL its shard paths are relative to, and keeps its layout sidecars
+beside itself; the shard paths stay plain relative names below that URL, so the index is as
+confined as one beside its shards. An index without ``shards_url`` (every index before it) has
+its shards beside it. :mod:`streamio.data.locate` resolves a URL (prefix, index URL, pattern) to
+the shards' store and the index.
+
 Reasons for the rest: the index is written last in one atomic PUT, so a half-written dataset
 never looks complete; ``fingerprint`` hashes the shard list (paths, sizes, counts, checksums) and
 nothing about where layouts live, so a resume state can tell "same data" from "other data";
@@ -48,7 +56,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from streamio.checksum import crc32c, format_checksum
-from streamio.data.format import FORMAT, INDEX_NAME, SampleLayout, ShardInfo, sidecar_path
+from streamio.data.format import FORMAT, INDEX_NAME, LAYOUT_DIR, SampleLayout, ShardInfo, sidecar_path
 from streamio.data.index_schema import check_document, check_layout
 from streamio.errors import CorruptDataError, IndexFormatError, IndexNotFoundError
 from streamio.limits import MAX_JSON_BYTES, load_json
@@ -76,6 +84,9 @@ class DatasetIndex:
         keys: member extensions seen (sorted).
         compression: ``"zstd"`` if every shard is ``.tar.zst``, None if every one is ``.tar``
             (a mixed dataset says ``"mixed"``; each :attr:`ShardInfo.compression` is exact).
+        shards_url: the absolute URL the shard paths are relative to, when the index was written
+            somewhere else (``streamio index SHARDS --index-url URL``); None: beside the index.
+            Not part of the fingerprint: the same shards elsewhere are the same data.
         fingerprint: stable hash of the shard list (see module docstring).
     """
 
@@ -83,7 +94,9 @@ class DatasetIndex:
     samples: int
     keys: tuple[str, ...]
     compression: str | None
+    shards_url: str | None = None
     fingerprint: str = field(init=False)
+    _layouts_at: Store | None = field(default=None, repr=False, compare=False)
     _inline: dict[int, SampleLayout] = field(default_factory=dict, repr=False, compare=False)
     _sidecars: dict[int, tuple[str, str, int | None]] = field(default_factory=dict, repr=False, compare=False)
     _cache: dict[int, SampleLayout] = field(default_factory=dict, repr=False, compare=False)
@@ -108,6 +121,8 @@ class DatasetIndex:
         found = self._inline.get(shard_id) or self._cache.get(shard_id)
         if found is not None:
             return found
+        if self._layouts_at is not None:  # an index kept apart from its shards keeps its sidecars beside it
+            store = self._layouts_at
         if shard_id not in self._sidecars:
             raise IndexFormatError(
                 f"{store.url(INDEX_NAME)} records no sample offsets for shard {shard_id}; "
@@ -181,12 +196,14 @@ def decode_layout(data: bytes, *, url: str) -> SampleLayout:
 
 
 # ----------------------------------------------------------------------------- load / write
-def parse_index(data: bytes, *, url: str) -> DatasetIndex:
+def parse_index(data: bytes, *, url: str, layouts_at: Store | None = None) -> DatasetIndex:
     """Parse and validate the bytes of an ``index.json`` (``url`` is named in errors).
 
     Nothing in it is trusted: the document has a size and nesting limit
     (:func:`streamio.limits.load_json`), and every number, offset and path is checked
-    (:mod:`streamio.data.index_schema`) before anything is read on its word.
+    (:mod:`streamio.data.index_schema`) before anything is read on its word. ``layouts_at`` is
+    the store the index was read from: its layout sidecars are read there when it records a
+    ``shards_url`` (the shards live elsewhere).
 
     Raises:
         IndexFormatError: naming the field at fault.
@@ -201,7 +218,10 @@ def parse_index(data: bytes, *, url: str) -> DatasetIndex:
             inline[i] = SampleLayout(e.offsets, e.crcs, e.max_sample_bytes)
         elif e.sidecar is not None:
             sidecars[i] = (*e.sidecar, e.max_sample_bytes)
-    return DatasetIndex(tuple(shards), doc.samples, doc.keys, doc.compression, _inline=inline, _sidecars=sidecars)
+    return DatasetIndex(
+        tuple(shards), doc.samples, doc.keys, doc.compression, doc.shards_url,
+        _layouts_at=layouts_at if doc.shards_url is not None else None, _inline=inline, _sidecars=sidecars,
+    )
 
 
 def read_bounded(store: Store, path: str, limit: int, *, what: str, error: type[Exception]) -> bytes:
@@ -218,8 +238,11 @@ def read_bounded(store: Store, path: str, limit: int, *, what: str, error: type[
     return b"".join(parts)
 
 
-def load_index(store: Store) -> DatasetIndex:
-    """Read and validate ``index.json`` at the root of ``store``.
+def load_index(store: Store, path: str = INDEX_NAME) -> DatasetIndex:
+    """Read and validate ``index.json`` (or another ``path``) at the root of ``store``.
+
+    The shards are at ``store`` unless the index records a :attr:`~DatasetIndex.shards_url`;
+    :func:`streamio.data.locate.open_dataset` resolves that (and patterns, and index URLs).
 
     Raises:
         IndexNotFoundError: there is none (says to run ``streamio index URL``).
@@ -227,19 +250,24 @@ def load_index(store: Store) -> DatasetIndex:
             JSON document (:data:`streamio.limits.MAX_JSON_BYTES`).
     """
     try:
-        data = read_bounded(store, INDEX_NAME, MAX_JSON_BYTES, what="the index", error=IndexFormatError)
+        data = read_bounded(store, path, MAX_JSON_BYTES, what="the index", error=IndexFormatError)
     except FileNotFoundError as exc:
         raise IndexNotFoundError(
-            f"no {INDEX_NAME} at {store.url(INDEX_NAME)}: write the dataset with `streamio shard`, or index "
+            f"no {path} at {store.url(path)}: write the dataset with `streamio shard`, or index "
             f"existing WebDataset shards with `streamio index {store.root_url}`"
         ) from exc
-    return parse_index(data, url=store.url(INDEX_NAME))
+    return parse_index(data, url=store.url(path), layouts_at=store)
 
 
 def index_document(
-    index: DatasetIndex, store: Store, *, inline_limit: int = INLINE_LIMIT
+    index: DatasetIndex, store: Store, *, inline_limit: int = INLINE_LIMIT, path: str = INDEX_NAME
 ) -> tuple[dict[str, Any], list[tuple[str, bytes]]]:
-    """The ``index.json`` document of ``index`` and the sidecars it refers to (``(path, bytes)``)."""
+    """The ``index.json`` document of ``index`` and the sidecars it refers to (``(path, bytes)``).
+
+    Sidecars go to ``_layout/<shard>.bin`` beside an index named ``index.json``, and to
+    ``_layout/<name>/<shard>.bin`` beside an index of another ``path``, so that several indexes
+    written into one prefix (``--index-url s3://b/indexes/a.json``) never share a sidecar.
+    """
     inline = index.samples <= inline_limit
     entries: list[dict[str, Any]] = []
     sidecars: list[tuple[str, bytes]] = []
@@ -255,10 +283,10 @@ def index_document(
             entry["crc32c"] = list(layout.checksums)
         else:
             blob = encode_layout(layout)
-            path = sidecar_path(shard.path)
-            entry["layout"] = path
+            where = sidecar_path(shard.path) if path == INDEX_NAME else f"{LAYOUT_DIR}/{path}/{shard.path}.bin"
+            entry["layout"] = where
             entry["layout_checksum"] = format_checksum(crc32c(blob))
-            sidecars.append((path, blob))
+            sidecars.append((where, blob))
         entries.append(entry)
     doc = {
         "format": FORMAT,
@@ -266,20 +294,21 @@ def index_document(
         "keys": list(index.keys),
         "compression": index.compression,
         "fingerprint": index.fingerprint,
+        **({"shards_url": index.shards_url} if index.shards_url is not None else {}),
         "shards": entries,
     }
     return doc, sidecars
 
 
-def write_index(store: Store, index: DatasetIndex, *, inline_limit: int = INLINE_LIMIT) -> None:
-    """Write ``index.json`` (and, for large datasets, the layout sidecars first) at ``store``'s root.
+def write_index(store: Store, index: DatasetIndex, *, inline_limit: int = INLINE_LIMIT, path: str = INDEX_NAME) -> None:
+    """Write ``index.json`` (or ``path``; and, for large datasets, the layout sidecars first) at ``store``'s root.
 
     ``index.json`` is the last object written, in one atomic PUT: until it exists the dataset is
     not a dataset. Layouts the index does not hold in memory are read from ``store``'s sidecars
     (so write an index back where it was loaded from, or one made by a writer / ``build_index``).
     """
-    doc, sidecars = index_document(index, store, inline_limit=inline_limit)
+    doc, sidecars = index_document(index, store, inline_limit=inline_limit, path=path)
     if sidecars:
         store.put_many(sidecars)
-    store.put(INDEX_NAME, json.dumps(doc, separators=(",", ":")).encode())
-    log.info("wrote %s: %d shards, %d samples", store.url(INDEX_NAME), len(index.shards), index.samples)
+    store.put(path, json.dumps(doc, separators=(",", ":")).encode())
+    log.info("wrote %s: %d shards, %d samples", store.url(path), len(index.shards), index.samples)

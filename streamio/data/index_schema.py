@@ -9,7 +9,10 @@ untrusted input. :func:`check_document` takes the parsed JSON (already size- and
   ``[0, 2**63)`` (not bools, floats or strings); a shard holds at most one sample per byte;
   offsets increase strictly inside their shard; CRC32C values fit 32 bits; the total matches.
 * **paths** (shards and layout sidecars) are plain relative names below the dataset root
-  (:func:`streamio.data.format.shard_path_problem`), and no shard is named twice.
+  (:func:`streamio.data.format.shard_path_problem`), and no shard is named twice;
+* **shards_url** (optional: the index lives apart from its shards) is an absolute
+  ``scheme://...`` URL without userinfo; which stores it may point at is decided where the index
+  is opened (:mod:`streamio.data.locate`), which knows where the index itself came from.
 
 The rule for paths refuses what can leave the root on some backend (``..``, absolute paths,
 schemes and drives, backslashes, control characters) and nothing else: foreign WebDataset shards
@@ -18,14 +21,18 @@ carry all sorts of names, so it is not an allow-list of characters.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from streamio.checksum import parse_checksum
 from streamio.data.format import shard_path_problem
 from streamio.errors import IndexFormatError
+from streamio.storage.secrets import has_userinfo
 
 MAX_INT = (1 << 63) - 1
+MAX_URL = 2048
+_ABSOLUTE_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://[^\s\x00-\x1f\x7f]*")
 
 
 class ShardEntry(NamedTuple):
@@ -48,6 +55,7 @@ class IndexDocument(NamedTuple):
     samples: int
     keys: tuple[str, ...]
     compression: str | None
+    shards_url: str | None = None
 
 
 def bad(url: str, what: str) -> IndexFormatError:
@@ -149,4 +157,15 @@ def check_document(doc: Any, url: str, *, fmt: str) -> IndexDocument:
     compression = doc.get("compression")
     if compression not in (None, "zstd", "mixed"):
         raise bad(url, f"'compression' is {short(compression)}")
-    return IndexDocument(entries, total, tuple(keys), compression)
+    located = doc.get("shards_url")
+    located = None if located is None else shards_url(located, url)
+    return IndexDocument(entries, total, tuple(keys), compression, located)
+
+
+def shards_url(value: Any, url: str) -> str:
+    """``value`` if it is an absolute URL (``scheme://...``) without userinfo, spaces or control characters."""
+    if not isinstance(value, str) or len(value) > MAX_URL or not _ABSOLUTE_URL.fullmatch(value):
+        raise bad(url, f"'shards_url' is {short(value)}, not an absolute URL such as 's3://bucket/prefix'")
+    if has_userinfo(value):
+        raise bad(url, "'shards_url' holds a user name or password; an index never records credentials")
+    return value

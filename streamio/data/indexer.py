@@ -21,7 +21,7 @@ written: pass it to :func:`streamio.data.index.write_index`.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import closing
 
 import zstandard
@@ -185,12 +185,38 @@ def _scan(tee: _Tee, url: str, path: str, max_sample_bytes: int) -> tuple[ShardI
     return ShardInfo(path, tee.whole.size, len(starts), tee.whole.hexdigest()), layout, keys
 
 
+def _scan_all(
+    store: Store, paths: list[str], concurrency: int, max_sample_bytes: int,
+    progress: Callable[[int, int, int], None] | None,
+) -> list[tuple[ShardInfo, SampleLayout, set[str]]]:
+    """Scan ``paths`` ``concurrency`` at a time; results in path order, progress as scans end."""
+    report = progress or (lambda done, total, nbytes: None)
+    report(0, len(paths), 0)
+    results: list[tuple[ShardInfo, SampleLayout, set[str]] | None] = [None] * len(paths)
+    nbytes = 0
+    with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+        futures = {
+            pool.submit(scan_shard, store, path, max_sample_bytes=max_sample_bytes): i for i, path in enumerate(paths)
+        }
+        try:
+            for done, future in enumerate(as_completed(futures), 1):
+                result = future.result()
+                results[futures[future]] = result
+                nbytes += result[0].bytes
+                report(done, len(paths), nbytes)
+        except BaseException:
+            for future in futures:  # the first failure ends the scan: no new shard starts
+                future.cancel()
+            raise
+    return [r for r in results if r is not None]
+
+
 def build_index(
     store: Store,
     patterns: str | Sequence[str] | None = None,
     *,
     concurrency: int = 8,
-    progress: Callable[[ShardInfo], None] | None = None,
+    progress: Callable[[int, int, int], None] | None = None,
     max_sample_bytes: int = MAX_SAMPLE_BYTES,
 ) -> DatasetIndex:
     """Index existing WebDataset shards: ``.tar`` written by anything (webdataset, ``tar``, ...), and
@@ -204,7 +230,9 @@ def build_index(
         patterns: brace / glob patterns relative to the root (``"shard-{000000..000099}.tar"``);
             None takes every ``.tar`` below the root.
         concurrency: shards scanned at once.
-        progress: called with each shard's info as its scan ends (for progress bars).
+        progress: ``progress(done, total, nbytes)``: shards scanned of ``total`` and their bytes so
+            far; called once before the first scan (``done`` 0) and as each scan ends, from the
+            calling thread.
         max_sample_bytes: the largest sample accepted (its tar records, decompressed); larger
             ones are refused rather than held.
 
@@ -233,14 +261,7 @@ def build_index(
                 f"plain relative name ({problem}). Index from a root that holds it without '..' or schemes."
             )
 
-    def scan(path: str) -> tuple[ShardInfo, SampleLayout, set[str]]:
-        result = scan_shard(store, path, max_sample_bytes=max_sample_bytes)
-        if progress is not None:
-            progress(result[0])
-        return result
-
-    with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
-        results = list(pool.map(scan, paths))
+    results = _scan_all(store, paths, concurrency, max_sample_bytes, progress)
     keys: set[str] = set()
     for _, _, k in results:
         keys |= k

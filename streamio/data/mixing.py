@@ -12,14 +12,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from streamio.data.index import DatasetIndex, load_index
+from streamio.data.index import DatasetIndex
+from streamio.data.locate import open_dataset
 from streamio.data.plan import PlanSource
 from streamio.errors import ConfigError
 from streamio.pool import run_parallel
 from streamio.storage import Store
 from streamio.storage.secrets import scrub as redact_url
 
-__all__ = ["LoadedStream", "Stream", "describe_mixture", "load_streams", "plan_sources"]
+__all__ = ["LoadedStream", "Stream", "describe_mixture", "load_streams", "parse_source", "plan_sources"]
 
 
 @dataclass(frozen=True)
@@ -93,8 +94,8 @@ def load_streams(
 
     def load(stream: Stream) -> LoadedStream:
         options = stream.storage_options if stream.storage_options is not None else storage_options
-        store = Store(stream.url, options)
-        return LoadedStream(stream, store, load_index(store))
+        store, index = open_dataset(stream.url, options)  # a prefix, an index URL, or an indexed pattern
+        return LoadedStream(stream, store, index)
 
     streams = as_streams(url)
     if len(streams) == 1:
@@ -114,3 +115,23 @@ def describe_mixture(sources: Sequence[LoadedStream], contributions: Sequence[in
     """``mixture of N, samples per epoch {url: count, ...}`` (URLs without credentials)."""
     parts = ", ".join(f"{redact_url(s.store.root_url)!r}: {c}" for s, c in zip(sources, contributions, strict=True))
     return f"mixture of {len(sources)}, samples per epoch {{{parts}}}"
+
+
+def parse_source(text: str) -> tuple[str, float | None]:
+    """``URL[:WEIGHT]`` (command lines) as ``(url, weight)``: the weight is what follows the last colon.
+
+    ``s3://b/web:0.7`` is ``("s3://b/web", 0.7)``; ``s3://b/web`` and ``/data/x`` have no weight.
+
+    Raises:
+        ConfigError: a weight that is not a number > 0.
+    """
+    head, sep, tail = text.rpartition(":")
+    if not sep or not head or tail.startswith("/"):
+        return text.rstrip("/") or text, None
+    try:
+        weight = float(tail)
+    except ValueError:
+        return text.rstrip("/") or text, None
+    if not weight > 0 or weight != weight or weight == float("inf"):
+        raise ConfigError(f"{redact_url(text)!r}: the weight after the last ':' must be a number > 0")
+    return head.rstrip("/") or head, weight

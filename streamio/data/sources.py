@@ -1,12 +1,14 @@
 """Where the samples of ``streamio shard SRC`` come from: a directory tree, a JSONL file, or shards.
 
-Each source is a generator of samples (``{"__key__": key, "<ext>": bytes | str, ...}``) for
-:class:`~streamio.data.writer.DatasetWriter`; it reads lazily, so memory stays one sample
-whatever the source's size.
+Each source is an iterator of samples (``{"__key__": key, "<ext>": bytes | str, ...}``) for
+:class:`~streamio.data.writer.DatasetWriter`, a :class:`Samples` that also says how many it
+will yield when it knows (for a progress total); it reads lazily, so memory stays one sample
+(plus a listing: file names, or 8 bytes per JSONL line) whatever the source's size.
 
 * :func:`samples_from_directory`: files grouped by key the WebDataset way
   (``a/0001.jpg`` + ``a/0001.cls`` -> sample ``a/0001``);
-* :func:`samples_from_jsonl`: one JSON object per line, strings naming files read as bytes;
+* :func:`samples_from_jsonl`: one JSON object per line, kept whole as the sample's ``json``
+  member (types and bytes as they are), or each field its own member on request;
 * :func:`samples_from_shards`: existing ``.tar`` / ``.tar.zst`` shards, streamed in order and,
   having no index, bounded by ``max_sample_bytes`` like any foreign input.
 
@@ -20,7 +22,8 @@ import json
 import logging
 import os
 import random
-from collections.abc import Iterable, Iterator, Sequence
+from array import array
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import closing
 from typing import Any
 
@@ -30,18 +33,41 @@ from streamio.data.samples import Handler, iter_samples
 from streamio.errors import DatasetError, ObjectNotFoundError
 from streamio.storage import Store
 
-__all__ = ["samples_from_directory", "samples_from_jsonl", "samples_from_shards"]
+__all__ = ["Samples", "samples_from_directory", "samples_from_jsonl", "samples_from_shards"]
 
 log = logging.getLogger(__name__)
 
 
-def samples_from_directory(root: str, *, shuffle_seed: int | None = None) -> Iterator[dict[str, Any]]:
+class Samples(Iterator[dict[str, Any]]):
+    """The samples of a source, and how many there are when the source knows before reading them.
+
+    An iterator like a generator (one pass); ``total`` (None: unknown until read) lets a caller
+    show a progress total and an ETA. The listing behind it (files, line offsets, shard paths) is
+    made when the source is opened, so an empty or unreadable source fails there.
+    """
+
+    def __init__(self, samples: Iterator[dict[str, Any]], total: int | None) -> None:
+        self._samples = samples
+        self.total = total
+
+    def __next__(self) -> dict[str, Any]:
+        return next(self._samples)
+
+    def close(self) -> None:
+        """Stop reading (closes the file or stream behind the samples)."""
+        close = getattr(self._samples, "close", None)
+        if close is not None:
+            close()
+
+
+def samples_from_directory(root: str, *, shuffle_seed: int | None = None) -> Samples:
     """Samples from a directory tree, files grouped by key the WebDataset way.
 
     ``root/a/0001.jpg`` and ``root/a/0001.cls`` become ``{"__key__": "a/0001", "jpg": ..., "cls": ...}``
     (the key is the relative path up to the first dot of the file name). Samples come in sorted
     key order, or shuffled with ``random.Random(shuffle_seed)`` (the listing is shuffled, the
-    bytes are read lazily). Hidden files (``.name``) are skipped.
+    bytes are read lazily). Hidden files (``.name``) are skipped. :attr:`Samples.total` is the
+    number of keys.
 
     Raises:
         DatasetError: no files, a file without an extension, or a file that cannot be read.
@@ -68,6 +94,10 @@ def samples_from_directory(root: str, *, shuffle_seed: int | None = None) -> Ite
     keys = sorted(groups)
     if shuffle_seed is not None:
         random.Random(shuffle_seed).shuffle(keys)
+    return Samples(_directory_samples(keys, groups), len(keys))
+
+
+def _directory_samples(keys: list[str], groups: dict[str, list[tuple[str, str]]]) -> Iterator[dict[str, Any]]:
     for key in keys:
         sample: dict[str, Any] = {"__key__": key}
         for ext, path in groups[key]:
@@ -84,52 +114,139 @@ def _read_file(path: str) -> bytes:
 
 
 def samples_from_jsonl(
-    path: str, *, file_fields: Iterable[str] | None = None, shuffle_seed: int | None = None
-) -> Iterator[dict[str, Any]]:
+    path: str,
+    *,
+    split_fields: bool = False,
+    file_fields: Iterable[str] | None = None,
+    shuffle_seed: int | None = None,
+) -> Samples:
     """Samples from a JSONL file, one JSON object per line.
 
-    String fields listed in ``file_fields`` name files (relative to the JSONL file's directory or
-    absolute) whose bytes become the field; with ``file_fields=None`` any string naming an existing
-    file is read. Other strings are stored as UTF-8, other JSON values as JSON text. ``__key__`` is
-    taken from the line if present.
+    By default each line is one sample with one member, ``json``, holding the line's bytes as they
+    are: every type is kept (``json.loads`` of the member gives the line's object back), nothing
+    is reformatted, and the shards hold about the input's bytes plus the tar framing (a 512-byte
+    header per sample, data padded to 512 bytes; ``--compress zstd`` squeezes that out). The key
+    is the line's ``"__key__"`` when it has one, else the running number. Fields listed in
+    ``file_fields`` name files (relative to the JSONL file's directory, or absolute) whose bytes
+    become extra members of the sample under the field's name (``jpg`` -> ``key.jpg``).
+
+    ``split_fields=True`` is the older mapping: every top-level field becomes its own member;
+    strings naming a file are read as bytes (only the ``file_fields`` when given, else any string
+    naming an existing file), other strings stored as UTF-8, other JSON values as JSON text (the
+    number ``0`` becomes the member bytes ``b"0"``: the type is up to the reader's decoder).
+
+    Only the byte offsets of the lines are held (8 bytes a line), so memory does not grow with
+    the file's size, shuffled or not; :attr:`Samples.total` is the number of lines.
 
     Raises:
-        DatasetError: unreadable or empty file, a line that is not a JSON object, a named file missing.
+        DatasetError: unreadable or empty file, a line that is not UTF-8 JSON object, a named file
+            missing, a file field named ``json`` without ``split_fields``.
     """
-    base = os.path.dirname(os.path.abspath(path))
     forced = set(file_fields) if file_fields is not None else None
-    try:
-        with open(path, encoding="utf-8") as f:
-            lines = [(n, line) for n, line in enumerate(f, 1) if line.strip()]
-    except (OSError, UnicodeDecodeError) as exc:
-        raise DatasetError(f"cannot read {path}: {exc}") from exc
-    if not lines:
-        raise DatasetError(f"{path} holds no samples: nothing to shard")
+    if not split_fields and forced and "json" in forced:
+        raise DatasetError(
+            f"{path}: the file field 'json' would clash with the 'json' member holding each line; "
+            f"rename the field, or store every field as its own member (split fields)"
+        )
+    offsets = _line_offsets(path)
     if shuffle_seed is not None:
-        random.Random(shuffle_seed).shuffle(lines)
-    for lineno, line in lines:
-        try:
-            obj = json.loads(line)
-        except ValueError as exc:
-            raise DatasetError(f"{path}:{lineno} is not valid JSON ({exc})") from exc
-        if not isinstance(obj, dict):
-            raise DatasetError(f"{path}:{lineno} is a JSON {type(obj).__name__}, not an object (one sample per line)")
-        sample: dict[str, Any] = {}
-        for field, value in obj.items():
-            if field.startswith("__"):
-                sample[field] = value
-                continue
-            if isinstance(value, str):
-                target = value if os.path.isabs(value) else os.path.join(base, value)
-                if forced is not None and field in forced:
-                    sample[field] = _read_file(target)
-                elif forced is None and os.path.isfile(target):
-                    sample[field] = _read_file(target)
-                else:
-                    sample[field] = value
+        random.Random(shuffle_seed).shuffle(offsets)  # in place: no list of a Python int per line
+    line_sample = _split_line if split_fields else _whole_line
+    return Samples(_jsonl_samples(path, offsets, line_sample, forced), len(offsets))
+
+
+def _line_offsets(path: str) -> array[int]:
+    """Byte offsets of the non-blank lines of ``path`` (one pass, nothing else kept)."""
+    offsets = array("Q")
+    pos = 0
+    try:
+        with open(path, "rb") as f:
+            for line in f:
+                if line.strip():
+                    offsets.append(pos)
+                pos += len(line)
+    except OSError as exc:
+        raise DatasetError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    if not offsets:
+        raise DatasetError(f"{path} holds no samples: nothing to shard")
+    return offsets
+
+
+def _line_number(path: str, offset: int) -> int:
+    """The 1-based number of the line starting at ``offset`` (for messages only: re-reads the file)."""
+    with open(path, "rb") as f:
+        return f.read(offset).count(b"\n") + 1
+
+
+LineSample = Callable[[dict[str, Any], bytes, str, "set[str] | None"], dict[str, Any]]
+
+
+def _jsonl_samples(
+    path: str, offsets: array[int], line_sample: LineSample, forced: set[str] | None
+) -> Iterator[dict[str, Any]]:
+    base = os.path.dirname(os.path.abspath(path))
+    with open(path, "rb") as f:
+        for offset in offsets:
+            f.seek(offset)
+            raw = f.readline().strip()
+            if offset == 0 and raw.startswith(_BOM):
+                raw = raw[len(_BOM):].strip()
+            try:
+                obj = json.loads(raw.decode("utf-8"))
+            except (ValueError, RecursionError) as exc:
+                raise DatasetError(
+                    f"{path}:{_line_number(path, offset)} is not valid UTF-8 JSON ({_short(exc)})"
+                ) from exc
+            if not isinstance(obj, dict):
+                raise DatasetError(
+                    f"{path}:{_line_number(path, offset)} is a JSON {_JSON_TYPES.get(type(obj), type(obj).__name__)}, "
+                    f"not an object (one sample per line)"
+                )
+            yield line_sample(obj, raw, base, forced)
+
+
+_BOM = b"\xef\xbb\xbf"
+_JSON_TYPES = {list: "list", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc)
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
+def _whole_line(obj: dict[str, Any], raw: bytes, base: str, forced: set[str] | None) -> dict[str, Any]:
+    """The line as one ``json`` member, plus the files its ``forced`` fields name."""
+    sample: dict[str, Any] = {"json": raw}
+    if "__key__" in obj:
+        sample["__key__"] = obj["__key__"]
+    for field in sorted(forced or ()):
+        value = obj.get(field)
+        if not isinstance(value, str):
+            raise DatasetError(
+                f"sample {obj.get('__key__', '?')!r}: file field {field!r} is {value!r}, not a file name"
+            )
+        sample[field] = _read_file(value if os.path.isabs(value) else os.path.join(base, value))
+    return sample
+
+
+def _split_line(obj: dict[str, Any], raw: bytes, base: str, forced: set[str] | None) -> dict[str, Any]:
+    """Every top-level field its own member (the ``split_fields`` mapping)."""
+    sample: dict[str, Any] = {}
+    for field, value in obj.items():
+        if field.startswith("__"):
+            sample[field] = value
+            continue
+        if isinstance(value, str):
+            target = value if os.path.isabs(value) else os.path.join(base, value)
+            if forced is not None and field in forced:
+                sample[field] = _read_file(target)
+            elif forced is None and os.path.isfile(target):
+                sample[field] = _read_file(target)
             else:
-                sample[field] = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-        yield sample
+                sample[field] = value
+        else:
+            sample[field] = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    return sample
 
 
 def samples_from_shards(
@@ -138,18 +255,25 @@ def samples_from_shards(
     *,
     handler: Handler | None = None,
     max_sample_bytes: int = MAX_SAMPLE_BYTES,
-) -> Iterator[dict[str, Any]]:
+) -> Samples:
     """Samples of existing ``.tar`` / ``.tar.zst`` shards (brace / glob patterns), streamed in order.
 
     The shards are foreign input without an index: every header is checked and a sample spanning
     more than ``max_sample_bytes`` (decompressed) is refused, so a hostile shard stops the
     stream with a :class:`~streamio.errors.ShardFormatError` instead of growing it without end.
+    Their sample count is not known before reading them (:attr:`Samples.total` is None).
     """
     paths = expand_patterns(store, patterns)
     if not paths:
         raise ObjectNotFoundError(
             f"no shards match {patterns!r} under {store.root_url}: nothing to shard. Check the URL."
         )
+    return Samples(_shard_samples(store, paths, handler, max_sample_bytes), None)
+
+
+def _shard_samples(
+    store: Store, paths: list[str], handler: Handler | None, max_sample_bytes: int
+) -> Iterator[dict[str, Any]]:
     for path in paths:
         compression = shard_compression(path)
         with closing(store.iter_bytes(path)) as chunks:

@@ -12,8 +12,8 @@ A read that fails (access refused, storage unreachable) is no verdict on the sha
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import closing
 from dataclasses import dataclass
 
@@ -79,12 +79,49 @@ def _deep_check(store: Store, index: DatasetIndex, i: int) -> str | None:
     return None
 
 
-def validate(store: Store, index: DatasetIndex, *, deep: bool = False, concurrency: int = 8) -> ValidationReport:
+def _read_all(
+    store: Store, index: DatasetIndex, to_read: list[int], concurrency: int,
+    progress: Callable[[int, int, int], None] | None,
+) -> list[BadShard]:
+    """Deep-check the shards ``to_read``, ``concurrency`` at a time; progress as each read ends."""
+    report = progress or (lambda done, total, nbytes: None)
+    report(0, len(to_read), 0)
+    bad: list[BadShard] = []
+    nbytes = 0
+    with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+        futures = {pool.submit(_deep_check, store, index, i): i for i in to_read}
+        try:
+            for done, future in enumerate(as_completed(futures), 1):
+                i = futures[future]
+                reason = future.result()
+                if reason is not None:
+                    bad.append(BadShard(index.shards[i].path, reason))
+                nbytes += index.shards[i].bytes
+                report(done, len(to_read), nbytes)
+        except BaseException:
+            for future in futures:  # could not check: stop starting reads
+                future.cancel()
+            raise
+    return bad
+
+
+def validate(
+    store: Store,
+    index: DatasetIndex,
+    *,
+    deep: bool = False,
+    concurrency: int = 8,
+    progress: Callable[[int, int, int], None] | None = None,
+) -> ValidationReport:
     """Check that the shards the index names are there, and (``deep``) that their bytes are right.
 
     Shallow: one fresh listing; every shard must exist with the recorded size. Deep: every shard is
     re-read (streamed, ``concurrency`` at a time) and its size, whole CRC32C, every sample's CRC32C
     and the sample count are compared with the index.
+
+    ``progress(done, total, nbytes)`` (deep only): shards read of ``total`` and their bytes so
+    far; called once before the first read (``done`` 0) and as each read ends, from the calling
+    thread.
 
     Raises:
         StorageError: a shard could not be read (access refused, storage unreachable): a read that
@@ -102,9 +139,6 @@ def validate(store: Store, index: DatasetIndex, *, deep: bool = False, concurren
         else:
             to_read.append(i)
     if deep and to_read:
-        with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
-            for i, reason in zip(to_read, pool.map(lambda j: _deep_check(store, index, j), to_read), strict=True):
-                if reason is not None:
-                    bad.append(BadShard(index.shards[i].path, reason))
+        bad += _read_all(store, index, to_read, concurrency, progress)
     order = {s.path: n for n, s in enumerate(index.shards)}
     return ValidationReport(len(index.shards), deep, tuple(sorted(bad, key=lambda b: order[b.path])))

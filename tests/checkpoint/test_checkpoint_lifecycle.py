@@ -93,7 +93,7 @@ def test_fallback_then_the_same_step_is_saved_again(root: Store, caplog: pytest.
     rows = json.loads(_cli(root, "ls", "--json").output)
     assert [(r["step"], r["latest"], bool(r["bad"])) for r in rows] == [(170, False, False), (180, True, True)]
     assert "checksum" in rows[1]["bad"]
-    assert "BAD: " in _cli(root, "ls").output.splitlines()[1]
+    assert "BAD: " in _cli(root, "ls").output.splitlines()[2]  # after the header row
     # gc keeps what the pointer names, and says why
     gc = _cli(root, "gc", "--min-age", "0")
     assert gc.exit_code == 0 and "kept" in gc.output and "rm --force" in gc.output

@@ -237,7 +237,7 @@ def test_verify_of_a_corrupt_shard_is_1(tmp_path: Path, dataset: Path) -> None:
     (bad / "data-000001.tar").write_bytes(bytes(raw))
     res = run("verify", str(bad))
     assert res.returncode == 1 and "Traceback" not in res.stderr
-    assert "1 of 2 shards are bad" in res.stderr and "data-000001.tar" in res.stderr
+    assert "1 of 2 shards is bad" in res.stderr and "data-000001.tar" in res.stderr
 
 
 def test_deeply_nested_index_is_one_line_naming_it(tmp_path: Path) -> None:
@@ -269,7 +269,7 @@ def test_an_unexpected_exception_is_one_line_exit_3(dataset: Path, monkeypatch: 
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("something inside a dependency\nbroke on two lines")
 
-    monkeypatch.setattr("streamio.cli.dataset.load_index", broken)
+    monkeypatch.setattr("streamio.data.locate.load_index", broken)
     res = CliRunner().invoke(cli, ["inspect", str(dataset)])
     assert res.exit_code == 3 and res.stdout == ""
     assert res.stderr == (
@@ -284,7 +284,7 @@ def test_ctrl_c_is_130_without_a_traceback(dataset: Path, monkeypatch: pytest.Mo
     def interrupted(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("streamio.cli.dataset.validate", interrupted)
+    monkeypatch.setattr("streamio.data.verify.validate", interrupted)
     res = CliRunner().invoke(cli, ["verify", str(dataset)])
     assert res.exit_code == 130 and res.stderr == "Aborted: interrupted.\n"
 

@@ -15,6 +15,7 @@ from streamio.cli.main import cli
 from streamio.data.format import INDEX_NAME
 from streamio.data.index import load_index
 from streamio.data.writer import ShardSpec, write_dataset
+from streamio.errors import StoragePermissionError
 from streamio.storage import Store
 from streamio.testing import S3Endpoint
 
@@ -94,8 +95,12 @@ def test_index_foreign_shards_by_brace_pattern(tmp_path) -> None:
 def test_shard_from_jsonl_and_reshard_from_tar_glob(tmp_path) -> None:
     (tmp_path / "a.jpg").write_bytes(b"JPEG")
     (tmp_path / "in.jsonl").write_text(json.dumps({"__key__": "x", "jpg": "a.jpg", "txt": "caption"}) + "\n")
-    run("shard", str(tmp_path / "in.jsonl"), str(tmp_path / "j"))
-    run("shard", str(tmp_path / "j" / "data-*.tar"), str(tmp_path / "k"), "--compress", "zstd")
+    run("shard", str(tmp_path / "in.jsonl"), str(tmp_path / "line"))
+    assert json.loads(run("inspect", str(tmp_path / "line"), "--json")[0])["keys"] == ["json"]
+    run("shard", str(tmp_path / "in.jsonl"), str(tmp_path / "j"), "--file-field", "jpg")
+    assert json.loads(run("inspect", str(tmp_path / "j"), "--json")[0])["keys"] == ["jpg", "json"]
+    run("shard", str(tmp_path / "in.jsonl"), str(tmp_path / "split"), "--split-fields")
+    run("shard", str(tmp_path / "split" / "data-*.tar"), str(tmp_path / "k"), "--compress", "zstd")
     assert json.loads(run("inspect", str(tmp_path / "k"), "--json")[0])["keys"] == ["jpg", "txt"]
 
 
@@ -170,3 +175,41 @@ def test_parse_size() -> None:
     assert parse_size("1.5kb") == 1500
     with pytest.raises(Exception, match="not a size"):
         parse_size("lots")
+
+
+def test_index_elsewhere_for_shards_one_cannot_write(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    shards = tmp_path / "public"
+    write_dataset(({"__key__": f"{i}", "txt": "x"} for i in range(6)), str(shards), spec=ShardSpec(max_count=2))
+    (shards / INDEX_NAME).unlink()
+    out, _ = run("index", str(shards / "data-{000000..000002}.tar"), "--index-url", str(tmp_path / "mine" / "web.json"))
+    assert out.startswith(f"{tmp_path}/mine/web.json: 3 shards, 6 samples") and f"shards at {shards}" in out
+    assert not (shards / INDEX_NAME).exists() and json.loads((tmp_path / "mine" / "web.json").read_text())[
+        "shards_url"] == f"file://{shards}"
+    for verb in ("ls", "inspect", "verify"):
+        run(verb, str(tmp_path / "mine" / "web.json"))
+    run("plan", str(tmp_path / "mine" / "web.json"), "-R", "2")
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise StoragePermissionError("access denied writing s3://public/index.json")
+
+    monkeypatch.setattr("streamio.data.index.write_index", refused)
+    _, err = run("index", str(shards), code=3)
+    assert "access denied writing s3://public/index.json. For shards you cannot write beside" in err
+    assert "--index-url URL" in err
+    _, err = run("index", str(shards), "--index-url", str(tmp_path / "other"), code=3)
+    assert "access denied" in err and "--index-url" not in err  # already elsewhere: no advice to go elsewhere
+    _, err = run("index", str(shards), "--index-url", str(tmp_path / "bad\x01.json"), code=2)
+    assert "cannot name an index" in err and "control character" in err
+
+
+def test_a_pattern_names_the_indexed_shards_or_says_to_index_them(tmp_path) -> None:
+    write_dataset(({"__key__": f"{i}", "txt": "x"} for i in range(6)), str(tmp_path), spec=ShardSpec(max_count=2))
+    assert json.loads(run("inspect", str(tmp_path / "data-{000000..000002}.tar"), "--json")[0])["samples"] == 6
+    _, err = run("verify", str(tmp_path / "data-{000000..000001}.tar"), code=3)
+    assert "names 2 shards but" in err and f"`streamio index '{tmp_path}/data-{{000000..000001}}.tar'`" in err
+
+
+def test_jsonl_file_field_json_is_a_usage_error(tmp_path) -> None:
+    (tmp_path / "in.jsonl").write_text('{"json": "a.txt"}\n')
+    _, err = run("shard", str(tmp_path / "in.jsonl"), str(tmp_path / "ds"), "--file-field", "json", code=2)
+    assert "'json' is the member holding each line" in err and "--split-fields" in err

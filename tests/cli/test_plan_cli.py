@@ -72,11 +72,11 @@ def test_human_output_names_the_tail_and_the_runs(dataset: str) -> None:
     code, out = _run(dataset, "-R", "4", "-W", "2", "-B", "4", "--runs", "2")
     assert code == 0, out
     assert "per rank  26 samples, 7 batches (last batch 2 samples)" in out
-    assert "pad: 1 sample(s) repeated" in out
+    assert "pad: 1 sample repeated" in out
     assert "data-0000" in out and "more)" in out
     assert "exactly once (+1 padded, -0 dropped): OK; equal work: OK" in out
     code, out = _run(dataset, "-R", "4", "--policy", "drop")
-    assert code == 0 and "drop: 3 sample(s) left out" in out
+    assert code == 0 and "drop: 3 samples left out" in out
 
 
 def test_epochs_move_shards_between_ranks(dataset: str) -> None:
@@ -106,3 +106,25 @@ def test_plan_over_s3(s3: S3Endpoint, monkeypatch: pytest.MonkeyPatch) -> None:
     assert code == 0, out
     rep = json.loads(out)
     assert rep["samples_per_rank"] == 35 and rep["padding"] == 2 and len(_coverage(rep)) == N
+
+
+def test_a_mixture_shows_each_source_per_rank(dataset: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    other = str(tmp_path / "other")
+    _write(other)
+    code, out = _run(f"{dataset}:3", f"{other}:1", "-R", "2", "-W", "2", "-B", "4", "--epoch-samples", "100", "--json")
+    assert code == 0, out
+    rep = json.loads(out)
+    assert rep["url"] is None and [s["samples_per_epoch"] for s in rep["sources"]] == [75, 25]
+    assert [s["weight"] for s in rep["sources"]] == [3.0, 1.0]
+    assert {sum(r["per_source"]) for r in rep["ranks"]} == {rep["samples_per_rank"]}
+    assert [sum(r["per_source"][i] for r in rep["ranks"]) for i in range(2)] == [75, 25]  # 100 = 2 x 50: no tail
+    assert rep["checks"] == {"exactly_once": True, "equal_work": True}
+    code, text = _run(f"{dataset}:3", f"{other}:1", "-R", "2", "--epoch-samples", "100")
+    assert code == 0 and "mixture   2 sources" in text and "weight 3, 75 samples per epoch" in text
+    code, text = _run(f"{dataset}:-1", "-R", "2")
+    assert code == 2 and "must be a number > 0" in text
+
+
+def test_plan_uses_the_datasets_default_shuffle(dataset: str) -> None:
+    rep = json.loads(_run(dataset, "-R", "1", "--json")[1])
+    assert rep["shuffle"] == {"shards": True, "window": 256, "interleave": 32}

@@ -182,3 +182,10 @@ def test_bad_mixtures_are_refused_with_a_clear_error(sources: Any, make: Any, er
     with pytest.raises(error, match=match):
         ds = StreamingDataset(make(a, b), batch_size=1)
         ds.plan()
+
+
+def test_a_source_may_be_an_indexed_brace_pattern(sources: Any, as_rank: Any) -> None:
+    a, _, _ = sources
+    as_rank(0, 1)
+    ds = StreamingDataset([streamio.Stream(f"{a}/part{{000..003}}-000000.tar", weight=1.0)], batch_size=1)
+    assert sum(1 for _ in ds) == sum(A_COUNTS)

@@ -198,12 +198,12 @@ def test_jsonl_source_reads_named_files(tmp_path) -> None:
     lines = [{"__key__": "s1", "jpg": "img/1.jpg", "txt": "a caption", "cls": 4, "meta": {"w": 2}}, {"txt": "no key"}]
     path = tmp_path / "data.jsonl"
     path.write_text("\n".join(json.dumps(x) for x in lines) + "\n\n")
-    assert list(samples_from_jsonl(str(path))) == [
+    assert list(samples_from_jsonl(str(path), split_fields=True)) == [
         {"__key__": "s1", "jpg": b"JPEG", "txt": "a caption", "cls": "4", "meta": '{"w":2}'},
         {"txt": "no key"},
     ]
     with pytest.raises(DatasetError, match=r"cannot read .*a caption"):
-        list(samples_from_jsonl(str(path), file_fields=["txt"]))
+        list(samples_from_jsonl(str(path), file_fields=["txt"], split_fields=True))
     (tmp_path / "bad.jsonl").write_text('{"a": 1}\n[1, 2]\n')
     with pytest.raises(DatasetError, match=r"bad.jsonl:2 is a JSON list, not an object"):
         list(samples_from_jsonl(str(tmp_path / "bad.jsonl")))

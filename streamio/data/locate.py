@@ -1,0 +1,201 @@
+"""Where a dataset URL's index and shards are: a prefix, an index URL, or an indexed shard pattern.
+
+Users name a dataset three ways, and every reader (``StreamingDataset``, ``streamio ls / inspect /
+verify / plan``) takes all three through :func:`open_dataset`:
+
+* **a prefix holding ``index.json``** (``s3://b/ds``): the index and, unless it records
+  ``shards_url``, the shards;
+* **an index URL** (``s3://mine/indexes/web.json``, any name ending in ``.json``): the shards are
+  where the index says (``shards_url``, written by ``streamio index SHARDS --index-url URL`` for
+  shards in a bucket one can read but not write), or beside it;
+* **a WebDataset shard pattern** (``s3://b/ds/shard-{000000..000999}.tar``, globs too), as
+  webdataset users write them: once indexed, the pattern means the dataset whose ``index.json``
+  is beside the shards, and it must name exactly the indexed shards (a pattern naming others is
+  refused with the command that indexes them; silently reading a different set than the one
+  named would be worse).
+
+The :class:`~streamio.storage.Store` returned is the one the index's shard paths are relative
+to. An index is untrusted input, so where it may send a reader is limited: an index read from
+local disk (or memory) may point anywhere, one read from remote storage only at the same kind of
+storage (the same scheme; for http(s), the same host), so a planted index can neither make a
+reader open local files nor carry this protocol's storage options to another server. Shard
+paths stay plain relative names below that location (:mod:`streamio.data.index_schema`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from streamio.data.format import INDEX_NAME, shard_path_problem
+from streamio.data.index import DatasetIndex, load_index
+from streamio.data.patterns import expand_patterns, split_pattern
+from streamio.errors import ConfigError, IndexFormatError, IndexNotFoundError
+from streamio.storage import Store
+from streamio.storage.secrets import has_userinfo, strip_userinfo
+
+__all__ = ["absolute_url", "index_location", "is_index_url", "open_dataset", "same_location", "split_index_url"]
+
+_ALIASES = {"": "file", "local": "file", "gcs": "gs", "s3a": "s3"}
+_LOCAL = frozenset({"file", "memory"})
+_PATTERN_CHARS = "{*?["
+
+
+def open_dataset(url: str, storage_options: Mapping[str, Any] | None = None) -> tuple[Store, DatasetIndex]:
+    """The store the shards are at and the dataset's index, for a prefix, an index URL or a pattern.
+
+    Args:
+        url: a prefix holding ``index.json``; an index URL (ends in ``.json``); or a shard pattern
+            (``.../shard-{000000..000999}.tar``, globs) whose shards were indexed with
+            ``streamio index`` (``index.json`` beside them).
+        storage_options: fsspec options for the index's location and the shards' (one set: the
+            same credentials reach both).
+
+    Returns:
+        ``(store, index)``: ``index.shards[i].path`` is relative to ``store``.
+
+    Raises:
+        IndexNotFoundError: no index there, or a pattern that names other shards than the
+            indexed ones (the message gives the ``streamio index`` command).
+        IndexFormatError: an invalid index, or one pointing where it may not (see the module
+            docstring).
+    """
+    directory, name, pattern = index_location(url)
+    where = Store(directory, storage_options)
+    if pattern is None:
+        index = load_index(where, name)
+        return _shards_store(index, where, storage_options, where.url(name)), index
+    return where, _pattern_index(where, pattern, strip_userinfo(url))
+
+
+def index_location(url: str) -> tuple[str, str, str | None]:
+    """Where :func:`open_dataset` looks for the index of ``url``: ``(directory, name, pattern)``.
+
+    ``"s3://b/ds"`` -> ``("s3://b/ds", "index.json", None)``; ``"s3://b/i/web.json"`` ->
+    ``("s3://b/i", "web.json", None)``; ``"s3://b/ds/s-{0..9}.tar"`` -> ``("s3://b/ds", "index.json",
+    "s-{0..9}.tar")``.
+    """
+    if is_index_url(url):
+        return (*split_index_url(url), None)
+    root, pattern = split_pattern(url)
+    return root, INDEX_NAME, pattern
+
+
+def is_index_url(url: str) -> bool:
+    """Whether ``url`` names an index file (its last component ends in ``.json``, no pattern)."""
+    last = url.rstrip("/").rsplit("/", 1)[-1]
+    return last.endswith(".json") and not any(c in last for c in _PATTERN_CHARS)
+
+
+def split_index_url(url: str) -> tuple[str, str]:
+    """``"s3://b/idx/web.json"`` -> ``("s3://b/idx", "web.json")``; a URL not ending in ``.json``
+    names a prefix: ``("s3://b/idx", "index.json")``.
+
+    Raises:
+        ConfigError: the name cannot be an object name below the directory (control characters,
+            backslashes: :func:`~streamio.data.format.shard_path_problem`).
+    """
+    url = url.rstrip("/") or url
+    if not is_index_url(url):
+        return url, INDEX_NAME
+    head, sep, name = url.rpartition("/")
+    head = head if sep else "."  # a bare "web.json": the current directory
+    reason = shard_path_problem(name)
+    if reason:
+        raise ConfigError(f"{strip_userinfo(url)!r} cannot name an index: {name!r} {reason}")
+    return head, name
+
+
+def absolute_url(url: str) -> str:
+    """``url`` as an index records it: ``scheme://...`` without a trailing ``/``; local paths
+    become absolute ``file://`` URLs.
+
+    Raises:
+        ConfigError: the URL holds a user name or password (an index never records credentials:
+            give them with storage options or the environment).
+    """
+    if has_userinfo(url):
+        raise ConfigError(
+            f"{strip_userinfo(url)} holds a user name or password; an index never records credentials: give "
+            f"them as storage options (-o KEY=VALUE) or in the environment"
+        )
+    return _normalize(url)
+
+
+def same_location(a: str, b: str) -> bool:
+    """Whether two URLs name the same place (local paths compared absolute, trailing ``/`` ignored)."""
+    return _normalize(a) == _normalize(b)
+
+
+def _normalize(url: str) -> str:
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return "file://" + os.path.abspath(url)
+    if _canonical(scheme) == "file":
+        return "file://" + os.path.abspath(rest or "/")
+    return url.rstrip("/")
+
+
+def _canonical(scheme: str) -> str:
+    return _ALIASES.get(scheme.lower(), scheme.lower())
+
+
+def _scheme_host(url: str) -> tuple[str, str]:
+    """``("s3", "bucket")`` of ``s3://bucket/x``; ``("file", "")`` of a local path."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return "file", ""
+    return _canonical(scheme), rest.split("/", 1)[0].rsplit("@", 1)[-1].lower()
+
+
+def _shards_store(index: DatasetIndex, where: Store, options: Mapping[str, Any] | None, index_url: str) -> Store:
+    """The store the shards of ``index`` (read at ``where``) are at; checks where it may point."""
+    if index.shards_url is None:
+        return where
+    scheme, host = _scheme_host(where.root_url)
+    target_scheme, target_host = _scheme_host(index.shards_url)
+    if scheme not in _LOCAL and (
+        target_scheme != scheme or (scheme in ("http", "https") and target_host != host)
+    ):
+        raise IndexFormatError(
+            f"{index_url} says its shards are at {index.shards_url}, but an index read from {scheme}:// storage may "
+            f"only point at shards in {scheme}:// storage{' on ' + host if scheme in ('http', 'https') else ''}. "
+            f"Rebuild it with `streamio index SHARDS --index-url {strip_userinfo(where.root_url)}` if you trust it."
+        )
+    return Store(index.shards_url, options)
+
+
+def _pattern_index(store: Store, pattern: str, shown: str) -> DatasetIndex:
+    """The index beside the shards a pattern names, if it indexes exactly those shards."""
+    fix = f"index them once with `streamio index '{shown}'`, then open the same URL"
+    try:
+        index = load_index(store)
+    except IndexNotFoundError as exc:
+        raise IndexNotFoundError(
+            f"the shards of {shown!r} are not indexed: no {INDEX_NAME} at {store.url(INDEX_NAME)}; {fix}"
+        ) from exc
+    if index.shards_url is not None:
+        raise IndexNotFoundError(
+            f"{store.url(INDEX_NAME)} indexes the shards at {index.shards_url}, not those {shown!r} names; {fix}, "
+            f"or open {store.root_url} for the dataset it indexes"
+        )
+    named = expand_patterns(store, pattern)
+    indexed = [s.path for s in index.shards]
+    named_set, indexed_set = set(named), set(indexed)
+    if named_set != indexed_set:
+        unindexed = [p for p in named if p not in indexed_set]
+        unnamed = [p for p in indexed if p not in named_set]
+        raise IndexNotFoundError(
+            f"{shown!r} names {len(named)} shards but {store.url(INDEX_NAME)} indexes {len(indexed)}: "
+            f"{len(unindexed)} named are not indexed{_first(unindexed)}, {len(unnamed)} indexed are not named"
+            f"{_first(unnamed)}; {fix}, or open {store.root_url} for the indexed ones"
+        )
+    return index
+
+
+def _first(paths: list[str], n: int = 3) -> str:
+    if not paths:
+        return ""
+    more = f", ... (+{len(paths) - n})" if len(paths) > n else ""
+    return f" ({', '.join(paths[:n])}{more})"
