@@ -2,24 +2,25 @@
 #   make demo   shard the bundled dataset into a local S3, train 2 ranks, crash, resume, compare
 #   make test   the whole test suite (what .ci/run runs)
 # Both create or reuse .venv and install the pinned versions from constraints.txt.
+# `make docs` builds the documentation site into build/docs (mkdocs --strict: any warning fails).
 
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv test test-fast demo bench bench-quick lint clean
+.PHONY: venv test test-fast demo bench bench-quick lint docs clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test,bench]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test,bench,docs]'
 	touch $(STAMP)
 
 venv: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/lint-imports
-	$(VENV)/bin/ruff check streamio cli tests benchmarks scripts
+	$(VENV)/bin/ruff check streamio cli tests benchmarks scripts examples docs/api
 	$(PY) scripts/check_sizes.py streamio cli
 
 test: $(STAMP) lint
@@ -31,9 +32,13 @@ test-fast: $(STAMP)
 demo: $(STAMP)
 	$(PY) -m streamio.train.demo
 
+# The API reference is generated from the docstrings (mkdocstrings); CI builds it too (tests/docs).
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict --site-dir build/docs
+
 # The test environment includes the bench extra: CI runs a quick benchmark so they cannot rot.
 bench: $(STAMP)
-	$(PY) -m benchmarks.run --peers mosaicml
+	$(PY) -m benchmarks.run --peers mosaicml,litdata
 
 bench-quick: $(STAMP)
 	$(PY) -m benchmarks.run --quick

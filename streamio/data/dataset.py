@@ -243,12 +243,11 @@ class StreamingDataset(IterableDataset):
         rank, _ = rank_and_world()
         info = get_worker_info()
         worker, num_workers = (0, 0) if info is None else (info.id, info.num_workers)
-        if info is not None and not self._counted_by_loader and not self._state_taken_in_worker:
-            log.warning(
-                "StreamingDataset is read by DataLoader worker %d of %d: a plain DataLoader cannot tell the "
-                "main process what its workers yielded, so state_dict() there cannot be exact. Use "
-                "streamio.StreamingDataLoader or torchdata's StatefulDataLoader for exact resume.",
-                worker,
+        if info is not None and worker == 0 and not self._counted_by_loader and not self._state_taken_in_worker:
+            log.warning(  # worker 0 only: once per epoch, not once per worker
+                "StreamingDataset is read by %d DataLoader workers: a plain DataLoader cannot tell the main "
+                "process what its workers yielded, so state_dict() there cannot be exact (it is the epoch's "
+                "start). Use streamio.StreamingDataLoader or torchdata's StatefulDataLoader for exact resume.",
                 num_workers,
             )
         plan = self.plan(num_workers)

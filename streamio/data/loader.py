@@ -41,16 +41,24 @@ def collate_samples(batch: list[Any]) -> Any:
 class StreamingDataLoader(DataLoader):
     """A ``DataLoader`` that counts the batches it hands out, so the dataset's state is exact.
 
-    Same arguments as ``torch.utils.data.DataLoader``; ``batch_size`` defaults to (and must equal)
-    the dataset's, and ``collate_fn`` to :func:`collate_samples`. ``state_dict()`` /
-    ``load_state_dict()`` save and restore the exact position, with any ``num_workers``, and resume
-    on another world size or worker count.
+    Same arguments as ``torch.utils.data.DataLoader``, except that the batch size is given once,
+    to the dataset: leave ``batch_size`` out (or ``None``) and the loader uses
+    ``dataset.batch_size``, which the dataset needs to cut every worker's stream in whole batches.
+    ``collate_fn`` defaults to :func:`collate_samples`. ``state_dict()`` / ``load_state_dict()``
+    save and restore the exact position, with any ``num_workers``, and resume on another world
+    size or worker count.
+
+    Example::
+
+        ds = StreamingDataset(url, batch_size=32)
+        loader = StreamingDataLoader(ds, num_workers=4)   # batches of 32
 
     Raises:
-        TypeError: ``dataset`` is not a :class:`~streamio.data.dataset.StreamingDataset`.
-        PlanError: ``batch_size`` differs from the dataset's, or ``persistent_workers=True`` (the
-            workers would keep their copy of the dataset, which ``set_epoch`` in this process does
-            not reach: every epoch would repeat the first one's order).
+        ConfigError: ``dataset`` is not a :class:`~streamio.data.dataset.StreamingDataset`.
+        PlanError: ``batch_size`` is given and differs from the dataset's, or
+            ``persistent_workers=True`` (the workers would keep their copy of the dataset, which
+            ``set_epoch`` in this process does not reach: every epoch would repeat the first one's
+            order).
     """
 
     def __init__(self, dataset: StreamingDataset, batch_size: int | None = None, **kwargs: Any) -> None:
@@ -59,9 +67,10 @@ class StreamingDataLoader(DataLoader):
         batch_size = dataset.batch_size if batch_size is None else batch_size
         if batch_size != dataset.batch_size:
             raise PlanError(
-                f"StreamingDataLoader(batch_size={batch_size}) differs from "
-                f"StreamingDataset(batch_size={dataset.batch_size}); "
-                "give the dataset the loader's batch size so streams are cut in whole batches"
+                f"StreamingDataLoader(batch_size={batch_size}) differs from the batch_size={dataset.batch_size} of "
+                f"{dataset!r}, which cuts its streams in whole batches of its own size: "
+                f"leave batch_size out (the loader takes the dataset's), or build the dataset with "
+                f"StreamingDataset(..., batch_size={batch_size})"
             )
         if kwargs.get("persistent_workers"):
             raise PlanError(

@@ -98,9 +98,10 @@ class GcsEndpoint:
 
 
 class FakeGcsServer:
-    """fake-gcs-server in memory on 127.0.0.1 (a subprocess); ``start()`` / ``stop()``."""
+    """fake-gcs-server in memory on 127.0.0.1 on ``port`` (0: a free one; a subprocess); ``start()`` / ``stop()``."""
 
-    def __init__(self) -> None:
+    def __init__(self, port: int = 0) -> None:
+        self.port = port
         self.endpoint_url = ""
         self._proc: subprocess.Popen[bytes] | None = None
         self._log: Any = None
@@ -110,8 +111,8 @@ class FakeGcsServer:
         binary = fake_gcs_server_binary()
         self._log = tempfile.TemporaryFile(prefix="fake-gcs-server-")
         last: Exception | None = None
-        for _ in range(5):
-            port = _free_port()
+        for _ in range(1 if self.port else 5):  # a free port can be taken before the server binds it
+            port = self.port or _free_port()
             url = f"http://127.0.0.1:{port}"
             self._proc = subprocess.Popen(  # noqa: S603 - our bundled binary, fixed arguments
                 [str(binary), "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1", "-port", str(port),

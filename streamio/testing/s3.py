@@ -74,13 +74,13 @@ class S3Endpoint:
 
 
 class MotoServer:
-    """moto's threaded server bound to 127.0.0.1 on a free port; ``start()`` / ``stop()``."""
+    """moto's threaded server bound to 127.0.0.1 on ``port`` (0: a free one); ``start()`` / ``stop()``."""
 
-    def __init__(self) -> None:
+    def __init__(self, port: int = 0) -> None:
         from moto.server import ThreadedMotoServer
 
         logging.getLogger("werkzeug").setLevel(logging.ERROR)
-        self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
         self.endpoint_url = ""
 
     def start(self) -> str:
