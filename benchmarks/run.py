@@ -28,6 +28,9 @@ declarative specs in :mod:`benchmarks.tables`, rendered by :mod:`benchmarks.repo
   :mod:`benchmarks.bench_shuffle` (orders only, no I/O).
 * ``checkpoint`` — save blocked/durable and restore vs torch.save and torch DCP (issue 7's
   ``bench_checkpoint.py --json``).
+* ``sharded``    — FSDP2 + Adam on 2 gloo rank processes: save durable / restore vs torch DCP
+  (fsspec on moto, FileSystemWriter on disk) and the parallel PUT / GET / write+fsync ceilings,
+  and restores resharded 2 -> 1 and 2 -> 3 (issue 16): :mod:`benchmarks.bench_sharded`.
 
 Each section runs its contenders interleaved, several repetitions, and reports medians with
 min-max and ratios to references measured in the same run (absolute numbers move between runs on
@@ -58,7 +61,8 @@ from benchmarks.common import REPO, machine, machine_line  # noqa: E402
 from benchmarks.report import fmt, render  # noqa: E402
 from benchmarks.tables import REPORT  # noqa: E402
 
-SECTIONS = ("references", "dataset", "mixture", "scale", "loader", "read", "shard", "plan", "shuffle", "checkpoint")
+SECTIONS = ("references", "dataset", "mixture", "scale", "loader", "read", "shard", "plan", "shuffle", "checkpoint",
+            "sharded")
 HERE = Path(__file__).resolve().parent
 
 
@@ -143,6 +147,12 @@ def section_checkpoint(quick: bool, scratch: str) -> dict[str, Any]:
     return dict(res)
 
 
+def section_sharded(quick: bool, scratch: str) -> dict[str, Any]:
+    from benchmarks import bench_sharded
+
+    return bench_sharded.run(quick, log=log, scratch_dir=scratch)
+
+
 def run_sections(names: list[str], quick: bool, scratch: str, use_nginx: bool,
                  on_result: Callable[[dict[str, Any]], None] | None = None,
                  peers: Sequence[str] = ()) -> dict[str, Any]:
@@ -157,6 +167,7 @@ def run_sections(names: list[str], quick: bool, scratch: str, use_nginx: bool,
     simple: dict[str, Callable[[bool, str], dict[str, Any]]] = {
         "references": section_references, "loader": section_loader, "read": section_read, "shard": section_shard,
         "plan": section_plan, "checkpoint": section_checkpoint, "mixture": section_mixture,
+        "sharded": section_sharded,
         "shuffle": lambda quick, _scratch: section_shuffle(quick, peers),
     }
     data_secs = [n for n in ("dataset", "scale") if n in names]

@@ -10,6 +10,8 @@ and :func:`~benchmarks.report.med` (``median [min-max]`` of a :func:`benchmarks.
 
 from __future__ import annotations
 
+import math
+import re
 from typing import Any
 
 from benchmarks import common
@@ -122,6 +124,8 @@ HEADLINES = {  # section -> its headline ratios, in the order the table lists th
     "loader": lambda ld: [(f"loader (1 rank, local, no compute, samples/s): {k}", v) for k, v in ld["ratios"].items()],
     "read": lambda rd: [(f"read: {k}", v) for k, v in rd.get("ratios", {}).items()],
     "checkpoint": _headline_checkpoint,
+    "sharded": lambda sc: [(f"sharded {target}: {k}", v) for target in ("disk", "s3")
+                           for k, v in sc.get(target, {}).get("ratios", {}).items()],
     "shard": _headline_shard,
 }
 
@@ -461,6 +465,56 @@ CHECKPOINT = SectionSpec("Checkpoint (issue 7: `benchmarks/bench_checkpoint.py`)
 ))
 
 
+# ----------------------------------------------------------------------------- sharded
+def _sharded_setup(sec: Results) -> list[str]:
+    c = sec["config"]
+    return [
+        f"FSDP2 MLP ({c['layers']} linear layers of {c['width']}) + Adam, sharded over {c['ranks']} gloo rank "
+        f"processes: {', '.join(fmt(b / 1e6, 0) for b in c['local_bytes'])} MB of parameters and moments per rank,",
+        f"{fmt(sec['size_bytes'] / 1e6, 0)} MB in all; {c['reps']} repetitions after a warm-up, interleaved, each "
+        "timed from a barrier to a barrier (the job's time); S3 = moto, no proxy latency.",
+        "`dcp.*` = `torch.distributed.checkpoint.save/load`: FileSystemWriter/Reader on disk (sync_files), "
+        "the fsspec FsspecWriter/Reader on S3; `streamio-dcp.*` = the same calls with StreamioWriter/Reader;",
+        "`ceiling.*` = each rank's streamio part sizes moved with 8 parallel PUTs / GETs (disk: file writes + "
+        "fsync / reads, page cache warm), both ranks at once; `copy` = each rank's local shards into reused buffers.",
+        "`streamio.durable` = until `latest.json` names the step (SaveStats.durable_s, slowest rank); `streamio.wait` "
+        "= until `wait()` returns (also the deletion of the previous step by retention); the other contenders write "
+        "each save to a new place (old ones deleted untimed).",
+        f"`2->N` rows: {' and '.join(str(w) for w in c['reshard_worlds'])} new rank processes (1: a plain module, "
+        "else FSDP2) restore the 2-rank saves. GB/s = all ranks' bytes / seconds. Seconds, median [min-max].",
+    ]
+
+
+def _sharded_rows(t: Results) -> list[tuple[str, dict[str, float], float]]:
+    rows = [(k, common.summary(v)) for k, v in t["runs_s"].items()]
+    rows += [(f"2->{w} {k}", common.summary(v)) for w, rr in t["reshard_runs_s"].items() for k, v in rr.items()]
+    return [(k, s, t["size_bytes"]) for k, s in rows]
+
+
+def goal_met(name: str, value: float) -> str:
+    """``yes`` / ``no`` for a ratio named ``... (target <= 1.25)`` or ``(target >= 4)``; ``-`` without a target."""
+    m = re.search(r"\(target ([<>]=) ([0-9.]+)\)", name)
+    if m is None or math.isnan(value):
+        return "-"
+    ok = value <= float(m.group(2)) if m.group(1) == "<=" else value >= float(m.group(2))
+    return "yes" if ok else "no"
+
+
+SHARDED = SectionSpec("Sharded checkpoints: FSDP2 on 2 ranks, resharding (issue 16: `benchmarks/bench_sharded.py`)",
+                      key="sharded", blocks=(
+    Text(_sharded_setup),
+    Each(lambda sec: [(t, {**sec[t], "size_bytes": sec["size_bytes"]}) for t in ("disk", "s3") if sec.get(t)], blocks=(
+        Table((_str("operation", 0), Column("seconds", lambda r: med(r[1], 3)),
+               Column("GB/s", lambda r: fmt(r[2] / r[1]["median"] / 1e9, 2) if r[1]["median"] else "n/a")),
+              rows=_sharded_rows),
+        Table((_name("ratio"), Column("value", lambda kv: fmt(kv[1], 2)),
+               Column("goal met", lambda kv: goal_met(kv[0], kv[1]))), rows=lambda t: t["ratios"].items()),
+    )),
+    _static("moto reads the whole object for every ranged GET: resharded restores (ranged, block-verified reads) "
+            "cost more on moto than on a real store."),
+))
+
+
 # ----------------------------------------------------------------------------- peers
 def _peers(res: Results) -> list[str]:
     ran = "mosaicml cold" in res.get("dataset", {}).get("contenders", {})
@@ -503,5 +557,6 @@ def _shuffle_peers(res: Results) -> list[str] | None:
 
 PEERS = SectionSpec("Peers in their own environments", blocks=(Text(_peers), Text(_shuffle_peers)))
 
-SECTIONS = (REFERENCES, DATASET, MIXTURE, SCALE, LOADER, READ, SHARD, PLAN, SHUFFLE, CHECKPOINT)  # in the suite's order
+SECTIONS = (REFERENCES, DATASET, MIXTURE, SCALE, LOADER, READ, SHARD, PLAN, SHUFFLE, CHECKPOINT,
+            SHARDED)  # in the suite's order
 REPORT = (INTRO, HEADLINE, *SECTIONS, PEERS)

@@ -4,7 +4,9 @@ Built in an order that makes every rank start alike and resume exactly:
 
 1. ``torch.manual_seed(seed)``, then the model: the same initial weights on every rank;
 2. wrapped in ``DistributedDataParallel`` when a process group exists (the bare module is kept:
-   it is what checkpoints hold and what validation runs, with no collective call);
+   it is what checkpoints hold and what validation runs, with no collective call); with
+   ``--fsdp``, sharded with FSDP2 instead (:mod:`streamio.train.fsdp`: the sharded module is both
+   what trains and what checkpoints hold);
 3. ``torch.manual_seed`` of a seed derived from ``(seed, rank)`` with structure (never
    ``seed + rank``): each rank's own dropout stream;
 4. AdamW, and a ``LambdaLR`` warmup-then-cosine schedule stepped once per optimizer step over
@@ -24,6 +26,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from streamio.errors import ConfigError
 from streamio.train.config import TrainConfig
+from streamio.train.fsdp import shard_model
 from streamio.train.model import make_model
 from streamio.train.process_group import Distributed
 
@@ -33,8 +36,9 @@ class Components:
     """What :func:`build_components` makes; the trainer keeps each as an attribute of the same name.
 
     Attributes:
-        net: the bare model (checkpointed, validated).
+        net: the bare model (checkpointed, validated); under FSDP, the sharded model itself.
         model: ``net`` wrapped in ``DistributedDataParallel`` under a process group, else ``net`` (trained).
+        sharded: ``net`` is sharded with FSDP2 (``--fsdp`` under a process group).
         optimizer: AdamW over ``net``'s parameters.
         scheduler: the :func:`warmup_cosine` schedule, stepped once per optimizer step.
         total_steps: optimizer steps the schedule spans.
@@ -45,6 +49,7 @@ class Components:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
     total_steps: int
+    sharded: bool = False
 
 
 def warmup_cosine(warmup_steps: int, total_steps: int) -> Callable[[int], float]:
@@ -60,7 +65,7 @@ def warmup_cosine(warmup_steps: int, total_steps: int) -> Callable[[int], float]
 
 
 def build_components(cfg: TrainConfig, d: Distributed, batches_per_epoch: int) -> Components:
-    """Model, DDP wrapper, optimizer and schedule for this rank (see the module docstring for the order).
+    """Model, DDP wrapper or FSDP2 sharding, optimizer and schedule for this rank (order: module docstring).
 
     ``batches_per_epoch`` is the training loader's length before any resume: a whole epoch.
 
@@ -72,7 +77,10 @@ def build_components(cfg: TrainConfig, d: Distributed, batches_per_epoch: int) -
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
     net = make_model(hidden=cfg.hidden, dropout=cfg.dropout).to(d.device)
     model: nn.Module = net
-    if d.initialized:
+    sharded = cfg.fsdp and d.initialized
+    if sharded:
+        model = net = shard_model(net, d.device, d.world_size)
+    elif d.initialized:
         model = DistributedDataParallel(net, device_ids=[d.local_rank] if cuda else None)
     # each rank's own dropout stream, seeded with structure (seed, rank), never seed + rank
     torch.manual_seed(int(np.random.SeedSequence([cfg.seed, d.rank]).generate_state(1)[0]))
@@ -85,4 +93,4 @@ def build_components(cfg: TrainConfig, d: Distributed, batches_per_epoch: int) -
         )
     total_steps = min(cfg.max_steps or 1 << 62, steps_per_epoch * cfg.epochs)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(cfg.warmup_steps, total_steps))
-    return Components(net, model, optimizer, scheduler, total_steps)
+    return Components(net, model, optimizer, scheduler, total_steps, sharded)

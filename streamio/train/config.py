@@ -47,6 +47,9 @@ class TrainConfig:
         train_samples: size of the synthetic training set (ignored with ``data_url``).
         val_samples: size of the synthetic validation set (ignored with ``data_url``).
         device: ``auto`` (CUDA when present), ``cpu`` or ``cuda``.
+        fsdp: shard the model and optimizer state over the ranks with FSDP2 (``fully_shard``)
+            instead of replicating them with DDP, and checkpoint the shards (each rank writes its
+            own; a run resumes on any number of ranks). Without torchrun the model stays plain.
     """
 
     data_url: str | tuple[str, ...] | None = None
@@ -75,6 +78,7 @@ class TrainConfig:
     train_samples: int = 4096
     val_samples: int = 1001
     device: str = "auto"
+    fsdp: bool = False
 
 
 def _attribute_help() -> dict[str, str]:
@@ -95,19 +99,23 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainConfig:
     """Build a :class:`TrainConfig` from command-line flags (``--ckpt-every 20`` ...)."""
     parser = argparse.ArgumentParser(
         prog="python -m streamio.train",
-        description="Reference DDP trainer over streamio (launch with torchrun for several ranks).",
+        description="Reference DDP / FSDP2 trainer over streamio (launch with torchrun for several ranks).",
     )
     defaults = TrainConfig()
     helps = _attribute_help()
     for f in fields(TrainConfig):
         default = getattr(defaults, f.name)
+        flag, text = f"--{f.name.replace('_', '-')}", helps.get(f.name, "").replace("%", "%%")
+        if isinstance(default, bool):  # a switch: off unless given
+            parser.add_argument(flag, action="store_true", help=text)
+            continue
         kind = {int: int, float: float}.get(type(default), str)
         parser.add_argument(
-            f"--{f.name.replace('_', '-')}",
+            flag,
             type=kind,
             default=default,
             action="append" if f.name == "data_url" else "store",
-            help=f"{helps.get(f.name, '')} (default: {default})".replace("%", "%%"),
+            help=f"{text} (default: {default})",
         )
     args = parser.parse_args(argv)
     values = {f.name: getattr(args, f.name) for f in fields(TrainConfig)}
@@ -120,20 +128,8 @@ def data_sources(data_url: str | tuple[str, ...]) -> list[tuple[str, float | Non
     """``--data-url`` values as ``(prefix, weight)``: ``URL[:weight]``, the weight after the last colon.
 
     Raises:
-        ValueError: a weight that is not a number > 0.
+        ConfigError: (a ValueError) a weight that is not a number > 0.
     """
-    out: list[tuple[str, float | None]] = []
-    for item in (data_url,) if isinstance(data_url, str) else data_url:
-        head, sep, tail = item.rpartition(":")
-        weight: float | None = None
-        if sep and head and not tail.startswith("/"):
-            try:
-                weight = float(tail)
-            except ValueError:
-                weight = None
-            else:
-                item = head
-                if not weight > 0:
-                    raise ValueError(f"--data-url {item}:{tail}: the weight must be a number > 0")
-        out.append((item.rstrip("/"), weight))
-    return out
+    from streamio.data.mixing import parse_source
+
+    return [parse_source(item) for item in ((data_url,) if isinstance(data_url, str) else data_url)]

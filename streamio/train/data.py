@@ -6,7 +6,8 @@ The trainer sees two things, whatever the source:
   ``len()`` (batches this epoch, identical on every rank), ``state_dict()`` / ``load_state_dict()``
   (the position inside the epoch, saved in every checkpoint);
 * ``val``: an iterable of ``(x, y)`` batches holding this rank's share of the validation set,
-  which may be uneven across ranks (the trainer reduces sums, never per-batch means).
+  which may be uneven across ranks (the trainer reduces sums, never per-batch means); with
+  ``--fsdp`` every rank has the same number of batches, the shorter shares padded with empty ones.
 
 Sources: ``cfg.data_url``, a prefix holding ``train/`` and ``val/`` streamio datasets of ``npy`` +
 ``cls`` samples (what the demo writes): training streams through ``StreamingDataset`` +
@@ -88,6 +89,11 @@ class InMemoryLoader:
     ranks, cut to the same count on every rank (equal work: no rank waits at the epoch's end).
     ``state_dict()`` is the epoch and the number of batches handed out; a loader restored from it
     yields exactly the remaining batches of that epoch, with any number of workers.
+
+    On another world size the position is re-planned: after ``b`` batches on ``W`` ranks the ranks
+    consumed exactly the first ``W * b * batch_size`` indices of the epoch's order (round-robin),
+    so the new ranks deal the rest of that order among themselves (``start``), again cut to equal
+    counts: nothing consumed is repeated, nothing else is skipped beyond that cut.
     """
 
     def __init__(
@@ -105,20 +111,20 @@ class InMemoryLoader:
         self.rank, self.world_size, self.seed = rank, world_size, seed
         self.num_workers, self.pin_memory = num_workers, pin_memory
         self.epoch, self.batches = 0, 0
+        self.start = 0  # indices of the epoch's order consumed before this world size took over
 
     def set_epoch(self, epoch: int) -> None:
         """Start epoch ``epoch`` (a no-op on the epoch a restored state is in the middle of)."""
         if epoch != self.epoch:
-            self.epoch, self.batches = epoch, 0
+            self.epoch, self.batches, self.start = epoch, 0, 0
 
     def _indices(self) -> np.ndarray:
-        n = len(self.dataset)
-        order = np.random.default_rng([self.seed, self.epoch]).permutation(n)
-        per_rank = n // self.world_size
+        order = np.random.default_rng([self.seed, self.epoch]).permutation(len(self.dataset))[self.start :]
+        per_rank = len(order) // self.world_size
         return order[self.rank :: self.world_size][:per_rank]
 
     def _epoch_batches(self) -> int:
-        return (len(self.dataset) // self.world_size) // self.batch_size
+        return ((len(self.dataset) - self.start) // self.world_size) // self.batch_size
 
     def __len__(self) -> int:
         """Batches still to come in this epoch (all of them at its start); equal on every rank."""
@@ -148,6 +154,7 @@ class InMemoryLoader:
             "version": _LOADER_VERSION,
             "epoch": self.epoch,
             "batches": self.batches,
+            "start": self.start,
             "seed": self.seed,
             "world_size": self.world_size,
             "batch_size": self.batch_size,
@@ -155,19 +162,22 @@ class InMemoryLoader:
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue at ``state``'s position.
+        """Continue at ``state``'s position (on another world size: re-planned, see the class docstring).
 
         Raises:
-            StateMismatchError: the state belongs to another dataset, seed, world size or batch size.
+            StateMismatchError: the state belongs to another dataset, seed or batch size.
         """
         mine = self.state_dict()
-        keys = ("version", "seed", "world_size", "batch_size", "samples")
+        keys = ("version", "seed", "batch_size", "samples")
         if any(state.get(k) != mine[k] for k in keys):
             raise StateMismatchError(
                 f"data-loader state {dict(state)!r} does not match this loader "
-                f"({ {k: mine[k] for k in keys} }): resume with the same data, seed, world size and batch size"
+                f"({ {k: mine[k] for k in keys} }): resume with the same data, seed and batch size"
             )
-        self.epoch, self.batches = int(state["epoch"]), int(state["batches"])
+        start, batches = int(state.get("start", 0)), int(state["batches"])  # no "start": saved before it existed
+        if state["world_size"] != self.world_size:  # the ranks took the first of the rest of the order
+            start, batches = start + int(state["world_size"]) * batches * self.batch_size, 0
+        self.epoch, self.batches, self.start = int(state["epoch"]), batches, start
 
 
 class XYTransform:
@@ -260,10 +270,21 @@ def read_arrays(url: str, storage_options: Mapping[str, Any] | None = None) -> t
     return np.stack(xs).astype(np.float32), np.asarray(ys, dtype=np.int64)
 
 
-def _val_batches(x: np.ndarray, y: np.ndarray, *, rank: int, world_size: int, batch_size: int) -> list[Batch]:
-    """This rank's share of the validation set: every sample once over all ranks, counts may differ."""
+def _val_batches(
+    x: np.ndarray, y: np.ndarray, *, rank: int, world_size: int, batch_size: int, lockstep: bool = False
+) -> list[Batch]:
+    """This rank's share of the validation set: every sample once over all ranks, counts may differ.
+
+    ``lockstep``: every rank gets as many batches as the largest share makes, the shorter shares
+    ending with empty ones (FSDP: each forward pass is a collective every rank must join).
+    """
     xs, ys = torch.from_numpy(x[rank::world_size]), torch.from_numpy(y[rank::world_size])
-    return [(xs[i : i + batch_size], ys[i : i + batch_size]) for i in range(0, len(ys), batch_size)]
+    batches = [(xs[i : i + batch_size], ys[i : i + batch_size]) for i in range(0, len(ys), batch_size)]
+    if lockstep:
+        largest_share = -(-len(y) // world_size)  # rank 0's: ceil(n / world)
+        most = -(-largest_share // batch_size)
+        batches += [(xs[:0], ys[:0])] * (most - len(batches))
+    return batches
 
 
 def make_data(cfg: TrainConfig, *, rank: int, world_size: int, pin_memory: bool) -> TrainData:
@@ -302,5 +323,6 @@ def make_data(cfg: TrainConfig, *, rank: int, world_size: int, pin_memory: bool)
             num_workers=cfg.num_workers,
             pin_memory=pin_memory,
         )
-    val = _val_batches(vx, vy, rank=rank, world_size=world_size, batch_size=cfg.val_batch_size)
+    val = _val_batches(vx, vy, rank=rank, world_size=world_size, batch_size=cfg.val_batch_size,
+                       lockstep=cfg.fsdp and world_size > 1)
     return TrainData(train=train, val=val, source=source)

@@ -1,5 +1,8 @@
 """``make demo`` (``python -m streamio.train.demo``): crash a DDP job and prove the resume is exact.
 
+``--fsdp`` runs the same demo with the model and optimizer sharded over the ranks by FSDP2 and
+checkpointed shard by shard (:mod:`streamio.train.fsdp`); the resume is exact in the same way.
+
 What it does, in order:
 
 1. Starts a local S3 server (moto, 127.0.0.1, from :mod:`streamio.testing`), unless ``--url``
@@ -103,8 +106,10 @@ def _losses(out: Path, nproc: int) -> dict[tuple[int, int], float]:
     }
 
 
-def compare(ref_dir: Path, crashed_dir: Path, resumed_dir: Path, nproc: int) -> tuple[bool, list[str]]:
-    """Compare the runs; return (identical, summary lines)."""
+def compare(
+    ref_dir: Path, crashed_dir: Path, resumed_dir: Path, nproc: int, *, mode: str = "DDP"
+) -> tuple[bool, list[str]]:
+    """Compare the runs; return (identical, summary lines). ``mode`` names the parallelism in the title."""
     ref = _losses(ref_dir, nproc)
     before, after = _losses(crashed_dir, nproc), _losses(resumed_dir, nproc)
     combined = {**before, **after}
@@ -121,7 +126,7 @@ def compare(ref_dir: Path, crashed_dir: Path, resumed_dir: Path, nproc: int) -> 
     identical = not missing and loss_diff == 0.0 and weights_equal
     lines = [
         "=" * 72,
-        "streamio demo: crash + resume vs uninterrupted",
+        f"streamio demo ({mode}): crash + resume vs uninterrupted",
         f"  ranks: {nproc}; optimizer steps: {len(steps)}; crashed after step {max(s for s, _ in before)}; "
         f"resumed from latest.json at step {resumed_from}",
         f"  loss (rank 0): step 1 {ref[(steps[0], 0)]:.4f} -> step {steps[-1]} {ref[(steps[-1], 0)]:.4f}; "
@@ -147,6 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--fail-at-step", type=int, default=45, help="optimizer step after which the second run crashes"
     )
+    parser.add_argument("--fsdp", action="store_true", help="shard model and optimizer with FSDP2 instead of DDP")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format="%(message)s")
     logging.getLogger("streamio").setLevel(logging.INFO)
@@ -159,7 +165,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_id = f"run-{int(time.time())}"
         data_url = shard_demo_data(loc)
         env = {**loc.env, "OMP_NUM_THREADS": loc.env.get("OMP_NUM_THREADS", "1"), "PYTHONUNBUFFERED": "1"}
-        common = [*TRAIN_ARGS, "--data-url", data_url]
+        common = [*TRAIN_ARGS, *(["--fsdp"] if args.fsdp else []), "--data-url", data_url]
         runs = {
             "reference": [*common, "--ckpt-url", f"{loc.url}/{run_id}/ckpt-reference"],
             "crashed": [*common, "--ckpt-url", f"{loc.url}/{run_id}/ckpt", "--fail-at-step", str(args.fail_at_step)],
@@ -179,7 +185,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "torchrun's report is in %s",
                     code, FAIL_EXIT_CODE, stderr_to,
                 )
-    identical, lines = compare(work / "reference", work / "crashed", work / "resumed", nproc)
+    mode = "FSDP2" if args.fsdp else "DDP"
+    identical, lines = compare(work / "reference", work / "crashed", work / "resumed", nproc, mode=mode)
     for line in lines:
         log.info("%s", line)
     log.info("demo took %.0f s; logs and weights in %s/", time.perf_counter() - started, work)

@@ -1,4 +1,4 @@
-"""The reference DDP training loop: small, readable, and exact on resume.
+"""The reference DDP / FSDP2 training loop: small, readable, and exact on resume.
 
 What it shows, in the order a step runs:
 
@@ -6,7 +6,9 @@ What it shows, in the order a step runs:
   finite collective timeout so a lost rank fails the job instead of hanging it. Without torchrun's
   environment it runs as one plain process.
 * **Model, optimizer, schedule** (:mod:`~streamio.train.components`): the same initial weights on
-  every rank, each rank's own dropout stream, warmup then cosine decay.
+  every rank, each rank's own dropout stream, warmup then cosine decay. DDP by default; with
+  ``--fsdp`` the model and optimizer state are sharded over the ranks with FSDP2 and checkpointed
+  shard by shard (:mod:`~streamio.train.fsdp` lists what that changes here).
 * **Data**: a resumable loader (:mod:`streamio.train.data`); batches are copied to the GPU from
   pinned memory with ``non_blocking=True``; time spent waiting for the next batch is the *data stall*.
 * **Gradient accumulation**: ``grad_accum`` micro-batches per optimizer step, all but the last
@@ -55,6 +57,7 @@ from streamio.train.components import build_components, warmup_cosine
 from streamio.train.config import TrainConfig
 from streamio.train.data import Batch, TrainData, make_data
 from streamio.train.early_stopping import EarlyStopping
+from streamio.train.fsdp import full_weights, model_state
 from streamio.train.process_group import Distributed, setup_distributed, teardown_distributed
 from streamio.train.telemetry import Meter, MetricsLog, Summary, read_metrics
 from streamio.train.validation import to_device, validate
@@ -138,7 +141,7 @@ class Trainer:
         self._crash = crash or _hard_exit
         self.autocast = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else contextlib.nullcontext()
         parts = build_components(cfg, d, len(self.data.train))  # not resumed yet: a whole epoch
-        self.net, self.model = parts.net, parts.model
+        self.net, self.model, self.sharded = parts.net, parts.model, parts.sharded
         self.optimizer, self.scheduler, self.total_steps = parts.optimizer, parts.scheduler, parts.total_steps
         self.rng = RNGState(seed=cfg.seed)
         self.progress = Progress()
@@ -150,10 +153,15 @@ class Trainer:
         self._stall_s = 0.0  # data stall of the log intervals before it
 
     def state(self) -> dict[str, Any]:
-        """Everything a checkpoint holds, by name (all stateful objects)."""
+        """Everything a checkpoint holds, by name (all stateful objects).
+
+        With ``--fsdp`` the model and optimizer are one ``"app"`` entry (:func:`streamio.train.fsdp.model_state`).
+        """
+        model = model_state(self.net, self.optimizer) if self.cfg.fsdp else {
+            "model": self.net, "optimizer": self.optimizer,
+        }
         return {
-            "model": self.net,
-            "optimizer": self.optimizer,
+            **model,
             "scheduler": self.scheduler,
             "rng": self.rng,
             "data": self.data.train,
@@ -207,7 +215,9 @@ class Trainer:
             meter.stall_s += time.perf_counter() - t0
             meter.samples += len(y) * self.d.world_size
             last = micro == accum - 1
-            sync = contextlib.nullcontext() if last or not self.d.initialized else self.model.no_sync()
+            # DDP: one all-reduce per optimizer step; FSDP reduce-scatters each micro-batch (streamio.train.fsdp)
+            no_sync = self.d.initialized and not self.sharded and not last
+            sync = self.model.no_sync() if no_sync else contextlib.nullcontext()
             with sync:
                 with self.autocast:
                     loss = F.cross_entropy(self.model(x).float(), y)
@@ -324,8 +334,9 @@ class Trainer:
         s.samples_per_s = samples / max(s.wall_s, 1e-9)
         s.data_stall_fraction = stall_s / max(s.wall_s, 1e-9)
         self.metrics.write(event="summary", **asdict(s))
+        weights = full_weights(self.net, sharded=self.sharded)  # under FSDP: a gather, on every rank
         if self.d.is_main:
-            torch.save(self.net.state_dict(), Path(self.cfg.out_dir) / "final_model.pt")
+            torch.save(weights, Path(self.cfg.out_dir) / "final_model.pt")
             log.info("summary: %s", json.dumps(asdict(s)))
         return s
 

@@ -274,3 +274,37 @@ def test_shuffle_and_mixture_sections_render(tmp_path: Path) -> None:
     assert "| 3 sources mixed | 100 [100-100] | n/a | 6 [6-6] | 2.00 [2.00-2.00] | 10.0 [10.0-10.0] |" in text
     assert "| mixture: mixture / 1 source (samples/s) | 0.97 |" in text  # in the headline table
     assert "The shuffle section ran no peer environment this time" in text
+
+
+def test_sharded_section_ratios_goals_and_report(tmp_path: Path) -> None:
+    from benchmarks import bench_sharded
+    from benchmarks.tables import goal_met
+
+    width, layers = bench_sharded.shape(300)
+    per_rank = 3 * 4 * layers * (width * width + width) / 2  # params + 2 Adam moments, half on each rank
+    assert width == 2048 and abs(per_rank / 300e6 - 1) < 0.1
+    assert bench_sharded.shape(8)[0] == 512  # --quick: small layers
+    med = {"streamio.blocked": 0.12, "copy": 0.1, "streamio.durable": 1.2, "ceiling.put": 1.0, "dcp.save": 1.8,
+           "ceiling.get": 0.5, "streamio.restore": 0.6, "dcp.load": 3.0}
+    ratios = bench_sharded.ratios("s3", med, {1: {"streamio.restore": 0.72, "dcp.load": 2.16}})
+    assert ratios["durable / ceiling.put (target <= 1.25)"] == pytest.approx(1.2)
+    assert ratios["durable speedup vs dcp fsspec (target >= 1.5)"] == pytest.approx(1.5)
+    assert ratios["restore speed / ceiling.get (target >= 0.8)"] == pytest.approx(0.5 / 0.6)
+    assert ratios["restore speedup vs dcp fsspec (target >= 4)"] == pytest.approx(5.0)
+    assert ratios["resharded restore 2->1 / same-topology 2->2 (target <= 1.3)"] == pytest.approx(1.2)
+    assert ratios["resharded restore 2->1: speedup vs dcp fsspec"] == pytest.approx(3.0)
+    assert "durable speedup vs dcp FileSystemWriter (target >= 1.2)" in bench_sharded.ratios("disk", med, {})
+    assert [goal_met("a (target <= 1.25)", 1.3), goal_met("b (target >= 4)", 5.0), goal_met("c", 1.0),
+            goal_met("d (target >= 0.8)", float("nan"))] == ["no", "yes", "-", "-"]
+    runs = {k: [v] for k, v in med.items()}
+    res = {"machine": common.machine(), "sharded": {
+        "status": "ok", "size_bytes": 600_000_000,
+        "config": {"ranks": 2, "width": 2048, "layers": 12, "reps": 1, "size_mb_per_rank": 300,
+                   "local_bytes": [300_000_000, 300_000_000], "part_size": 1 << 26, "reshard_worlds": [1, 3]},
+        "s3": {"runs_s": runs, "reshard_runs_s": {"1": {"streamio.restore": [0.72], "dcp.load": [2.16]}},
+               "ratios": ratios}}}
+    text = run.write_report(res, tmp_path, []).read_text()
+    assert "| 2->1 streamio.restore | 0.720 [0.720-0.720] | 0.83 |" in text
+    assert "| durable / ceiling.put (target <= 1.25) | 1.20 | yes |" in text
+    assert "| restore speed / ceiling.get (target >= 0.8) | 0.83 | yes |" in text
+    assert "| sharded s3: restore speedup vs dcp fsspec (target >= 4) | 5.00 |" in text  # in the headline table

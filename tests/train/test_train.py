@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from streamio.data.writer import ShardSpec, write_dataset
-from streamio.errors import ConfigError, StateMismatchError
+from streamio.errors import CheckpointError, ConfigError, StateMismatchError
 from streamio.testing import S3Endpoint
 from streamio.train.checkpointing import retention_policy
 from streamio.train.config import TrainConfig, parse_args
@@ -243,10 +243,41 @@ def test_in_memory_loader_resumes_exactly_with_workers() -> None:
     other = loader(1)
     other.set_epoch(3)
     assert not any(torch.equal(a, b) for a, b in zip(everything, (b[0] for b in other), strict=False))
-    with pytest.raises(StateMismatchError, match="world size"):
-        InMemoryLoader(
-            AugmentedArrays(x, y, seed=1, noise=0.1), batch_size=8, rank=0, world_size=3, seed=1
-        ).load_state_dict(state)
+    with pytest.raises(StateMismatchError, match="same data, seed and batch size"):
+        InMemoryLoader(AugmentedArrays(x, y, seed=2, noise=0.1), batch_size=8, rank=0, world_size=2, seed=2
+                       ).load_state_dict(state)
+
+
+def test_in_memory_loader_resumes_on_another_world_size_with_the_rest_of_the_epoch() -> None:
+    """2 ranks take 3 batches each; 3 ranks then deal the rest of the epoch's order: nothing twice."""
+    x, y = make_arrays(203, seed=1)
+    y = torch.arange(203).numpy()  # labels = sample indices, to see which samples were served
+
+    def loader(rank: int, world: int) -> InMemoryLoader:
+        return InMemoryLoader(AugmentedArrays(x, y, seed=1, noise=0.0), batch_size=8, rank=rank, world_size=world,
+                              seed=1)
+
+    two = [loader(r, 2) for r in (0, 1)]
+    seen: list[int] = []
+    for ld in two:
+        ld.set_epoch(1)
+        it = iter(ld)
+        seen += [int(i) for _ in range(3) for i in next(it)[1]]
+    state = two[0].state_dict()
+    assert state == {**two[1].state_dict()} and state["start"] == 0 and state["batches"] == 3
+    three = [loader(r, 3) for r in range(3)]
+    for ld in three:
+        ld.load_state_dict(state)
+        ld.set_epoch(1)  # the epoch the state is in: a no-op
+    assert [len(ld) for ld in three] == [(203 - 48) // 3 // 8] * 3 == [6] * 3
+    rest = [int(i) for ld in three for b in ld for i in b[1]]
+    assert len(rest) == 3 * 6 * 8 and not set(rest) & set(seen) and len(set(rest)) == len(rest)
+    order = np.random.default_rng([1, 1]).permutation(203)
+    assert set(seen) == set(order[:48].tolist()) and set(rest) <= set(order[48:].tolist())
+    again = three[0].state_dict()
+    assert (again["start"], again["batches"], again["world_size"]) == (48, 6, 3)
+    three[0].set_epoch(2)
+    assert three[0].state_dict()["start"] == 0 and len(three[0]) == 203 // 3 // 8  # the next epoch is whole
 
 
 def test_retention_policy_keeps_last_and_best() -> None:
@@ -301,3 +332,44 @@ def test_single_process_setup_needs_no_process_group(monkeypatch: pytest.MonkeyP
     finally:
         torch.set_num_threads(before)
     assert (d.rank, d.world_size, d.initialized, d.device.type) == (0, 1, False, "cpu")
+
+
+# ---------------------------------------------------------------------------- --fsdp (one process)
+def test_fsdp_flag_and_validation_batches_in_lockstep() -> None:
+    from streamio.train.data import _val_batches
+
+    assert parse_args(["--fsdp"]).fsdp is True and parse_args([]).fsdp is False
+    x, y = make_arrays(129, split="val")
+    shares = [_val_batches(x, y, rank=r, world_size=2, batch_size=64, lockstep=True) for r in (0, 1)]
+    assert [[len(b[1]) for b in s] for s in shares] == [[64, 1], [64, 0]]  # rank 1 ends with an empty batch
+    assert shares[1][1][0].shape == (0, x.shape[1])
+    assert len(_val_batches(x, y, rank=1, world_size=2, batch_size=64)) == 1  # without: as before
+    one = [_val_batches(x[:1], y[:1], rank=r, world_size=2, batch_size=64, lockstep=True) for r in (0, 1)]
+    assert [[len(b[1]) for b in s] for s in one] == [[1], [0]]  # a rank with no sample still joins
+
+
+def test_fsdp_without_a_process_group_keeps_the_model_plain_and_checkpoints_it_as_app(tmp_path: Path) -> None:
+    from streamio.checkpoint.sharded import ShardedModelState
+
+    cfg = _cfg(tmp_path, fsdp=True, ckpt_url=str(tmp_path / "ckpt"), max_steps=4, ckpt_every=2, epochs=1)
+    trainer = Trainer(cfg, ONE)
+    state = trainer.state()
+    assert not trainer.sharded and trainer.model is trainer.net and type(trainer.net) is torch.nn.Sequential
+    assert isinstance(state["app"], ShardedModelState) and "model" not in state and "optimizer" not in state
+    trainer.run()
+    trainer.close()
+    weights = torch.load(tmp_path / "out" / "final_model.pt", weights_only=True)
+    assert all(torch.equal(v, trainer.net.state_dict()[k]) for k, v in weights.items())
+    again = Trainer(cfg, ONE)
+    try:
+        assert again.resume() == 4
+        assert all(torch.equal(p, q) for p, q in zip(again.net.parameters(), trainer.net.parameters(), strict=True))
+    finally:
+        again.close()
+    # a run resumes in the mode that saved it: DDP-style entries are not in an --fsdp checkpoint
+    ddp = Trainer(dataclasses.replace(cfg, fsdp=False), ONE)
+    try:
+        with pytest.raises(CheckpointError, match="has no \\['model', 'optimizer'\\]"):
+            ddp.resume()
+    finally:
+        ddp.close()
