@@ -33,11 +33,11 @@ from streamio.data.index import DatasetIndex, load_index
 from streamio.data.patterns import expand_patterns, split_pattern
 from streamio.errors import ConfigError, IndexFormatError, IndexNotFoundError
 from streamio.storage import Store
+from streamio.storage.backends import canonical, is_file_url
 from streamio.storage.secrets import has_userinfo, strip_userinfo
 
 __all__ = ["absolute_url", "index_location", "is_index_url", "open_dataset", "same_location", "split_index_url"]
 
-_ALIASES = {"": "file", "local": "file", "gcs": "gs", "s3a": "s3"}
 _LOCAL = frozenset({"file", "memory"})
 _PATTERN_CHARS = "{*?["
 
@@ -132,13 +132,9 @@ def _normalize(url: str) -> str:
     scheme, sep, rest = url.partition("://")
     if not sep:
         return "file://" + os.path.abspath(url)
-    if _canonical(scheme) == "file":
+    if is_file_url(url):
         return "file://" + os.path.abspath(rest or "/")
     return url.rstrip("/")
-
-
-def _canonical(scheme: str) -> str:
-    return _ALIASES.get(scheme.lower(), scheme.lower())
 
 
 def _scheme_host(url: str) -> tuple[str, str]:
@@ -146,7 +142,7 @@ def _scheme_host(url: str) -> tuple[str, str]:
     scheme, sep, rest = url.partition("://")
     if not sep:
         return "file", ""
-    return _canonical(scheme), rest.split("/", 1)[0].rsplit("@", 1)[-1].lower()
+    return canonical(scheme.lower()), rest.split("/", 1)[0].rsplit("@", 1)[-1].lower()
 
 
 def _shards_store(index: DatasetIndex, where: Store, options: Mapping[str, Any] | None, index_url: str) -> Store:

@@ -66,7 +66,7 @@ class Serving:
 
     def urls(self) -> list[str]:
         """``s3://bucket`` / ``gs://bucket`` of each bucket made."""
-        scheme = "s3" if self.kind == "s3" else "gs"
+        scheme = _SCHEMES[self.kind]
         return [f"{scheme}://{b}" for b in self.buckets]
 
 
@@ -142,7 +142,12 @@ def serve(kind: str, *, port: int = 0, buckets: Sequence[str] = ()) -> contextli
     """
     if kind not in KINDS:
         raise ConfigError(f"kind {kind!r} is not one of {', '.join(KINDS)}")
-    return (_s3 if kind == "s3" else _gcs)(port, buckets)
+    return _STARTERS[kind](port, buckets)
+
+
+_STARTERS = {"s3": _s3, "gcs": _gcs}
+_SCHEMES = {"s3": "s3", "gcs": "gs"}  # server kind -> the URL scheme its buckets are reached by
+_NAMES = {"s3": "S3 (moto)", "gcs": "GCS (fake-gcs-server)"}
 
 
 def write_env_file(path: Path, text: str) -> None:
@@ -179,10 +184,10 @@ def _announce(serving: Serving, env_file: Path | None, out: TextIO, err: TextIO)
     if env_file is None:
         out.write(env_lines(serving.env))
         out.flush()
-    name = "S3 (moto)" if serving.kind == "s3" else "GCS (fake-gcs-server)"
+    name = _NAMES[serving.kind]
     where = ", ".join(serving.urls()) or "no bucket (--bucket NAME makes one)"
     how = f"source {env_file}" if env_file else "export the lines above"
-    scheme = "s3://" if serving.kind == "s3" else "gs://"
+    scheme = _SCHEMES[serving.kind] + "://"
     err.write(f"{name} serving on {serving.endpoint_url}: {where}\n"
               f"{how} to point {scheme} URLs at it; Ctrl-C stops it (objects are not kept)\n")
     err.flush()

@@ -45,6 +45,11 @@ def canonical(protocol: str | tuple[str, ...] | list[str]) -> str:
     return _ALIASES.get(name, name)
 
 
+def is_file_url(url: str) -> bool:
+    """Whether ``url`` names the local file system (a plain path, ``file://``, ``local://``)."""
+    return canonical(urllib.parse.urlsplit(url).scheme.lower()) == "file"
+
+
 def backend_class(url: str) -> type[GenericBackend]:
     """The backend a URL will get, known from its scheme alone (nothing is imported or connected)."""
     return BACKENDS.get(canonical(urllib.parse.urlsplit(url).scheme), GenericBackend)
