@@ -107,16 +107,10 @@ class WindowReader:
         are read as one chain; several open chains are read in segments (:mod:`streamio.data.schedule`).
         """
         kept, skip = _skipped(windows, skip)
-        layouts: dict[int, SampleLayout] = {}
-
-        def layout(shard: int) -> SampleLayout:
-            if shard not in layouts:
-                layouts[shard] = self._layout(shard)
-            return layouts[shard]
-
+        layouts = _Layouts(self._layout)
         cfg = self.prefetch
-        schedule = build_schedule(kept, lambda s: layout(s).offsets, max_bytes=cfg.max_bytes, chunk_size=cfg.chunk_size)
-        feed = _Feed(self, schedule, layout, cfg)
+        schedule = build_schedule(kept, layouts.offsets, max_bytes=cfg.max_bytes, chunk_size=cfg.chunk_size)
+        feed = _Feed(self, schedule, layouts.layout, cfg)
         try:
             for win, chains in zip(kept, schedule.chains, strict=True):
                 if win.order is None:
@@ -201,6 +195,25 @@ class WindowReader:
             lost, index, run.end, url, lost, exc,
         )
         return True
+
+
+class _Layouts:
+    """Each shard's sample layout, loaded once per read, and its offsets as an array (the schedule searches them)."""
+
+    def __init__(self, load: Callable[[int], SampleLayout]) -> None:
+        self._load = load
+        self._layouts: dict[int, SampleLayout] = {}
+        self._offsets: dict[int, np.ndarray] = {}
+
+    def layout(self, shard: int) -> SampleLayout:
+        if shard not in self._layouts:
+            self._layouts[shard] = self._load(shard)
+        return self._layouts[shard]
+
+    def offsets(self, shard: int) -> np.ndarray:
+        if shard not in self._offsets:
+            self._offsets[shard] = np.asarray(self.layout(shard).offsets, dtype=np.int64)
+        return self._offsets[shard]
 
 
 def _skipped(windows: Iterable[Window], skip: int) -> tuple[list[Window], int]:
