@@ -59,6 +59,7 @@ from benchmarks.common import (  # noqa: E402
     Nginx,
     S3Servers,
     boto3_ceiling,
+    emit_json,
     free_port,
     http_parallel_ceiling,
     interleave,
@@ -710,11 +711,7 @@ def main(argv: list[str] | None = None) -> None:
         os._exit(0)  # no interpreter teardown races with DataLoader workers (docs/design.md)
     res = run(args.quick, sections=args.sections.split(","), use_nginx=not args.no_nginx,
               log=lambda s: print(s, file=sys.stderr, flush=True), peers=[p for p in args.peers.split(",") if p])
-    text = json.dumps(res, indent=2, default=str)
-    if args.json:
-        Path(args.json).write_text(text)
-    else:
-        print(text)
+    emit_json(res, args.json, indent=2)
 
 
 if __name__ == "__main__":

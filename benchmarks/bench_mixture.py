@@ -25,7 +25,6 @@ same first-batch time).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys
@@ -48,7 +47,7 @@ from benchmarks.bench_dataset import (  # noqa: E402
     make_dataset,
     upload_dataset,
 )
-from benchmarks.common import MB, S3Servers, interleave, ratio, summary  # noqa: E402
+from benchmarks.common import MB, S3Servers, emit_json, interleave, ratio, summary  # noqa: E402
 from benchmarks.loop import serve, timed_epoch  # noqa: E402
 
 SPLIT = (6, 4, 2)
@@ -174,11 +173,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.stdout.flush()
         os._exit(0)  # no interpreter teardown races with DataLoader workers (docs/design.md)
     res = run(args.quick, log=lambda s: print(s, file=sys.stderr, flush=True))
-    text = json.dumps(res, indent=2, default=str)
-    if args.json:
-        Path(args.json).write_text(text)
-    else:
-        print(text)
+    emit_json(res, args.json, indent=2)
 
 
 if __name__ == "__main__":

@@ -377,12 +377,9 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(res, separators=(",", ":")))
         return
     sys.path.insert(0, str(REPO))
+    from benchmarks.common import emit_json  # after the path: this file also runs in the peers' environments
     out = run(args.quick, [p for p in args.peers.split(",") if p], log=lambda s: print(s, file=sys.stderr, flush=True))
-    text = json.dumps(out, indent=1)
-    if args.json:
-        Path(args.json).write_text(text)
-    else:
-        print(text)
+    emit_json(out, args.json, indent=1)
 
 
 if __name__ == "__main__":

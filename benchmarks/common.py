@@ -46,6 +46,15 @@ MiB = 1 << 20
 REPO = Path(__file__).resolve().parents[1]
 
 
+def emit_json(result: Any, path: str | None, *, indent: int = 2) -> None:
+    """A benchmark's results as JSON: written to ``path`` (``--json``), else printed."""
+    text = json.dumps(result, indent=indent, default=str)
+    if path:
+        Path(path).write_text(text)
+    else:
+        print(text)
+
+
 # ----------------------------------------------------------------------------- statistics
 def summary(values: Sequence[float]) -> dict[str, float]:
     """Median, min, max, count and relative spread ((max - min) / median) of ``values``."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import collections
 import logging
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -39,15 +38,6 @@ def local_ds(tmp_path_factory: pytest.TempPathFactory) -> str:
     url = str(tmp_path_factory.mktemp("ds") / "uneven")
     make_dataset(url, None, UNEVEN_37)
     return url
-
-
-@pytest.fixture
-def as_rank(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    def set_rank(rank: int, world: int) -> None:
-        monkeypatch.setenv("RANK", str(rank))
-        monkeypatch.setenv("WORLD_SIZE", str(world))
-
-    yield set_rank
 
 
 def read_rank(

@@ -7,7 +7,6 @@ processes; one source lives in moto S3 (real HTTP), the other on local disk.
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -43,15 +42,6 @@ def sources(tmp_path_factory: pytest.TempPathFactory, moto_endpoint: str) -> tup
     b = f"s3://{s3.bucket}/b"
     _make(b, s3.storage_options(), "b", B_COUNTS)
     return a, b, s3.storage_options()
-
-
-@pytest.fixture
-def as_rank(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    def set_rank(rank: int, world: int) -> None:
-        monkeypatch.setenv("RANK", str(rank))
-        monkeypatch.setenv("WORLD_SIZE", str(world))
-
-    yield set_rank
 
 
 def _keys(batch: list[dict[str, Any]]) -> list[str]:

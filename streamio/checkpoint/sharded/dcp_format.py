@@ -21,6 +21,7 @@ was pickled. :func:`checkpoint_step` reads DCP's ``checkpoint_id`` as a step und
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -120,3 +121,27 @@ def metadata_of(m: Manifest, what: str) -> Any:
     for key in values_by_rank(m):
         state.setdefault(key, BytesStorageMetadata())
     return Metadata(state_dict_metadata=state, planner_data=planner_data_from_json(dcp.get("planner_data"), what))
+
+
+class StepCheckpointId:
+    """DCP's ``checkpoint_id`` as a streamio step: the part of the interface the writer and reader share.
+
+    The root is fixed at construction; ``checkpoint_id`` (``100``, ``"100"``, ``"step-000000100"``)
+    only selects the step (:func:`checkpoint_step`).
+    """
+
+    step: int | None
+
+    def reset(self, checkpoint_id: str | os.PathLike[str] | int | None = None) -> None:
+        """A new save or load begins; ``checkpoint_id``, if given, is its step."""
+        if checkpoint_id is not None:
+            self.step = checkpoint_step(checkpoint_id)
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str] | int) -> bool:
+        """Whether ``checkpoint_id`` names a step."""
+        try:
+            checkpoint_step(checkpoint_id)
+        except ConfigError:
+            return False
+        return True

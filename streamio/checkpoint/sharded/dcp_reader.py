@@ -30,7 +30,6 @@ copied).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -47,17 +46,17 @@ from streamio.checkpoint.records import Manifest
 from streamio.checkpoint.restore import load_tensors
 from streamio.checkpoint.serialize import StreamReader
 from streamio.checkpoint.sharded.boxes import BoxSource, byte_span
-from streamio.checkpoint.sharded.dcp_format import checkpoint_step, metadata_of, values_by_rank
+from streamio.checkpoint.sharded.dcp_format import StepCheckpointId, metadata_of, values_by_rank
 from streamio.checkpoint.sharded.fetch import Span, fetch_spans
 from streamio.checkpoint.sharded.loading import check_chunks
 from streamio.checkpoint.tree import decode_tree, dtype_from_name
-from streamio.errors import CheckpointError, CheckpointFormatError, CheckpointNotFoundError, ConfigError
+from streamio.errors import CheckpointError, CheckpointFormatError, CheckpointNotFoundError
 from streamio.storage import RetryPolicy, Store
 
 __all__ = ["StreamioReader"]
 
 
-class StreamioReader(StorageReader):
+class StreamioReader(StepCheckpointId, StorageReader):
     """torch DCP storage reader over a streamio checkpoint root; see the module docstring.
 
     Args:
@@ -88,19 +87,6 @@ class StreamioReader(StorageReader):
         return f"StreamioReader({self.store.root_url!r}, step={self.step})"
 
     # ------------------------------------------------------------------------ DCP's interface
-    def reset(self, checkpoint_id: str | os.PathLike[str] | int | None = None) -> None:
-        """A new load begins; ``checkpoint_id``, if given, is its step."""
-        if checkpoint_id is not None:
-            self.step = checkpoint_step(checkpoint_id)
-
-    @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str] | int) -> bool:
-        try:
-            checkpoint_step(checkpoint_id)
-        except ConfigError:
-            return False
-        return True
-
     def read_metadata(self, *args: Any) -> Metadata:
         """DCP's ``Metadata`` of the save to load, rebuilt from its verified manifest.
 

@@ -28,7 +28,6 @@ DCP must run over the default process group.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -44,11 +43,11 @@ from streamio.checkpoint.options import SaveOptions, SaveStats
 from streamio.checkpoint.records import ChunkEntry, ShardedEntry, TensorEntry
 from streamio.checkpoint.retention import RetentionPolicy
 from streamio.checkpoint.serialize import HostBuffer, Layout, plan_layout, tensor_entries
-from streamio.checkpoint.sharded.dcp_format import DCP_KEY, checkpoint_step, planner_data_to_json
+from streamio.checkpoint.sharded.dcp_format import DCP_KEY, StepCheckpointId, planner_data_to_json
 from streamio.checkpoint.sharded.saving import describe_layout
 from streamio.checkpoint.snapshot import Snapshot
 from streamio.checkpoint.tree import TreeEncoder, dtype_name, is_dtensor
-from streamio.errors import CheckpointError, ConfigError
+from streamio.errors import CheckpointError
 from streamio.storage import RetryPolicy, Store
 
 __all__ = ["StreamioWriter"]
@@ -56,7 +55,7 @@ __all__ = ["StreamioWriter"]
 log = logging.getLogger(__name__)
 
 
-class StreamioWriter(StorageWriter):
+class StreamioWriter(StepCheckpointId, StorageWriter):
     """torch DCP storage writer over a streamio checkpoint root; see the module docstring.
 
     Args:
@@ -93,19 +92,6 @@ class StreamioWriter(StorageWriter):
         return f"StreamioWriter({self.store.root_url!r}, step={self.step})"
 
     # ------------------------------------------------------------------------ DCP's interface
-    def reset(self, checkpoint_id: str | os.PathLike[str] | int | None = None) -> None:
-        """A new save begins; ``checkpoint_id``, if given, is its step."""
-        if checkpoint_id is not None:
-            self.step = checkpoint_step(checkpoint_id)
-
-    @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str] | int) -> bool:
-        try:
-            checkpoint_step(checkpoint_id)
-        except ConfigError:
-            return False
-        return True
-
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         rank = kwargs.get("rank", self._comm.rank)
         if rank != self._comm.rank or is_coordinator != (self._comm.rank == 0):
