@@ -43,6 +43,7 @@ from typing import Any
 import torch.distributed as dist
 from torch.utils.data import IterableDataset, get_worker_info
 
+from streamio.data.allocator import tune_worker_malloc
 from streamio.data.cache import CacheConfig, ShardCache
 from streamio.data.decode import DecodeSpec, make_decoder
 from streamio.data.index import DatasetIndex
@@ -250,6 +251,8 @@ class StreamingDataset(IterableDataset):
                 "start). Use streamio.StreamingDataLoader or torchdata's StatefulDataLoader for exact resume.",
                 num_workers,
             )
+        if info is not None:
+            tune_worker_malloc()
         plan = self.plan(num_workers)
         if self._worker_resume is not None and self._worker_resume[_K_WORKER] != worker:
             raise PlanError(f"worker state of worker {self._worker_resume[_K_WORKER]} was given to worker {worker}")

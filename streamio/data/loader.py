@@ -5,16 +5,21 @@ dataset's own count is wrong there. This loader counts the batches *it* hands to
 and saves :meth:`StreamingDataset.state_after` of that count: the planner maps batches back to each
 worker's exact position (batches come from workers round-robin), on any ``num_workers`` and any
 world size. :func:`collate_samples` is its default ``collate_fn``.
+
+With forked workers (Linux's default), the ``bytes`` of each batch cross from the workers through
+shared memory (:mod:`streamio.data.transport`) instead of the pickle pipe: same batches, a fraction
+of the CPU.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from torch.utils.data import DataLoader, default_collate
+from torch.utils.data import DataLoader, default_collate, get_worker_info
 
 from streamio.data.dataset import StreamingDataset
+from streamio.data.transport import SharedBatches, forked_workers
 from streamio.errors import ConfigError, PlanError
 from streamio.state_version import VERSION_KEY, check_version
 
@@ -36,6 +41,21 @@ def collate_samples(batch: list[Any]) -> Any:
         data = default_collate([{k: v for k, v in s.items() if not k.startswith("__")} for s in batch])
         return {**meta, **data}
     return default_collate(batch)
+
+
+class _Collate:
+    """The user's ``collate_fn``, then (in a worker) the batch's bytes moved to shared memory."""
+
+    def __init__(self, collate: Callable[[list[Any]], Any]) -> None:
+        self.collate = collate
+        self.shared: SharedBatches | None = None
+
+    def __call__(self, batch: list[Any]) -> Any:
+        out = self.collate(batch)
+        info = get_worker_info()
+        if self.shared is None or info is None:
+            return out
+        return self.shared.pack(info.id, out)
 
 
 class StreamingDataLoader(DataLoader):
@@ -78,8 +98,8 @@ class StreamingDataLoader(DataLoader):
                 "keep their copy of the dataset, so set_epoch() would not reach them and every epoch would repeat "
                 "the first one's order; leave persistent_workers off"
             )
-        kwargs.setdefault("collate_fn", collate_samples)
-        super().__init__(dataset, batch_size=batch_size, **kwargs)
+        self._collate = _Collate(kwargs.pop("collate_fn", None) or collate_samples)
+        super().__init__(dataset, batch_size=batch_size, collate_fn=self._collate, **kwargs)
         dataset.attach_loader(self.num_workers)
         self._streaming = dataset  # typed: DataLoader.dataset is a plain Dataset
         self._batches = 0
@@ -87,6 +107,9 @@ class StreamingDataLoader(DataLoader):
 
     def __iter__(self) -> Iterator[Any]:
         self._batches, self._batches_epoch = 0, self._streaming.epoch
+        # made before super().__iter__() forks the workers, which inherit it; the last one's is dropped
+        shared = self.num_workers and forked_workers(self.multiprocessing_context)
+        self._collate.shared = SharedBatches(self.num_workers) if shared else None
         for batch in super().__iter__():
             self._batches += 1
             yield batch

@@ -92,6 +92,8 @@ class WindowReader:
         self.lost_samples = 0
 
     def _locate(self, shard: int) -> tuple[SourceShards, int]:
+        if len(self.sources) == 1:
+            return self.sources[0], shard
         src = self.sources[int(np.searchsorted(self._starts, shard, side="right")) - 1]
         return src, shard - src.offset
 
@@ -107,6 +109,7 @@ class WindowReader:
         are read as one chain; several open chains are read in segments (:mod:`streamio.data.schedule`).
         """
         kept, skip = _skipped(windows, skip)
+        kept = [_by_need(win) for win in kept]
         layouts = _Layouts(self._layout)
         cfg = self.prefetch
         schedule = build_schedule(kept, layouts.offsets, max_bytes=cfg.max_bytes, chunk_size=cfg.chunk_size)
@@ -120,10 +123,12 @@ class WindowReader:
                                 yield self.decode(sample)
                     continue
                 buffered: list[Sample | None] = []
-                for run, c in zip(win.runs, chains, strict=True):
-                    buffered.extend(feed.take(c, run.end - run.first))
-                for i in win.order:
-                    sample = buffered[int(i)]
+                pending = zip(win.runs, chains, strict=True)
+                for i in win.order.tolist():
+                    while i >= len(buffered):  # runs come in the order they are first needed
+                        run, c = next(pending)
+                        buffered.extend(feed.take(c, run.end - run.first))
+                    sample = buffered[i]
                     if skip:
                         skip -= 1
                     elif sample is not None:
@@ -214,6 +219,28 @@ class _Layouts:
         if shard not in self._offsets:
             self._offsets[shard] = np.asarray(self.layout(shard).offsets, dtype=np.int64)
         return self._offsets[shard]
+
+
+def _by_need(win: Window) -> Window:
+    """``win`` with its runs in the order their first sample is yielded (and ``order`` to match).
+
+    So a shuffled window's reads are scheduled and taken in the order its samples are needed: the
+    first batch waits for the few runs it draws from, not for every run of the window.
+    """
+    if win.order is None or len(win.runs) <= 1:
+        return win
+    sizes = np.array([r.end - r.first for r in win.runs], dtype=np.int64)
+    starts = np.cumsum(sizes) - sizes
+    run_of = np.repeat(np.arange(sizes.size), sizes)
+    seen = run_of[win.order]
+    _, first = np.unique(seen, return_index=True)
+    need = seen[np.sort(first)]
+    if (need == np.arange(need.size)).all():
+        return win
+    new_start = np.empty_like(starts)
+    new_start[need] = np.cumsum(sizes[need]) - sizes[need]
+    moved = new_start[run_of] + np.arange(run_of.size) - starts[run_of]
+    return Window(tuple(win.runs[k] for k in need.tolist()), moved[win.order])
 
 
 def _skipped(windows: Iterable[Window], skip: int) -> tuple[list[Window], int]:

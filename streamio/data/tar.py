@@ -182,6 +182,20 @@ class ChunkReader:
             return parts[0]
         return b"".join(parts)
 
+    def view(self, n: int) -> bytes | memoryview:
+        """The next ``n`` bytes (fewer only at the end), as a view into the current chunk when they lie inside it.
+
+        No copy for a range inside one ``bytes`` chunk (the common case: a sample inside a 1 MiB
+        piece); the view keeps that chunk alive, not the reader. Otherwise as :meth:`take`.
+        """
+        buf, pos = self._buf, self._pos
+        end = pos + n
+        if end <= len(buf) and type(buf) is bytes:
+            self._pos = end
+            self.offset += n
+            return memoryview(buf)[pos:end]
+        return self.take(n)
+
     def skip(self, n: int) -> int:
         """Pass over the next ``n`` bytes without keeping them; returns how many there were."""
         left = n

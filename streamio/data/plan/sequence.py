@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import NamedTuple
 
 import numpy as np
@@ -71,8 +72,13 @@ class CycleOrder:
 
     def runs(self, a: int, b: int) -> list[Run]:
         """Runs covering positions ``[a, b)`` of the cycle, in order."""
-        j, lo, hi = split(np.array([a], _I64), np.array([b], _I64), self.cum)
-        return [Run(self.offset + int(self.order[x]), int(y), int(z)) for x, y, z in zip(j, lo, hi, strict=True)]
+        return self.runs_of(np.array([a], _I64), np.array([b], _I64))
+
+    def runs_of(self, a: np.ndarray, b: np.ndarray) -> list[Run]:
+        """Runs covering the ranges ``[a_i, b_i)`` of the cycle, range by range, in order (one numpy pass)."""
+        j, lo, hi = split(a, b, self.cum)
+        shards = (self.order[j] + self.offset).tolist()
+        return [Run(x, y, z) for x, y, z in zip(shards, lo.tolist(), hi.tolist(), strict=True)]
 
 
 @dataclass(frozen=True)
@@ -89,7 +95,7 @@ class SourceLayout:
     contribution: int
     offset: int
 
-    @property
+    @cached_property
     def size(self) -> int:
         """Samples in the source (one cycle)."""
         return int(self.counts.sum())
@@ -165,6 +171,8 @@ class EpochSequence:
         One source: the runs are in G's order (None). A mixture: each interval's runs are listed
         source by source, and the order (computed only when ``ordered``) interleaves them.
         """
+        if self._mix is None and self.sources[0].contribution == self.sources[0].size:
+            return self.cycle(0, "pass", 0).runs_of(g.starts, g.ends), None  # one pass: every range at once
         runs: list[Run] = []
         orders: list[np.ndarray] = []
         for a, b in zip(g.starts.tolist(), g.ends.tolist(), strict=True):
