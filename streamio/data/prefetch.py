@@ -155,7 +155,11 @@ class Prefetcher:
             largest = max(r.shard.bytes for r in self.runs)
             depth = min(self.config.workers, len({r.shard for r in self.runs}))
             cache.require(depth * largest + 4096, why=f"prefetching {depth} shards of up to {largest} bytes at once")
-        self._cond = threading.Condition()
+        # one lock, two conditions: the consumer waits for data, the threads for room or the head to
+        # move; each event wakes only those who wait for it (not 8 threads per chunk)
+        lock = threading.RLock()
+        self._cond = threading.Condition(lock)  # data: a slot appeared, got a chunk, finished or failed
+        self._room = threading.Condition(lock)  # room: buffer space freed, the head moved, a slot abandoned
         self._slots: dict[int, _Slot] = {}
         self._head = 0
         self._next = 0
@@ -181,6 +185,7 @@ class Prefetcher:
                 slot.chunks.clear()
             self._buffered = 0
             self._cond.notify_all()
+            self._room.notify_all()
         me = threading.current_thread()
         for t in self._threads:
             if t is not me:
@@ -199,7 +204,7 @@ class Prefetcher:
             for index, run in enumerate(self.runs):
                 with self._cond:
                     self._head = index
-                    self._cond.notify_all()
+                    self._room.notify_all()
                 chunks = self._chunks(index)
                 try:
                     yield run, chunks
@@ -233,7 +238,7 @@ class Prefetcher:
                 if slot.chunks:
                     chunk = slot.chunks.popleft()
                     self._buffered -= len(chunk)
-                    cond.notify_all()
+                    self._room.notify_all()
                 elif slot.error is not None:
                     error, slot.error = slot.error, None
                     raise error
@@ -252,7 +257,7 @@ class Prefetcher:
                 slot.abandoned = True
                 self._buffered -= sum(len(c) for c in slot.chunks)
                 slot.chunks.clear()
-            self._cond.notify_all()
+            self._room.notify_all()
 
     # ------------------------------------------------------------------ producer side
     def _work(self) -> None:
@@ -260,7 +265,7 @@ class Prefetcher:
         while True:
             with cond:
                 while not self._stop and self._next < len(self.runs) and self._next >= self._head + self.config.workers:
-                    cond.wait()
+                    self._room.wait()
                 if self._stop or self._next >= len(self.runs):
                     return
                 index = self._next
@@ -306,7 +311,7 @@ class Prefetcher:
                         self._buffered + len(chunk) <= self.config.max_bytes
                         or (index == self._head and not slot.chunks)
                     ):
-                        cond.wait()
+                        self._room.wait()
                     if self._stop or slot.abandoned:
                         return
                     slot.chunks.append(chunk)
