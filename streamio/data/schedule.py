@@ -6,7 +6,9 @@ form a **chain**: one sequential read of that shard. With one chain open at a ti
 window-shuffled stream) each chain is fetched whole, as one ranged read. With several open at once
 (the cross-shard shuffle's lanes, a mixture's sources) each chain is cut into **segments** of about
 ``segment_bytes``, and the segments are fetched in the order the consumer first needs them, so an
-in-order prefetcher serves them all and memory holds about one segment per open chain.
+in-order prefetcher serves them all and memory holds about one segment per open chain. A chain's
+first segment is small (its first run, or :data:`MIN_SEGMENT`): the first batch of a shuffled
+stream draws from many chains at once and should not wait for a full segment of each.
 
 Pure: the sample offsets come in through ``offsets(shard)``.
 """
@@ -103,7 +105,8 @@ def build_schedule(
                 stop = chain_end
                 if size is not None:
                     offs = offsets(shard)
-                    want = int(np.searchsorted(offs, int(offs[start]) + size, side="left"))
+                    step = size if start > chains[c][1] else MIN_SEGMENT  # a chain starts small: the first batch
+                    want = int(np.searchsorted(offs, int(offs[start]) + step, side="left"))
                     stop = min(chain_end, max(run.end, want, start + 1))
                 segments.append(Segment(c, shard, start, stop))
                 scheduled[c] = stop

@@ -68,3 +68,19 @@ def test_segment_size_is_bounded_both_ways() -> None:
     assert segment_size(2, 256 << 20, 4 << 20) == 4 << 20
     assert segment_size(32, 256 << 20, 4 << 20) == 4 << 20
     assert segment_size(128, 256 << 20, 4 << 20) == 1 << 20
+
+
+def test_a_chain_starts_with_a_small_segment_so_the_first_batch_waits_for_little() -> None:
+    lanes = [Window(tuple(Run(s, 8 * i, 8 * i + 8) for s in range(4)), np.arange(32)) for i in range(40)]
+    offsets = lambda shard: np.arange(0, 321) * 20_000  # noqa: E731 - 20 KB samples
+    schedule = build_schedule(lanes, offsets, max_bytes=64 << 20, chunk_size=4 << 20)
+    first = {}
+    for seg in schedule.segments:
+        first.setdefault(seg.chain, seg)
+    assert schedule.open_at_once == 4
+    # each chain's first segment is about MIN_SEGMENT (at least its first run), not 4 MiB
+    assert [(s.first, s.end) for s in first.values()] == [(0, 14)] * 4
+    assert 13 * 20_000 < MIN_SEGMENT <= 14 * 20_000
+    later = [s.end - s.first for s in schedule.segments if s not in first.values()]
+    assert max(later) * 20_000 >= (4 << 20) - 20_000  # then full-size segments
+    assert schedule.segments[:4] == list(first.values())  # the first window's four come first
