@@ -107,9 +107,10 @@ class StreamingDataLoader(DataLoader):
 
     def __iter__(self) -> Iterator[Any]:
         self._batches, self._batches_epoch = 0, self._streaming.epoch
-        # made before super().__iter__() forks the workers, which inherit it; the last one's is dropped
-        shared = self.num_workers and forked_workers(self.multiprocessing_context)
-        self._collate.shared = SharedBatches(self.num_workers) if shared else None
+        # made before super().__iter__() forks the workers, which inherit it; held by this generator
+        # while its iteration lives (a batch still in flight can be unpacked), replaced by the next
+        forked = self.num_workers and forked_workers(self.multiprocessing_context)
+        _rings = self._collate.shared = SharedBatches(self.num_workers) if forked else None
         for batch in super().__iter__():
             self._batches += 1
             yield batch

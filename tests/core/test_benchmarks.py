@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +79,30 @@ def test_scale_model_grows_with_epochs_not_ranks() -> None:
     assert 1.5 * a["cached_downloads"] <= c["cached_downloads"] <= 2 * a["cached_downloads"]
 
 
+def _pipeline_synthetic() -> dict[str, Any]:
+    from benchmarks import bench_pipeline as bp
+
+    s = common.summary
+
+    def fig(sps: float, cpu: float, start: float) -> dict[str, Any]:
+        out = {k: s([1.0]) for k in bp.FIGURES}
+        out.update(samples_per_s=s([sps, sps * 1.1]), cpu_s_per_GB=s([cpu]), first_batch_s=s([start]))
+        return {**out, "loadavg_1m": [2.0], "children_left": 0}
+
+    loaders = {"batch 8, 2 workers": {bp.STREAMIO: fig(3000.0, 2.0, 0.5), "webdataset": fig(1000.0, 5.0, 0.2),
+                                      "litdata": fig(2500.0, 4.0, 0.25), bp.NODE_CACHE: fig(2900.0, 0.9, 0.6),
+                                      bp.CEILING: fig(5000.0, 1.5, 0.1)}}
+    image = {bp.STREAMIO: fig(100.0, 50.0, 1.0), "webdataset": fig(110.0, 52.0, 0.8)}
+    return {"status": "ok", "config": {**asdict(bp.Config.quick()), "image_loader": [32, 2]},
+            "raw": {"samples": 1024, "payload_bytes": 67_110_000},
+            "images": {"samples": 256, "payload_bytes": 28_300_000, "mean_jpeg_bytes": 110_500.0, "distinct": 64},
+            "cache_fill": {"samples_per_s": 500.0, "first_batch_s": 1.5, "cpu_s_per_GB": 20.0},
+            "loaders": loaders, "image": image, "ratios": bp.ratios(loaders, image),
+            "not_measured": {"mosaicml-streaming": "not requested"},
+            "versions": {"streamio": {"torch": "2.13.0", "numpy": "2", "pillow": "13", "webdataset": "1.0.2"}},
+            "loadavg": {"start": [1.0, 1.0, 1.0], "end": [2.0, 2.0, 2.0]}}
+
+
 def _synthetic() -> dict[str, Any]:
     s = common.summary
     contenders = {
@@ -98,11 +123,7 @@ def _synthetic() -> dict[str, Any]:
                     "contenders": contenders, "ratios": {"streamio cold / webdataset stream (samples/s)": 1.25},
                     "store_ceiling": {"concurrency": 8, "objects": 8, "bytes": 31_000_000,
                                       "get_MBps": s([500.0]), "put_MBps": s([100.0])}},
-        "loader": {"status": "ok", "samples": 976, "bytes": 64_000_000, "reps": 2,
-                   "samples_per_s": {"streamio (default sample)": s([1000.0, 1200.0]),
-                                     "streamio, ints dropped": s([2000.0]),
-                                     "webdataset": s([1800.0])},
-                   "ratios": {"streamio ints dropped / webdataset": 1.11}},
+        "pipeline": _pipeline_synthetic(),
         "checkpoint": {"status": "failed", "error": "RuntimeError: boom"},
     }
 
@@ -115,8 +136,13 @@ def test_report_and_plots_from_results(tmp_path: Path) -> None:
     text = run.write_report(res, tmp_path, plots).read_text()
     assert "| streamio cold / webdataset stream (samples/s) | 1.25 |" in text  # headline and section table
     assert "| streamio warm | 110 [100-120] | 6 [6-7] | 15.0 [10.0-20.0] | 1.5 [1.0-2.0] |" in text
-    assert "| streamio (default sample) | 1,100 [1,000-1,200] |" in text
-    assert "| loader (1 rank, local, no compute, samples/s): streamio ints dropped / webdataset | 1.11 |" in text
+    assert "| streamio (default) | 3,150 [3,000-3,300] | 0.50 [0.50-0.50] | 2.00 [2.00-2.00] |" in text
+    assert "| batch 8, 2 workers: streamio / webdataset, samples/s (target >= 1.5) | 3.00 | yes |" in text
+    assert "| batch 8, 2 workers: streamio / best peer, CPU s per GB (target <= 0.5) | 0.50 | yes |" in text
+    assert "| batch 8, 2 workers: streamio / best peer, start-up s (target <= 1.0) | 2.50 | no |" in text
+    assert "| images: streamio / webdataset, samples/s (target >= 1.0) | 0.91 | no |" in text
+    assert "- not measured: mosaicml-streaming: not requested" in text
+    assert "| pipeline: batch 8, 2 workers: streamio / litdata, samples/s (target >= 1.5) | 1.20 |" in text  # headline
     assert "**FAILED**" in text and "RuntimeError: boom" in text  # a broken section is shown, not hidden
     assert "_Not run yet: `python -m benchmarks.run --only read`._" in text
     assert "![dataset_stall.png](dataset_stall.png)" in text
@@ -308,3 +334,22 @@ def test_sharded_section_ratios_goals_and_report(tmp_path: Path) -> None:
     assert "| durable / ceiling.put (target <= 1.25) | 1.20 | yes |" in text
     assert "| restore speed / ceiling.get (target >= 0.8) | 0.83 | yes |" in text
     assert "| sharded s3: restore speedup vs dcp fsspec (target >= 4) | 5.00 |" in text  # in the headline table
+
+
+# ----------------------------------------------------------------------------- pipeline
+def test_pipeline_trial_reads_every_sample_once_and_counts_worker_cpu(tmp_path: Path) -> None:
+    from benchmarks import bench_pipeline as bp
+    from benchmarks.peer_pipeline import all_samples, decode_resize, make_memory, make_webdataset, run_trial
+
+    cfg = bp.Config(samples=64, shards=4, images=8, distinct_images=2)
+    raw = bp.write_raw(str(tmp_path / "raw"), cfg)
+    assert raw.payload == 64 * (65_536 + 1)
+    assert [s["__key__"] for s in all_samples(raw.dir)] == [f"{i:08d}" for i in range(64)]
+    for make in (make_memory, make_webdataset):
+        r = run_trial(make, {"dir": raw.dir, "batch_size": 8, "workers": 2})
+        assert (r["samples"], r["distinct"], r["children_left"]) == (64, 64, 0)
+        assert r["cpu_workers_s"] > 0 and r["wall_s"] >= r["first_batch_s"] > 0  # the reaped workers' CPU counts
+    img = bp.write_images(str(tmp_path / "img"), cfg)
+    jpg = next(all_samples(img.dir))["jpg"]
+    assert jpg[:2] == b"\xff\xd8" and tuple(decode_resize(jpg).shape) == (224, 224, 3)
+    assert 60_000 < img.payload / img.samples < 200_000  # ~110 KB JPEGs

@@ -133,3 +133,13 @@ def test_without_glibc_the_allocator_is_left_alone(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(allocator.ctypes.util, "find_library", lambda name: "/nonexistent/libc-not-here.so")
     assert tune_worker_malloc() is False
     assert transport  # the module under test imports without glibc-specific code
+
+
+def test_an_abandoned_iteration_leaves_the_next_one_whole(ds_url: str) -> None:
+    ds = StreamingDataset(ds_url, batch_size=4, seed=5)
+    loader = StreamingDataLoader(ds, num_workers=2)
+    it = iter(loader)
+    first = [next(it)["__key__"] for _ in range(3)]
+    again = [b["__key__"] for b in loader]  # a new iteration (new workers, new rings) while the old one dies
+    del it
+    assert again[:3] == first and sorted(k for b in again for k in b) == [f"k{i:03d}" for i in range(48)]
