@@ -155,11 +155,12 @@ class Prefetcher:
             largest = max(r.shard.bytes for r in self.runs)
             depth = min(self.config.workers, len({r.shard for r in self.runs}))
             cache.require(depth * largest + 4096, why=f"prefetching {depth} shards of up to {largest} bytes at once")
-        # one lock, two conditions: the consumer waits for data, the threads for room or the head to
-        # move; each event wakes only those who wait for it (not 8 threads per chunk)
+        # one lock, three conditions: the consumer waits for data, a run's thread for room, an idle
+        # thread for its turn; each event wakes only those who wait for it (not 8 threads per chunk)
         lock = threading.RLock()
         self._cond = threading.Condition(lock)  # data: a slot appeared, got a chunk, finished or failed
-        self._room = threading.Condition(lock)  # room: buffer space freed, the head moved, a slot abandoned
+        self._room = threading.Condition(lock)  # for a run's thread: buffer space freed, head moved, run abandoned
+        self._turn = threading.Condition(lock)  # for an idle thread: the head moved, a new run may start
         self._slots: dict[int, _Slot] = {}
         self._head = 0
         self._next = 0
@@ -186,6 +187,7 @@ class Prefetcher:
             self._buffered = 0
             self._cond.notify_all()
             self._room.notify_all()
+            self._turn.notify_all()
         me = threading.current_thread()
         for t in self._threads:
             if t is not me:
@@ -205,6 +207,7 @@ class Prefetcher:
                 with self._cond:
                     self._head = index
                     self._room.notify_all()
+                    self._turn.notify()  # the head moved by one: one more run may start
                 chunks = self._chunks(index)
                 try:
                     yield run, chunks
@@ -265,7 +268,7 @@ class Prefetcher:
         while True:
             with cond:
                 while not self._stop and self._next < len(self.runs) and self._next >= self._head + self.config.workers:
-                    self._room.wait()
+                    self._turn.wait()
                 if self._stop or self._next >= len(self.runs):
                     return
                 index = self._next
