@@ -37,8 +37,14 @@ def collate_samples(batch: list[Any]) -> Any:
     that halves loader throughput at small batches. Non-dict samples go to ``default_collate``.
     """
     if batch and isinstance(batch[0], Mapping):
-        meta = {k: [s[k] for s in batch] for k in batch[0] if k.startswith("__")}
-        data = default_collate([{k: v for k, v in s.items() if not k.startswith("__")} for s in batch])
+        keys = list(batch[0])
+        meta = {k: [s[k] for s in batch] for k in keys if k.startswith("__")}
+        data = {}
+        for k in keys:
+            if not k.startswith("__"):
+                column = [s[k] for s in batch]
+                # bytes stay a list (what default_collate returns for them), without its dispatch
+                data[k] = column if type(column[0]) is bytes else default_collate(column)
         return {**meta, **data}
     return default_collate(batch)
 

@@ -61,3 +61,20 @@ def test_a_dataset_that_is_not_streaming_is_refused() -> None:
 def test_the_default_dataset_batch_size_is_1_and_checked_too(ds_url: str) -> None:
     with pytest.raises(PlanError, match=r"batch_size=3\) differs from the batch_size=1 of"):
         StreamingDataLoader(StreamingDataset(ds_url), batch_size=3)
+
+
+def test_collate_samples_keeps_meta_as_lists_and_collates_the_rest_as_default_collate() -> None:
+    import torch
+    from torch.utils.data import default_collate
+
+    from streamio.data.loader import collate_samples
+
+    batch = [{"__key__": f"k{i}", "__index__": i, "bin": b"x" * i, "cls": i, "txt": f"t{i}", "t": torch.full((2,), i)}
+             for i in range(3)]
+    out = collate_samples(batch)
+    assert list(out) == ["__key__", "__index__", "bin", "cls", "txt", "t"]
+    assert out["__key__"] == ["k0", "k1", "k2"] and out["__index__"] == [0, 1, 2]  # lists, not tensors
+    rest = default_collate([{k: v for k, v in s.items() if not k.startswith("__")} for s in batch])
+    assert out["bin"] == rest["bin"] == [b"", b"x", b"xx"] and out["txt"] == rest["txt"]
+    assert torch.equal(out["cls"], rest["cls"]) and torch.equal(out["t"], rest["t"])
+    assert collate_samples([1, 2]).tolist() == [1, 2]  # not samples: default_collate
