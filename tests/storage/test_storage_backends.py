@@ -27,7 +27,7 @@ from streamio.storage import RetryPolicy, Store, classify
 from streamio.storage.backends import GenericBackend, backend_class, canonical
 from streamio.storage.backends.gcs import GcsBackend
 from streamio.storage.backends.local import LocalBackend
-from streamio.storage.backends.s3 import S3Backend, sync_client
+from streamio.storage.backends.s3 import S3Backend, shared_loader, sync_client
 from streamio.storage.retry import RetryBudget
 from streamio.storage.stream import resuming
 from streamio.testing import S3Endpoint
@@ -79,6 +79,35 @@ def test_verified_reads_store_skips_botocore_response_checksums_on_s3(s3: S3Endp
     config = {"response_checksum_validation": "when_supported"}
     own = Store(s3.url("root"), {**s3.storage_options(), "config_kwargs": config})
     assert own.for_verified_reads() is own  # a caller's own setting is kept
+
+
+def test_s3_clients_share_one_botocore_loader_and_a_forked_child_reads_through_it(
+    s3: S3Endpoint, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import multiprocessing
+
+    import botocore.session
+
+    store = Store(s3.url("root"), s3.storage_options())
+    store.put("obj", b"abc")
+    loader = store.fs.session.get_component("data_loader")
+    assert sync_client(store.fs)._loader is loader  # the whole-read client: the same parsed models
+    again = Store(s3.url("other"), {**s3.storage_options(), "config_kwargs": {"read_timeout": 30}})
+    again.put("x", b"1")
+    assert again.fs.session.get_component("data_loader") is loader
+    monkeypatch.setenv("AWS_DATA_PATH", "/nonexistent/models")  # a custom data path keeps its own loader
+    assert shared_loader(botocore.session.Session()).get_component("data_loader") is not loader
+    monkeypatch.delenv("AWS_DATA_PATH")
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(1) as pool:  # a forked worker makes its own clients over the inherited loader
+        assert pool.apply(_read_in_child, (store,)) == (b"abc", True)
+
+
+def _read_in_child(store: Store) -> tuple[bytes, bool]:
+    from streamio.storage.backends import s3
+
+    data = store.read("obj")
+    return data, store.fs.session.get_component("data_loader") is s3._LOADER
 
 
 # ------------------------------------------------------------------ the generic backend
