@@ -1,7 +1,8 @@
-"""Training-loop benchmark: samples/s and data-stall fraction, streamio vs webdataset; scale model.
+"""Training-loop benchmark: samples/s, stall fraction, start-up, streamio vs its peers; scale model.
 
-Run: ``.venv/bin/python -m benchmarks.bench_dataset [--quick] [--json OUT]`` (or as the
-``dataset`` and ``scale`` sections of ``python -m benchmarks.run``).
+Run: ``.venv/bin/python -m benchmarks.bench_dataset [--quick] [--peers mosaicml,litdata]
+[--setups 2x8x2,...] [--reps N] [--shards N] [--json OUT]`` (or as the ``dataset`` and ``scale``
+sections of ``python -m benchmarks.run``).
 
 Loop (issue 6's benchmark). A dataset of ``shards x shard_mb`` MB of ``sample_kb`` KB random
 samples is written once with :func:`streamio.data.writer.write_dataset` (to local disk, then the
@@ -12,7 +13,10 @@ with ``workers`` workers and a fixed simulated compute time per batch
 (``time.sleep(compute)``; no collectives). Per rank: samples, loop wall time from ``iter(loader)``
 to the last batch (worker start-up included) and the time spent waiting in ``next(loader)``.
 Stall fraction = waiting / wall; a trial reports the slowest rank's stall (DDP runs at the pace of
-the slowest rank) and samples/s = all samples / the longest wall. Contenders, interleaved:
+the slowest rank) and samples/s = all samples / the longest wall; start-up = building the dataset and
+its loader to the first batch (issue 17's first batch: index, plan, worker start, first read), the
+slowest rank; every rank process imports its libraries before its first trial, untimed. Contenders,
+interleaved:
 
 * ``streamio cold``     — ``StreamingDataset`` + ``StreamingDataLoader``, empty node cache;
 * ``streamio warm``     — the same, every shard already in the node cache (no network);
@@ -20,7 +24,17 @@ the slowest rank) and samples/s = all samples / the longest wall. Contenders, in
   the shards through ``s3fs`` (registered as webdataset's ``s3`` gopen scheme), no cache;
 * ``webdataset cold``   — the same with ``cache_dir`` (webdataset's cache downloads a whole shard
   before its first sample), empty;
-* ``webdataset warm``   — the same cache, already filled.
+* ``webdataset warm``   — the same cache, already filled;
+* with ``--peers mosaicml,litdata``: ``mosaicml cold``/``warm`` and ``litdata cold``/``warm`` — the
+  same samples converted to their formats, in the same bucket behind the same proxy, read from
+  their own environments in fresh rank processes per trial (:func:`mosaicml_peer`,
+  :func:`litdata_peer`, ``benchmarks/peer_*.py``). A mosaicml trial that stalls on its
+  shared-connection bug (``benchmarks/peer_mosaicml.py``) or a peer trial that fails is left out of
+  the figures and listed with its reason (``excluded``).
+
+Setups (:class:`Setup`): the main one (``LoopConfig.ranks`` x ``batch_size`` x ``workers``: 2 x 8 x
+2) with every contender, plus ``LoopConfig.more`` (2 x 32 x 4, 1 x 8 x 2, 1 x 32 x 4: issue 17's two
+batch/worker settings at 1 and 2 ranks) without the nginx and no-compute ones.
 
 Storage: moto behind the FaultProxy with 30 ms first-byte latency on every response (a separate
 process). With nginx available, ``streamio cold`` and ``webdataset stream`` also run against
@@ -40,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -47,7 +62,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -89,10 +104,12 @@ class LoopConfig:
     prefetch: int = 4
     reps: int = 3
     latency_ms: float = 30.0
+    # further (ranks, batch size, workers) setups, with every contender but the nginx and no-compute ones
+    more: tuple[tuple[int, int, int], ...] = ((2, 32, 4), (1, 8, 2), (1, 32, 4))
 
     @classmethod
     def quick(cls) -> LoopConfig:
-        return cls(shards=8, shard_mb=4, workers=1, reps=1)
+        return cls(shards=8, shard_mb=4, workers=1, reps=1, more=((1, 32, 2),))
 
 
 # ----------------------------------------------------------------------------- rank process
@@ -123,6 +140,7 @@ def rank_main(cfg: dict[str, Any]) -> dict[str, Any]:
     warnings.simplefilter("ignore")
     method, bs, nw = cfg["method"], cfg["batch_size"], cfg["workers"]
     epochs = cfg.get("epochs", [0])
+    t0 = 0.0
     if method == "streamio":
         from streamio.data.cache import CacheConfig
         from streamio.data.dataset import DatasetOptions, StreamingDataset
@@ -132,6 +150,7 @@ def rank_main(cfg: dict[str, Any]) -> dict[str, Any]:
 
         cache = CacheConfig(cfg["cache"], max_bytes=cfg["cache_bytes"], min_free_bytes=0) if cfg.get("cache") else None
         shuffle = Shuffle(shards=True, window=0) if cfg.get("shuffle") else False
+        t0 = time.perf_counter()  # after the imports, as in the peers' rank processes
         ds = StreamingDataset(
             cfg["url"], batch_size=bs, shuffle=shuffle, storage_options=cfg.get("options"),
             options=DatasetOptions(policy="drop", cache=cache, prefetch=PrefetchConfig(workers=cfg["prefetch"])),
@@ -142,16 +161,18 @@ def rank_main(cfg: dict[str, Any]) -> dict[str, Any]:
 
         if cfg.get("options") is not None:
             _register_s3_gopen(cfg["options"])
+        t0 = time.perf_counter()
         ds = wds.WebDataset(
             cfg["urls"], shardshuffle=False, nodesplitter=wds.split_by_node, workersplitter=wds.split_by_worker,
             cache_dir=cfg.get("cache"), url_to_name=_wds_name, empty_check=False,
         )
         loader = wds.WebLoader(ds, batch_size=bs, num_workers=nw)
+    init = time.perf_counter() - t0  # building the dataset and its loader (the first epoch's start-up)
     out = []
     for epoch in epochs:
         if hasattr(ds, "set_epoch"):
             ds.set_epoch(epoch)
-        out.append(timed_epoch(loader, cfg["compute_s"], epoch))
+        out.append({**timed_epoch(loader, cfg["compute_s"], epoch), "init_s": init if not out else 0.0})
     return {"rank": int(os.environ["RANK"]), "epochs": out}
 
 
@@ -208,6 +229,8 @@ class RankPool:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+            if p.stdout is not None:
+                p.stdout.close()
         for f in self._logs:
             f.close()
 
@@ -219,7 +242,13 @@ class RankPool:
 
 
 def _rank_server() -> None:
-    """Child mode of :class:`RankPool`."""
+    """Child mode of :class:`RankPool`: the libraries imported first, untimed (as the peers' rank processes do)."""
+    import s3fs  # noqa: F401
+    import webdataset  # noqa: F401
+
+    from streamio.data.dataset import StreamingDataset  # noqa: F401
+    from streamio.data.loader import StreamingDataLoader  # noqa: F401
+
     serve(rank_main)
 
 
@@ -280,72 +309,145 @@ def _trial_stats(results: list[dict[str, Any]], sample_bytes: float, epoch_i: in
                             for e in eps),
         "MBps": sum(e["samples"] for e in eps) * sample_bytes / wall / MB,
         "first_batch_s": max(e["first_batch_s"] for e in eps),
+        # from building the dataset to its first batch (index, plan, workers, first read): issue 17's start-up
+        "start_s": max(e.get("init_s", 0.0) + e["first_batch_s"] for e in eps),
+        "init_s": max(e.get("init_s", 0.0) for e in eps),  # building the dataset and loader alone
         "wall_s": wall,
         "samples": sum(e["samples"] for e in eps),
     }
 
 
+@dataclass(frozen=True)
+class Setup:
+    """One loop setting: ranks (processes of one simulated node), batch size, DataLoader workers per rank."""
+
+    ranks: int
+    batch_size: int
+    workers: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.ranks} rank{'s' if self.ranks > 1 else ''}, batch {self.batch_size}, {self.workers} workers"
+
+
+Contenders = dict[str, Callable[[], dict[str, Any]]]
+PeerFactory = Callable[[Setup, dict[str, Any]], Contenders]  # a peer's contenders at a setup, from the base config
+
+TRIAL_STATS = ("samples_per_s", "MBps", "stall", "stall_steady", "stall_mean", "first_batch_s", "start_s", "init_s",
+               "wall_s")
+# the cold contenders of other libraries: the first batch to beat (issue 17, goal 3)
+COLD_PEERS = ("webdataset stream", "webdataset cold", "mosaicml cold", "litdata cold")
+PEER_LIBRARIES = {"mosaicml": "mosaicml-streaming", "litdata": "litdata"}
+
+
+class LoopBench:
+    """The loop trials over one data set and store, one :class:`Setup` at a time (see module docstring).
+
+    ``peers``: the factories of the peers that run from their own environments
+    (:func:`mosaicml_peer`, :func:`litdata_peer`), prepared once (format conversion, upload).
+    """
+
+    def __init__(self, cfg: LoopConfig, servers: S3Servers, data: Dataset, scratch: str,
+                 log: Callable[[str], None], peers: Sequence[PeerFactory] = ()) -> None:
+        self.cfg, self.servers, self.data, self.scratch, self.log = cfg, servers, data, scratch, log
+        self.peers = list(peers)
+        self.url = servers.s3.url(data.prefix)
+        self.options = servers.s3.storage_options(servers.proxies[0])
+
+    def base(self, setup: Setup) -> dict[str, Any]:
+        """The trial config every contender gets at ``setup``."""
+        return {"batch_size": setup.batch_size, "workers": setup.workers, "prefetch": self.cfg.prefetch,
+                "compute_s": self.cfg.compute_ms / 1000, "cache_bytes": self.data.bytes * 2 + 256 * MB}
+
+    def run(self, setup: Setup, nginx_url: str | None = None, no_compute: bool = False) -> dict[str, Any]:
+        """Every contender's interleaved trials at ``setup``; summaries (stalled trials left out) and ratios.
+
+        ``nginx_url``: also the ``(nginx)`` contenders; ``no_compute``: also the loop's own ceiling.
+        """
+        self.log(f"loop: {setup.label}")
+        pool = RankPool([_rank_env(r, setup.ranks, r) for r in range(setup.ranks)])
+        try:
+            contenders = self._own(pool, setup, nginx_url, no_compute)
+            for peer in self.peers:
+                contenders.update(peer(setup, self.base(setup)))
+            # No untimed fill run is needed: in the first repetition (dict order) each cold contender runs
+            # before its warm one and leaves the cache full; later repetitions find it full or refill it.
+            runs = interleave(contenders, self.cfg.reps, log=self.log)
+        finally:
+            pool.close()
+        out = {name: _summarise(trials) for name, trials in runs.items()}
+        cfg = self.cfg
+        bound = setup.ranks * setup.batch_size / (cfg.compute_ms / 1000) if cfg.compute_ms else float("nan")
+        return {"setup": {**asdict(setup), "label": setup.label}, "compute_bound_samples_per_s": bound,
+                "contenders": out, "ratios": _loop_ratios(out, bound, cfg.latency_ms / 1000),
+                "fastest_cold_peer": fastest_cold_peers(out)}
+
+    def _own(self, pool: RankPool, setup: Setup, nginx_url: str | None, no_compute: bool) -> Contenders:
+        """The contenders of this environment (streamio, webdataset), run by the long-lived rank pool."""
+        sample_bytes = self.data.bytes / self.data.samples
+        base = self.base(setup)
+        dirs = {n: os.path.join(self.scratch, n) for n in ("streamio", "webdataset", "streamio-http")}
+
+        def trial(**over: Any) -> dict[str, float]:
+            return _trial_stats(pool.run([{**base, **over}] * setup.ranks), sample_bytes)
+
+        def cold(d: str, **over: Any) -> dict[str, float]:
+            """A trial on an empty cache directory ``d``."""
+            shutil.rmtree(d, ignore_errors=True)
+            os.makedirs(d, mode=0o700)
+            return trial(**over, cache=d)
+
+        streamio = {"method": "streamio", "url": self.url, "options": self.options}
+        wds_s3 = {"method": "webdataset", "urls": [f"{self.url}/{f}" for f in self.data.files], "options": self.options}
+        contenders: Contenders = {
+            "streamio cold": lambda: cold(dirs["streamio"], **streamio),
+            "streamio warm": lambda: trial(**streamio, cache=dirs["streamio"]),
+            "webdataset stream": lambda: trial(**wds_s3),
+            "webdataset cold": lambda: cold(dirs["webdataset"], **wds_s3),
+            "webdataset warm": lambda: trial(**wds_s3, cache=dirs["webdataset"]),
+        }
+        if nginx_url:
+            contenders["streamio cold (nginx)"] = lambda: cold(dirs["streamio-http"], method="streamio",
+                                                                url=nginx_url.rstrip("/"))
+            contenders["webdataset stream (nginx)"] = lambda: trial(
+                method="webdataset", urls=[f"{nginx_url}/{f}" for f in self.data.files])
+        if no_compute:  # the loop's own ceiling: no compute, as fast as the loader delivers
+            contenders["streamio cold, no compute"] = lambda: cold(dirs["streamio"], **streamio, compute_s=0.0)
+            contenders["webdataset stream, no compute"] = lambda: trial(**wds_s3, compute_s=0.0)
+        return contenders
+
+
 def bench_loop(cfg: LoopConfig, servers: S3Servers, data: Dataset, scratch: str, nginx_url: str | None,
                log: Callable[[str], None], quick_mode: bool = False, peers: Sequence[str] = ()) -> dict[str, Any]:
-    """The interleaved loop trials; returns per-contender summaries and the headline ratios."""
-    s3 = servers.s3
-    options = s3.storage_options(servers.proxies[0])
-    s3_url = s3.url(data.prefix)
-    s3_urls = [f"{s3_url}/{f}" for f in data.files]
-    cache_bytes = data.bytes * 2 + 256 * MB
-    base = {"batch_size": cfg.batch_size, "workers": cfg.workers, "prefetch": cfg.prefetch,
-            "compute_s": cfg.compute_ms / 1000, "cache_bytes": cache_bytes}
-    dirs = {name: os.path.join(scratch, name.replace(" ", "-")) for name in ("streamio", "webdataset", "streamio-http")}
-
-    pool = RankPool([_rank_env(r, cfg.ranks, r) for r in range(cfg.ranks)])
-
-    def trial(**over: Any) -> dict[str, float]:
-        c = {**base, **over}
-        return _trial_stats(pool.run([c] * cfg.ranks), data.bytes / data.samples)
-
-    def cold(d: str, **over: Any) -> dict[str, float]:
-        """A trial on an empty cache directory ``d``."""
-        shutil.rmtree(d, ignore_errors=True)
-        os.makedirs(d, mode=0o700)
-        return trial(**over, cache=d)
-
-    streamio = {"method": "streamio", "url": s3_url, "options": options}
-    wds_s3 = {"method": "webdataset", "urls": s3_urls, "options": options}
-    contenders: dict[str, Callable[[], Any]] = {
-        "streamio cold": lambda: cold(dirs["streamio"], **streamio),
-        "streamio warm": lambda: trial(**streamio, cache=dirs["streamio"]),
-        "webdataset stream": lambda: trial(**wds_s3),
-        "webdataset cold": lambda: cold(dirs["webdataset"], **wds_s3),
-        "webdataset warm": lambda: trial(**wds_s3, cache=dirs["webdataset"]),
-    }
-    if nginx_url:
-        contenders["streamio cold (nginx)"] = lambda: cold(dirs["streamio-http"], method="streamio",
-                                                            url=nginx_url.rstrip("/"))
-        contenders["webdataset stream (nginx)"] = lambda: trial(method="webdataset",
-                                                                urls=[f"{nginx_url}/{f}" for f in data.files])
-    if not quick_mode:  # the loop's own ceiling: no compute, as fast as the loader delivers
-        contenders["streamio cold, no compute"] = lambda: cold(dirs["streamio"], **streamio, compute_s=0.0)
-        contenders["webdataset stream, no compute"] = lambda: trial(**wds_s3, compute_s=0.0)
-    if "mosaicml" in peers:
-        contenders.update(mosaicml_contenders(cfg, servers, data, scratch, base, log))
-    # No untimed fill run is needed: in the first repetition (dict order) each cold contender runs
-    # before its warm one and leaves the cache full; later repetitions find it full or refill it.
+    """The loop benchmark: the main setup (``cfg.ranks`` / ``batch_size`` / ``workers``, with the nginx and
+    no-compute contenders) at the top level of the result, as before; ``cfg.more`` setups under ``setups``."""
+    factories = {"mosaicml": mosaicml_peer, "litdata": litdata_peer}
+    for p in peers:
+        if p not in factories:  # another section's peer (the suite passes one list to every section)
+            log(f"dataset: no loop contender for peer {p!r} (have: {', '.join(factories)})")
+    bench = LoopBench(cfg, servers, data, scratch, log,
+                      [factories[p](cfg, servers, data, scratch, log) for p in peers if p in factories])
     ceiling, http_ceiling = _ceilings(servers, data, nginx_url, cfg.reps, log)
-    try:
-        runs = interleave(contenders, cfg.reps, log=log)
-    finally:
-        pool.close()
-    out: dict[str, Any] = {}
-    for name, trials in runs.items():
-        out[name] = {k: summary([t[k] for t in trials]) for k in TRIAL_STATS}
-        out[name]["samples"] = trials[0]["samples"]
-    bound = cfg.ranks * cfg.batch_size / (cfg.compute_ms / 1000) if cfg.compute_ms else float("nan")
-    return {"config": asdict(cfg), "compute_bound_samples_per_s": bound, "dataset_bytes": data.bytes,
-            "dataset_samples": data.samples, "contenders": out, "ratios": _loop_ratios(out, bound, ceiling),
-            "store_ceiling": ceiling, "http_ceiling": http_ceiling}
+    main = bench.run(Setup(cfg.ranks, cfg.batch_size, cfg.workers), nginx_url, no_compute=not quick_mode)
+    if "streamio cold, no compute" in main["contenders"]:
+        main["ratios"].update(_ceiling_ratios(main["contenders"], ceiling))
+    more = [bench.run(Setup(*s)) for s in cfg.more]
+    return {"config": asdict(cfg), "compute_bound_samples_per_s": main["compute_bound_samples_per_s"],
+            "dataset_bytes": data.bytes, "dataset_samples": data.samples, "contenders": main["contenders"],
+            "ratios": main["ratios"], "fastest_cold_peer": main["fastest_cold_peer"], "store_ceiling": ceiling,
+            "http_ceiling": http_ceiling, "setups": more}
 
 
-TRIAL_STATS = ("samples_per_s", "MBps", "stall", "stall_steady", "stall_mean", "first_batch_s", "wall_s")
+def _summarise(trials: list[dict[str, Any]]) -> dict[str, Any]:
+    """A contender's :data:`TRIAL_STATS` summaries over its trials, stalled ones (``excluded``) left out."""
+    kept = [t for t in trials if not t.get("excluded")]
+    out: dict[str, Any] = {k: summary([t[k] for t in kept]) for k in TRIAL_STATS}
+    out["samples"] = kept[0]["samples"] if kept else 0
+    excluded = [{"rep": i, "reason": t["excluded"], "wall_s": t["wall_s"]} for i, t in enumerate(trials)
+                if t.get("excluded")]
+    if excluded:
+        out["excluded"] = excluded
+    return out
 
 
 def _ceilings(servers: S3Servers, data: Dataset, nginx_url: str | None, reps: int,
@@ -366,8 +468,8 @@ def _ceilings(servers: S3Servers, data: Dataset, nginx_url: str | None, reps: in
     return ceiling, http_ceiling
 
 
-def _loop_ratios(out: dict[str, Any], bound: float, ceiling: dict[str, Any]) -> dict[str, float]:
-    """The loop's headline ratios, for the contenders that ran."""
+def _loop_ratios(out: dict[str, Any], bound: float, latency_s: float) -> dict[str, float]:
+    """A setup's headline ratios, for the contenders that ran."""
     med = {k: v["samples_per_s"]["median"] for k, v in out.items()}
     ratios = {
         "streamio cold / webdataset stream (samples/s)": ratio(med["streamio cold"], med["webdataset stream"]),
@@ -376,76 +478,192 @@ def _loop_ratios(out: dict[str, Any], bound: float, ceiling: dict[str, Any]) -> 
         "streamio cold / compute bound": ratio(med["streamio cold"], bound),
         "streamio warm / compute bound": ratio(med["streamio warm"], bound),
     }
-    if "streamio cold, no compute" in out:
-        mbps = {k: v["MBps"]["median"] for k, v in out.items()}
-        get = ceiling["get_MBps"]["median"]
-        ratios["streamio cold, no compute / store ceiling GET (MB/s)"] = ratio(mbps["streamio cold, no compute"], get)
-        ratios["webdataset stream, no compute / store ceiling GET (MB/s)"] = ratio(
-            mbps["webdataset stream, no compute"], get)
-        ratios["streamio cold / webdataset stream, no compute (samples/s)"] = ratio(
-            med["streamio cold, no compute"], med["webdataset stream, no compute"])
-    if "mosaicml cold" in med:
-        ratios["streamio cold / mosaicml-streaming cold (samples/s)"] = ratio(
-            med["streamio cold"], med["mosaicml cold"])
-        ratios["streamio warm / mosaicml-streaming warm (samples/s)"] = ratio(
-            med["streamio warm"], med["mosaicml warm"])
-        # its cold trials stall ~60 s now and then (see mosaicml_contenders): the best trials too
-        best = {k: v["samples_per_s"]["max"] for k, v in out.items()}
-        ratios["streamio cold / mosaicml-streaming cold, best trials (samples/s)"] = ratio(
-            best["streamio cold"], best["mosaicml cold"])
+    for peer, library in PEER_LIBRARIES.items():
+        if f"{peer} cold" in med:
+            ratios[f"streamio cold / {library} cold (samples/s)"] = ratio(med["streamio cold"], med[f"{peer} cold"])
+            ratios[f"streamio warm / {library} warm (samples/s)"] = ratio(med["streamio warm"], med[f"{peer} warm"])
     if "streamio cold (nginx)" in out:
         ratios["streamio cold nginx / webdataset stream nginx (samples/s)"] = ratio(
             med["streamio cold (nginx)"], med["webdataset stream (nginx)"])
+    return {**ratios, **_first_batch_ratios(out, latency_s)}
+
+
+def fastest_cold_peers(out: dict[str, Any]) -> dict[str, str]:
+    """Per start-up figure (``start_s``, ``first_batch_s``): the cold peer contender with the lowest median."""
+    best = {}
+    for key in ("start_s", "first_batch_s"):
+        times = {k: out[k][key]["median"] for k in COLD_PEERS if k in out and not math.isnan(out[k][key]["median"])}
+        if times:
+            best[key] = min(times, key=lambda k: times[k])
+    return best
+
+
+def _first_batch_ratios(out: dict[str, Any], latency_s: float) -> dict[str, float]:
+    """Issue 17's start-up goal: streamio's cold start-up (building the dataset to the first batch, the
+    slowest rank) against the fastest cold peer's and against 3 first-byte latencies + 0.3 s; and the
+    same from ``iter(loader)`` (what the loop times as its first batch)."""
+    if "streamio cold" not in out:
+        return {}
+    ours = {key: out["streamio cold"][key]["median"] for key in ("start_s", "first_batch_s")}
+    fastest = fastest_cold_peers(out)
+    ratios = {}
+    if "start_s" in fastest:
+        ratios["streamio cold first batch / fastest cold peer's (from building the dataset) (target <= 1)"] = ratio(
+            ours["start_s"], out[fastest["start_s"]]["start_s"]["median"])
+    budget = 3 * latency_s + 0.3
+    ratios[f"streamio cold first batch / {budget:.2f} s = 3 x first-byte latency + 0.3 s (target <= 1)"] = ratio(
+        ours["start_s"], budget)
+    if "first_batch_s" in fastest:
+        ratios["streamio cold first batch / fastest cold peer's (from iter(loader))"] = ratio(
+            ours["first_batch_s"], out[fastest["first_batch_s"]]["first_batch_s"]["median"])
     return ratios
 
 
-def mosaicml_contenders(cfg: LoopConfig, servers: S3Servers, data: Dataset, scratch: str, base: dict[str, Any],
-                        log: Callable[[str], None]) -> dict[str, Callable[[], dict[str, float]]]:
+def _ceiling_ratios(out: dict[str, Any], ceiling: dict[str, Any]) -> dict[str, float]:
+    """The no-compute contenders against the store's ceiling and each other."""
+    med = {k: v["samples_per_s"]["median"] for k, v in out.items()}
+    mbps = {k: v["MBps"]["median"] for k, v in out.items()}
+    get = ceiling["get_MBps"]["median"]
+    return {
+        "streamio cold, no compute / store ceiling GET (MB/s)": ratio(mbps["streamio cold, no compute"], get),
+        "webdataset stream, no compute / store ceiling GET (MB/s)": ratio(mbps["webdataset stream, no compute"], get),
+        "streamio cold / webdataset stream, no compute (samples/s)": ratio(
+            med["streamio cold, no compute"], med["webdataset stream, no compute"]),
+    }
+
+
+# ----------------------------------------------------------------------------- peers (own environments)
+class _PeerCache:
+    """A peer's cache directory: a new one for each cold trial (the previous one removed), kept for warm.
+
+    A new name per cold trial, not the same one emptied: mosaicml keys its shared memory by it.
+    """
+
+    def __init__(self, scratch: str, name: str) -> None:
+        self._root, self._name, self._n = scratch, name, 0
+        self._current: str | None = None
+
+    def get(self, cold: bool) -> str:
+        if cold or self._current is None:
+            if self._current is not None:
+                shutil.rmtree(self._current, ignore_errors=True)
+            self._current = os.path.join(self._root, f"{self._name}-{self._n}")
+            self._n += 1
+        return self._current
+
+
+def _fresh_trial(exe: Path, script: str, envs: list[dict[str, str]], cfg: dict[str, Any], sample_bytes: float,
+                 stalled: Callable[[list[dict[str, Any]]], str | None] = lambda _results: None) -> dict[str, Any]:
+    """One trial in fresh rank processes of a peer's interpreter (their start-up is not timed).
+
+    A trial that failed in the peer (its traceback's last line), or that ``stalled`` names a reason for, is
+    kept with ``excluded`` set: :func:`_summarise` leaves it out of the figures and lists it with the reason.
+    """
+    try:
+        with RankPool(envs, cmd=[str(exe), script, "--rank-server"]) as pool:
+            results = pool.run([cfg] * len(envs))
+    except RuntimeError as exc:  # the peer raised or died: a finding about the peer, not the end of the section
+        last = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
+        return {**dict.fromkeys(TRIAL_STATS, math.nan), "samples": 0,
+                "excluded": f"failed: {last[-1][:300] if last else exc}"}
+    stats = _trial_stats(results, sample_bytes)
+    reason = stalled(results)
+    return {**stats, "excluded": reason} if reason else stats
+
+
+def _convert_and_upload(name: str, args: list[str], servers: S3Servers, out_dir: str, prefix: str,
+                        log: Callable[[str], None]) -> Path:
+    """Build peer ``name``'s environment, run its ``convert`` mode, upload ``out_dir`` to ``prefix``."""
+    from benchmarks import peer_env
+
+    exe = peer_env.python(name, log=log)
+    t0 = time.perf_counter()
+    subprocess.run([str(exe), str(REPO / "benchmarks" / f"peer_{name}.py"), "convert", *args],
+                   check=True, capture_output=True, text=True)
+    s3 = servers.s3
+    client = s3.boto3_client()
+    files = sorted(os.listdir(out_dir))
+    for f in files:
+        client.put_object(Bucket=s3.bucket, Key=f"{prefix}/{f}", Body=Path(out_dir, f).read_bytes())
+    log(f"{name}: {exe.parent.parent.name} environment, {len(files)} files converted and uploaded in "
+        f"{time.perf_counter() - t0:.1f} s")
+    return exe
+
+
+def mosaicml_peer(cfg: LoopConfig, servers: S3Servers, data: Dataset, scratch: str,
+                  log: Callable[[str], None]) -> PeerFactory:
     """mosaicml-streaming over the same samples, bucket and latency proxy, from its own environment.
 
     The samples are converted to MDS (same shard size, no compression) and uploaded beside the tar
     shards. Each trial starts fresh rank processes (the peer environment's interpreter running
     ``benchmarks/peer_mosaicml.py``; start-up is not timed), as a real job does. Its local
-    directory is its cache: a new one for each ``cold`` trial, kept for ``warm``. Seen here in
-    earlier runs (not in the committed one): one or two cold trials in three stalled ~60 s once,
-    at start or mid-run, in reused and fresh
-    processes, with or without our latency proxy (directly against moto too); 60 s is both
-    mosaicml's shared-memory barrier timeout and botocore's default read timeout; the cause was
-    not established (calling ``clean_stale_shared_memory()`` first made a trial hang for minutes
-    in its process-group set-up, so it is not called). Hence a best-trial ratio beside the
-    median one.
+    directory is its cache: a new one for each ``cold`` trial, kept for ``warm``.
     """
-    from benchmarks import peer_env
-
-    exe = peer_env.python("mosaicml", log=log)
-    script = str(REPO / "benchmarks" / "peer_mosaicml.py")
     mds_dir = os.path.join(scratch, "mds")
-    subprocess.run([str(exe), script, "convert", data.local, mds_dir, "--size-limit", str(cfg.shard_mb * MB)],
-                   check=True, capture_output=True, text=True)
+    exe = _convert_and_upload("mosaicml", [data.local, mds_dir, "--size-limit", str(cfg.shard_mb * MB)],
+                              servers, mds_dir, "mds", log)
+    script = str(REPO / "benchmarks" / "peer_mosaicml.py")
     s3 = servers.s3
-    client = s3.boto3_client()
-    for name in os.listdir(mds_dir):
-        client.put_object(Bucket=s3.bucket, Key=f"mds/{name}", Body=Path(mds_dir, name).read_bytes())
     opts = s3.storage_options(servers.proxies[0])
     env = {"S3_ENDPOINT_URL": servers.proxies[0], "AWS_ACCESS_KEY_ID": opts["key"],
-           "AWS_SECRET_ACCESS_KEY": opts["secret"], "AWS_DEFAULT_REGION": s3.region,
-           "LOCAL_WORLD_SIZE": str(cfg.ranks), "MASTER_ADDR": "127.0.0.1"}
-    c = {**base, "remote": f"s3://{s3.bucket}/mds"}
-    caches: list[str] = []
+           "AWS_SECRET_ACCESS_KEY": opts["secret"], "AWS_DEFAULT_REGION": s3.region, "MASTER_ADDR": "127.0.0.1"}
+    cache = _PeerCache(scratch, "mosaicml-cache")
 
-    def trial(cold: bool) -> dict[str, float]:
-        if cold or not caches:  # a new local directory: mosaicml keys its shared memory by it
-            if caches:
-                shutil.rmtree(caches[-1], ignore_errors=True)
-            caches.append(os.path.join(scratch, f"mosaicml-cache-{len(caches)}"))
-        c["local"] = caches[-1]
-        envs = [{**_rank_env(r, cfg.ranks, r), **env, "MASTER_PORT": str(free_port())} for r in range(cfg.ranks)]
-        envs = [{**e, "MASTER_PORT": envs[0]["MASTER_PORT"]} for e in envs]
-        with RankPool(envs, cmd=[str(exe), script, "--rank-server"]) as pool:
-            return _trial_stats(pool.run([c] * cfg.ranks), data.bytes / data.samples)
+    def contenders(setup: Setup, base: dict[str, Any]) -> Contenders:
+        def trial(cold: bool) -> dict[str, Any]:
+            port = str(free_port())
+            envs = [{**_rank_env(r, setup.ranks, r), **env, "LOCAL_WORLD_SIZE": str(setup.ranks), "MASTER_PORT": port}
+                    for r in range(setup.ranks)]
+            c = {**base, "remote": f"s3://{s3.bucket}/mds", "local": cache.get(cold)}
+            return _fresh_trial(exe, script, envs, c, data.bytes / data.samples, stalled=_mosaicml_stalled)
 
-    log(f"mosaicml-streaming: {exe.parent.parent.name} environment, {len(os.listdir(mds_dir))} MDS files uploaded")
-    return {"mosaicml cold": lambda: trial(True), "mosaicml warm": lambda: trial(False)}
+        return {"mosaicml cold": lambda: trial(True), "mosaicml warm": lambda: trial(False)}
+
+    return contenders
+
+
+def litdata_peer(cfg: LoopConfig, servers: S3Servers, data: Dataset, scratch: str,
+                 log: Callable[[str], None]) -> PeerFactory:
+    """litdata over the same samples, bucket and latency proxy, from its own environment.
+
+    The samples are converted by ``litdata.optimize`` (chunks of the shards' size, blobs as uint8
+    arrays, no compression) and uploaded beside the tar shards; each trial starts fresh rank
+    processes running ``benchmarks/peer_litdata.py`` (``StreamingDataset("s3://...",
+    cache_dir=...)`` + ``StreamingDataLoader``), a new cache directory for each ``cold`` trial.
+    """
+    lit_dir = os.path.join(scratch, "litdata")
+    exe = _convert_and_upload("litdata", [data.local, lit_dir, "--chunk-bytes", str(cfg.shard_mb * MB)],
+                              servers, lit_dir, "litdata", log)
+    script = str(REPO / "benchmarks" / "peer_litdata.py")
+    s3 = servers.s3
+    opts = s3.storage_options(servers.proxies[0])
+    # litdata passes storage_options to its boto3 client; its obstore chunk reader copies the endpoint
+    options = {"endpoint_url": servers.proxies[0], "aws_access_key_id": opts["key"],
+               "aws_secret_access_key": opts["secret"], "region_name": s3.region}
+    cache = _PeerCache(scratch, "litdata-cache")
+
+    def contenders(setup: Setup, base: dict[str, Any]) -> Contenders:
+        def trial(cold: bool) -> dict[str, Any]:
+            # litdata reads its rank from GLOBAL_RANK (RANK is ignored without torch.distributed)
+            envs = [{**_rank_env(r, setup.ranks, r), "GLOBAL_RANK": str(r), "NNODES": "1"} for r in range(setup.ranks)]
+            c = {**base, "remote": f"s3://{s3.bucket}/litdata", "cache": cache.get(cold), "options": options}
+            return _fresh_trial(exe, script, envs, c, data.bytes / data.samples)
+
+        return {"litdata cold": lambda: trial(True), "litdata warm": lambda: trial(False)}
+
+    return contenders
+
+
+def _mosaicml_stalled(results: list[dict[str, Any]]) -> str | None:
+    """Why a mosaicml trial is left out, or None: a batch waited over ``STALL_S``, its shared-connection stall."""
+    from benchmarks.peer_mosaicml import STALL_S
+
+    waits = [e.get("max_wait_s", 0.0) for r in results for e in r["epochs"]]
+    if max(waits) < STALL_S:
+        return None
+    return (f"stalled: a batch waited {max(waits):.0f} s. mosaicml-streaming's forked DataLoader workers share the "
+            "keep-alive connection of the boto3 client its main process used for index.json; one waits for bytes "
+            "another read, until botocore's read timeout (its download_timeout, 60 s): benchmarks/peer_mosaicml.py")
 
 
 def bench_cpu_cost(data: Dataset, reps: int) -> dict[str, Any]:
@@ -478,54 +696,6 @@ def bench_cpu_cost(data: Dataset, reps: int) -> dict[str, Any]:
     out = {k: summary(v) for k, v in runs.items()}
     vs_wds = ratio(out["streamio StreamingDataset"]["median"], out["webdataset WebDataset"]["median"])
     return {"cpu_s_per_GB": out, "ratio streamio / webdataset": vs_wds}
-
-
-def _strip_int_fields(sample: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in sample.items() if k not in ("__shard__", "__index__")}
-
-
-def bench_loader_overhead(quick: bool = False, scratch_dir: str | None = None) -> dict[str, Any]:
-    """One rank, local shards, 2 DataLoader workers, batch 8, no compute: samples/s of the loader.
-
-    Isolates what the DataLoader path costs per batch (no network, no sleep), and in particular
-    the integer fields ``__shard__`` / ``__index__`` of streamio's samples, which ``default_collate``
-    turns into tensors that cross from each worker to the main process through shared memory
-    (one segment per tensor per batch). ``streamio, ints dropped`` removes them with ``transform``.
-    """
-    import webdataset as wds
-
-    from streamio.data.dataset import StreamingDataset
-    from streamio.data.loader import StreamingDataLoader
-
-    reps = 2 if quick else 5
-    root = tempfile.mkdtemp(prefix="bench-loader-", dir=scratch_dir)
-    try:
-        data = make_dataset(os.path.join(root, "data"), 4 if quick else 8, 4 if quick else 8, 64)
-
-        def streamio(transform: Callable[[dict[str, Any]], Any] | None) -> Callable[[], float]:
-            def run() -> float:
-                ds = StreamingDataset(data.local, batch_size=8, shuffle=False, transform=transform)
-                t = time.perf_counter()
-                n = sum(len(b["__key__"]) for b in StreamingDataLoader(ds, num_workers=2))
-                return n / (time.perf_counter() - t)
-            return run
-
-        def webdataset() -> float:
-            urls = [os.path.join(data.local, f) for f in data.files]
-            ds = wds.WebDataset(urls, shardshuffle=False, empty_check=False)
-            t = time.perf_counter()
-            n = sum(len(b["__key__"]) for b in wds.WebLoader(ds, batch_size=8, num_workers=2))
-            return n / (time.perf_counter() - t)
-
-        runs = interleave({"streamio (default sample)": streamio(None),
-                           "streamio, ints dropped": streamio(_strip_int_fields), "webdataset": webdataset}, reps)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-    out = {k: summary(v) for k, v in runs.items()}
-    med = {k: v["median"] for k, v in out.items()}
-    return {"samples": data.samples, "bytes": data.bytes, "reps": reps, "samples_per_s": out,
-            "ratios": {"streamio default / webdataset": ratio(med["streamio (default sample)"], med["webdataset"]),
-                       "streamio ints dropped / webdataset": ratio(med["streamio, ints dropped"], med["webdataset"])}}
 
 
 # ----------------------------------------------------------------------------- scale
@@ -661,9 +831,13 @@ def model_table(quick: bool = False) -> list[dict[str, Any]]:
 
 # ----------------------------------------------------------------------------- entry points
 def run(quick: bool = False, *, sections: Sequence[str] = ("dataset", "scale"), log: Callable[[str], None] = print,
-        use_nginx: bool = True, scratch_dir: str | None = None, peers: Sequence[str] = ()) -> dict[str, Any]:
-    """Prepare data + servers once, run the requested sections; returns their results."""
-    cfg = LoopConfig.quick() if quick else LoopConfig()
+        use_nginx: bool = True, scratch_dir: str | None = None, peers: Sequence[str] = (),
+        cfg: LoopConfig | None = None) -> dict[str, Any]:
+    """Prepare data + servers once, run the requested sections; returns their results.
+
+    ``cfg``: the loop's sizes and setups (default: :class:`LoopConfig`, or its ``quick()`` one).
+    """
+    cfg = cfg or (LoopConfig.quick() if quick else LoopConfig())
     out: dict[str, Any] = {}
     scratch = tempfile.mkdtemp(prefix="bench-dataset-", dir=scratch_dir)
     nginx = None
@@ -696,6 +870,20 @@ def run(quick: bool = False, *, sections: Sequence[str] = ("dataset", "scale"), 
     return out
 
 
+def _config(quick: bool, setups: str | None, reps: int | None, shards: int | None) -> LoopConfig:
+    """The loop config of the command line: the defaults (or quick ones) with what it overrides."""
+    cfg = LoopConfig.quick() if quick else LoopConfig()
+    over: dict[str, Any] = {k: v for k, v in (("reps", reps), ("shards", shards)) if v is not None}
+    if setups:
+        parsed = [tuple(int(x) for x in s.split("x")) for s in setups.split(",")]
+        if any(len(p) != 3 or min(p[:2]) < 1 or p[2] < 0 for p in parsed):
+            raise SystemExit(f"--setups: expected RANKSxBATCHxWORKERS (ranks, batch >= 1), comma-separated; "
+                             f"got {setups!r}")
+        (ranks, batch, workers), more = parsed[0], parsed[1:]
+        over.update(ranks=ranks, batch_size=batch, workers=workers, more=tuple(more))
+    return replace(cfg, **over)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--rank-server", action="store_true", help=argparse.SUPPRESS)
@@ -703,14 +891,19 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--sections", default="dataset,scale")
     ap.add_argument("--no-nginx", action="store_true")
     ap.add_argument("--json", help="write the results here")
-    ap.add_argument("--peers", default="", help="comma-separated peers from their own environments: mosaicml")
+    ap.add_argument("--peers", default="", help="comma-separated peers from their own environments: mosaicml,litdata")
+    ap.add_argument("--setups", help="loop setups RANKSxBATCHxWORKERS, comma-separated, the first one the main "
+                    "setup (default 2x8x2,2x32x4,1x8x2,1x32x4; quick 2x8x1,1x32x2)")
+    ap.add_argument("--reps", type=int, help="repetitions of every loop contender (default 3; quick 1)")
+    ap.add_argument("--shards", type=int, help="shards of the data set (default 32 x 16 MB; quick 8 x 4 MB)")
     args = ap.parse_args(argv)
     if args.rank_server:
         _rank_server()
         sys.stdout.flush()
         os._exit(0)  # no interpreter teardown races with DataLoader workers (docs/design.md)
     res = run(args.quick, sections=args.sections.split(","), use_nginx=not args.no_nginx,
-              log=lambda s: print(s, file=sys.stderr, flush=True), peers=[p for p in args.peers.split(",") if p])
+              log=lambda s: print(s, file=sys.stderr, flush=True), peers=[p for p in args.peers.split(",") if p],
+              cfg=_config(args.quick, args.setups, args.reps, args.shards))
     emit_json(res, args.json, indent=2)
 
 

@@ -15,8 +15,11 @@ declarative specs in :mod:`benchmarks.tables`, rendered by :mod:`benchmarks.repo
   moto behind the same 30 ms proxy, 2 ranks: :mod:`benchmarks.bench_mixture`.
 * ``scale``      — 2 simulated nodes x 2 ranks: GETs / bytes per node from proxy logs, and the
   planner-derived model for 64 nodes x 8 GPUs (same module; shares the dataset's setup).
-* ``loader``     — one rank, local shards, no compute: the DataLoader path's own cost per batch,
-  with and without streamio's integer sample fields (same module).
+* ``pipeline``   — one rank, warm (local shards; streamio's node cache): CPU seconds per delivered
+  GB (process + DataLoader workers), samples/s and start-up, streamio vs webdataset, an in-memory
+  ceiling and (``--peers mosaicml,litdata``, not with ``--quick``) mosaicml-streaming and litdata,
+  at batch 8 / 2 workers and 32 / 4, plus a JPEG decode + resize pipeline:
+  :mod:`benchmarks.bench_pipeline`.
 * ``read``       — the prefetching caching reader vs boto3/s3fs/local ceilings (issue 5's
   ``benchmarks/bench_read.py --json``, a subprocess).
 * ``shard``      — writer throughput vs webdataset ``ShardWriter`` and a plain copy (issue 3's
@@ -61,7 +64,7 @@ from benchmarks.common import REPO, machine, machine_line  # noqa: E402
 from benchmarks.report import fmt, render  # noqa: E402
 from benchmarks.tables import REPORT  # noqa: E402
 
-SECTIONS = ("references", "dataset", "mixture", "scale", "loader", "read", "shard", "plan", "shuffle", "checkpoint",
+SECTIONS = ("references", "dataset", "mixture", "scale", "pipeline", "read", "shard", "plan", "shuffle", "checkpoint",
             "sharded")
 HERE = Path(__file__).resolve().parent
 
@@ -87,10 +90,10 @@ def section_references(quick: bool, scratch: str) -> dict[str, Any]:
     }
 
 
-def section_loader(quick: bool, scratch: str) -> dict[str, Any]:
-    from benchmarks.bench_dataset import bench_loader_overhead
+def section_pipeline(quick: bool, scratch: str, peers: Sequence[str]) -> dict[str, Any]:
+    from benchmarks import bench_pipeline
 
-    return bench_loader_overhead(quick, scratch)
+    return bench_pipeline.run(quick, peers=["webdataset", *peers], log=log, scratch_dir=scratch)
 
 
 def section_read(quick: bool, scratch: str) -> dict[str, Any]:
@@ -165,10 +168,11 @@ def run_sections(names: list[str], quick: bool, scratch: str, use_nginx: bool,
 
     out: dict[str, Any] = {}
     simple: dict[str, Callable[[bool, str], dict[str, Any]]] = {
-        "references": section_references, "loader": section_loader, "read": section_read, "shard": section_shard,
+        "references": section_references, "read": section_read, "shard": section_shard,
         "plan": section_plan, "checkpoint": section_checkpoint, "mixture": section_mixture,
         "sharded": section_sharded,
         "shuffle": lambda quick, _scratch: section_shuffle(quick, peers),
+        "pipeline": lambda quick, scratch: section_pipeline(quick, scratch, peers),
     }
     data_secs = [n for n in ("dataset", "scale") if n in names]
     for name in SECTIONS:
@@ -228,7 +232,7 @@ def make_plots(res: dict[str, Any], out_dir: Path) -> list[str]:
         fig, ax = plt.subplots(figsize=(9, 0.45 * len(names) + 1.8))
         med = [s["median"] * scale for s in stats]
         err = [[(s["median"] - s["min"]) * scale for s in stats], [(s["max"] - s["median"]) * scale for s in stats]]
-        peers = ("webdataset", "s3fs", "torch.", "dcp.")
+        peers = ("webdataset", "s3fs", "torch.", "dcp.", "mosaicml", "litdata")
         colors = ["tab:blue" if n.startswith("streamio") else "tab:orange" if n.startswith(peers) else "tab:gray"
                   for n in names]
         ax.barh(names, med, xerr=err, color=colors, capsize=3)
@@ -297,8 +301,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--report-only", action="store_true",
                     help="re-render RESULTS.md and the plots from DIR/results.json")
     ap.add_argument("--peers", default="", help="comma-separated peers run from their own environments "
-                    "(benchmarks/peers/NAME.txt, built once into .venv-peers/NAME): mosaicml (dataset, shuffle), "
-                    "litdata (shuffle)")
+                    "(benchmarks/peers/NAME.txt, built once into .venv-peers/NAME): mosaicml (dataset, shuffle, "
+                    "pipeline), litdata (shuffle, pipeline)")
     args = ap.parse_args(argv)
     if args.out is None:
         args.out = HERE / "out" / "quick" if args.quick else HERE

@@ -90,12 +90,15 @@ INTRO = SectionSpec("streamio benchmarks", level=1, blocks=(
 ))
 
 STALL_CONTENDERS = ("streamio cold", "streamio warm", "webdataset stream", "webdataset cold", "webdataset warm",
-                    "mosaicml cold", "mosaicml warm")
+                    "mosaicml cold", "mosaicml warm", "litdata cold", "litdata warm")
 
 
 def _headline_dataset(ds: Results) -> list[tuple[str, float]]:
     c = ds["contenders"]
     out = [(f"data: {k}", v) for k, v in ds["ratios"].items()]
+    for setup in ds.get("setups", []):  # the further (ranks, batch, workers) setups: streamio vs the peers
+        out += [(f"data ({setup['setup']['label']}): {k}", v) for k, v in setup["ratios"].items()
+                if "compute bound" not in k]
     if "cpu_cost" in ds:
         out.append(("data: reader CPU s per GB, one process, streamio / webdataset (lower is better)",
                     ds["cpu_cost"]["ratio streamio / webdataset"]))
@@ -121,7 +124,7 @@ def _headline_shard(sh: Results) -> list[tuple[str, float]]:
 HEADLINES = {  # section -> its headline ratios, in the order the table lists them
     "dataset": _headline_dataset,
     "mixture": lambda mx: [(f"mixture: {k}", v) for k, v in mx["ratios"].items()],
-    "loader": lambda ld: [(f"loader (1 rank, local, no compute, samples/s): {k}", v) for k, v in ld["ratios"].items()],
+    "pipeline": lambda pl: [(f"pipeline: {k}", v) for k, v in pl["ratios"].items()],
     "read": lambda rd: [(f"read: {k}", v) for k, v in rd.get("ratios", {}).items()],
     "checkpoint": _headline_checkpoint,
     "sharded": lambda sc: [(f"sharded {target}: {k}", v) for target in ("disk", "s3")
@@ -184,9 +187,21 @@ def _dataset_setup(sec: Results) -> list[str]:
         "(its `s3` gopen scheme),",
         "`cold`/`warm` use its `cache_dir` (whole shard downloaded before its first sample). "
         f"{c['reps']} repetitions interleaved; median [min-max].",
+        "`mosaicml` and `litdata` rows (peers from their own environments, see the last section): the same samples "
+        "converted",
+        "to their formats (MDS; `litdata.optimize` chunks with blobs as uint8 arrays), same shard size, no "
+        "compression, in the same",
+        "bucket behind the same proxy; fresh rank processes and a fresh cache directory for each cold trial "
+        "(process start-up not timed).",
         "Stall = time in `next(loader)` / loop time of the slowest rank; `steady` excludes the first batch "
         "(worker start-up,",
-        "index load, first request). Targets (issue 6): stall < 5 % cold, < 1 % warm.",
+        "index load, first request). First batch = `iter(loader)` to the first batch; start-up = building the "
+        "dataset and its",
+        "loader to the first batch (index load, plan, worker start, first read), slowest rank. Targets: stall "
+        "< 5 % cold, < 1 % warm",
+        "(issue 6); issue 17: streamio >= 1.5x litdata and webdataset, >= 1.2x mosaicml-streaming in samples/s, "
+        "cold and warm, at every",
+        "setting; cold start-up <= the fastest cold peer's and <= 3x the first-byte latency + 0.3 s at 2 ranks.",
     ]
 
 
@@ -218,11 +233,50 @@ def _cpu_cost(sec: Results) -> list[str] | None:
             "(streamio verifies every sample's CRC32C)."]
 
 
-DATASET = SectionSpec("Data loading: training loop (issue 6)", key="dataset", blocks=(
+def _loop_table() -> Table:
+    """One row per loop contender (a setup's ``contenders``); ``start-up s`` is absent from older results."""
+    return Table((
+        _name("contender"), _stat("samples/s", "samples_per_s", 0), _stat("MB/s", "MBps", 0),
+        _stat("stall % (all)", "stall", 1, pct=True), _stat("stall % (steady)", "stall_steady", 1, pct=True),
+        _stat("first batch s", "first_batch_s", 2),
+        Column("start-up s", lambda kv: med(kv[1]["start_s"], 2) if "start_s" in kv[1] else "n/a"),
+        Column("trials left out", lambda kv: str(len(kv[1].get("excluded", [])))),
+    ), rows=lambda sec: sec["contenders"].items())
+
+
+def _goal_ratios() -> Table:
+    """A setup's ratios, with ``yes``/``no`` for those that name a target."""
+    return Table((_name("ratio"), Column("value", lambda kv: fmt(kv[1], 2)),
+                  Column("goal met", lambda kv: goal_met(kv[0], kv[1]))), rows=lambda sec: sec["ratios"].items())
+
+
+def _excluded(sec: Results) -> list[str] | None:
+    """Each trial left out of a contender's figures, with the reason its trial recorded."""
+    lines = [f"- `{name}` repetition {x['rep']} ({fmt(x['wall_s'], 1)} s loop): {x['reason']}"
+             for name, c in sec["contenders"].items() for x in c.get("excluded", [])]
+    return ["Trials left out of the figures above:", *lines] if lines else None
+
+
+def _start_up(sec: Results) -> list[str] | None:
+    """streamio's cold start-up beside the fastest cold peer's (medians), for the goal ratios below."""
+    fastest, c = sec.get("fastest_cold_peer"), sec["contenders"]
+    if not fastest or "start_s" not in c.get("streamio cold", {}):
+        return None
+    parts = [f"{what}: streamio cold {fmt(c['streamio cold'][key]['median'], 2)} s, fastest cold peer "
+             f"`{fastest[key]}` {fmt(c[fastest[key]][key]['median'], 2)} s"
+             for key, what in (("start_s", "start-up"), ("first_batch_s", "first batch")) if key in fastest]
+    return ["First batch (medians) — " + "; ".join(parts) + "."]
+
+
+def _more_setups(sec: Results) -> list[tuple[str, Results]]:
+    return [(f"{s['setup']['label']} (compute bound {fmt(s['compute_bound_samples_per_s'], 0)} samples/s)", s)
+            for s in sec.get("setups", [])]
+
+
+DATASET = SectionSpec("Data loading: training loop (issues 6, 17)", key="dataset", blocks=(
     Text(_dataset_setup),
-    Table((_name("contender"), _stat("samples/s", "samples_per_s", 0), _stat("MB/s", "MBps", 0),
-           _stat("stall % (all)", "stall", 1, pct=True), _stat("stall % (steady)", "stall_steady", 1, pct=True),
-           _stat("first batch s", "first_batch_s", 2)), rows=lambda sec: sec["contenders"].items()),
+    _loop_table(),
+    Text(_excluded),
     Text(_store_ceiling),
     Text(_http_ceiling),
     Text(_cpu_cost),
@@ -231,7 +285,11 @@ DATASET = SectionSpec("Data loading: training loop (issue 6)", key="dataset", bl
             "of the DataLoader processes as much as storage: compare contenders within one run, not with the targets "
             "alone."),
     Text(lambda sec: [f"nginx rows skipped: {sec['nginx_skipped']}"] if sec.get("nginx_skipped") else None),
-    _ratios(),
+    Text(_start_up),
+    _goal_ratios(),
+    Text(lambda sec: ["The same loop at further settings (no nginx or no-compute rows):"]
+         if sec.get("setups") else None),
+    Each(_more_setups, blocks=(_loop_table(), Text(_excluded), Text(_start_up), _goal_ratios())),
     Plots("dataset"),
 ))
 
@@ -327,19 +385,60 @@ SCALE = SectionSpec("Scale: simulated nodes and a model (issue 9)", key="scale",
 ))
 
 
-# ----------------------------------------------------------------------------- loader
-LOADER = SectionSpec("DataLoader path: one rank, local shards, no compute", key="loader", blocks=(
-    Text(lambda sec: [
-        f"{sec['samples']:,} samples of 64 KB ({sec['bytes'] / 1e6:,.0f} MB) on local disk, 1 rank, 2 DataLoader "
-        "workers, batch 8,",
-        f"no compute, {sec['reps']} repetitions interleaved. `ints dropped`: streamio's `__shard__`/`__index__` "
-        "removed by",
-        "`transform`, so `default_collate` makes no tensors (each tensor of a batch crosses from a worker to the "
-        "main process",
-        "through its own shared-memory segment).",
-    ]),
-    Table((_name("contender"), _stat("samples/s", None, 0)), rows=lambda sec: sec["samples_per_s"].items()),
-    _ratios(),
+# ----------------------------------------------------------------------------- pipeline
+def _pipeline_setup(sec: Results) -> list[str]:
+    c, raw, img = sec["config"], sec["raw"], sec["images"]
+    load, fill = sec["loadavg"], sec["cache_fill"]
+    return [
+        f"{raw['samples']:,} samples of {c['sample_bytes'] / 1024:.0f} KiB random bytes + a class "
+        f"({raw['payload_bytes'] / 1e9:.2f} GB) in {c['shards']} shards, 1 rank, warm: local files in the page cache,",
+        "streamio's node cache (an S3 copy in moto) filled by an earlier epoch. One fresh process per trial, forked "
+        "from a server",
+        "that has only imported the libraries (imports are not measured); CPU = `getrusage` of that process + its "
+        "reaped DataLoader",
+        "workers from building the dataset to the end of the epoch, per GB of payload delivered (10^9 bytes); "
+        "start-up = building",
+        "the dataset to the first batch. Every trial read every sample exactly once (keys counted). Peers at their "
+        "defaults (no shuffle);",
+        f"streamio's default shuffles. Images: {img['samples']:,} JPEGs of 512 x 384 "
+        f"(mean {img['mean_jpeg_bytes'] / 1e3:.1f} KB, {img['distinct']} distinct), decoded and resized",
+        "to 224 x 224 uint8 in the workers by the same PIL function for every contender; CPU per GB of JPEG. "
+        f"{c['reps']} repetitions",
+        f"(images: {c['image_reps']}) interleaved; median [min-max]. Load average "
+        f"{' '.join(f'{x:.1f}' for x in load['start'])} at the start, {' '.join(f'{x:.1f}' for x in load['end'])} "
+        "at the end.",
+        f"The epoch that filled the node cache (from moto, batch 32, 4 workers): {fmt(fill['samples_per_s'], 0)} "
+        f"samples/s, start-up {fmt(fill['first_batch_s'], 2)} s, {fmt(fill['cpu_s_per_GB'], 2)} CPU s per GB.",
+    ]
+
+
+def _pipeline_parts(sec: Results) -> list[tuple[str, Results]]:
+    b, w = sec["config"]["image_loader"]
+    return [*sec["loaders"].items(), (f"images, batch {b}, {w} workers", sec["image"])]
+
+
+def _pipeline_versions(sec: Results) -> list[str]:
+    envs = sec["versions"]
+    libs = {k: v for env in envs.values() for k, v in env.items() if k in ("webdataset", "mosaicml-streaming",
+                                                                             "litdata")}
+    out = ["Versions: " + ", ".join(f"{k} {v}" for k, v in libs.items()) + "; "
+           + ", ".join(f"{name}'s environment torch {env.get('torch')} numpy {env.get('numpy')} pillow "
+                       f"{env.get('pillow')}" for name, env in envs.items()) + "."]
+    out += [f"- not measured: {name}: {why}" for name, why in sec.get("not_measured", {}).items()]
+    return out
+
+
+PIPELINE = SectionSpec("Data pipeline: CPU per delivered GB, samples/s, start-up (issue 17: "
+                       "`benchmarks/bench_pipeline.py`)", key="pipeline", blocks=(
+    Text(_pipeline_setup),
+    Each(_pipeline_parts, blocks=(
+        Table((_name("contender"), _stat("samples/s", "samples_per_s", 0), _stat("start-up s", "first_batch_s", 2),
+               _stat("CPU s / GB", "cpu_s_per_GB", 2), _stat("main", "cpu_main_s_per_GB", 2),
+               _stat("workers", "cpu_workers_s_per_GB", 2), _stat("steady samples/s", "steady_samples_per_s", 0)),
+              rows=lambda cs: cs.items()),
+    )),
+    _goal_ratios(),
+    Text(_pipeline_versions),
 ))
 
 
@@ -517,27 +616,27 @@ SHARDED = SectionSpec("Sharded checkpoints: FSDP2 on 2 ranks, resharding (issue 
 
 # ----------------------------------------------------------------------------- peers
 def _peers(res: Results) -> list[str]:
-    ran = "mosaicml cold" in res.get("dataset", {}).get("contenders", {})
+    ran = res.get("dataset", {}).get("contenders", {})
     return [
         "mosaicml-streaming and litdata cannot share streamio's virtual environment (pins of google-cloud-storage, "
         "numpy",
-        "and botocore conflict with s3fs/gcsfs; PyPI's torchvision, which mosaicml-streaming imports, does not load "
+        "and botocore conflict with s3fs/gcsfs; PyPI's torchvision, which both import, does not load "
         "beside",
-        "the CPU torch 2.13.0: docs/design.md). With `--peers mosaicml` (what `make bench` passes) mosaicml-streaming",
-        "runs in the loop benchmark from `.venv-peers/mosaicml`, built once from the pins in "
-        "`benchmarks/peers/mosaicml.txt`",
-        "(torch 2.14.1 + torchvision 0.29.1, the pair on these machines' disk that imports together): the same "
-        "samples as",
-        "MDS shards of the same size in the same bucket, behind the same latency proxy, the same loop"
-        + (" (rows `mosaicml cold` / `mosaicml warm` above)." if ran else "; this run did not include it."),
-        "litdata is not compared: it would need the same treatment (its own environment and format conversion)."
-        if not _litdata_shuffled(res) else
-        "litdata is not in the loop benchmark (it would need a format conversion); the shuffle section measures it.",
+        "the CPU torch 2.13.0: docs/design.md). With `--peers mosaicml,litdata` each runs in the loop benchmark from "
+        "`.venv-peers/NAME`,",
+        "built once from the pins in `benchmarks/peers/NAME.txt` (torch 2.14.1 + torchvision 0.29.1, the pair on "
+        "these machines' disk",
+        "that imports together): the same samples converted to its format with shards of the same size in the same "
+        "bucket, behind",
+        "the same latency proxy, the same loop"
+        + (f" (rows {', '.join(f'`{p} cold` / `{p} warm`' for p in ('mosaicml', 'litdata') if f'{p} cold' in ran)}"
+           " above)." if any(f"{p} cold" in ran for p in ("mosaicml", "litdata")) else "; this run included neither."),
+        "mosaicml-streaming reads S3 with boto3 (`S3_ENDPOINT_URL`); litdata with obstore (Rust) for its chunks, "
+        "given `allow_http`",
+        "for the plain-HTTP loopback endpoint (litdata 0.2.76 has no option for it: `benchmarks/peer_litdata.py`), "
+        "and `GLOBAL_RANK`",
+        "for the rank (litdata ignores `RANK` without torch.distributed).",
     ]
-
-
-def _litdata_shuffled(res: Results) -> bool:
-    return any(r.get("loader") == "litdata shuffle=True" for r in res.get("shuffle", {}).get("rows", []))
 
 
 def _shuffle_peers(res: Results) -> list[str] | None:
@@ -557,6 +656,6 @@ def _shuffle_peers(res: Results) -> list[str] | None:
 
 PEERS = SectionSpec("Peers in their own environments", blocks=(Text(_peers), Text(_shuffle_peers)))
 
-SECTIONS = (REFERENCES, DATASET, MIXTURE, SCALE, LOADER, READ, SHARD, PLAN, SHUFFLE, CHECKPOINT,
+SECTIONS = (REFERENCES, DATASET, MIXTURE, SCALE, PIPELINE, READ, SHARD, PLAN, SHUFFLE, CHECKPOINT,
             SHARDED)  # in the suite's order
 REPORT = (INTRO, HEADLINE, *SECTIONS, PEERS)
