@@ -33,6 +33,7 @@ from typing import Any
 __all__ = ["SharedBatches", "forked_workers"]
 
 RESERVE = 256 << 20  # address space per worker ring; only the pages used are ever touched
+_HEADER = 64  # the ring's first bytes: the main process's "copied out up to" mark
 # not charged to the commit limit where the flag's value is known (Linux x86-64 and arm64)
 _NORESERVE = 0x4000 if sys.platform == "linux" and platform.machine() in ("x86_64", "aarch64", "arm64") else 0
 MIN_RING = 4 << 20
@@ -55,9 +56,10 @@ class _Ring:
     """One worker's ring: written by that worker, copied out by the main process."""
 
     def __init__(self, ctx: Any) -> None:
-        self.mem = mmap.mmap(-1, RESERVE, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS | _NORESERVE)
-        self.view = memoryview(self.mem)
-        self.consumed = ctx.Value("q", 0)  # last batch sequence number the main process copied out
+        self.mem = mmap.mmap(-1, _HEADER + RESERVE, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS | _NORESERVE)
+        self._done = memoryview(self.mem)[:8].cast("q")  # the last batch the main process copied out
+        self.view = memoryview(self.mem)[_HEADER:]
+        self.lock = ctx.Lock()  # a semaphore: its acquire and release are memory barriers on every CPU
         # worker side only
         self.size = 0
         self.head = 0
@@ -68,8 +70,8 @@ class _Ring:
         """``(seq, start)`` of a free region of ``n`` bytes, or None when there is none now."""
         if not self.size:
             self.size = min(RESERVE, max(MIN_RING, _IN_FLIGHT * n))
-        with self.consumed.get_lock():
-            done = self.consumed.value
+        with self.lock:
+            done = self._done[0]
         while self.in_flight and self.in_flight[0][0] <= done:
             self.in_flight.popleft()
         if not self.in_flight:
@@ -96,10 +98,16 @@ class _Ring:
         view = self.view
         return [bytes(view[spans[i] : spans[i + 1]]) for i in range(0, len(spans), 2)]
 
+    @property
+    def consumed(self) -> int:
+        """The last batch sequence number the main process copied out."""
+        with self.lock:
+            return int(self._done[0])
+
     def release(self, seq: int) -> None:
         """Tell the worker that batch ``seq`` (and every one before it) is copied out."""
-        with self.consumed.get_lock():
-            self.consumed.value = seq
+        with self.lock:
+            self._done[0] = seq
 
 
 class SharedBatches:
@@ -152,6 +160,7 @@ class SharedBatches:
         _live.pop(self.token, None)
         for ring in rings or ():
             ring.view.release()
+            ring._done.release()
             ring.mem.close()
 
 
