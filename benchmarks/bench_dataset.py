@@ -870,7 +870,7 @@ def run(quick: bool = False, *, sections: Sequence[str] = ("dataset", "scale"), 
     return out
 
 
-def _config(quick: bool, setups: str | None, reps: int | None, shards: int | None) -> LoopConfig:
+def loop_config(quick: bool, setups: str | None, reps: int | None, shards: int | None) -> LoopConfig:
     """The loop config of the command line: the defaults (or quick ones) with what it overrides."""
     cfg = LoopConfig.quick() if quick else LoopConfig()
     over: dict[str, Any] = {k: v for k, v in (("reps", reps), ("shards", shards)) if v is not None}
@@ -903,7 +903,7 @@ def main(argv: list[str] | None = None) -> None:
         os._exit(0)  # no interpreter teardown races with DataLoader workers (docs/design.md)
     res = run(args.quick, sections=args.sections.split(","), use_nginx=not args.no_nginx,
               log=lambda s: print(s, file=sys.stderr, flush=True), peers=[p for p in args.peers.split(",") if p],
-              cfg=_config(args.quick, args.setups, args.reps, args.shards))
+              cfg=loop_config(args.quick, args.setups, args.reps, args.shards))
     emit_json(res, args.json, indent=2)
 
 

@@ -158,7 +158,7 @@ def section_sharded(quick: bool, scratch: str) -> dict[str, Any]:
 
 def run_sections(names: list[str], quick: bool, scratch: str, use_nginx: bool,
                  on_result: Callable[[dict[str, Any]], None] | None = None,
-                 peers: Sequence[str] = ()) -> dict[str, Any]:
+                 peers: Sequence[str] = (), dataset_cfg: Any = None) -> dict[str, Any]:
     """Run ``names`` in suite order; each result carries its status, duration and date.
 
     ``on_result`` is called with each section's results as soon as they exist (saved at once, so
@@ -184,7 +184,7 @@ def run_sections(names: list[str], quick: bool, scratch: str, use_nginx: bool,
         try:
             if name in ("dataset", "scale"):
                 res = bench_dataset.run(quick, sections=data_secs, log=log, use_nginx=use_nginx, scratch_dir=scratch,
-                                        peers=peers)
+                                        peers=peers, cfg=dataset_cfg)
                 results = {n: {"status": "ok", **res[n]} for n in data_secs}
                 if "nginx_skipped" in res:
                     results.setdefault("dataset", {})["nginx_skipped"] = res["nginx_skipped"]
@@ -303,6 +303,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--peers", default="", help="comma-separated peers run from their own environments "
                     "(benchmarks/peers/NAME.txt, built once into .venv-peers/NAME): mosaicml (dataset, shuffle, "
                     "pipeline), litdata (shuffle, pipeline)")
+    ap.add_argument("--setups", help="the dataset section's loop setups RANKSxBATCHxWORKERS, comma-separated "
+                    "(default 2x8x2,2x32x4,1x8x2,1x32x4: ~40 min with the peers)")
+    ap.add_argument("--reps", type=int, help="the dataset section's repetitions (default 3)")
     args = ap.parse_args(argv)
     if args.out is None:
         args.out = HERE / "out" / "quick" if args.quick else HERE
@@ -326,8 +329,11 @@ def main(argv: list[str] | None = None) -> int:
             res.update(part)
             store.write_text(json.dumps(res, indent=1, default=str))
 
+        from benchmarks.bench_dataset import loop_config
+
+        dataset_cfg = loop_config(args.quick, args.setups, args.reps, None) if args.setups or args.reps else None
         run_sections(names, args.quick, scratch, use_nginx=not args.no_nginx, on_result=save,
-                     peers=[p.strip() for p in args.peers.split(",") if p.strip()])
+                     peers=[p.strip() for p in args.peers.split(",") if p.strip()], dataset_cfg=dataset_cfg)
     store.write_text(json.dumps(res, indent=1, default=str))
     plots = make_plots(res, args.out)
     path = write_report(res, args.out, plots)

@@ -76,10 +76,10 @@ def test_first_batch_ratios_against_the_fastest_cold_peer() -> None:
 
 
 def test_setups_from_the_command_line() -> None:
-    cfg = bd._config(False, "2x32x4,1x8x2", 2, 16)
+    cfg = bd.loop_config(False, "2x32x4,1x8x2", 2, 16)
     assert (cfg.ranks, cfg.batch_size, cfg.workers, cfg.more, cfg.reps, cfg.shards) == (2, 32, 4, ((1, 8, 2),), 2, 16)
     with pytest.raises(SystemExit):
-        bd._config(False, "2x8", None, None)
+        bd.loop_config(False, "2x8", None, None)
 
 
 def test_dataset_report_lists_setups_and_left_out_trials() -> None:
