@@ -571,23 +571,29 @@ def _fresh_trial(exe: Path, script: str, envs: list[dict[str, str]], cfg: dict[s
     return {**stats, "excluded": reason} if reason else stats
 
 
-def _convert_and_upload(name: str, args: list[str], servers: S3Servers, out_dir: str, prefix: str,
-                        log: Callable[[str], None]) -> Path:
-    """Build peer ``name``'s environment, run its ``convert`` mode, upload ``out_dir`` to ``prefix``."""
+def _peer_data(name: str, cfg: LoopConfig, servers: S3Servers, data: Dataset, scratch: str,
+               log: Callable[[str], None]) -> tuple[Path, str, str]:
+    """Build peer ``name``'s environment, convert the data set to its format (chunks of the shards'
+    size) with its script's ``convert`` mode and upload it to ``s3://BUCKET/NAME``.
+
+    Returns the peer's interpreter, its script and the uploaded data set's URL.
+    """
     from benchmarks import peer_env
 
     exe = peer_env.python(name, log=log)
+    script = str(REPO / "benchmarks" / f"peer_{name}.py")
+    out_dir = os.path.join(scratch, name)
     t0 = time.perf_counter()
-    subprocess.run([str(exe), str(REPO / "benchmarks" / f"peer_{name}.py"), "convert", *args],
-                   check=True, capture_output=True, text=True)
+    subprocess.run([str(exe), script, "convert", data.local, out_dir, "--chunk-bytes", str(cfg.shard_mb * MB)],
+                   check=True, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
     s3 = servers.s3
     client = s3.boto3_client()
     files = sorted(os.listdir(out_dir))
     for f in files:
-        client.put_object(Bucket=s3.bucket, Key=f"{prefix}/{f}", Body=Path(out_dir, f).read_bytes())
+        client.put_object(Bucket=s3.bucket, Key=f"{name}/{f}", Body=Path(out_dir, f).read_bytes())
     log(f"{name}: {exe.parent.parent.name} environment, {len(files)} files converted and uploaded in "
         f"{time.perf_counter() - t0:.1f} s")
-    return exe
+    return exe, script, s3.url(name)
 
 
 def mosaicml_peer(cfg: LoopConfig, servers: S3Servers, data: Dataset, scratch: str,
@@ -599,10 +605,7 @@ def mosaicml_peer(cfg: LoopConfig, servers: S3Servers, data: Dataset, scratch: s
     ``benchmarks/peer_mosaicml.py``; start-up is not timed), as a real job does. Its local
     directory is its cache: a new one for each ``cold`` trial, kept for ``warm``.
     """
-    mds_dir = os.path.join(scratch, "mds")
-    exe = _convert_and_upload("mosaicml", [data.local, mds_dir, "--size-limit", str(cfg.shard_mb * MB)],
-                              servers, mds_dir, "mds", log)
-    script = str(REPO / "benchmarks" / "peer_mosaicml.py")
+    exe, script, remote = _peer_data("mosaicml", cfg, servers, data, scratch, log)
     s3 = servers.s3
     opts = s3.storage_options(servers.proxies[0])
     env = {"S3_ENDPOINT_URL": servers.proxies[0], "AWS_ACCESS_KEY_ID": opts["key"],
@@ -614,7 +617,7 @@ def mosaicml_peer(cfg: LoopConfig, servers: S3Servers, data: Dataset, scratch: s
             port = str(free_port())
             envs = [{**_rank_env(r, setup.ranks, r), **env, "LOCAL_WORLD_SIZE": str(setup.ranks), "MASTER_PORT": port}
                     for r in range(setup.ranks)]
-            c = {**base, "remote": f"s3://{s3.bucket}/mds", "local": cache.get(cold)}
+            c = {**base, "remote": remote, "local": cache.get(cold)}
             return _fresh_trial(exe, script, envs, c, data.bytes / data.samples, stalled=_mosaicml_stalled)
 
         return {"mosaicml cold": lambda: trial(True), "mosaicml warm": lambda: trial(False)}
@@ -631,10 +634,7 @@ def litdata_peer(cfg: LoopConfig, servers: S3Servers, data: Dataset, scratch: st
     processes running ``benchmarks/peer_litdata.py`` (``StreamingDataset("s3://...",
     cache_dir=...)`` + ``StreamingDataLoader``), a new cache directory for each ``cold`` trial.
     """
-    lit_dir = os.path.join(scratch, "litdata")
-    exe = _convert_and_upload("litdata", [data.local, lit_dir, "--chunk-bytes", str(cfg.shard_mb * MB)],
-                              servers, lit_dir, "litdata", log)
-    script = str(REPO / "benchmarks" / "peer_litdata.py")
+    exe, script, remote = _peer_data("litdata", cfg, servers, data, scratch, log)
     s3 = servers.s3
     opts = s3.storage_options(servers.proxies[0])
     # litdata passes storage_options to its boto3 client; its obstore chunk reader copies the endpoint
@@ -646,7 +646,7 @@ def litdata_peer(cfg: LoopConfig, servers: S3Servers, data: Dataset, scratch: st
         def trial(cold: bool) -> dict[str, Any]:
             # litdata reads its rank from GLOBAL_RANK (RANK is ignored without torch.distributed)
             envs = [{**_rank_env(r, setup.ranks, r), "GLOBAL_RANK": str(r), "NNODES": "1"} for r in range(setup.ranks)]
-            c = {**base, "remote": f"s3://{s3.bucket}/litdata", "cache": cache.get(cold), "options": options}
+            c = {**base, "remote": remote, "cache": cache.get(cold), "options": options}
             return _fresh_trial(exe, script, envs, c, data.bytes / data.samples)
 
         return {"litdata cold": lambda: trial(True), "litdata warm": lambda: trial(False)}

@@ -1,10 +1,11 @@
-"""The timed training loop every data contender runs, and the rank-process protocol around it
-(stdlib only: peers import it from their own environments too, see ``benchmarks/peer_mosaicml.py``)."""
+"""The timed training loop every data contender runs, the rank-process protocol around it, and the
+command line and tar reading the peer scripts share (stdlib only, but for the boto3 a peer's rank
+server warms up: peers import it from their own environments, see ``benchmarks/peer_mosaicml.py``)."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 
@@ -46,3 +47,57 @@ def serve(run: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
         except Exception:  # noqa: BLE001 - reported to the driver, which raises
             res = {"error": traceback.format_exc()}
         print("RESULT " + json.dumps(res), flush=True)
+
+
+# ----------------------------------------------------------------------------- the peers' own scripts
+def tar_shards(src: str) -> list[str]:
+    """The tar shards of a ``write_dataset`` directory, in index order (their names sort)."""
+    from pathlib import Path
+
+    return [str(p) for p in sorted(Path(src).glob("*.tar"))]
+
+
+def tar_blobs(shard: str) -> Iterator[tuple[str, bytes]]:
+    """``(key, blob)`` of every member ``KEY.bin`` of one tar shard, in order; any other member is an error."""
+    import tarfile
+
+    with tarfile.open(shard) as tar:
+        for member in tar:
+            if not member.isfile():
+                continue
+            key, _, ext = member.name.partition(".")
+            f = tar.extractfile(member)
+            if f is None or ext != "bin":
+                raise ValueError(f"unexpected member {member.name!r} in {shard}")
+            yield key, f.read()
+
+
+def peer_main(description: str, convert: Callable[[str, str, int], dict[str, Any]],
+              rank_main: Callable[[dict[str, Any]], dict[str, Any]], imports: Callable[[], None]) -> None:
+    """The command line of a peer script (``benchmarks/peer_*.py``, run by its own interpreter).
+
+    ``convert SRC OUT [--chunk-bytes N]`` rewrites the tar shards in ``SRC`` in the peer's format
+    (one JSON line back); ``--rank-server`` first runs ``imports`` and makes a throwaway boto3 client
+    (untimed: the imports and botocore's lazily loaded modules, which a long-lived process such as
+    streamio's rank pool has paid too), then serves trials with ``rank_main`` (:func:`serve`).
+    """
+    import argparse
+    import json
+
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--rank-server", action="store_true")
+    ap.add_argument("mode", nargs="?")
+    ap.add_argument("src", nargs="?")
+    ap.add_argument("out", nargs="?")
+    ap.add_argument("--chunk-bytes", type=int, default=16_000_000)
+    args = ap.parse_args()
+    if args.rank_server:
+        import boto3
+
+        imports()
+        boto3.session.Session().client("s3", region_name="us-east-1", endpoint_url="http://127.0.0.1:1")
+        serve(rank_main)
+    elif args.mode == "convert" and args.src and args.out:
+        print(json.dumps(convert(args.src, args.out, args.chunk_bytes)))
+    else:
+        ap.error("convert SRC OUT, or --rank-server")

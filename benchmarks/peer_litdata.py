@@ -30,37 +30,31 @@ Modes:
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import tarfile
 import time
 from pathlib import Path
 from typing import Any
 
 
 def _samples(shard: str) -> Any:
-    """The ``(key, blob)`` pairs of one tar shard of ``write_dataset`` (members ``KEY.bin``)."""
+    """One tar shard's samples for ``optimize``: blobs as uint8 arrays (litdata collates bytes per byte)."""
     import numpy as np
 
-    with tarfile.open(shard) as tar:
-        for member in tar:
-            if not member.isfile():
-                continue
-            key, _, ext = member.name.partition(".")
-            f = tar.extractfile(member)
-            if f is None or ext != "bin":
-                raise ValueError(f"unexpected member {member.name!r} in {shard}")
-            yield {"__key__": key, "bin": np.frombuffer(f.read(), dtype=np.uint8)}
+    from benchmarks.loop import tar_blobs
+
+    for key, blob in tar_blobs(shard):
+        yield {"__key__": key, "bin": np.frombuffer(blob, dtype=np.uint8)}
 
 
 def convert(src: str, out: str, chunk_bytes: int) -> dict[str, Any]:
     """Write ``src``'s tar shards as litdata chunks in ``out``; the sample count and file names."""
     from litdata import optimize
 
-    shards = [str(p) for p in sorted(Path(src).glob("*.tar"))]
+    from benchmarks.loop import tar_shards
+
     # one worker, inputs in order: the samples keep streamio's order (no shuffling in the benchmark)
-    optimize(fn=_samples, inputs=shards, output_dir=out, chunk_bytes=chunk_bytes, num_workers=1,
+    optimize(fn=_samples, inputs=tar_shards(src), output_dir=out, chunk_bytes=chunk_bytes, num_workers=1,
              reorder_files=False, mode="overwrite", verbose=False)
     index = json.loads(Path(out, "index.json").read_text())
     n = sum(c["chunk_size"] for c in index["chunks"])
@@ -91,34 +85,12 @@ def rank_main(cfg: dict[str, Any]) -> dict[str, Any]:
     return {"rank": int(os.environ["RANK"]), "epochs": [{**epoch, "init_s": init}]}
 
 
-def warm_up() -> None:
-    """Untimed, once per rank process: the imports and botocore's lazily loaded modules, so that a trial's
-    start-up counts what a long-lived process (streamio's rank pool) pays too, not Python's first imports."""
-    import boto3
+def _imports() -> None:
     import obstore  # noqa: F401 - litdata's chunk reader, imported lazily by it
     from litdata import StreamingDataLoader, StreamingDataset  # noqa: F401
 
-    boto3.session.Session().client("s3", region_name="us-east-1", endpoint_url="http://127.0.0.1:1")
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    ap.add_argument("--rank-server", action="store_true")
-    ap.add_argument("mode", nargs="?")
-    ap.add_argument("src", nargs="?")
-    ap.add_argument("out", nargs="?")
-    ap.add_argument("--chunk-bytes", type=int, default=16_000_000)
-    args = ap.parse_args()
-    if args.rank_server:
-        from benchmarks.loop import serve
-
-        warm_up()
-        serve(rank_main)
-    elif args.mode == "convert":
-        print(json.dumps(convert(args.src, args.out, args.chunk_bytes)))
-    else:
-        ap.error("convert SRC OUT, or --rank-server")
-
 
 if __name__ == "__main__":
-    main()
+    from benchmarks.loop import peer_main
+
+    peer_main(__doc__.splitlines()[0] if __doc__ else "", convert, rank_main, _imports)

@@ -9,7 +9,7 @@ rank pool puts the repository on ``PYTHONPATH``), torch and ``streaming``.
 
 Modes:
 
-* ``convert SRC OUT --size-limit BYTES``: the same samples as streamio's shards in ``SRC`` (tar
+* ``convert SRC OUT --chunk-bytes BYTES``: the same samples as streamio's shards in ``SRC`` (tar
   members ``KEY.bin``) written as an MDS dataset in ``OUT`` (columns ``key: str``, ``bin: bytes``,
   no compression, like the tar shards), for the driver to upload to the same moto bucket.
 * ``--rank-server``: one rank of a trial, the protocol of ``bench_dataset.RankPool`` (a JSON
@@ -33,10 +33,7 @@ over :data:`STALL_S` and says why (``max_wait_s`` per rank).
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import tarfile
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -45,21 +42,18 @@ from typing import Any
 STALL_S = 30.0  # a single batch waiting this long is the stall above (half its 60 s timeout; trials take < 30 s)
 
 
-def convert(src: str, out: str, size_limit: int) -> dict[str, Any]:
+def convert(src: str, out: str, chunk_bytes: int) -> dict[str, Any]:
+    """Write ``src``'s tar shards as MDS shards of at most ``chunk_bytes`` in ``out``; the sample count and files."""
     from streaming import MDSWriter
 
+    from benchmarks.loop import tar_blobs, tar_shards
+
     n = 0
-    with MDSWriter(out=out, columns={"key": "str", "bin": "bytes"}, size_limit=size_limit) as writer:
-        for shard in sorted(Path(src).glob("*.tar")):
-            with tarfile.open(shard) as tar:
-                for member in tar:
-                    if not member.isfile():
-                        continue
-                    key, _, ext = member.name.partition(".")
-                    f = tar.extractfile(member)
-                    assert f is not None and ext == "bin", member.name
-                    writer.write({"key": key, "bin": f.read()})
-                    n += 1
+    with MDSWriter(out=out, columns={"key": "str", "bin": "bytes"}, size_limit=chunk_bytes) as writer:
+        for shard in tar_shards(src):
+            for key, blob in tar_blobs(shard):
+                writer.write({"key": key, "bin": blob})
+                n += 1
     return {"samples": n, "files": sorted(p.name for p in Path(out).iterdir())}
 
 
@@ -103,34 +97,12 @@ def rank_main(cfg: dict[str, Any]) -> dict[str, Any]:
     return {"rank": int(os.environ["RANK"]), "epochs": [{**epoch, "init_s": init, "max_wait_s": loader.max_wait_s}]}
 
 
-def warm_up() -> None:
-    """Untimed, once per rank process: the imports and botocore's lazily loaded modules, so that a trial's
-    start-up counts what a long-lived process (streamio's rank pool) pays too, not Python's first imports."""
-    import boto3
+def _imports() -> None:
     from streaming import StreamingDataset  # noqa: F401
     from torch.utils.data import DataLoader  # noqa: F401
 
-    boto3.session.Session().client("s3", region_name="us-east-1", endpoint_url="http://127.0.0.1:1")
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    ap.add_argument("--rank-server", action="store_true")
-    ap.add_argument("mode", nargs="?")
-    ap.add_argument("src", nargs="?")
-    ap.add_argument("out", nargs="?")
-    ap.add_argument("--size-limit", type=int, default=16_000_000)
-    args = ap.parse_args()
-    if args.rank_server:
-        from benchmarks.loop import serve
-
-        warm_up()
-        serve(rank_main)
-    elif args.mode == "convert":
-        print(json.dumps(convert(args.src, args.out, args.size_limit)))
-    else:
-        ap.error("convert SRC OUT, or --rank-server")
-
 
 if __name__ == "__main__":
-    main()
+    from benchmarks.loop import peer_main
+
+    peer_main(__doc__.splitlines()[0] if __doc__ else "", convert, rank_main, _imports)

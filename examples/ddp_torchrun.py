@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import io
 import os
-import sys
 from typing import Any
 
 import numpy as np
@@ -37,6 +36,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import streamio
+from streamio.distributed import leave
 
 FEATURES = 8
 
@@ -120,10 +120,7 @@ def main() -> None:
 
     # Leave cleanly: after DDP, a rank can abort at interpreter exit ("terminate called without an
     # active exception") now and then; destroying the group, flushing and os._exit avoids it.
-    dist.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    leave(0)
 
 
 if __name__ == "__main__":

@@ -9,17 +9,34 @@ itself, and passes the answer down to pure code (the planner never looks).
 from __future__ import annotations
 
 import os
+import sys
+from typing import NoReturn
 
 import torch.distributed as dist
 
 from streamio.errors import PlanError
 
-__all__ = ["group_initialized", "local_rank_and_world", "rank_and_world"]
+__all__ = ["group_initialized", "leave", "local_rank_and_world", "rank_and_world"]
 
 
 def group_initialized() -> bool:
     """Whether a default ``torch.distributed`` process group exists (collectives can run)."""
     return dist.is_available() and dist.is_initialized()
+
+
+def leave(code: int = 0) -> NoReturn:
+    """End this process now: destroy the process group if there is one, flush stdout/stderr, ``os._exit(code)``.
+
+    After DDP has run, a normal interpreter exit sometimes aborts a rank ("terminate called without
+    an active exception", torch 2.13), which turns a finished run into a failed one; this is the
+    measured way out (docs/design.md "Measured behaviour of dependencies"). Nothing after it runs:
+    close checkpoint managers and loaders first.
+    """
+    if group_initialized():
+        dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def rank_and_world() -> tuple[int, int]:

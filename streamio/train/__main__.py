@@ -11,11 +11,10 @@ active exception"), which would turn a finished run into a failed one (docs/desi
 from __future__ import annotations
 
 import logging
-import os
 import sys
 from collections.abc import Sequence
 
-from streamio.distributed import rank_and_world
+from streamio.distributed import leave, rank_and_world
 from streamio.train.config import parse_args
 from streamio.train.loop import Trainer, setup_distributed, teardown_distributed
 
@@ -48,11 +47,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _exit(code: int) -> None:
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
 if __name__ == "__main__":
-    _exit(main())
+    leave(main())

@@ -25,3 +25,21 @@ def test_a_non_integer_variable_is_named(monkeypatch: pytest.MonkeyPatch, var: s
     monkeypatch.setenv(var, "two")
     with pytest.raises(PlanError, match=rf"{var}='two'.* are not integers; launch with torchrun"):
         lookup()  # type: ignore[operator]
+
+
+def test_leave_flushes_and_exits_with_the_code_without_running_exit_handlers(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import subprocess
+    import sys
+
+    code = (
+        "import atexit, sys\n"
+        "from streamio.distributed import leave\n"
+        "atexit.register(lambda: print('atexit ran'))\n"
+        "print('buffered out', end='')\n"
+        "sys.stderr.write('buffered err')\n"
+        "leave(3)\n"
+        "print('after')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 3
+    assert proc.stdout == "buffered out" and proc.stderr == "buffered err"  # flushed; nothing after, no atexit

@@ -167,6 +167,24 @@ def test_python_int_path_on_huge_lanes_is_exact(sizes: list[int], extra: int, da
     assert int(before.sum()) == r and int(through.sum()) == r + 1
 
 
+def test_counts_outside_the_first_bracket_are_searched_again_over_the_whole_lane() -> None:
+    class FirstSearchMisses(Interleave):
+        """As if the mixing bound did not hold: the bracketed search ends on an edge of its bracket."""
+
+        first = True
+
+        def _search(self, n: int, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+            if self.first:
+                self.first = False
+                return hi.astype(np.int64)
+            return super()._search(n, lo, hi)
+
+    sizes = [1000, 1000, 999, 1000]
+    for n in (0, 37, 2000, 3999):
+        assert FirstSearchMisses(sizes).counts(n).tolist() == Interleave(sizes).counts(n).tolist()
+    assert Interleave(sizes).counts(37).tolist() == [10, 9, 9, 9]
+
+
 def test_interleave_refuses_bad_sizes() -> None:
     with pytest.raises(PlanError, match=r"interleave lane sizes must be ints >= 0, got \[3, -1\]"):
         Interleave([3, -1])

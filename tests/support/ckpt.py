@@ -217,6 +217,7 @@ def _ddp_child(root: str, out_path: str) -> None:
     from torch.nn.parallel import DistributedDataParallel
 
     from streamio.checkpoint import CheckpointManager, SaveOptions
+    from streamio.distributed import leave
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -270,10 +271,7 @@ def _ddp_child(root: str, out_path: str) -> None:
     if rank == 0:
         with open(out_path, "w") as f:
             json.dump(results, f)
-    dist.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    leave(0)
 
 
 class _GenState:

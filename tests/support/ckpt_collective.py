@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from streamio.checkpoint import CheckpointManager, SaveOptions
+from streamio.distributed import leave
 from streamio.errors import CheckpointError
 
 
@@ -125,10 +126,7 @@ def main() -> None:
     if dist.get_rank() == 0:
         with open(out_path, "w") as f:
             json.dump(gathered, f, default=repr)
-    dist.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # KNOWN: after gloo/DDP use a rank sometimes aborts at interpreter exit
+    leave(0)  # KNOWN: after gloo/DDP use a rank sometimes aborts at interpreter exit
 
 
 if __name__ == "__main__":

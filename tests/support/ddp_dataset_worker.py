@@ -17,6 +17,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from streamio.data.dataset import DatasetOptions, StreamingDataset
 from streamio.data.loader import StreamingDataLoader
+from streamio.distributed import leave
 from streamio.errors import PlanError
 
 BATCH = 4
@@ -68,10 +69,7 @@ def main() -> None:
     with open(os.path.join(out_dir, f"rank-{rank}.json"), "w") as f:
         json.dump(result, f)
     dist.barrier()
-    dist.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    leave(0)
 
 
 if __name__ == "__main__":
