@@ -38,6 +38,10 @@ def cli(verbose: int) -> None:
 
     level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    if verbose:  # the storage libraries' own loggers are guarded by every Store; this is every logger
+        from streamio.storage.secrets import guard_handlers  # here: `streamio VERB --help` loads no storage
+
+        guard_handlers()
 
 
 def _register() -> None:

@@ -27,6 +27,7 @@ to the log records of botocore, s3fs, gcsfs and fsspec, which print tokens and U
 from __future__ import annotations
 
 import logging
+import os
 import re
 import threading
 import traceback
@@ -63,8 +64,22 @@ ALLOWED: dict[str, Any] = {
 #: gcsfs ``token`` values that name a mode, not a credential
 NOT_SECRET_TOKENS = frozenset({"anon", "google_default", "cache", "cloud", "browser"})
 
-_SCHEME = r"[A-Za-z][A-Za-z0-9+.\-]*://"
-_USERINFO = re.compile(rf"({_SCHEME})[^/\s@'\"<>]*@")
+_USERINFO = re.compile(r"://([^/\s@'\"<>]*)@")  # see has_userinfo: linear on any text
+#: names under which the storage clients print credentials (headers, query parameters, STS XML
+#: elements, OAuth JSON fields), then the separator, then the value (see redact_credentials)
+_CREDENTIAL_NAMES = (
+    "x-amz-security-token", "x-amz-credential", "authorization", "proxy-authorization",
+    "x-goog-iam-authorization-token", "secretaccesskey", "sessiontoken", "aws_secret_access_key",
+    "aws_session_token", "access_token", "refresh_token", "id_token", "client_secret", "private_key", "password",
+)
+_CREDENTIAL = re.compile(
+    rf"({'|'.join(_CREDENTIAL_NAMES)})"
+    r"((?:['\"]?\s*[:=>]\s*(?:b?['\"])?)|(?:['\"]?\s*,\s*b?['\"]))"
+    r"(?:[^'\"\n<&,}]+)",
+    re.IGNORECASE,
+)
+#: environment variable names that hold a credential
+_SECRET_ENV = re.compile(r"SECRET|TOKEN|PASSWORD|PASSWD|CREDENTIAL|ACCESS_KEY|PRIVATE_KEY|API_KEY|SAS_|_KEY$")
 _MIN_SECRET = 6  # shorter strings are not blanked out of free text (they would mangle it)
 
 _LOCK = threading.Lock()
@@ -89,20 +104,53 @@ class SecretRef:
 
 
 def has_userinfo(text: str) -> bool:
-    """Whether ``text`` holds a URL with ``user[:password]@`` in it."""
-    return bool(_USERINFO.search(text))
+    """Whether ``text`` holds a URL with ``user[:password]@`` in it.
+
+    A userinfo is what follows a ``://`` up to an ``@``, holding no ``/``, whitespace, quotes or
+    ``<>``; the scheme before the ``://`` is not looked at (masking a non-URL is harmless). Every
+    scan of it is linear in ``len(text)`` whatever the text, and it runs on third-party error
+    bodies of any size: a match can start only at a ``://``, and its one character class stops at
+    the ``/`` of the next one, so no character is scanned twice. (The pattern before, a scheme
+    ``[A-Za-z][A-Za-z0-9+.-]*://`` tried at every letter of a long run, backtracked
+    quadratically: 1 MiB of letters took minutes.)
+    """
+    return _USERINFO.search(text) is not None
 
 
 def strip_userinfo(text: str) -> str:
     """``text`` with the userinfo of every URL in it replaced by ``***``."""
-    return _USERINFO.sub(r"\1***@", text)
+    return _USERINFO.sub("://***@", text)
+
+
+def redact_credentials(text: str) -> str:
+    """``text`` with the value of every credential-carrying header, query parameter, XML element or
+    JSON field blanked (``X-Amz-Security-Token: ***``), whatever the credential's source.
+
+    Credentials from the environment, a profile, an instance role or an STS / OAuth exchange are
+    never handed to streamio, so :func:`scrub` cannot know their values; the clients' DEBUG logs
+    print them under these names (botocore's request dump and canonical request, STS responses,
+    OAuth token responses). Linear in ``len(text)``: one alternation of literal names, then one
+    character class for the value.
+    """
+    low = text.lower()
+    if not any(name in low for name in _CREDENTIAL_NAMES):  # most text: a few C substring searches
+        return text
+    return _CREDENTIAL.sub(lambda m: f"{m.group(1)}{m.group(2)}***", text)
+
+
+def environment_secrets() -> list[str]:
+    """The values of this process's environment variables whose names say they hold a credential
+    (``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, ``HF_TOKEN``, ``*_PASSWORD``, ...), read now."""
+    return [v for k, v in os.environ.items() if len(v) >= _MIN_SECRET and _SECRET_ENV.search(k)]
 
 
 def scrub(text: str) -> str:
-    """``text`` without URL userinfo and without any secret this process holds (for messages)."""
-    text = strip_userinfo(text)
+    """``text`` without URL userinfo, credential headers and fields (:func:`redact_credentials`),
+    any secret this process holds or any credential in its environment (for messages and logs)."""
+    text = redact_credentials(strip_userinfo(text))
     with _LOCK:
         found = [s for s in _STRINGS if s in text]
+    found += [s for s in environment_secrets() if s in text]
     for s in sorted(found, key=len, reverse=True):
         text = text.replace(s, "***")
     return text
@@ -201,7 +249,7 @@ def _strings_of(value: Any, depth: int = 0) -> set[str]:
     if isinstance(value, str):
         out.add(value)
         out.update(p for p in re.split(r"[\s;,=&]+", value) if len(p) >= 8)
-        for match in re.finditer(rf"{_SCHEME}([^/\s@'\"<>]*)@", value):
+        for match in _USERINFO.finditer(value):
             out.update(p for p in match.group(1).split(":") if p)
     elif isinstance(value, Mapping):
         for v in value.values():
@@ -240,6 +288,15 @@ _KNOWN = (
 )
 _FILTER = _ScrubFilter()
 _GUARDED = -1  # how many loggers existed at the last sweep
+
+
+def guard_handlers(logger: logging.Logger | None = None) -> None:
+    """Scrub every record that reaches the handlers of ``logger`` (default: the root logger's),
+    whichever logger made it: what a program that configures its own logging (the ``streamio``
+    command, the trainer) calls once after ``logging.basicConfig``. Idempotent."""
+    for handler in (logger or logging.getLogger()).handlers:
+        if _FILTER not in handler.filters:
+            handler.addFilter(_FILTER)
 
 
 def guard_library_logs() -> None:

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from streamio.distributed import leave, rank_and_world
+from streamio.storage.secrets import guard_handlers
 from streamio.train.config import parse_args
 from streamio.train.loop import Trainer, setup_distributed, teardown_distributed
 
@@ -32,6 +33,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         datefmt="%H:%M:%S",
     )
     logging.getLogger("streamio").setLevel(logging.INFO)
+    guard_handlers()
     d = setup_distributed(cfg)
     try:
         trainer = Trainer(cfg, d)
