@@ -17,7 +17,10 @@ refines, so callers can catch either (``except FileNotFoundError`` keeps working
     │   └── WriteConflictError (FileExistsError)      a conditional write lost (create-only, CAS)
     ├── TruncatedBodyError (ConnectionError)      a body ended short: internal, the read resumes
     │                                             (retries exhausted: TransientStorageError)
+    ├── BodyStalledError (TimeoutError)           a body missed its deadline (trickled): internal,
+    │                                             retried like a timeout (then TransientStorageError)
     ├── CorruptDataError (ValueError)             bytes do not match their recorded size/checksum
+    │   └── ObjectTooLargeError                       a document is larger than its kind may be
     ├── DatasetError (ValueError)                 a dataset or its index is unusable
     │   ├── IndexNotFoundError (FileNotFoundError)    no index.json: run `streamio index URL`
     │   ├── IndexFormatError                          unknown version, invalid field
@@ -99,8 +102,21 @@ class TruncatedBodyError(StreamioError, ConnectionError):
     """
 
 
+class BodyStalledError(StreamioError, TimeoutError):
+    """A response body arrived slower than its deadline allows (see :mod:`streamio.storage.deadline`).
+
+    Transient and internal, like :class:`TruncatedBodyError`: the store retries it, and raises
+    :class:`TransientStorageError` naming the stall once the retry policy is spent.
+    """
+
+
 class CorruptDataError(StreamioError, ValueError):
     """Bytes read back do not match the size or checksum recorded for them."""
+
+
+class ObjectTooLargeError(CorruptDataError):
+    """An object read whole (a document: ``index.json``, ``latest.json``, a manifest) is larger
+    than the most its kind may be; refused before or while reading, never held whole."""
 
 
 class DatasetError(StreamioError, ValueError):

@@ -31,6 +31,7 @@ from streamio.checkpoint.catalog import (
     SaveRef,
     committed_saves,
     committed_steps,
+    read_document,
     read_manifest,
     read_manifests,
     resolve_save,
@@ -116,18 +117,19 @@ def check_pointer(store: Store) -> tuple[int | None, list[str]]:
     """The step ``latest.json`` names and what is wrong with the pointer itself (if anything)."""
     url = store.url(layout.LATEST)
     try:
-        data = store.read(layout.LATEST)
+        data = read_document(store, layout.LATEST, mf.MAX_POINTER_BYTES)
+        pointer = mf.pointer_from_bytes(data)
     except FileNotFoundError:
         return None, [f"{url} does not exist: no checkpoint was ever committed here (or it was deleted)"]
-    try:
-        pointer = mf.pointer_from_bytes(data)
     except ManifestError as exc:
         return None, [f"{url} is corrupt: {exc}"]
     manifest_url = store.url(layout.manifest_at(pointer.path))
     try:
-        manifest_data = store.read(layout.manifest_at(pointer.path))
+        manifest_data = read_document(store, layout.manifest_at(pointer.path))
     except FileNotFoundError:
         return pointer.step, [f"{url} names step {pointer.step} but {manifest_url} does not exist"]
+    except ManifestError as exc:
+        return pointer.step, [f"{url} names step {pointer.step} but its manifest is unusable: {exc}"]
     if checksum_bytes(manifest_data) != pointer.manifest_checksum:
         return pointer.step, [f"{url} names step {pointer.step} with manifest checksum {pointer.manifest_checksum}, "
                               f"but {manifest_url} has {checksum_bytes(manifest_data)}"]
@@ -181,7 +183,7 @@ def collect_garbage(
     saves = committed_saves(store, listing)
     manifests = read_manifests(store, saves)
     try:
-        pointer = mf.pointer_from_bytes(store.read(layout.LATEST))
+        pointer = mf.pointer_from_bytes(read_document(store, layout.LATEST, mf.MAX_POINTER_BYTES))
     except (FileNotFoundError, ManifestError):
         pointer = None
     tip = None if pointer is None else Tip(pointer.timeline, pointer.step)

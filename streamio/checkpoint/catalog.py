@@ -22,10 +22,11 @@ from datetime import datetime, timezone
 from streamio.checkpoint import layout
 from streamio.checkpoint import manifest as mf
 from streamio.checkpoint.records import Manifest, Pointer
-from streamio.checkpoint.root_records import BadRecord, bad_from_bytes, bad_to_bytes
+from streamio.checkpoint.root_records import MAX_RECORD_BYTES, BadRecord, bad_from_bytes, bad_to_bytes
 from streamio.checkpoint.timeline import Tip, classify
 from streamio.checkpoint.validate import ManifestError
-from streamio.errors import CheckpointNotFoundError, StreamioError
+from streamio.errors import CheckpointNotFoundError, ObjectTooLargeError, StreamioError
+from streamio.limits import MAX_JSON_BYTES
 from streamio.pool import run_parallel
 from streamio.storage import ObjectInfo, Store
 
@@ -104,6 +105,19 @@ def committed_steps(store: Store) -> list[int]:
     return sorted({s.step for s in committed_saves(store)})
 
 
+def read_document(store: Store, path: str, max_bytes: int = MAX_JSON_BYTES) -> bytes:
+    """The document ``path`` of the root (pointer, manifest, marker, record), read within
+    ``max_bytes`` (:meth:`Store.read(max_bytes=) <streamio.storage.Store.read>`).
+
+    Raises:
+        ManifestError: it is larger than ``max_bytes`` (the rest as ``Store.read``).
+    """
+    try:
+        return store.read(path, max_bytes=max_bytes)
+    except ObjectTooLargeError as exc:
+        raise ManifestError(str(exc)) from exc
+
+
 def read_pointer(store: Store) -> Pointer | None:
     """``latest.json`` (read fresh), or ``None`` if there is none.
 
@@ -111,7 +125,7 @@ def read_pointer(store: Store) -> Pointer | None:
         ManifestError: it exists but is not a valid pointer (``unknown_version``: newer format).
     """
     try:
-        data = store.read(layout.LATEST)
+        data = read_document(store, layout.LATEST, mf.MAX_POINTER_BYTES)
     except FileNotFoundError:
         return None
     return mf.pointer_from_bytes(data)
@@ -152,7 +166,7 @@ def read_manifest(store: Store, step: int, *, path: str | None = None, checksum:
     """
     manifest = layout.manifest_at(path if path is not None else resolve_save(store, step))
     try:
-        data = store.read(manifest)
+        data = read_document(store, manifest)
     except FileNotFoundError as exc:
         raise CheckpointNotFoundError(
             f"{store.url(manifest)} does not exist: step {step} was never committed or was deleted"
@@ -257,7 +271,8 @@ def record_bad(store: Store, sdir: str, step: int, reason: str) -> None:
 def read_bad(store: Store, sdir: str) -> BadRecord | None:
     """The bad-save record of ``sdir``, ``None`` if there is none (or it is unreadable)."""
     try:
-        return bad_from_bytes(store.read(layout.bad_path(sdir)), store.url(layout.bad_path(sdir)))
+        data = read_document(store, layout.bad_path(sdir), MAX_RECORD_BYTES)
+        return bad_from_bytes(data, store.url(layout.bad_path(sdir)))
     except FileNotFoundError:
         return None
     except ManifestError as exc:  # still a record that a restore rejected the save

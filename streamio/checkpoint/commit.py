@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import functools
 import logging
 import platform
 import time
@@ -50,7 +51,7 @@ import torch
 
 from streamio.checkpoint import layout
 from streamio.checkpoint import manifest as mf
-from streamio.checkpoint.catalog import ABSENT, PhaseHook, pointer_version, read_pointer
+from streamio.checkpoint.catalog import ABSENT, PhaseHook, pointer_version, read_document, read_pointer
 from streamio.checkpoint.comm import Comm
 from streamio.checkpoint.options import SaveOptions, SaveStats
 from streamio.checkpoint.pruning import Pruner
@@ -62,7 +63,7 @@ from streamio.checkpoint.timeline import Point, Timeline, Tip, branch
 from streamio.checkpoint.validate import ManifestError
 from streamio.checksum import checksum_bytes
 from streamio.errors import CheckpointConflictError, CheckpointError, ObjectNotFoundError, WriteConflictError
-from streamio.pool import gather
+from streamio.pool import gather, run_parallel
 from streamio.storage import Store
 
 __all__ = ["PHASES", "Committer", "part_size_for", "software_stack"]
@@ -299,7 +300,9 @@ class Committer:
         """Rank 0: markers -> manifest (create-only) -> latest.json (compare-and-swap)."""
         store, sdir, save_id = self.store, plan.sdir, plan.save_id
         markers_at = [f"{sdir}/{layout.marker_path(r, save_id)}" for r in range(self.comm.world)]
-        markers = [mf.marker_from_bytes(b) for b in store.read_many(markers_at, concurrency=self.options.concurrency)]
+        read = functools.partial(read_document, store)
+        found = run_parallel(read, markers_at, concurrency=self.options.concurrency, name="streamio-markers")
+        markers = [mf.marker_from_bytes(b) for b in found]
         created = datetime.now(timezone.utc).isoformat(timespec="seconds")
         manifest = mf.build_manifest(job.step, markers, metrics=job.metrics, software=software_stack(), created=created)
         manifest = dataclasses.replace(manifest, timeline=plan.timeline, parent=plan.parent)

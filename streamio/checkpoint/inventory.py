@@ -16,6 +16,7 @@ from streamio.checkpoint.catalog import (
     committed_saves,
     places,
     read_bad,
+    read_document,
     read_manifest,
     read_manifests,
     read_pointer,
@@ -23,7 +24,7 @@ from streamio.checkpoint.catalog import (
 )
 from streamio.checkpoint.describe import describe
 from streamio.checkpoint.records import Manifest
-from streamio.checkpoint.root_records import retention_from_bytes
+from streamio.checkpoint.root_records import MAX_RECORD_BYTES, retention_from_bytes
 from streamio.checkpoint.timeline import Tip, classify
 from streamio.checkpoint.validate import ManifestError
 from streamio.errors import CheckpointNotFoundError
@@ -96,7 +97,8 @@ def inspect_save(store: Store, step: int | None) -> dict[str, Any]:
     m = read_manifest(store, step, path=sdir)
     bad = read_bad(store, sdir)
     try:
-        retention = retention_from_bytes(store.read(layout.RETENTION), store.url(layout.RETENTION)).doc
+        data = read_document(store, layout.RETENTION, MAX_RECORD_BYTES)
+        retention = retention_from_bytes(data, store.url(layout.RETENTION)).doc
     except (FileNotFoundError, ManifestError):
         retention = None
     place = classify(tip, m.line, m.step) if tip is not None else "unknown"

@@ -74,7 +74,8 @@ _FORMAT_FAMILY = "streamio.checkpoint/"
 _POINTER_FAMILY = "streamio.checkpoint.latest/"
 
 _MAX_WORLD = 1 << 20
-_MAX_POINTER_BYTES = 64 << 10
+#: the most ``latest.json`` may be (a pointer is a few hundred bytes; its timeline, a few KiB)
+MAX_POINTER_BYTES = 64 << 10
 
 
 # Every parser below checks every field before it returns (see validate.py, entries.py): a
@@ -279,7 +280,7 @@ def pointer_from_bytes(data: bytes) -> Pointer:
         ManifestError: it is not a valid pointer (``unknown_version``: a newer format).
     """
     what = LATEST
-    doc = _load_json(data, what, max_bytes=_MAX_POINTER_BYTES)
+    doc = _load_json(data, what, max_bytes=MAX_POINTER_BYTES)
     fmt = ent.check_format(doc, (POINTER_FORMAT, _POINTER_FORMAT_V1), _POINTER_FAMILY, what)
     step = vd.integer(doc, "step", what)
     path = vd.string(doc, "path", what)

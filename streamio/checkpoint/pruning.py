@@ -27,7 +27,14 @@ import logging
 from datetime import datetime, timezone
 
 from streamio.checkpoint import layout
-from streamio.checkpoint.catalog import PhaseHook, SaveRef, committed_saves, delete_save, read_manifests
+from streamio.checkpoint.catalog import (
+    PhaseHook,
+    SaveRef,
+    committed_saves,
+    delete_save,
+    read_document,
+    read_manifests,
+)
 from streamio.checkpoint.records import Manifest
 from streamio.checkpoint.retention import (
     CheckpointRecord,
@@ -37,7 +44,12 @@ from streamio.checkpoint.retention import (
     policy_to_json,
     steps_to_delete,
 )
-from streamio.checkpoint.root_records import RetentionRecord, retention_from_bytes, retention_to_bytes
+from streamio.checkpoint.root_records import (
+    MAX_RECORD_BYTES,
+    RetentionRecord,
+    retention_from_bytes,
+    retention_to_bytes,
+)
 from streamio.checkpoint.timeline import Timeline, Tip, classify, compact
 from streamio.checkpoint.validate import ManifestError
 from streamio.errors import StreamioError
@@ -157,7 +169,7 @@ class Pruner:
         url = self.store.url(layout.RETENTION)
         record: RetentionRecord | None
         try:
-            record = retention_from_bytes(self.store.read(layout.RETENTION), url)
+            record = retention_from_bytes(read_document(self.store, layout.RETENTION, MAX_RECORD_BYTES), url)
         except FileNotFoundError:
             record = None
         except ManifestError as exc:

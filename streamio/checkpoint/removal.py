@@ -24,7 +24,14 @@ from typing import Any
 
 from streamio.checkpoint import layout
 from streamio.checkpoint import manifest as mf
-from streamio.checkpoint.catalog import ABSENT, SaveRef, committed_saves, pointer_version, read_pointer
+from streamio.checkpoint.catalog import (
+    ABSENT,
+    SaveRef,
+    committed_saves,
+    pointer_version,
+    read_document,
+    read_pointer,
+)
 from streamio.checkpoint.records import Pointer
 from streamio.checkpoint.timeline import Tip, contains, retreat
 from streamio.checkpoint.validate import ManifestError
@@ -142,7 +149,7 @@ def _fallback(store: Store, tip: Tip, listing: list[ObjectInfo], removed: set[st
 
 def _complete(store: Store, ref: SaveRef, sizes: dict[str, int], tip: Tip) -> Pointer | None:
     try:
-        data = store.read(layout.manifest_at(ref.path))
+        data = read_document(store, layout.manifest_at(ref.path))
         m = mf.manifest_from_bytes(data, step=ref.step)
     except (FileNotFoundError, ManifestError):
         return None

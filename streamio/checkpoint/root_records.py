@@ -29,7 +29,8 @@ __all__ = ["BadRecord", "RetentionRecord", "bad_from_bytes", "bad_to_bytes", "re
 
 BAD_FORMAT = "streamio.checkpoint.bad/1"
 RETENTION_FORMAT = "streamio.checkpoint.retention/1"
-_MAX_BYTES = 64 << 10
+#: the most a root record (``retention.json``, ``bad.json``) may be
+MAX_RECORD_BYTES = 64 << 10
 _MAX_REASON = 2000
 
 
@@ -94,7 +95,7 @@ def retention_from_bytes(data: bytes, what: str) -> RetentionRecord:
 
 
 def _load(data: bytes, what: str, fmt: str) -> dict[str, Any]:
-    doc = load_json(data, what=what, error=ManifestError, max_bytes=_MAX_BYTES, max_depth=MAX_JSON_DEPTH)
+    doc = load_json(data, what=what, error=ManifestError, max_bytes=MAX_RECORD_BYTES, max_depth=MAX_JSON_DEPTH)
     if not isinstance(doc, dict):
         raise ManifestError(f"{what} must be a JSON object, got {type(doc).__name__}")
     found = doc.get("format")

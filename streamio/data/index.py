@@ -51,20 +51,19 @@ import struct
 import sys
 from array import array
 from collections.abc import Iterable, Sequence
-from contextlib import closing
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from streamio.checksum import crc32c, format_checksum
 from streamio.data.format import FORMAT, INDEX_NAME, LAYOUT_DIR, SampleLayout, ShardInfo, sidecar_path
 from streamio.data.index_schema import check_document, check_layout
-from streamio.errors import CorruptDataError, IndexFormatError, IndexNotFoundError
+from streamio.errors import CorruptDataError, IndexFormatError, IndexNotFoundError, ObjectTooLargeError
 from streamio.limits import MAX_JSON_BYTES, load_json
 from streamio.storage import Store
 
 __all__ = [
     "INLINE_LIMIT", "DatasetIndex", "decode_layout", "encode_layout", "fingerprint_of", "index_document",
-    "load_index", "make_index", "parse_index", "read_bounded", "write_index",
+    "load_index", "make_index", "parse_index", "write_index",
 ]
 
 log = logging.getLogger(__name__)
@@ -224,20 +223,6 @@ def parse_index(data: bytes, *, url: str, layouts_at: Store | None = None) -> Da
     )
 
 
-def read_bounded(store: Store, path: str, limit: int, *, what: str, error: type[Exception]) -> bytes:
-    """The whole object ``path``, streamed, refused with ``error`` as soon as it passes ``limit`` bytes."""
-    parts: list[bytes] = []
-    total = 0
-    with closing(store.iter_bytes(path, chunk_size=1 << 20)) as stream:
-        for chunk in stream:
-            total += len(chunk)
-            if total > limit:
-                raise error(f"{what} {store.url(path)} is larger than {limit} bytes, the most it can be; rebuild it "
-                            f"with `streamio index {store.root_url}`")
-            parts.append(chunk)
-    return b"".join(parts)
-
-
 def load_index(store: Store, path: str = INDEX_NAME) -> DatasetIndex:
     """Read and validate ``index.json`` (or another ``path``) at the root of ``store``.
 
@@ -250,12 +235,14 @@ def load_index(store: Store, path: str = INDEX_NAME) -> DatasetIndex:
             JSON document (:data:`streamio.limits.MAX_JSON_BYTES`).
     """
     try:
-        data = read_bounded(store, path, MAX_JSON_BYTES, what="the index", error=IndexFormatError)
+        data = store.read(path, max_bytes=MAX_JSON_BYTES)
     except FileNotFoundError as exc:
         raise IndexNotFoundError(
             f"no {path} at {store.url(path)}: write the dataset with `streamio shard`, or index "
             f"existing WebDataset shards with `streamio index {store.root_url}`"
         ) from exc
+    except ObjectTooLargeError as exc:
+        raise IndexFormatError(f"{exc}; rebuild the index with `streamio index {store.root_url}`") from exc
     return parse_index(data, url=store.url(path), layouts_at=store)
 
 

@@ -46,6 +46,7 @@ from typing import Literal, TypeVar
 import tenacity
 
 from streamio.errors import (
+    BodyStalledError,
     BucketNotFoundError,
     ConfigError,
     ObjectNotFoundError,
@@ -54,6 +55,7 @@ from streamio.errors import (
     TransientStorageError,
     WriteConflictError,
 )
+from streamio.storage.deadline import BodyDeadline
 from streamio.storage.failures import (
     bucket_not_found,
     chain,
@@ -190,6 +192,8 @@ def _detail(exc: BaseException) -> str:
     for e in chain(exc):
         code, status = code_of(e)
         if code is not None:
+            if code.isdigit():  # no code of the store's own (a body it could not parse): the status
+                return f"HTTP {code}"
             return scrub(f"{code} (HTTP {status})" if status and str(status) != code else str(code))
     first = f"{type(exc).__name__}: {exc}".strip().splitlines()[0]
     return scrub(first if len(first) <= 300 else first[:297] + "...")
@@ -244,6 +248,8 @@ class RetryPolicy:
         initial_backoff: upper bound of the first wait, seconds.
         max_backoff: cap on the upper bound of one wait.
         max_total: stop retrying once this many seconds passed since the first attempt.
+        body_deadline: when a response body that trickles in counts as stalled (a transient
+            failure); see :mod:`streamio.storage.deadline`.
         sleep: how to wait (tests pass a recorder; never pickled state: a module function).
     """
 
@@ -251,6 +257,7 @@ class RetryPolicy:
     initial_backoff: float = 0.1
     max_backoff: float = 5.0
     max_total: float = 120.0
+    body_deadline: BodyDeadline = BodyDeadline()
     sleep: Callable[[float], None] = field(default=time.sleep, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -306,14 +313,19 @@ class RetryBudget:
 
     A failure after progress starts a fresh series: a 64 MB read cut every 8 MB makes 8
     failures, each followed by progress, and must not exhaust ``max_attempts``. Failures without
-    progress in between are counted and backed off like :meth:`RetryPolicy.call`.
+    progress in between are counted and backed off like :meth:`RetryPolicy.call`. Stalls
+    (:class:`~streamio.errors.BodyStalledError`) are the exception: a body that trickles makes
+    *some* progress before each stall, so stalls are counted over the whole read, never forgiven,
+    and ``max_total`` runs from the first stall.
     """
 
     def __init__(self, policy: RetryPolicy) -> None:
         self.policy = policy
         self.failures = 0
         self.total_failures = 0
+        self.stalls = 0
         self._since = time.monotonic()
+        self._first_stall: float | None = None
 
     def progress(self) -> None:
         """Bytes arrived: the next failure starts a new series."""
@@ -325,6 +337,12 @@ class RetryBudget:
         self.failures += 1
         self.total_failures += 1
         elapsed = time.monotonic() - self._since
+        if isinstance(exc, BodyStalledError):
+            self.stalls += 1
+            self.failures = max(self.failures, self.stalls)
+            if self._first_stall is None:
+                self._first_stall = time.monotonic()
+            elapsed = max(elapsed, time.monotonic() - self._first_stall)
         if not is_transient(exc) or self.failures >= self.policy.max_attempts or elapsed > self.policy.max_total:
             err = to_storage_error(exc, url, attempts=self.failures, elapsed=elapsed)
             if err is exc:

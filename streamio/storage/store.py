@@ -46,7 +46,7 @@ from streamio.storage.backends import TMP_SUFFIX, Backend, PutRequest, WriteMode
 from streamio.storage.connection import Connection
 from streamio.storage.retry import RetryPolicy
 from streamio.storage.roots import BucketCheck
-from streamio.storage.stream import resuming
+from streamio.storage.stream import at_most, resuming
 
 __all__ = ["IncompleteUpload", "ObjectInfo", "Store", "WriteMode"]
 
@@ -173,27 +173,29 @@ class Store:
             raise
 
     # ---------------------------------------------------------------- reads
-    def read(self, path: str, start: int | None = None, end: int | None = None) -> bytes:
+    def read(
+        self, path: str, start: int | None = None, end: int | None = None, *, max_bytes: int | None = None
+    ) -> bytes:
         """Bytes ``[start, end)`` of ``path`` (whole object by default), length verified.
 
         One request where the backend reads whole ranges (local disk: one ``read(2)``; S3: one
         GET in the calling thread, so parallel reads scale past s3fs's event loop), retried from
-        its start if a connection drops; elsewhere it joins :meth:`iter_bytes`. For objects too
-        large to hold, stream them with :meth:`iter_bytes`.
+        its start if a connection drops; elsewhere it joins :meth:`iter_bytes`. ``max_bytes``
+        bounds a document (``index.json``, ``latest.json``) whatever the store sends.
 
         Raises:
             ObjectNotFoundError: no such object (one attempt); BucketNotFoundError: no bucket.
             StoragePermissionError: access refused (one attempt).
-            CorruptDataError: the object ends before ``end``.
+            CorruptDataError: it ends before ``end``; ObjectTooLargeError: longer than ``max_bytes``.
             TransientStorageError: transient errors outlasted the policy.
         """
         if start is not None and end is not None and end <= start:
             return b""
-        backend = self._backend
+        backend, full, url = self._backend, self._conn.full(path), self.url(path)
         if not backend.whole_reads:
-            return b"".join(self.iter_bytes(path, start or 0, end, chunk_size=1 << 20))
-        full, url = self._conn.full(path), self.url(path)
-        return self._call(lambda: backend.read(full, url, start or 0, end), url)
+            pieces = self.iter_bytes(path, start or 0, end, chunk_size=1 << 20)
+            return b"".join(pieces) if max_bytes is None else at_most(pieces, max_bytes, url)
+        return self._call(lambda: backend.read(full, url, start or 0, end, max_bytes), url)
 
     def read_view(self, path: str) -> bytes | memoryview:
         """The whole of an object that is never rewritten in place, for reading once.

@@ -12,11 +12,12 @@ The requests are a callable (``open_at(position, end, piece, on_end)``, a backen
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Iterator
 
 from streamio.errors import CorruptDataError, TruncatedBodyError
-from streamio.storage.backends.base import OnEnd, shorter_than_expected
+from streamio.storage.backends.base import OnEnd, shorter_than_expected, too_large
 from streamio.storage.retry import RetryBudget
 
 log = logging.getLogger(__name__)
@@ -81,3 +82,15 @@ def resuming(
             log.debug("resuming %s at byte %d", url, pos)
         finally:
             stream.close()  # type: ignore[attr-defined]  # also when the consumer stops early: released now
+
+
+def at_most(pieces: Iterator[bytes], limit: int, url: str) -> bytes:
+    """The bytes of ``pieces`` joined, refused (:func:`~.backends.base.too_large`) as soon as they
+    pass ``limit``; the stream is closed either way."""
+    out = bytearray()
+    with contextlib.closing(pieces):  # type: ignore[type-var]
+        for piece in pieces:
+            out += piece
+            if len(out) > limit:
+                raise too_large(url, None, limit)
+    return bytes(out)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import threading
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 FAIL = "fail"
@@ -62,6 +63,7 @@ class Fault:
     code: str = "SlowDown"
     method: str | None = None
     path_contains: str | None = None
+    padding: int = 0
 
     def matches(self, method: str, path: str) -> bool:
         """Whether the method/path filters let this fault apply to a request."""
@@ -88,13 +90,33 @@ class Fault:
             return piece[:i] + bytes([piece[i] ^ 0xFF]) + piece[i + 1 :], CORRUPT, False
         return piece, None, False
 
-    def error_body(self, path: str) -> bytes:
-        """The S3-style XML error document a ``fail`` fault answers with."""
-        return (
+    def error_document(self, path: str) -> tuple[int, Callable[[int], bytes]]:
+        """The S3-style XML error document a ``fail`` fault answers with: its length, and a
+        ``read(n)`` over it that makes the ``padding`` letters of its message as they are read."""
+        head = (
             '<?xml version="1.0" encoding="UTF-8"?>\n'
-            f"<Error><Code>{self.code}</Code><Message>injected by FaultProxy</Message>"
-            f"<Resource>{path}</Resource><RequestId>{uuid.uuid4().hex}</RequestId></Error>"
+            f"<Error><Code>{self.code}</Code><Message>injected by FaultProxy"
         ).encode()
+        tail = f"</Message><Resource>{path}</Resource><RequestId>{uuid.uuid4().hex}</RequestId></Error>".encode()
+        return len(head) + self.padding + len(tail), _Document(head, self.padding, tail).read
+
+
+class _Document:
+    """``head``, ``padding`` letters, ``tail``, read in pieces (a large one is never held whole)."""
+
+    def __init__(self, head: bytes, padding: int, tail: bytes) -> None:
+        self.parts = [head, tail]
+        self.padding = padding
+
+    def read(self, n: int) -> bytes:
+        if self.parts[0]:
+            piece, self.parts[0] = self.parts[0][:n], self.parts[0][n:]
+        elif self.padding:
+            piece = b"a" * min(n, self.padding)
+            self.padding -= len(piece)
+        else:
+            piece, self.parts[1] = self.parts[1][:n], self.parts[1][n:]
+        return piece
 
 
 class FaultTable:

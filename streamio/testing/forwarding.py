@@ -175,9 +175,7 @@ class _Handler(BaseHTTPRequestHandler):
         if fail is not None:
             for piece in self._iter_request_body():
                 req.body_bytes += len(piece)
-            # logged before the answer leaves: a client that got it finds it in the log
-            self.table.record(req.record(fail.status, 0, FAIL))
-            self._send_error(fail, req.path)
+            self._send_error(fail, req)
             return
         upstream = self.upstream.connect()
         try:
@@ -251,19 +249,33 @@ class _Handler(BaseHTTPRequestHandler):
             upstream.send(b"0\r\n\r\n")
 
     # ---------------------------------------------------------------- response side
-    def _send_error(self, fault: Fault, path: str) -> None:
-        latency, _ = self.table.timing()
+    def _send_error(self, fault: Fault, req: _Request) -> None:
+        """Answer with the fault's error document, logged before its last byte leaves (a client
+        that got it finds it in the log) or, when the client hangs up first, with what was sent."""
+        latency, bandwidth = self.table.timing()
         if latency:
             time.sleep(latency)
-        body = fault.error_body(path)
+        length, read = fault.error_document(req.path)
         self.send_response(fault.status)
         self.send_header("Content-Type", "application/xml")
-        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Content-Length", str(length))
         if fault.status in (429, 503):
             self.send_header("Retry-After", "0")
+        relay = BodyRelay(self.wfile.write, None, length, bandwidth)
+
+        def record() -> None:
+            self.table.record(req.record(fault.status, relay.sent, FAIL))
+
+        if self.command == "HEAD":
+            record()
+            self.end_headers()
+            return
         self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(body)
+        try:
+            relay.pump(read, record)
+        except OSError:
+            record()
+            raise
 
     def _relay(self, response: http.client.HTTPResponse, req: _Request) -> None:
         latency, bandwidth = self.table.timing()

@@ -112,13 +112,18 @@ class FaultProxy:
         *,
         method: str | None = None,
         path_contains: str | None = None,
+        padding: int = 0,
     ) -> None:
         """Answer the next ``n`` matching requests with ``status`` and an S3 XML error ``code``.
 
         The request is not forwarded. Typical: ``(3)`` a SlowDown storm, ``(1, 500,
         "InternalError")``, ``(1, 403, "AccessDenied")``, ``(1, 412, "PreconditionFailed")``.
+        ``padding`` letters lengthen the error's message (a hostile or broken server's huge error
+        body; made as it is sent); the log records how many body bytes left before the client hung up.
         """
-        self._table.add(Fault(FAIL, n, status=status, code=code, method=method, path_contains=path_contains))
+        self._table.add(
+            Fault(FAIL, n, status=status, code=code, method=method, path_contains=path_contains, padding=padding)
+        )
 
     def reset_after(
         self, nbytes: int, times: int | None = None, *, method: str | None = None, path_contains: str | None = None

@@ -41,8 +41,10 @@ class BodyRelay:
         the caller then logs the request and ends the response.
         """
         start = time.monotonic()
+        # under a rate cap, pieces small enough to trickle (1 byte/s sends one byte a second)
+        step = PIECE if not self.bandwidth else max(1, min(PIECE, int(self.bandwidth / 4)))
         while True:
-            piece = read(PIECE) if self.length is None or self.sent < self.length else b""
+            piece = read(step) if self.length is None or self.sent < self.length else b""
             if not piece:
                 return False
             stop = False

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from streamio.data.index import load_index, read_bounded
+from streamio.data.index import load_index
 from streamio.data.indexer import build_index, scan_chunks
 from streamio.data.samples import iter_samples
 from streamio.data.sources import samples_from_shards
@@ -257,13 +257,13 @@ def test_hostile_index_is_refused_before_any_shard_is_read(name: str, tmp_path: 
     assert case.words in str(error) and ("index.json" in str(error) or "_layout/x.bin" in str(error)), str(error)
 
 
-def test_an_oversized_index_is_refused_as_it_streams(tmp_path: Path) -> None:
-    """``index.json`` is read with a size limit: a 1 GiB file is refused after the limit, not held."""
+def test_an_oversized_index_is_refused_before_it_is_read(tmp_path: Path) -> None:
+    """``index.json`` is read with a size limit: a 1 GiB file is refused, never held."""
     with open(tmp_path / "index.json", "wb") as f:
         f.truncate(1 << 30)  # sparse: costs nothing on disk
-    store = Store(str(tmp_path))
-    _, error = bounded(lambda: read_bounded(store, "index.json", 1 << 20, what="the index", error=IndexFormatError))
-    assert isinstance(error, IndexFormatError) and "index.json is larger than 1048576 bytes" in str(error), error
+    _, error = bounded(lambda: load_index(Store(str(tmp_path))))
+    assert isinstance(error, IndexFormatError), error
+    assert "index.json is 1073741824 bytes" in str(error) and "streamio index" in str(error), error
 
 
 def test_shard_paths_outside_the_root_are_never_opened(tmp_path: Path) -> None:

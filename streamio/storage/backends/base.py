@@ -17,13 +17,18 @@ Call order: ``fs_options(options)`` -> fsspec creates the filesystem -> ``config
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar
 
 from fsspec.asyn import sync
 
-from streamio.errors import CorruptDataError, WriteConflictError
+from streamio.errors import CorruptDataError, ObjectTooLargeError, WriteConflictError
+from streamio.storage.deadline import Pace
+
+T = TypeVar("T")
 
 #: suffix of the temp files a local put writes beside its target (never listed)
 TMP_SUFFIX = ".streamio-tmp"
@@ -75,9 +80,10 @@ class Backend(Protocol):
     is_local: bool
     whole_reads: bool
 
-    def read(self, full: str, url: str, start: int, end: int | None) -> bytes:
+    def read(self, full: str, url: str, start: int, end: int | None, limit: int | None = None) -> bytes:
         """Bytes ``[start, end)`` (``end`` None: to the end) in one request, length verified
-        (:func:`shorter_than_expected` if the object ends first). Only if ``whole_reads``."""
+        (:func:`shorter_than_expected` if the object ends first); more than ``limit`` bytes are
+        refused (:func:`too_large`) before they are read. Only if ``whole_reads``."""
         ...
 
     def map(self, full: str) -> bytes | memoryview:
@@ -136,6 +142,16 @@ def shorter_than_expected(url: str, ends_at: int, wanted_end: int) -> CorruptDat
     )
 
 
+def too_large(url: str, size: int | None, limit: int) -> ObjectTooLargeError:
+    """The error for an object read whole that is larger than its reader accepts (``size`` None:
+    found while reading)."""
+    what = f"is {size} bytes" if size is not None else "is larger than that"
+    return ObjectTooLargeError(
+        f"{url} {what}; the most this kind of object may be is {limit} bytes. It was not read whole: "
+        f"it is damaged, or not what the caller expected to find there"
+    )
+
+
 def conflict(url: str, if_match: str | None, found: str | None) -> WriteConflictError:
     """The error for a lost create-only (``if_match`` None) or compare-and-swap write."""
     if if_match is not None:
@@ -173,12 +189,28 @@ async def gather_piece(read: Callable[[int], Any], n: int, eager: bool) -> bytes
     return b"".join(parts)
 
 
-def pump(loop: Any, read: Callable[[int], Any], piece: int) -> Iterator[bytes]:
+async def within(seconds: float, awaitable: Awaitable[T]) -> T:
+    """``awaitable``'s result, cancelled after ``seconds`` (:class:`TimeoutError`)."""
+    return await asyncio.wait_for(awaitable, seconds)
+
+
+def pump(loop: Any, read: Callable[[int], Any], piece: int, pace: Pace) -> Iterator[bytes]:
     """An async body's ``read`` as pieces of at most ``piece`` bytes, read on fsspec's ``loop``:
-    the first piece as soon as any bytes arrived (time to first byte), then gathered pieces."""
+    the first piece as soon as any bytes arrived (time to first byte), then gathered pieces. Each
+    wait is bounded by what ``pace`` (the body's deadline) still allows.
+
+    Raises:
+        BodyStalledError: the body missed its deadline.
+    """
     eager = True
     while True:
-        data = sync(loop, gather_piece, read, piece, eager)
+        began = time.monotonic()
+        try:
+            data = sync(loop, within, pace.budget(piece), gather_piece(read, piece, eager))
+        except (TimeoutError, asyncio.TimeoutError) as exc:
+            pace.record(0, time.monotonic() - began)
+            raise pace.stalled() from exc
+        pace.record(len(data), time.monotonic() - began)
         eager = False
         if not data:
             return

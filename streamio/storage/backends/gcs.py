@@ -26,8 +26,10 @@ from typing import Any
 
 from fsspec.asyn import sync
 
-from streamio.storage.backends.base import OnEnd, PutRequest, conflict, pump, range_header
+from streamio.storage.backends.base import OnEnd, PutRequest, conflict, pump, range_header, within
 from streamio.storage.backends.generic import GenericBackend
+from streamio.storage.bodies import ERROR_BODY_LIMIT, bounded_async
+from streamio.storage.deadline import Pace
 from streamio.storage.failures import says_not_found
 from streamio.storage.retry import RetryPolicy
 
@@ -60,18 +62,22 @@ class GcsBackend(GenericBackend):
         async def opening() -> Any:
             await fs._set_session()
             r = await fs.session.get(url, headers=fs._get_headers(headers), timeout=fs.requests_timeout)
-            if r.status >= 400:
-                content = await r.read()
+            if r.status >= 400:  # an error body is read within a limit: the status decides, not its text
+                content = await bounded_async(r.content.iter_chunked(1 << 16), ERROR_BODY_LIMIT, r.status, url, r.close)
                 r.release()
                 validate_response(r.status, content, full)
             return r
 
-        r = sync(fs.loop, opening)
+        deadline = self.policy.body_deadline
+        try:
+            r = sync(fs.loop, within, deadline.grace, opening())
+        except TimeoutError as exc:
+            raise deadline.missed(f"gs://{full}", None) from exc
         try:
             length = r.headers.get("Content-Length")
             if length is not None:
                 on_end(start + int(length))
-            yield from pump(fs.loop, r.content.read, piece)
+            yield from pump(fs.loop, r.content.read, piece, Pace(deadline, f"gs://{full}"))
         finally:
             r.close()
 

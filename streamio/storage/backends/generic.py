@@ -54,7 +54,7 @@ class GenericBackend:
         return None
 
     # ------------------------------------------------------------- reads
-    def read(self, full: str, url: str, start: int, end: int | None) -> bytes:
+    def read(self, full: str, url: str, start: int, end: int | None, limit: int | None = None) -> bytes:
         raise UnsupportedOperationError(f"{url}: {self.protocol}:// has no whole-range reads; stream it")
 
     def map(self, full: str) -> bytes | memoryview:

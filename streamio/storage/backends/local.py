@@ -22,7 +22,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from streamio.errors import CorruptDataError
-from streamio.storage.backends.base import TMP_SUFFIX, PutRequest, conflict, shorter_than_expected
+from streamio.storage.backends.base import TMP_SUFFIX, PutRequest, conflict, shorter_than_expected, too_large
 from streamio.storage.backends.generic import GenericBackend
 
 
@@ -38,12 +38,14 @@ class LocalBackend(GenericBackend):
     is_local = True
     whole_reads = True
 
-    def read(self, full: str, url: str, start: int, end: int | None) -> bytes:
+    def read(self, full: str, url: str, start: int, end: int | None, limit: int | None = None) -> bytes:
         """Bytes ``[start, end)`` in one ``read``; a file shorter than ``end`` raises
         :class:`~streamio.errors.CorruptDataError` (as the streamed path does), never a retry loop."""
         with open(full, "rb", buffering=0) as f:
             size = os.fstat(f.fileno()).st_size
             stop = size if end is None else end
+            if limit is not None and stop - start > limit:
+                raise too_large(url, stop - start, limit)
             if stop > size:
                 raise shorter_than_expected(url, size, stop)
             if stop <= start:

@@ -39,6 +39,7 @@ which removes stale uploads (:meth:`S3Backend.incomplete_uploads`).
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import weakref
 from collections.abc import Iterator, Mapping
@@ -46,9 +47,20 @@ from typing import Any
 
 from fsspec.asyn import sync
 
+from streamio.errors import TruncatedBodyError
 from streamio.pool import run_parallel
-from streamio.storage.backends.base import OnEnd, PutRequest, conflict, pump, range_header, shorter_than_expected
+from streamio.storage.backends.base import (
+    OnEnd,
+    PutRequest,
+    conflict,
+    pump,
+    range_header,
+    shorter_than_expected,
+    too_large,
+    within,
+)
 from streamio.storage.backends.generic import GenericBackend
+from streamio.storage.deadline import Pace, watchdog
 from streamio.storage.failures import code_of, says_not_found
 from streamio.storage.retry import RetryPolicy
 from streamio.storage.secrets import guard_library_logs
@@ -80,9 +92,12 @@ class S3Backend(GenericBackend):
 
     @classmethod
     def fs_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:
+        from streamio.storage.backends.s3_bodies import BoundedAioSession
+
         opts = dict(options)
         config = dict(opts.get("config_kwargs") or {})
         config.setdefault("retries", {"total_max_attempts": 1, "mode": "standard"})
+        config.setdefault("http_session_cls", BoundedAioSession)  # error and document bodies bounded
         opts["config_kwargs"] = config
         return opts
 
@@ -113,8 +128,12 @@ class S3Backend(GenericBackend):
     def _call(self, op: str, **kwargs: Any) -> Any:
         return sync(self.fs.loop, s3_call, self.fs, op, **kwargs)
 
+    def _call_within(self, seconds: float, op: str, **kwargs: Any) -> Any:
+        """:meth:`_call` cancelled after ``seconds`` (:class:`TimeoutError`, transient)."""
+        return sync(self.fs.loop, within, seconds, s3_call(self.fs, op, **kwargs))
+
     # ------------------------------------------------------------- reads
-    def read(self, full: str, url: str, start: int, end: int | None) -> bytes:
+    def read(self, full: str, url: str, start: int, end: int | None, limit: int | None = None) -> bytes:
         """ONE GetObject through :func:`sync_client`, whole (botocore checks the announced length:
         a body cut short raises, never returns short)."""
         fs = self.fs
@@ -126,10 +145,23 @@ class S3Backend(GenericBackend):
             kwargs["Range"] = rng
         if version_id:
             kwargs["VersionId"] = version_id
-        body = s3.get_object(**kwargs)["Body"]
+        response = s3.get_object(**kwargs)
+        body = response["Body"]
+        length = int(response.get("ContentLength") or 0)
+        if limit is not None and length > limit:
+            _shut(body)  # not drained: the connection is dropped with the body unread
+            body.close()
+            raise too_large(url, length, limit)
+        deadline = self.policy.body_deadline
+        timer = watchdog().arm(deadline.allowed(length), functools.partial(_shut, body))
         try:
-            data: bytes = body.read()
+            data: bytes = body.read() if limit is None else _read_at_most(body, url, length, limit)
+        except Exception as exc:
+            if timer.fired:
+                raise deadline.missed(url, length) from exc
+            raise
         finally:
+            timer.disarm()
             body.close()
         if end is not None and len(data) < end - start:
             raise shorter_than_expected(url, start + len(data), end)
@@ -143,13 +175,18 @@ class S3Backend(GenericBackend):
             kw["Range"] = rng
         if version_id:
             kw["VersionId"] = version_id
-        resp = self._call("get_object", **kw)
+        url = f"s3://{full}"
+        deadline = self.policy.body_deadline
+        try:
+            resp = self._call_within(deadline.grace, "get_object", **kw)
+        except TimeoutError as exc:
+            raise deadline.missed(url, None) from exc
         body = resp["Body"]
         try:
             length = resp.get("ContentLength")
             if length is not None:
                 on_end(start + int(length))
-            yield from pump(self.fs.loop, body.read, piece)
+            yield from pump(self.fs.loop, body.read, piece, Pace(deadline, url))
         finally:
             with contextlib.suppress(Exception):
                 body.close()
@@ -285,6 +322,8 @@ def _make_client(fs: Any) -> Any:
     import botocore.session
     from botocore import UNSIGNED
 
+    from streamio.storage.backends.s3_bodies import bound_client
+
     client_kwargs = dict(fs.client_kwargs)
     init = {
         "aws_access_key_id": fs.key,
@@ -304,8 +343,31 @@ def _make_client(fs: Any) -> Any:
         init = {k: v for k, v in init.items() if k not in keys}
         client_kwargs = {k: v for k, v in client_kwargs.items() if k not in keys}
         config["signature_version"] = UNSIGNED
+    config.pop("http_session_cls", None)  # aiobotocore's option; this client gets bound_client instead
     session = shared_loader(botocore.session.Session(**fs.kwargs))
-    return session.create_client("s3", config=botocore.config.Config(**config), **init, **client_kwargs)
+    client = session.create_client("s3", config=botocore.config.Config(**config), **init, **client_kwargs)
+    return bound_client(client)
+
+
+def _read_at_most(body: Any, url: str, length: int, limit: int) -> bytes:
+    """A body of at most ``limit`` bytes, whatever its headers said (botocore checks the length
+    only of a body read whole, so here it is checked against ``length``)."""
+    data: bytes = body.read(limit + 1)
+    if len(data) > limit:
+        raise too_large(url, None, limit)
+    if len(data) < length:
+        raise TruncatedBodyError(f"{url}: body ended at byte {len(data)}, expected {length}")
+    return data
+
+
+def _shut(body: Any) -> None:
+    """Unblock a thread blocked reading ``body`` (a botocore StreamingBody): shut its socket down
+    for reading (urllib3's ``HTTPResponse.shutdown``); else close it."""
+    raw = getattr(body, "_raw_stream", None)
+    try:
+        raw.shutdown()  # type: ignore[union-attr]
+    except Exception:  # noqa: BLE001 - no socket to shut (released, or another urllib3): close instead
+        body.close()
 
 
 def shared_loader(session: Any) -> Any:
