@@ -8,7 +8,8 @@ verb to :func:`fail`. So the mapping lives here, once, keyed on the classes of t
 * **1** -- the command read the data or checkpoint and it is bad: corrupt, truncated, malformed,
   inconsistent with its index or manifest (``CorruptDataError``, ``DatasetError``,
   ``CheckpointError`` and their subclasses, a failed ``plan`` check).
-* **2** -- usage: an unknown option, a bad option value (``--max-size 0``), an impossible request
+* **2** -- usage: an unknown option, a bad option value (``--max-size 0``, ``ConfigError``), a URL
+  streamio cannot use (``foo://``, ``s3:/x``: ``UnsupportedProtocolError``), an impossible request
   for this dataset (``PlanError``: more ranks than samples with ``--policy drop``). click's code.
 * **3** -- could not check: storage unreachable or refusing access, an I/O error, or the dataset /
   checkpoint named on the command line does not exist (``StorageError``, ``CacheError``,
@@ -43,6 +44,7 @@ from streamio.errors import (
     CheckpointConflictError,
     CheckpointError,
     CheckpointNotFoundError,
+    ConfigError,
     CorruptDataError,
     DatasetError,
     IndexNotFoundError,
@@ -50,6 +52,7 @@ from streamio.errors import (
     StateMismatchError,
     StorageError,
     StreamioError,
+    UnsupportedProtocolError,
 )
 
 __all__ = ["EXIT_CODES", "ExitCode", "classify", "exit_codes_help", "exit_codes_short", "fail", "one_line"]
@@ -69,7 +72,7 @@ class ExitCode(enum.IntEnum):
 EXIT_CODES: dict[ExitCode, str] = {
     ExitCode.OK: "success; verify: everything was checked and is good",
     ExitCode.BAD: "the data or checkpoint was read and is bad (corrupt, truncated, malformed)",
-    ExitCode.USAGE: "usage: unknown option, bad option value, impossible request",
+    ExitCode.USAGE: "usage: unknown option, bad option value, a URL streamio cannot use, impossible request",
     ExitCode.UNCHECKED: "could not check: storage unreachable, access denied, no such dataset or "
     "checkpoint, I/O error, or an unexpected error (run with -vv for the traceback)",
     ExitCode.INTERRUPTED: "interrupted (Ctrl-C)",
@@ -83,6 +86,8 @@ _BY_CLASS: tuple[tuple[type[BaseException], ExitCode], ...] = (
     (CheckpointConflictError, ExitCode.UNCHECKED),  # another job holds the root: not a verdict
     (StateMismatchError, ExitCode.BAD),  # a resume state from another dataset / seed
     (PlanError, ExitCode.USAGE),  # the options ask for a split this dataset cannot give
+    (UnsupportedProtocolError, ExitCode.USAGE),  # not a URL streamio can use (foo://, s3:/x)
+    (ConfigError, ExitCode.USAGE),  # an argument or setting is invalid
     (StorageError, ExitCode.UNCHECKED),
     (CacheError, ExitCode.UNCHECKED),
     (CorruptDataError, ExitCode.BAD),

@@ -12,14 +12,16 @@ raises :class:`~streamio.errors.BucketNotFoundError`. The check is never the onl
 after a not-found, so a healthy root pays it at most once per Store.
 
 Protocols (:func:`check_protocol`) are checked when a Store is made, without importing anything:
-an unknown one names the known ones (and the nearest, for a typo); a known one whose package is
-missing (``az://`` without adlfs) is reported at first use (:func:`missing_package`).
+an unknown one names the known ones (and the nearest, for a typo); a known scheme with one slash
+(``s3:/bucket``, which fsspec would take for a local path) says what was meant; a known one whose
+package is missing (``az://`` without adlfs) is reported at first use (:func:`missing_package`).
 """
 
 from __future__ import annotations
 
 import difflib
 import logging
+import re
 import threading
 
 import fsspec
@@ -32,6 +34,8 @@ from streamio.storage.retry import RetryPolicy
 log = logging.getLogger(__name__)
 
 _USUAL = ("s3", "gs", "file", "memory")  # named in the message, in this order
+#: a known scheme with one slash or none after its colon (two letters at least: C:/ is a drive)
+_ALMOST_URL = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]+):/?(?!/)")
 
 
 def check_protocol(url: str, shown: str) -> None:
@@ -44,6 +48,13 @@ def check_protocol(url: str, shown: str) -> None:
     known = set(fsspec.available_protocols()) | set(fsspec.registry)
     for part in url.split("::"):
         proto = fsspec.core.split_protocol(part)[0]
+        almost = _ALMOST_URL.match(part) if proto is None else None
+        if almost is not None and almost.group(1).lower() in known:  # s3:/bucket, gs:bucket: not a local path
+            scheme, rest = almost.group(1), part[almost.end() :]
+            raise UnsupportedProtocolError(
+                f"{shown!r} is not a URL: a {scheme} URL starts with {scheme}:// (did you mean "
+                f"{scheme}://{rest}?); a local path that really starts with {scheme}: is written ./{part}"
+            )
         if proto is None or proto in known:
             continue
         # a typo of a usual scheme first (s4 -> s3), then only close names among the rest (foo is no root)

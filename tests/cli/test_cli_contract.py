@@ -31,6 +31,7 @@ from streamio.errors import (
     CheckpointError,
     CheckpointFormatError,
     CheckpointNotFoundError,
+    ConfigError,
     CorruptDataError,
     DatasetError,
     IndexFormatError,
@@ -109,7 +110,8 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
         (StoragePermissionError("x"), ExitCode.UNCHECKED),
         (TransientStorageError("x"), ExitCode.UNCHECKED),
         (StorageUnreachableError("x"), ExitCode.UNCHECKED),
-        (UnsupportedProtocolError("x"), ExitCode.UNCHECKED),
+        (UnsupportedProtocolError("x"), ExitCode.USAGE),
+        (ConfigError("x"), ExitCode.USAGE),
         (WriteConflictError("x"), ExitCode.UNCHECKED),
         (CacheError("x"), ExitCode.UNCHECKED),
         (CacheTooSmallError("x"), ExitCode.UNCHECKED),
@@ -171,12 +173,11 @@ def test_bad_option_values_are_usage_errors(tmp_path: Path, dataset: Path, args:
     assert not (tmp_path / "out").exists()
 
 
-# ----------------------------------------------------------------------------- could not check: 3
-def test_unknown_protocol_is_one_line_and_traceback_only_with_vv() -> None:
+def test_unknown_protocol_is_a_usage_error_in_one_line_and_traceback_only_with_vv() -> None:
     quiet = streamio("inspect", "foo://bucket/x")
-    assert_one_line(quiet, 3, "foo://bucket/x")
+    assert_one_line(quiet, 2, "foo://bucket/x")
     loud = streamio("-vv", "inspect", "foo://bucket/x")
-    assert loud.returncode == 3
+    assert loud.returncode == 2
     assert "Traceback (most recent call last)" in loud.stderr
     assert loud.stderr.rstrip("\n").splitlines()[-1] == quiet.stderr.rstrip("\n")
 

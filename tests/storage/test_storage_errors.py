@@ -263,6 +263,22 @@ def test_unknown_protocol_names_it_and_the_known_ones() -> None:
         CheckpointManager("foo://bucket/x")
 
 
+@pytest.mark.parametrize(("url", "meant"), [("s3:/bucket/x", "s3://bucket/x"), ("gs:bucket", "gs://bucket")])
+def test_a_scheme_with_one_slash_says_what_was_meant(url: str, meant: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """fsspec reads ``s3:/bucket`` as a local path: a dataset would silently be looked for on disk."""
+    with pytest.raises(UnsupportedProtocolError, match=f"did you mean {meant}\\?"):
+        Store(url)
+    code, out = cli_run("inspect", url)
+    assert code == 2 and f"did you mean {meant}?" in out and "Traceback" not in out, out
+
+
+def test_drive_letters_and_explicit_relative_paths_are_local_paths(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.chdir(tmp_path)
+    Store("./s3:/x").put("k", b"v")
+    assert (tmp_path / "s3:" / "x" / "k").read_bytes() == b"v"
+    Store("C:/data")  # a Windows drive, not a scheme
+
+
 @pytest.mark.skipif(importlib.util.find_spec("adlfs") is not None, reason="adlfs is installed here")
 def test_known_protocol_without_its_package_names_what_to_install() -> None:
     store = Store("az://container/x")
