@@ -30,14 +30,15 @@ topology). Who knows that number depends on the loader:
   dataset says so (a warning in the worker) instead of saving a wrong position.
 
 The state is a small, versioned JSON-safe dict; it records the seed and the index fingerprint (via
-the plan) so it is never applied to another dataset silently.
+the plan) so it is never applied to another dataset silently. :mod:`streamio.data.position` holds
+the position and checks a loaded state (untrusted: every claimed size is bounded before it is used).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch.distributed as dist
@@ -49,22 +50,27 @@ from streamio.data.decode import DecodeSpec, make_decoder
 from streamio.data.index import DatasetIndex
 from streamio.data.mixing import Stream, describe_mixture, load_streams, plan_sources
 from streamio.data.plan import EpochPlan, Sampling, Shuffle, TailPolicy, Topology, plan_epoch
+from streamio.data.position import (
+    Position,
+    WorkerPosition,
+    check_loaded_worker,
+    check_worker,
+    load_loader_state,
+    parse_state,
+    state_of,
+)
 from streamio.data.prefetch import PrefetchConfig
 from streamio.data.reader import WindowReader
 from streamio.data.samples import Handler
 from streamio.data.stateful_loader import LoaderState, install
 from streamio.distributed import group_initialized, rank_and_world
 from streamio.errors import PlanError
-from streamio.state_version import VERSION_KEY, check_version
 from streamio.storage import Store
 from streamio.storage.secrets import scrub
 
 __all__ = ["DatasetOptions", "StreamingDataset"]
 
 log = logging.getLogger(__name__)
-
-STATE_VERSION = 1
-_K_VERSION, _K_EPOCH, _K_PLAN, _K_WORKER, _K_YIELDED = VERSION_KEY, "epoch", "plan", "worker", "yielded"
 
 
 @dataclass(frozen=True)
@@ -123,6 +129,7 @@ class StreamingDataset(IterableDataset):
         store: the (first) source's store; index: its index.
         sampling: the shuffle and tail policy every plan of this dataset uses.
         epoch: the epoch :meth:`set_epoch` (or :meth:`load_state_dict`) selected.
+        position: where the dataset stands (:class:`~streamio.data.position.Position`).
     """
 
     def __init__(  # noqa: PLR0913 - the public keywords of the dataset, each documented above
@@ -155,13 +162,9 @@ class StreamingDataset(IterableDataset):
             [(src.store, src.index) for src in self.sources], cache=cache,
             prefetch=self.options.prefetch, decode=make_decoder(decode), handler=self.options.handler,
         )
-        self.epoch = 0
-        self._resume: dict[str, Any] | None = None
-        self._worker_resume: dict[str, Any] | None = None
-        self._yielded = 0  # samples yielded by this process's current iteration
+        self.position = Position()
         self._counted_by_loader = False
         self._loader_workers = 0
-        self._base_plan_state: dict[str, Any] | None = None
         self._state_taken_in_worker = False  # a stateful loader (torchdata's) asks each worker for it
         check_seed_across_ranks(self)
         install(StreamingDataset)  # torchdata's StatefulDataLoader restores `epoch` here too
@@ -171,6 +174,15 @@ class StreamingDataset(IterableDataset):
             root, shards, samples = self.store.root_url, len(self.index.shards), self.index.samples
             return f"StreamingDataset({root!r}, shards={shards}, samples={samples})"
         return f"StreamingDataset({describe_mixture(self.sources, self.contributions)})"
+
+    @property
+    def epoch(self) -> int:
+        """The epoch :meth:`set_epoch` (or :meth:`load_state_dict`) selected; assigning it is :meth:`set_epoch`."""
+        return self.position.epoch
+
+    @epoch.setter
+    def epoch(self, epoch: int) -> None:
+        self.set_epoch(epoch)
 
     @property
     def contributions(self) -> tuple[int, ...]:
@@ -203,22 +215,7 @@ class StreamingDataset(IterableDataset):
         A resume state of another epoch is dropped; nothing of the selected epoch has been yielded
         yet, so :meth:`state_dict` taken now is its start, not the end of the epoch before.
         """
-        self.epoch = int(epoch)
-        if self._resume is not None and self._resume[_K_EPOCH] != self.epoch:
-            self._resume = None
-        if self._worker_resume is not None and self._worker_resume[_K_EPOCH] != self.epoch:
-            self._worker_resume = None
-        self._rewind()
-
-    def _rewind(self) -> None:
-        """Stand where the next iteration starts: at the resume point, nothing yielded since.
-
-        So :meth:`state_dict` is right between iterations too: after :meth:`set_epoch` (the new
-        epoch's start) and in a worker that torchdata restored and asks for its state before its
-        first sample (the restored position, not the start of the epoch).
-        """
-        self._yielded = int(self._worker_resume[_K_YIELDED]) if self._worker_resume is not None else 0
-        self._base_plan_state = self._resume[_K_PLAN] if self._resume is not None else None
+        self.position.select(int(epoch))
 
     def plan(self, num_workers: int = 0) -> EpochPlan:
         """This epoch's plan for this process's world size and ``num_workers``, from any resume state."""
@@ -230,7 +227,7 @@ class StreamingDataset(IterableDataset):
             epoch=self.epoch,
             topology=Topology(world, num_workers, self.batch_size),
             sampling=self.sampling,
-            resume=self._resume[_K_PLAN] if self._resume is not None else None,
+            resume=self.position.resume,
             index_fingerprint=self.index.fingerprint if mixture is None else None,
             epoch_samples=self.epoch_samples,
         )
@@ -253,13 +250,12 @@ class StreamingDataset(IterableDataset):
             )
         if info is not None:
             tune_worker_malloc()
-        plan = self.plan(num_workers)
-        if self._worker_resume is not None and self._worker_resume[_K_WORKER] != worker:
-            raise PlanError(f"worker state of worker {self._worker_resume[_K_WORKER]} was given to worker {worker}")
-        self._rewind()
-        skip = self._yielded
-        for sample in self.reader.read(plan.stream(rank, worker).windows(), skip):
-            self._yielded += 1
+        stream = self.plan(num_workers).stream(rank, worker)
+        position = self.position
+        check_worker(position, stream)
+        position.rewind()
+        for sample in self.reader.read(stream.windows(), position.yielded):
+            position.yielded += 1
             yield self.transform(sample) if self.transform is not None else sample
 
     # ------------------------------------------------------------------ state
@@ -269,50 +265,47 @@ class StreamingDataset(IterableDataset):
         What :class:`~streamio.data.loader.StreamingDataLoader` calls; exact with any number of
         workers (those given to :meth:`attach_loader`).
         """
-        plan = self.plan(self._loader_workers)
-        return {_K_VERSION: STATE_VERSION, _K_EPOCH: self.epoch, _K_PLAN: plan.state_dict(batches)}
+        return state_of(self.epoch, self.plan(self._loader_workers).state_dict(batches))
 
     def state_dict(self) -> dict[str, Any]:
         """The resume state (torchdata ``Stateful`` protocol); see the module docstring for who is exact."""
         info = get_worker_info()
+        position = self.position
         if info is not None:
             self._state_taken_in_worker = True
-            return {
-                _K_VERSION: STATE_VERSION, _K_EPOCH: self.epoch, _K_PLAN: self._base_plan_state,
-                _K_WORKER: info.id, _K_YIELDED: self._yielded,
-            }
+            return state_of(self.epoch, position.resume, WorkerPosition(info.id, position.yielded))
         plan = self.plan(0)
-        if self._yielded == plan.samples_per_rank:
+        if position.yielded == plan.samples_per_rank:
             return self.state_after(plan.batches_per_rank)
-        if self._yielded % self.batch_size:
+        if position.yielded % self.batch_size:
             raise PlanError(
-                f"state_dict() after {self._yielded} samples, not a whole number of batches of {self.batch_size}: "
-                "take the state between batches"
+                f"state_dict() after {position.yielded} samples, not a whole number of batches of "
+                f"{self.batch_size}: take the state between batches"
             )
-        return self.state_after(self._yielded // self.batch_size)
+        return self.state_after(position.yielded // self.batch_size)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume from a state made by :meth:`state_dict` / :meth:`state_after` (any topology).
 
-        A state that is refused (another version, dataset, seed or policy) leaves the dataset as it was.
+        The state is untrusted (it may come from a checkpoint file): every field is checked, and
+        every size it claims is bounded, before anything is planned for it. A state that is refused
+        (another version, dataset, seed or policy, or a field out of its range) leaves the dataset
+        as it was.
+
+        Raises:
+            PlanError: a malformed state or a field out of range, named with its value.
+            StateMismatchError: a state of another dataset, seed, policy or shuffle.
         """
-        state = check_version(state, STATE_VERSION, what="dataset state", error=PlanError)
-        for k in (_K_EPOCH, _K_WORKER, _K_YIELDED) if _K_WORKER in state else (_K_EPOCH,):
-            v = state.get(k)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                raise PlanError(f"dataset state has {k} {v!r}, not an int >= 0; pass a dict made by state_dict()")
-        previous = self.epoch, self._resume, self._worker_resume
-        self.epoch = state[_K_EPOCH]
-        plan_state = state.get(_K_PLAN)
-        self._resume = {_K_EPOCH: self.epoch, _K_PLAN: plan_state} if plan_state is not None else None
-        self._worker_resume = dict(state) if _K_WORKER in state else None
+        epoch, plan_state, worker = parse_state(state)
+        previous = replace(self.position)
+        self.position.load(epoch, plan_state, worker)
         try:
-            if self._worker_resume is None:
-                self.plan(self._loader_workers)  # validate now: fingerprint, epoch
+            info = get_worker_info()
+            plan = self.plan(info.num_workers if info is not None else self._loader_workers)  # checks the plan state
+            check_loaded_worker(self.position, plan, rank_and_world()[0], info.id if info is not None else None)
         except PlanError:
-            self.epoch, self._resume, self._worker_resume = previous
+            self.position = previous
             raise
-        self._rewind()
 
     def load_loader_state(self, state: LoaderState, *, num_workers: int) -> None:
         """Take the position a torchdata ``StatefulDataLoader`` state restores, in this process now.
@@ -332,35 +325,7 @@ class StreamingDataset(IterableDataset):
                 worker's own position, so only the same count is exact), its workers disagree on
                 the epoch or its start, or it is not a state of this dataset.
         """
-        _load_loader_state(self, state, num_workers)
-
-
-def _load_loader_state(ds: StreamingDataset, state: LoaderState, num_workers: int) -> None:
-    """:meth:`StreamingDataset.load_loader_state`'s work (see there)."""
-    if state.num_workers != num_workers:
-        raise PlanError(
-            f"StatefulDataLoader state was saved with num_workers={state.num_workers}, this loader has "
-            f"num_workers={num_workers}: StatefulDataLoader resumes only with the same worker count; use "
-            "streamio.StreamingDataLoader to resume on another one"
-        )
-    if not state.datasets:
-        return
-    if num_workers == 0:
-        ds.load_state_dict(state.datasets[0])
-        return
-    what = "dataset state of a worker"
-    states = [check_version(s, STATE_VERSION, what=what, error=PlanError) for s in state.datasets]
-    starts = {repr((s.get(_K_EPOCH), s.get(_K_PLAN))) for s in states}
-    if len(starts) != 1:
-        raise PlanError(
-            f"StatefulDataLoader state: its {len(states)} workers' dataset states start from different epochs "
-            f"or positions ({sorted(starts)[:2]}...); it was not saved by one loader of this dataset"
-        )
-    first = states[0]  # the position the workers' iteration started from: epoch and plan, no worker
-    ds.load_state_dict({_K_VERSION: STATE_VERSION, _K_EPOCH: first.get(_K_EPOCH), _K_PLAN: first.get(_K_PLAN)})
-    if state.finished:  # the loader restarts from this object once the saved rest (none) is read
-        plan = ds.plan(num_workers)
-        ds._resume = {_K_EPOCH: ds.epoch, _K_PLAN: plan.state_dict(plan.batches_per_rank)}
+        load_loader_state(self, state, num_workers)
 
 
 def check_seed_across_ranks(ds: StreamingDataset) -> None:

@@ -131,7 +131,18 @@ class StreamingDataLoader(DataLoader):
         return {VERSION_KEY: STATE_VERSION, _K_DATASET: self._streaming.state_after(batches)}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resume at the position of ``state`` (on any world size / worker count)."""
+        """Resume at the position of ``state`` (on any world size / worker count).
+
+        Raises:
+            PlanError: a malformed state or a field out of range (see
+                :meth:`StreamingDataset.load_state_dict`); the loader is left as it was.
+            StateMismatchError: a state of another dataset, seed, policy or shuffle.
+        """
         state = check_version(state, STATE_VERSION, what="StreamingDataLoader state", error=PlanError)
+        if _K_DATASET not in state:
+            raise PlanError(
+                f"StreamingDataLoader state has no {_K_DATASET!r} entry (keys: {sorted(map(str, state))[:8]}); "
+                "pass a dict made by StreamingDataLoader.state_dict()"
+            )
         self._streaming.load_state_dict(state[_K_DATASET])
         self._batches, self._batches_epoch = 0, None
