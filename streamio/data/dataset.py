@@ -53,11 +53,13 @@ from streamio.data.plan import EpochPlan, Sampling, Shuffle, TailPolicy, Topolog
 from streamio.data.position import (
     Position,
     WorkerPosition,
+    check_ended,
     check_loaded_worker,
     check_worker,
     load_loader_state,
     parse_state,
     state_of,
+    warn_plain_workers,
 )
 from streamio.data.prefetch import PrefetchConfig
 from streamio.data.reader import WindowReader
@@ -128,7 +130,6 @@ class StreamingDataset(IterableDataset):
         sources: each source's :class:`~streamio.data.mixing.Stream`, store and index.
         store: the (first) source's store; index: its index.
         sampling: the shuffle and tail policy every plan of this dataset uses.
-        epoch: the epoch :meth:`set_epoch` (or :meth:`load_state_dict`) selected.
         position: where the dataset stands (:class:`~streamio.data.position.Position`).
     """
 
@@ -219,44 +220,61 @@ class StreamingDataset(IterableDataset):
 
     def plan(self, num_workers: int = 0) -> EpochPlan:
         """This epoch's plan for this process's world size and ``num_workers``, from any resume state."""
-        _, world = rank_and_world()
-        mixture = plan_sources(self.sources, self.epoch_samples)
-        return plan_epoch(
-            self.index.sample_counts() if mixture is None else mixture,
-            seed=self.seed,
-            epoch=self.epoch,
-            topology=Topology(world, num_workers, self.batch_size),
-            sampling=self.sampling,
-            resume=self.position.resume,
-            index_fingerprint=self.index.fingerprint if mixture is None else None,
-            epoch_samples=self.epoch_samples,
-        )
+        return _plan(self, num_workers, self.epoch, self.position.resume)
 
     def __len__(self) -> int:
-        """Samples this rank yields this epoch (the rest of it after a resume); equal on every rank."""
+        """Samples this rank yields in its next (or current) iteration; equal on every rank.
+
+        The rest of the epoch after a resume; the whole next epoch once this one was read to its
+        end (the next iteration reads it, see :meth:`begin_iteration`).
+        """
+        if self.position.ended:
+            return _plan(self, 0, self.epoch + 1, None).samples_per_rank
         return self.plan().samples_per_rank
+
+    def begin_iteration(self) -> int:
+        """Start an iteration of the consumer that counts batches: a loader's, in the main process.
+
+        When the last iteration took the whole epoch and :meth:`set_epoch` was not called since,
+        the dataset moves to the next epoch (from its start) first: forgetting ``set_epoch`` does
+        not repeat one order every epoch, and every rank advances alike. Call it before the
+        DataLoader starts its workers (they copy the dataset), then :meth:`end_iteration` when the
+        iteration delivered its last batch. :class:`~streamio.data.loader.StreamingDataLoader` and
+        torchdata's ``StatefulDataLoader`` do; the dataset does it itself when iterated without
+        DataLoader workers.
+
+        Returns:
+            a token for :meth:`end_iteration`.
+        """
+        return self.position.begin()
+
+    def end_iteration(self, token: int) -> None:
+        """Record that the iteration :meth:`begin_iteration` returned ``token`` for took the whole epoch.
+
+        Ignored when :meth:`set_epoch` or :meth:`load_state_dict` moved the dataset since.
+        """
+        self.position.end(token)
 
     # ------------------------------------------------------------------ iteration
     def __iter__(self) -> Iterator[Any]:
         rank, _ = rank_and_world()
         info = get_worker_info()
         worker, num_workers = (0, 0) if info is None else (info.id, info.num_workers)
-        if info is not None and worker == 0 and not self._counted_by_loader and not self._state_taken_in_worker:
-            log.warning(  # worker 0 only: once per epoch, not once per worker
-                "StreamingDataset is read by %d DataLoader workers: a plain DataLoader cannot tell the main "
-                "process what its workers yielded, so state_dict() there cannot be exact (it is the epoch's "
-                "start). Use streamio.StreamingDataLoader or torchdata's StatefulDataLoader for exact resume.",
-                num_workers,
-            )
+        counts_itself = info is None and not self._counted_by_loader  # else a loader says when an epoch ended
+        position = self.position
+        token = position.begin() if counts_itself else None
         if info is not None:
+            if worker == 0 and not self._counted_by_loader and not self._state_taken_in_worker:
+                warn_plain_workers(num_workers, position.chosen)  # worker 0 only: once per epoch
             tune_worker_malloc()
         stream = self.plan(num_workers).stream(rank, worker)
-        position = self.position
         check_worker(position, stream)
         position.rewind()
         for sample in self.reader.read(stream.windows(), position.yielded):
             position.yielded += 1
             yield self.transform(sample) if self.transform is not None else sample
+        if token is not None:
+            position.end(token)
 
     # ------------------------------------------------------------------ state
     def state_after(self, batches: int) -> dict[str, Any]:
@@ -265,7 +283,9 @@ class StreamingDataset(IterableDataset):
         What :class:`~streamio.data.loader.StreamingDataLoader` calls; exact with any number of
         workers (those given to :meth:`attach_loader`).
         """
-        return state_of(self.epoch, self.plan(self._loader_workers).state_dict(batches))
+        plan = self.plan(self._loader_workers)
+        ended = self.position.ended and batches >= plan.batches_per_rank
+        return state_of(self.epoch, plan.state_dict(batches), ended=ended)
 
     def state_dict(self) -> dict[str, Any]:
         """The resume state (torchdata ``Stateful`` protocol); see the module docstring for who is exact."""
@@ -290,19 +310,22 @@ class StreamingDataset(IterableDataset):
         The state is untrusted (it may come from a checkpoint file): every field is checked, and
         every size it claims is bounded, before anything is planned for it. A state that is refused
         (another version, dataset, seed or policy, or a field out of its range) leaves the dataset
-        as it was.
+        as it was; loading the position it already holds changes nothing.
 
         Raises:
             PlanError: a malformed state or a field out of range, named with its value.
             StateMismatchError: a state of another dataset, seed, policy or shuffle.
         """
-        epoch, plan_state, worker = parse_state(state)
+        loaded = parse_state(state)
+        if self.position.holds(loaded):  # torchdata loads it again when it next iterates: a set_epoch since stays
+            return
         previous = replace(self.position)
-        self.position.load(epoch, plan_state, worker)
+        self.position.load(loaded)
         try:
             info = get_worker_info()
             plan = self.plan(info.num_workers if info is not None else self._loader_workers)  # checks the plan state
             check_loaded_worker(self.position, plan, rank_and_world()[0], info.id if info is not None else None)
+            check_ended(loaded, plan)
         except PlanError:
             self.position = previous
             raise
@@ -326,6 +349,22 @@ class StreamingDataset(IterableDataset):
                 the epoch or its start, or it is not a state of this dataset.
         """
         load_loader_state(self, state, num_workers)
+
+
+def _plan(ds: StreamingDataset, num_workers: int, epoch: int, resume: Mapping[str, Any] | None) -> EpochPlan:
+    """The plan of ``epoch`` from ``resume`` for this process's world size and ``num_workers``."""
+    _, world = rank_and_world()
+    mixture = plan_sources(ds.sources, ds.epoch_samples)
+    return plan_epoch(
+        ds.index.sample_counts() if mixture is None else mixture,
+        seed=ds.seed,
+        epoch=epoch,
+        topology=Topology(world, num_workers, ds.batch_size),
+        sampling=ds.sampling,
+        resume=resume,
+        index_fingerprint=ds.index.fingerprint if mixture is None else None,
+        epoch_samples=ds.epoch_samples,
+    )
 
 
 def check_seed_across_ranks(ds: StreamingDataset) -> None:

@@ -72,7 +72,9 @@ class StreamingDataLoader(DataLoader):
     ``dataset.batch_size``, which the dataset needs to cut every worker's stream in whole batches.
     ``collate_fn`` defaults to :func:`collate_samples`. ``state_dict()`` / ``load_state_dict()``
     save and restore the exact position, with any ``num_workers``, and resume on another world
-    size or worker count.
+    size or worker count. An iteration that starts after one that delivered the whole epoch reads
+    the next epoch unless ``dataset.set_epoch()`` was called since (which wins), so a loop that
+    never calls ``set_epoch`` still sees a new order every epoch; the state records the epoch.
 
     Example::
 
@@ -112,7 +114,9 @@ class StreamingDataLoader(DataLoader):
         self._batches_epoch: int | None = None  # the dataset epoch `_batches` counts batches of
 
     def __iter__(self) -> Iterator[Any]:
-        self._batches, self._batches_epoch = 0, self._streaming.epoch
+        ds = self._streaming
+        token = ds.begin_iteration()  # the next epoch when the last one was read whole and set_epoch was not called
+        self._batches, self._batches_epoch = 0, ds.epoch
         # made before super().__iter__() forks the workers, which inherit it; held by this generator
         # while its iteration lives (a batch still in flight can be unpacked), replaced by the next
         forked = self.num_workers and forked_workers(self.multiprocessing_context)
@@ -120,6 +124,7 @@ class StreamingDataLoader(DataLoader):
         for batch in super().__iter__():
             self._batches += 1
             yield batch
+        ds.end_iteration(token)
 
     def state_dict(self) -> dict[str, Any]:
         """The exact position: the dataset's state after the batches handed out so far.
