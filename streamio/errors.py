@@ -21,7 +21,8 @@ refines, so callers can catch either (``except FileNotFoundError`` keeps working
     ├── DatasetError (ValueError)                 a dataset or its index is unusable
     │   ├── IndexNotFoundError (FileNotFoundError)    no index.json: run `streamio index URL`
     │   ├── IndexFormatError                          unknown version, invalid field
-    │   └── ShardFormatError                          truncated / non-tar shard, unsafe member
+    │   ├── ShardFormatError                          truncated / non-tar shard, unsafe member
+    │   └── MissingMemberError (KeyError)             a sample lacks a member (jpg or png?)
     ├── PlanError (ValueError)                    impossible topology or resume state
     │   └── StateMismatchError                        state from another dataset/seed/policy
     ├── CacheError (OSError)                      the node-local cache cannot do its job
@@ -117,6 +118,17 @@ class IndexFormatError(DatasetError):
 
 class ShardFormatError(DatasetError):
     """A shard is truncated, not a tar, or holds a member that is unsafe to read."""
+
+
+class MissingMemberError(DatasetError, KeyError):
+    """A sample lacks a member the code asked for (``select``) or its batch's other samples have (collate).
+
+    Also a ``KeyError``, which code that indexed ``sample["jpg"]`` caught before; its message is
+    the plain text (``KeyError`` would quote it).
+    """
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
 
 
 class PlanError(StreamioError, ValueError):

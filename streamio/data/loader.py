@@ -19,8 +19,9 @@ from typing import Any
 from torch.utils.data import DataLoader, default_collate, get_worker_info
 
 from streamio.data.dataset import StreamingDataset
+from streamio.data.select import members_of
 from streamio.data.transport import SharedBatches, forked_workers
-from streamio.errors import ConfigError, PlanError
+from streamio.errors import ConfigError, MissingMemberError, PlanError
 from streamio.state_version import VERSION_KEY, check_version
 
 __all__ = ["StreamingDataLoader", "collate_samples"]
@@ -32,12 +33,19 @@ _K_DATASET = "dataset"
 def collate_samples(batch: list[Any]) -> Any:
     """``default_collate`` for sample dicts, keeping the ``__meta__`` fields as plain lists.
 
+    Every sample of a batch must have the same members: a batch mixing, say, ``jpg`` and ``png``
+    samples raises :class:`~streamio.errors.MissingMemberError` naming both samples and what each
+    has (pick one per sample with :func:`streamio.select`).
+
     ``__shard__``/``__index__`` would otherwise become one small tensor each, and every tensor
     crosses from a worker to the main process through its own shared-memory segment: measured,
     that halves loader throughput at small batches. Non-dict samples go to ``default_collate``.
     """
     if batch and isinstance(batch[0], Mapping):
         keys = list(batch[0])
+        first = batch[0].keys()
+        if any(s.keys() != first for s in batch):
+            raise _inconsistent(batch)
         meta = {k: [s[k] for s in batch] for k in keys if k.startswith("__")}
         data = {}
         for k in keys:
@@ -47,6 +55,21 @@ def collate_samples(batch: list[Any]) -> Any:
                 data[k] = column if type(column[0]) is bytes else default_collate(column)
         return {**meta, **data}
     return default_collate(batch)
+
+
+def _inconsistent(batch: list[Any]) -> MissingMemberError:
+    """The error for a batch whose samples have different members (some ``jpg``, some ``png``)."""
+    one = batch[0]
+    two = next(s for s in batch if s.keys() != one.keys())
+    lacker, other = (two, one) if one.keys() - two.keys() else (one, two)
+    lacks = members_of(dict.fromkeys(other.keys() - lacker.keys()))
+    return MissingMemberError(
+        f"cannot collate a batch whose samples have different members: sample {lacker.get('__key__')!r} "
+        f"({lacker.get('__url__', '?')}) lacks {lacks}, which sample {other.get('__key__')!r} has; it has "
+        f"{members_of(lacker)}. collate_samples stacks each member across the batch. If they are alternatives "
+        "(an image as jpg or png), pick one per sample: StreamingDataset(..., "
+        "transform=streamio.select(image='jpg;png', label='cls')); or pass a collate_fn of your own"
+    )
 
 
 class _Collate:
