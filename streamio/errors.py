@@ -26,7 +26,10 @@ refines, so callers can catch either (``except FileNotFoundError`` keeps working
     ├── PlanError (ValueError)                    impossible topology or resume state
     │   └── StateMismatchError                        state from another dataset/seed/policy
     ├── CacheError (OSError)                      the node-local cache cannot do its job
-    │   └── CacheTooSmallError (ValueError)           limit below what prefetch needs
+    │   ├── CacheTooSmallError (ValueError)           limit below what prefetch needs
+    │   └── CacheWriteError                           the system refused a cache write (file-size
+    │                                                 limit, full disk, read-only, permissions,
+    │                                                 directory removed): bypassed or raised
     └── CheckpointError                           a checkpoint cannot be saved or restored
         ├── CheckpointNotFoundError (FileNotFoundError)
         ├── CheckpointFormatError (ValueError)        unknown version, foreign layout
@@ -145,6 +148,13 @@ class CacheError(StreamioError, OSError):
 
 class CacheTooSmallError(CacheError, ValueError):
     """The cache limit is below what the prefetch depth needs."""
+
+
+class CacheWriteError(CacheError):
+    """The system refused a write to the cache directory; the message says why and what to do.
+
+    ``CacheConfig(on_error="bypass")`` (the default) reads on without the cache instead of raising it.
+    """
 
 
 class CheckpointError(StreamioError):
