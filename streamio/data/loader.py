@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader, default_collate, get_worker_info
 
 from streamio.data.dataset import StreamingDataset
 from streamio.data.select import members_of
-from streamio.data.transport import SharedBatches, forked_workers
+from streamio.data.transport import SharedBatches, forked_workers, ring_bytes
 from streamio.errors import ConfigError, MissingMemberError, PlanError
 from streamio.state_version import VERSION_KEY, check_version
 
@@ -87,6 +87,25 @@ class _Collate:
         return self.shared.pack(info.id, out)
 
 
+class _WorkerInit:
+    """The user's ``worker_init_fn``, after the worker unmapped the rings of the other workers."""
+
+    def __init__(self, collate: _Collate, user: Callable[[int], None] | None) -> None:
+        self.collate, self.user = collate, user
+
+    def __call__(self, worker_id: int) -> None:
+        if self.collate.shared is not None:
+            self.collate.shared.keep_only(worker_id)
+        if self.user is not None:
+            self.user(worker_id)
+
+
+def _batch_bytes(ds: StreamingDataset) -> int:
+    """About the bytes of one batch: the batch size x the largest mean sample of any shard."""
+    mean = max((sh.bytes // max(sh.samples, 1) for src in ds.sources for sh in src.index.shards), default=0)
+    return ds.batch_size * mean
+
+
 class StreamingDataLoader(DataLoader):
     """A ``DataLoader`` that counts the batches it hands out, so the dataset's state is exact.
 
@@ -130,6 +149,7 @@ class StreamingDataLoader(DataLoader):
                 "the first one's order; leave persistent_workers off"
             )
         self._collate = _Collate(kwargs.pop("collate_fn", None) or collate_samples)
+        kwargs["worker_init_fn"] = _WorkerInit(self._collate, kwargs.get("worker_init_fn"))
         super().__init__(dataset, batch_size=batch_size, collate_fn=self._collate, **kwargs)
         dataset.attach_loader(self.num_workers)
         self._streaming = dataset  # typed: DataLoader.dataset is a plain Dataset
@@ -142,11 +162,15 @@ class StreamingDataLoader(DataLoader):
         self._batches, self._batches_epoch = 0, ds.epoch
         # made before super().__iter__() forks the workers, which inherit it; held by this generator
         # while its iteration lives (a batch still in flight can be unpacked), replaced by the next
+        self._collate.shared = None  # the last iteration's rings go now unless it is still alive
         forked = self.num_workers and forked_workers(self.multiprocessing_context)
-        _rings = self._collate.shared = SharedBatches(self.num_workers) if forked else None
+        rings = SharedBatches(self.num_workers, ring_bytes(_batch_bytes(ds))) if forked else None
+        self._collate.shared = rings
         for batch in super().__iter__():
             self._batches += 1
             yield batch
+        if rings is not None:
+            rings.close()  # every batch arrived: unmap them now, not at the next iteration
         ds.end_iteration(token)
 
     def state_dict(self) -> dict[str, Any]:
