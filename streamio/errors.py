@@ -5,6 +5,8 @@ refines, so callers can catch either (``except FileNotFoundError`` keeps working
 
     StreamioError
     ├── ConfigError (ValueError)                  an argument or setting given by the caller is invalid
+    │   └── ArgumentError (TypeError)                 an unknown keyword, or a deprecated keyword given
+    │                                                 together with the one it moved into
     ├── StorageError (OSError)                    bytes could not move to or from storage
     │   ├── ObjectNotFoundError (FileNotFoundError)   missing object or prefix (the bucket exists)
     │   ├── BucketNotFoundError                       the bucket itself does not exist (NOT a
@@ -52,6 +54,13 @@ class StreamioError(Exception):
 
 class ConfigError(StreamioError, ValueError):
     """An argument or setting given by the caller is invalid; the message names it and the valid values."""
+
+
+class ArgumentError(ConfigError, TypeError):
+    """A keyword the callable does not take, or an old (deprecated) keyword given with its new spelling.
+
+    Also a ``TypeError``, what Python raises for a wrong keyword.
+    """
 
 
 class StorageError(StreamioError, OSError):

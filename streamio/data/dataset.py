@@ -65,6 +65,7 @@ from streamio.data.prefetch import PrefetchConfig
 from streamio.data.reader import WindowReader
 from streamio.data.samples import Handler
 from streamio.data.stateful_loader import LoaderState, install
+from streamio.deprecation import fold_moved
 from streamio.distributed import group_initialized, rank_and_world
 from streamio.errors import PlanError
 from streamio.storage import Store
@@ -125,6 +126,11 @@ class StreamingDataset(IterableDataset):
         transform: applied to each decoded sample.
         storage_options: fsspec options (endpoint, credentials) for ``url``.
         options: tail policy, cache, prefetch and fault handler (:class:`DatasetOptions`).
+        moved: ``policy=``, ``cache=``, ``prefetch=``, ``handler=`` as streamio 0.1 took them:
+            deprecated (a ``DeprecationWarning``), removed in 0.3.0; give them in ``options``.
+
+    Raises:
+        ArgumentError: an unknown keyword, or a moved one given together with ``options``.
 
     Attributes:
         sources: each source's :class:`~streamio.data.mixing.Stream`, store and index.
@@ -145,8 +151,11 @@ class StreamingDataset(IterableDataset):
         transform: Callable[[dict[str, Any]], Any] | None = None,
         storage_options: Mapping[str, Any] | None = None,
         options: DatasetOptions | None = None,
+        **moved: Any,
     ) -> None:
         super().__init__()
+        options = fold_moved("StreamingDataset", moved, into="options", given=options, make=DatasetOptions,
+                             fields=("policy", "cache", "prefetch", "handler"))
         self.options = options if options is not None else DatasetOptions()
         self.sources = load_streams(url, storage_options)
         self.store: Store = self.sources[0].store
@@ -235,13 +244,10 @@ class StreamingDataset(IterableDataset):
     def begin_iteration(self) -> int:
         """Start an iteration of the consumer that counts batches: a loader's, in the main process.
 
-        When the last iteration took the whole epoch and :meth:`set_epoch` was not called since,
-        the dataset moves to the next epoch (from its start) first: forgetting ``set_epoch`` does
-        not repeat one order every epoch, and every rank advances alike. Call it before the
-        DataLoader starts its workers (they copy the dataset), then :meth:`end_iteration` when the
-        iteration delivered its last batch. :class:`~streamio.data.loader.StreamingDataLoader` and
-        torchdata's ``StatefulDataLoader`` do; the dataset does it itself when iterated without
-        DataLoader workers.
+        After an iteration that ran to its end, and without :meth:`set_epoch` since, the dataset
+        moves to the next epoch first (:mod:`streamio.data.position`). Call it before the workers
+        fork, and :meth:`end_iteration` after the last batch (StreamingDataLoader and torchdata's
+        StatefulDataLoader do; without workers the dataset does it itself).
 
         Returns:
             a token for :meth:`end_iteration`.
@@ -333,10 +339,8 @@ class StreamingDataset(IterableDataset):
     def load_loader_state(self, state: LoaderState, *, num_workers: int) -> None:
         """Take the position a torchdata ``StatefulDataLoader`` state restores, in this process now.
 
-        Called by ``StatefulDataLoader.load_state_dict`` (see :mod:`streamio.data.stateful_loader`),
-        which itself loads the dataset states only when next iterated, and with workers only into
-        the workers' copies. Afterwards ``epoch`` and ``len()`` here are the resumed ones, and a
-        saved iterator that had ended resumes as that epoch's end, so the loop
+        Called by ``StatefulDataLoader.load_state_dict`` (:mod:`streamio.data.stateful_loader`):
+        afterwards ``epoch`` and ``len()`` here are the resumed ones, so the loop
         ``for epoch in range(ds.epoch, epochs)`` neither replays nor skips an epoch.
 
         Args:
