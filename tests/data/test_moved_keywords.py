@@ -9,11 +9,13 @@ and new spelling together, or a keyword that never existed, is an ``ArgumentErro
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 import streamio
+from streamio.data.writer import DatasetWriter
 from streamio.errors import ArgumentError
 
 ROWS = [{"__key__": f"{i:03d}", "txt": f"sample {i}"} for i in range(10)]
@@ -59,3 +61,36 @@ def test_the_old_and_the_new_spelling_together_name_both(url: str) -> None:
 def test_a_keyword_that_never_existed_is_still_a_type_error(url: str) -> None:
     with pytest.raises(TypeError, match=r"StreamingDataset\(\) got an unexpected keyword argument 'polcy'"):
         streamio.StreamingDataset(url, polcy="drop")
+
+
+WRITER_MOVED: list[tuple[str, Any]] = [
+    ("max_count", 4), ("max_bytes", 1 << 20), ("compression", "zstd"), ("level", 5), ("prefix", "part"),
+]
+
+
+@pytest.mark.parametrize(("name", "value"), WRITER_MOVED)
+def test_a_writer_keyword_of_0_1_warns_with_its_new_spelling_and_writes_the_same(
+    tmp_path: Path, name: str, value: Any
+) -> None:
+    spec = streamio.ShardSpec(**{name: value})
+    expected = streamio.write_dataset(ROWS, str(tmp_path / "new"), spec=spec)
+    with pytest.warns(DeprecationWarning, match=rf"write_dataset\({name}=\.\.\.\) is deprecated .* "
+                                                rf"pass spec=ShardSpec\({name}=\.\.\.\)") as caught:
+        index = streamio.write_dataset(ROWS, str(tmp_path / "old"), **{name: value})
+    assert caught[0].filename == __file__
+    assert [(s.path, s.samples, s.checksum) for s in index.shards] == [
+        (s.path, s.samples, s.checksum) for s in expected.shards
+    ]
+
+
+def test_the_writer_class_takes_them_too(tmp_path: Path) -> None:
+    with pytest.warns(DeprecationWarning, match=r"DatasetWriter\(max_count=\.\.\.\) is deprecated"):
+        writer = DatasetWriter(str(tmp_path / "ds"), max_count=3)
+    assert writer.spec == streamio.ShardSpec(max_count=3)
+    for row in ROWS:
+        writer.write(row)
+    assert len(writer.close().shards) == 4
+    with pytest.raises(ArgumentError, match="got max_count= and spec= together"):
+        streamio.write_dataset(ROWS, str(tmp_path / "x"), max_count=3, spec=streamio.ShardSpec())
+    with pytest.raises(TypeError, match="unexpected keyword argument 'max_size'"):
+        streamio.write_dataset(ROWS, str(tmp_path / "y"), max_size=3)
