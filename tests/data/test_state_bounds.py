@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from streamio.data.dataset import StreamingDataset
 from streamio.errors import PlanError
@@ -47,7 +48,7 @@ def test_the_claims_of_the_issue_are_refused_quickly_naming_field_and_value(url:
 
 @pytest.mark.slow
 def test_any_mutated_state_is_loaded_or_refused_with_a_streamio_error_in_bounded_memory(url: str) -> None:
-    examples = 300 if os.environ.get("HYPOTHESIS_PROFILE") == "ci" or "--hypothesis-profile=ci" in sys.argv else 100
+    examples = settings().max_examples  # the loaded profile's: 100, or 300 under --hypothesis-profile=ci
     out = probe(url, "fuzz", str(examples), timeout=280)
     assert out.returncode == 0, out.stdout + out.stderr[-3000:]
 
