@@ -94,3 +94,12 @@ def test_the_writer_class_takes_them_too(tmp_path: Path) -> None:
         streamio.write_dataset(ROWS, str(tmp_path / "x"), max_count=3, spec=streamio.ShardSpec())
     with pytest.raises(TypeError, match="unexpected keyword argument 'max_size'"):
         streamio.write_dataset(ROWS, str(tmp_path / "y"), max_size=3)
+
+
+def test_with_layouts_of_0_1_still_gives_an_index_holding_them(tmp_path: Path) -> None:
+    index = streamio.write_dataset(ROWS, str(tmp_path / "ds"), spec=streamio.ShardSpec(max_count=4))
+    store = streamio.Store(str(tmp_path / "ds"))
+    layouts = {i: index.layout(i, store) for i in range(len(index.shards))}
+    with pytest.warns(DeprecationWarning, match=r"DatasetIndex.with_layouts\(\) is deprecated since streamio 0\.2\.0"):
+        copy = streamio.load_index(store).with_layouts(layouts)
+    assert copy == index and copy.layout(1, streamio.Store("memory://nothing-there")) == layouts[1]
