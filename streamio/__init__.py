@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from streamio import errors  # the error tree imports nothing else: cheap, and a submodule __getattr__ would miss
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"  # the same as pyproject.toml and CHANGELOG.md (tests/core/test_version.py)
 
 #: public name -> the module that defines it
 _EXPORTS = {
@@ -38,6 +38,7 @@ _EXPORTS = {
     "StreamingDataset": "streamio.data.dataset",
     "build_index": "streamio.data.indexer",
     "load_index": "streamio.data.index",
+    "select": "streamio.data.select",
     "write_dataset": "streamio.data.writer",
 }
 
@@ -45,7 +46,7 @@ __all__ = [
     "CacheConfig", "CheckpointManager", "DatasetIndex", "DatasetOptions", "KeepAll", "KeepBest", "KeepEvery",
     "KeepLast", "PrefetchConfig", "RNGState", "RetentionPolicy", "RetryPolicy", "SaveOptions", "SaveStats",
     "ShardSpec", "Shuffle", "Store", "Stream", "StreamingDataLoader", "StreamingDataset", "__version__",
-    "build_index", "errors", "load_index", "write_dataset",
+    "build_index", "errors", "load_index", "select", "write_dataset",
 ]
 
 if TYPE_CHECKING:  # what type checkers and IDEs see: the names, eagerly
@@ -68,6 +69,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the names, eagerly
     from streamio.data.mixing import Stream
     from streamio.data.plan import Shuffle
     from streamio.data.prefetch import PrefetchConfig
+    from streamio.data.select import select
     from streamio.data.writer import ShardSpec, write_dataset
     from streamio.storage import RetryPolicy, Store
 

@@ -5,6 +5,8 @@ refines, so callers can catch either (``except FileNotFoundError`` keeps working
 
     StreamioError
     ├── ConfigError (ValueError)                  an argument or setting given by the caller is invalid
+    │   └── ArgumentError (TypeError)                 an unknown keyword, or a deprecated keyword given
+    │                                                 together with the one it moved into
     ├── StorageError (OSError)                    bytes could not move to or from storage
     │   ├── ObjectNotFoundError (FileNotFoundError)   missing object or prefix (the bucket exists)
     │   ├── BucketNotFoundError                       the bucket itself does not exist (NOT a
@@ -24,11 +26,15 @@ refines, so callers can catch either (``except FileNotFoundError`` keeps working
     ├── DatasetError (ValueError)                 a dataset or its index is unusable
     │   ├── IndexNotFoundError (FileNotFoundError)    no index.json: run `streamio index URL`
     │   ├── IndexFormatError                          unknown version, invalid field
-    │   └── ShardFormatError                          truncated / non-tar shard, unsafe member
+    │   ├── ShardFormatError                          truncated / non-tar shard, unsafe member
+    │   └── MissingMemberError (KeyError)             a sample lacks a member (jpg or png?)
     ├── PlanError (ValueError)                    impossible topology or resume state
     │   └── StateMismatchError                        state from another dataset/seed/policy
     ├── CacheError (OSError)                      the node-local cache cannot do its job
-    │   └── CacheTooSmallError (ValueError)           limit below what prefetch needs
+    │   ├── CacheTooSmallError (ValueError)           limit below what prefetch needs
+    │   └── CacheWriteError                           the system refused a cache write (file-size
+    │                                                 limit, full disk, read-only, permissions,
+    │                                                 directory removed): bypassed or raised
     └── CheckpointError                           a checkpoint cannot be saved or restored
         ├── CheckpointNotFoundError (FileNotFoundError)
         ├── CheckpointFormatError (ValueError)        unknown version, foreign layout
@@ -51,6 +57,13 @@ class StreamioError(Exception):
 
 class ConfigError(StreamioError, ValueError):
     """An argument or setting given by the caller is invalid; the message names it and the valid values."""
+
+
+class ArgumentError(ConfigError, TypeError):
+    """A keyword the callable does not take, or an old (deprecated) keyword given with its new spelling.
+
+    Also a ``TypeError``, what Python raises for a wrong keyword.
+    """
 
 
 class StorageError(StreamioError, OSError):
@@ -135,6 +148,17 @@ class ShardFormatError(DatasetError):
     """A shard is truncated, not a tar, or holds a member that is unsafe to read."""
 
 
+class MissingMemberError(DatasetError, KeyError):
+    """A sample lacks a member the code asked for (``select``) or its batch's other samples have (collate).
+
+    Also a ``KeyError``, which code that indexed ``sample["jpg"]`` caught before; its message is
+    the plain text (``KeyError`` would quote it).
+    """
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
 class PlanError(StreamioError, ValueError):
     """The requested topology or resume state cannot be planned."""
 
@@ -149,6 +173,13 @@ class CacheError(StreamioError, OSError):
 
 class CacheTooSmallError(CacheError, ValueError):
     """The cache limit is below what the prefetch depth needs."""
+
+
+class CacheWriteError(CacheError):
+    """The system refused a write to the cache directory; the message says why and what to do.
+
+    ``CacheConfig(on_error="bypass")`` (the default) reads on without the cache instead of raising it.
+    """
 
 
 class CheckpointError(StreamioError):

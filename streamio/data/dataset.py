@@ -30,14 +30,15 @@ topology). Who knows that number depends on the loader:
   dataset says so (a warning in the worker) instead of saving a wrong position.
 
 The state is a small, versioned JSON-safe dict; it records the seed and the index fingerprint (via
-the plan) so it is never applied to another dataset silently.
+the plan) so it is never applied to another dataset silently. :mod:`streamio.data.position` holds
+the position and checks a loaded state (untrusted: every claimed size is bounded before it is used).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch.distributed as dist
@@ -49,22 +50,30 @@ from streamio.data.decode import DecodeSpec, make_decoder
 from streamio.data.index import DatasetIndex
 from streamio.data.mixing import Stream, describe_mixture, load_streams, plan_sources
 from streamio.data.plan import EpochPlan, Sampling, Shuffle, TailPolicy, Topology, plan_epoch
+from streamio.data.position import (
+    Position,
+    WorkerPosition,
+    check_ended,
+    check_loaded_worker,
+    check_worker,
+    load_loader_state,
+    parse_state,
+    state_of,
+    warn_plain_workers,
+)
 from streamio.data.prefetch import PrefetchConfig
 from streamio.data.reader import WindowReader
 from streamio.data.samples import Handler
 from streamio.data.stateful_loader import LoaderState, install
+from streamio.deprecation import fold_moved
 from streamio.distributed import group_initialized, rank_and_world
 from streamio.errors import PlanError
-from streamio.state_version import VERSION_KEY, check_version
 from streamio.storage import Store
 from streamio.storage.secrets import scrub
 
 __all__ = ["DatasetOptions", "StreamingDataset"]
 
 log = logging.getLogger(__name__)
-
-STATE_VERSION = 1
-_K_VERSION, _K_EPOCH, _K_PLAN, _K_WORKER, _K_YIELDED = VERSION_KEY, "epoch", "plan", "worker", "yielded"
 
 
 @dataclass(frozen=True)
@@ -117,12 +126,17 @@ class StreamingDataset(IterableDataset):
         transform: applied to each decoded sample.
         storage_options: fsspec options (endpoint, credentials) for ``url``.
         options: tail policy, cache, prefetch and fault handler (:class:`DatasetOptions`).
+        moved: ``policy=``, ``cache=``, ``prefetch=``, ``handler=`` as streamio 0.1 took them:
+            deprecated (a ``DeprecationWarning``), removed in 0.3.0; give them in ``options``.
+
+    Raises:
+        ArgumentError: an unknown keyword, or a moved one given together with ``options``.
 
     Attributes:
         sources: each source's :class:`~streamio.data.mixing.Stream`, store and index.
         store: the (first) source's store; index: its index.
         sampling: the shuffle and tail policy every plan of this dataset uses.
-        epoch: the epoch :meth:`set_epoch` (or :meth:`load_state_dict`) selected.
+        position: where the dataset stands (:class:`~streamio.data.position.Position`).
     """
 
     def __init__(  # noqa: PLR0913 - the public keywords of the dataset, each documented above
@@ -137,8 +151,11 @@ class StreamingDataset(IterableDataset):
         transform: Callable[[dict[str, Any]], Any] | None = None,
         storage_options: Mapping[str, Any] | None = None,
         options: DatasetOptions | None = None,
+        **moved: Any,
     ) -> None:
         super().__init__()
+        options = fold_moved("StreamingDataset", moved, into="options", given=options, make=DatasetOptions,
+                             fields=("policy", "cache", "prefetch", "handler"))
         self.options = options if options is not None else DatasetOptions()
         self.sources = load_streams(url, storage_options)
         self.store: Store = self.sources[0].store
@@ -155,13 +172,9 @@ class StreamingDataset(IterableDataset):
             [(src.store, src.index) for src in self.sources], cache=cache,
             prefetch=self.options.prefetch, decode=make_decoder(decode), handler=self.options.handler,
         )
-        self.epoch = 0
-        self._resume: dict[str, Any] | None = None
-        self._worker_resume: dict[str, Any] | None = None
-        self._yielded = 0  # samples yielded by this process's current iteration
+        self.position = Position()
         self._counted_by_loader = False
         self._loader_workers = 0
-        self._base_plan_state: dict[str, Any] | None = None
         self._state_taken_in_worker = False  # a stateful loader (torchdata's) asks each worker for it
         check_seed_across_ranks(self)
         install(StreamingDataset)  # torchdata's StatefulDataLoader restores `epoch` here too
@@ -171,6 +184,15 @@ class StreamingDataset(IterableDataset):
             root, shards, samples = self.store.root_url, len(self.index.shards), self.index.samples
             return f"StreamingDataset({root!r}, shards={shards}, samples={samples})"
         return f"StreamingDataset({describe_mixture(self.sources, self.contributions)})"
+
+    @property
+    def epoch(self) -> int:
+        """The epoch :meth:`set_epoch` (or :meth:`load_state_dict`) selected; assigning it is :meth:`set_epoch`."""
+        return self.position.epoch
+
+    @epoch.setter
+    def epoch(self, epoch: int) -> None:
+        self.set_epoch(epoch)
 
     @property
     def contributions(self) -> tuple[int, ...]:
@@ -203,64 +225,62 @@ class StreamingDataset(IterableDataset):
         A resume state of another epoch is dropped; nothing of the selected epoch has been yielded
         yet, so :meth:`state_dict` taken now is its start, not the end of the epoch before.
         """
-        self.epoch = int(epoch)
-        if self._resume is not None and self._resume[_K_EPOCH] != self.epoch:
-            self._resume = None
-        if self._worker_resume is not None and self._worker_resume[_K_EPOCH] != self.epoch:
-            self._worker_resume = None
-        self._rewind()
-
-    def _rewind(self) -> None:
-        """Stand where the next iteration starts: at the resume point, nothing yielded since.
-
-        So :meth:`state_dict` is right between iterations too: after :meth:`set_epoch` (the new
-        epoch's start) and in a worker that torchdata restored and asks for its state before its
-        first sample (the restored position, not the start of the epoch).
-        """
-        self._yielded = int(self._worker_resume[_K_YIELDED]) if self._worker_resume is not None else 0
-        self._base_plan_state = self._resume[_K_PLAN] if self._resume is not None else None
+        self.position.select(int(epoch))
 
     def plan(self, num_workers: int = 0) -> EpochPlan:
         """This epoch's plan for this process's world size and ``num_workers``, from any resume state."""
-        _, world = rank_and_world()
-        mixture = plan_sources(self.sources, self.epoch_samples)
-        return plan_epoch(
-            self.index.sample_counts() if mixture is None else mixture,
-            seed=self.seed,
-            epoch=self.epoch,
-            topology=Topology(world, num_workers, self.batch_size),
-            sampling=self.sampling,
-            resume=self._resume[_K_PLAN] if self._resume is not None else None,
-            index_fingerprint=self.index.fingerprint if mixture is None else None,
-            epoch_samples=self.epoch_samples,
-        )
+        return _plan(self, num_workers, self.epoch, self.position.resume)
 
     def __len__(self) -> int:
-        """Samples this rank yields this epoch (the rest of it after a resume); equal on every rank."""
+        """Samples this rank yields in its next (or current) iteration; equal on every rank.
+
+        The rest of the epoch after a resume; the whole next epoch once this one was read to its
+        end (the next iteration reads it, see :meth:`begin_iteration`).
+        """
+        if self.position.ended:
+            return _plan(self, 0, self.epoch + 1, None).samples_per_rank
         return self.plan().samples_per_rank
+
+    def begin_iteration(self) -> int:
+        """Start an iteration of the consumer that counts batches: a loader's, in the main process.
+
+        After an iteration that ran to its end, and without :meth:`set_epoch` since, the dataset
+        moves to the next epoch first (:mod:`streamio.data.position`). Call it before the workers
+        fork, and :meth:`end_iteration` after the last batch (StreamingDataLoader and torchdata's
+        StatefulDataLoader do; without workers the dataset does it itself).
+
+        Returns:
+            a token for :meth:`end_iteration`.
+        """
+        return self.position.begin()
+
+    def end_iteration(self, token: int) -> None:
+        """Record that the iteration :meth:`begin_iteration` returned ``token`` for took the whole epoch.
+
+        Ignored when :meth:`set_epoch` or :meth:`load_state_dict` moved the dataset since.
+        """
+        self.position.end(token)
 
     # ------------------------------------------------------------------ iteration
     def __iter__(self) -> Iterator[Any]:
         rank, _ = rank_and_world()
         info = get_worker_info()
         worker, num_workers = (0, 0) if info is None else (info.id, info.num_workers)
-        if info is not None and worker == 0 and not self._counted_by_loader and not self._state_taken_in_worker:
-            log.warning(  # worker 0 only: once per epoch, not once per worker
-                "StreamingDataset is read by %d DataLoader workers: a plain DataLoader cannot tell the main "
-                "process what its workers yielded, so state_dict() there cannot be exact (it is the epoch's "
-                "start). Use streamio.StreamingDataLoader or torchdata's StatefulDataLoader for exact resume.",
-                num_workers,
-            )
+        counts_itself = info is None and not self._counted_by_loader  # else a loader says when an epoch ended
+        position = self.position
+        token = position.begin() if counts_itself else None
         if info is not None:
+            if worker == 0 and not self._counted_by_loader and not self._state_taken_in_worker:
+                warn_plain_workers(num_workers, position.chosen)  # worker 0 only: once per epoch
             tune_worker_malloc()
-        plan = self.plan(num_workers)
-        if self._worker_resume is not None and self._worker_resume[_K_WORKER] != worker:
-            raise PlanError(f"worker state of worker {self._worker_resume[_K_WORKER]} was given to worker {worker}")
-        self._rewind()
-        skip = self._yielded
-        for sample in self.reader.read(plan.stream(rank, worker).windows(), skip):
-            self._yielded += 1
+        stream = self.plan(num_workers).stream(rank, worker)
+        check_worker(position, stream)
+        position.rewind()
+        for sample in self.reader.read(stream.windows(), position.yielded):
+            position.yielded += 1
             yield self.transform(sample) if self.transform is not None else sample
+        if token is not None:
+            position.end(token)
 
     # ------------------------------------------------------------------ state
     def state_after(self, batches: int) -> dict[str, Any]:
@@ -270,57 +290,57 @@ class StreamingDataset(IterableDataset):
         workers (those given to :meth:`attach_loader`).
         """
         plan = self.plan(self._loader_workers)
-        return {_K_VERSION: STATE_VERSION, _K_EPOCH: self.epoch, _K_PLAN: plan.state_dict(batches)}
+        ended = self.position.ended and batches >= plan.batches_per_rank
+        return state_of(self.epoch, plan.state_dict(batches), ended=ended)
 
     def state_dict(self) -> dict[str, Any]:
         """The resume state (torchdata ``Stateful`` protocol); see the module docstring for who is exact."""
         info = get_worker_info()
+        position = self.position
         if info is not None:
             self._state_taken_in_worker = True
-            return {
-                _K_VERSION: STATE_VERSION, _K_EPOCH: self.epoch, _K_PLAN: self._base_plan_state,
-                _K_WORKER: info.id, _K_YIELDED: self._yielded,
-            }
+            return state_of(self.epoch, position.resume, WorkerPosition(info.id, position.yielded))
         plan = self.plan(0)
-        if self._yielded == plan.samples_per_rank:
+        if position.yielded == plan.samples_per_rank:
             return self.state_after(plan.batches_per_rank)
-        if self._yielded % self.batch_size:
+        if position.yielded % self.batch_size:
             raise PlanError(
-                f"state_dict() after {self._yielded} samples, not a whole number of batches of {self.batch_size}: "
-                "take the state between batches"
+                f"state_dict() after {position.yielded} samples, not a whole number of batches of "
+                f"{self.batch_size}: take the state between batches"
             )
-        return self.state_after(self._yielded // self.batch_size)
+        return self.state_after(position.yielded // self.batch_size)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume from a state made by :meth:`state_dict` / :meth:`state_after` (any topology).
 
-        A state that is refused (another version, dataset, seed or policy) leaves the dataset as it was.
+        The state is untrusted (it may come from a checkpoint file): every field is checked, and
+        every size it claims is bounded, before anything is planned for it. A state that is refused
+        (another version, dataset, seed or policy, or a field out of its range) leaves the dataset
+        as it was; loading the position it already holds changes nothing.
+
+        Raises:
+            PlanError: a malformed state or a field out of range, named with its value.
+            StateMismatchError: a state of another dataset, seed, policy or shuffle.
         """
-        state = check_version(state, STATE_VERSION, what="dataset state", error=PlanError)
-        for k in (_K_EPOCH, _K_WORKER, _K_YIELDED) if _K_WORKER in state else (_K_EPOCH,):
-            v = state.get(k)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                raise PlanError(f"dataset state has {k} {v!r}, not an int >= 0; pass a dict made by state_dict()")
-        previous = self.epoch, self._resume, self._worker_resume
-        self.epoch = state[_K_EPOCH]
-        plan_state = state.get(_K_PLAN)
-        self._resume = {_K_EPOCH: self.epoch, _K_PLAN: plan_state} if plan_state is not None else None
-        self._worker_resume = dict(state) if _K_WORKER in state else None
+        loaded = parse_state(state)
+        if self.position.holds(loaded):  # torchdata loads it again when it next iterates: a set_epoch since stays
+            return
+        previous = replace(self.position)
+        self.position.load(loaded)
         try:
-            if self._worker_resume is None:
-                self.plan(self._loader_workers)  # validate now: fingerprint, epoch
+            info = get_worker_info()
+            plan = self.plan(info.num_workers if info is not None else self._loader_workers)  # checks the plan state
+            check_loaded_worker(self.position, plan, rank_and_world()[0], info.id if info is not None else None)
+            check_ended(loaded, plan)
         except PlanError:
-            self.epoch, self._resume, self._worker_resume = previous
+            self.position = previous
             raise
-        self._rewind()
 
     def load_loader_state(self, state: LoaderState, *, num_workers: int) -> None:
         """Take the position a torchdata ``StatefulDataLoader`` state restores, in this process now.
 
-        Called by ``StatefulDataLoader.load_state_dict`` (see :mod:`streamio.data.stateful_loader`),
-        which itself loads the dataset states only when next iterated, and with workers only into
-        the workers' copies. Afterwards ``epoch`` and ``len()`` here are the resumed ones, and a
-        saved iterator that had ended resumes as that epoch's end, so the loop
+        Called by ``StatefulDataLoader.load_state_dict`` (:mod:`streamio.data.stateful_loader`):
+        afterwards ``epoch`` and ``len()`` here are the resumed ones, so the loop
         ``for epoch in range(ds.epoch, epochs)`` neither replays nor skips an epoch.
 
         Args:
@@ -332,35 +352,23 @@ class StreamingDataset(IterableDataset):
                 worker's own position, so only the same count is exact), its workers disagree on
                 the epoch or its start, or it is not a state of this dataset.
         """
-        _load_loader_state(self, state, num_workers)
+        load_loader_state(self, state, num_workers)
 
 
-def _load_loader_state(ds: StreamingDataset, state: LoaderState, num_workers: int) -> None:
-    """:meth:`StreamingDataset.load_loader_state`'s work (see there)."""
-    if state.num_workers != num_workers:
-        raise PlanError(
-            f"StatefulDataLoader state was saved with num_workers={state.num_workers}, this loader has "
-            f"num_workers={num_workers}: StatefulDataLoader resumes only with the same worker count; use "
-            "streamio.StreamingDataLoader to resume on another one"
-        )
-    if not state.datasets:
-        return
-    if num_workers == 0:
-        ds.load_state_dict(state.datasets[0])
-        return
-    what = "dataset state of a worker"
-    states = [check_version(s, STATE_VERSION, what=what, error=PlanError) for s in state.datasets]
-    starts = {repr((s.get(_K_EPOCH), s.get(_K_PLAN))) for s in states}
-    if len(starts) != 1:
-        raise PlanError(
-            f"StatefulDataLoader state: its {len(states)} workers' dataset states start from different epochs "
-            f"or positions ({sorted(starts)[:2]}...); it was not saved by one loader of this dataset"
-        )
-    first = states[0]  # the position the workers' iteration started from: epoch and plan, no worker
-    ds.load_state_dict({_K_VERSION: STATE_VERSION, _K_EPOCH: first.get(_K_EPOCH), _K_PLAN: first.get(_K_PLAN)})
-    if state.finished:  # the loader restarts from this object once the saved rest (none) is read
-        plan = ds.plan(num_workers)
-        ds._resume = {_K_EPOCH: ds.epoch, _K_PLAN: plan.state_dict(plan.batches_per_rank)}
+def _plan(ds: StreamingDataset, num_workers: int, epoch: int, resume: Mapping[str, Any] | None) -> EpochPlan:
+    """The plan of ``epoch`` from ``resume`` for this process's world size and ``num_workers``."""
+    _, world = rank_and_world()
+    mixture = plan_sources(ds.sources, ds.epoch_samples)
+    return plan_epoch(
+        ds.index.sample_counts() if mixture is None else mixture,
+        seed=ds.seed,
+        epoch=epoch,
+        topology=Topology(world, num_workers, ds.batch_size),
+        sampling=ds.sampling,
+        resume=resume,
+        index_fingerprint=ds.index.fingerprint if mixture is None else None,
+        epoch_samples=ds.epoch_samples,
+    )
 
 
 def check_seed_across_ranks(ds: StreamingDataset) -> None:

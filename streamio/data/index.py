@@ -49,8 +49,9 @@ import json
 import logging
 import struct
 import sys
+import warnings
 from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -106,6 +107,19 @@ class DatasetIndex:
     def sample_counts(self) -> list[int]:
         """Samples per shard, in order (what the planner takes)."""
         return [s.samples for s in self.shards]
+
+    def with_layouts(self, layouts: Mapping[int, SampleLayout]) -> DatasetIndex:
+        """Deprecated since 0.2.0, removed in 0.3.0: a copy holding ``layouts`` in memory.
+
+        Writers and :func:`~streamio.data.indexer.build_index` return indexes that hold their layouts.
+        """
+        warnings.warn(
+            "DatasetIndex.with_layouts() is deprecated since streamio 0.2.0 and will be removed in 0.3.0: "
+            "write_dataset() and build_index() return indexes that hold their layouts",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return replace(self, _inline=dict(layouts), _cache={})
 
     def layout(self, shard_id: int, store: Store) -> SampleLayout:
         """Offsets and per-sample CRC32C of shard ``shard_id``.

@@ -19,8 +19,9 @@ from typing import Any
 from torch.utils.data import DataLoader, default_collate, get_worker_info
 
 from streamio.data.dataset import StreamingDataset
-from streamio.data.transport import SharedBatches, forked_workers
-from streamio.errors import ConfigError, PlanError
+from streamio.data.select import members_of
+from streamio.data.transport import SharedBatches, forked_workers, ring_bytes
+from streamio.errors import ConfigError, MissingMemberError, PlanError
 from streamio.state_version import VERSION_KEY, check_version
 
 __all__ = ["StreamingDataLoader", "collate_samples"]
@@ -32,12 +33,19 @@ _K_DATASET = "dataset"
 def collate_samples(batch: list[Any]) -> Any:
     """``default_collate`` for sample dicts, keeping the ``__meta__`` fields as plain lists.
 
+    Every sample of a batch must have the same members: a batch mixing, say, ``jpg`` and ``png``
+    samples raises :class:`~streamio.errors.MissingMemberError` naming both samples and what each
+    has (pick one per sample with :func:`streamio.select`).
+
     ``__shard__``/``__index__`` would otherwise become one small tensor each, and every tensor
     crosses from a worker to the main process through its own shared-memory segment: measured,
     that halves loader throughput at small batches. Non-dict samples go to ``default_collate``.
     """
     if batch and isinstance(batch[0], Mapping):
         keys = list(batch[0])
+        first = batch[0].keys()
+        if any(s.keys() != first for s in batch):
+            raise _inconsistent(batch)
         meta = {k: [s[k] for s in batch] for k in keys if k.startswith("__")}
         data = {}
         for k in keys:
@@ -47,6 +55,21 @@ def collate_samples(batch: list[Any]) -> Any:
                 data[k] = column if type(column[0]) is bytes else default_collate(column)
         return {**meta, **data}
     return default_collate(batch)
+
+
+def _inconsistent(batch: list[Any]) -> MissingMemberError:
+    """The error for a batch whose samples have different members (some ``jpg``, some ``png``)."""
+    one = batch[0]
+    two = next(s for s in batch if s.keys() != one.keys())
+    lacker, other = (two, one) if one.keys() - two.keys() else (one, two)
+    lacks = members_of(dict.fromkeys(other.keys() - lacker.keys()))
+    return MissingMemberError(
+        f"cannot collate a batch whose samples have different members: sample {lacker.get('__key__')!r} "
+        f"({lacker.get('__url__', '?')}) lacks {lacks}, which sample {other.get('__key__')!r} has; it has "
+        f"{members_of(lacker)}. collate_samples stacks each member across the batch. If they are alternatives "
+        "(an image as jpg or png), pick one per sample: StreamingDataset(..., "
+        "transform=streamio.select(image='jpg;png', label='cls')); or pass a collate_fn of your own"
+    )
 
 
 class _Collate:
@@ -64,6 +87,25 @@ class _Collate:
         return self.shared.pack(info.id, out)
 
 
+class _WorkerInit:
+    """The user's ``worker_init_fn``, after the worker unmapped the rings of the other workers."""
+
+    def __init__(self, collate: _Collate, user: Callable[[int], None] | None) -> None:
+        self.collate, self.user = collate, user
+
+    def __call__(self, worker_id: int) -> None:
+        if self.collate.shared is not None:
+            self.collate.shared.keep_only(worker_id)
+        if self.user is not None:
+            self.user(worker_id)
+
+
+def _batch_bytes(ds: StreamingDataset) -> int:
+    """About the bytes of one batch: the batch size x the largest mean sample of any shard."""
+    mean = max((sh.bytes // max(sh.samples, 1) for src in ds.sources for sh in src.index.shards), default=0)
+    return ds.batch_size * mean
+
+
 class StreamingDataLoader(DataLoader):
     """A ``DataLoader`` that counts the batches it hands out, so the dataset's state is exact.
 
@@ -72,7 +114,9 @@ class StreamingDataLoader(DataLoader):
     ``dataset.batch_size``, which the dataset needs to cut every worker's stream in whole batches.
     ``collate_fn`` defaults to :func:`collate_samples`. ``state_dict()`` / ``load_state_dict()``
     save and restore the exact position, with any ``num_workers``, and resume on another world
-    size or worker count.
+    size or worker count. An iteration that starts after one that delivered the whole epoch reads
+    the next epoch unless ``dataset.set_epoch()`` was called since (which wins), so a loop that
+    never calls ``set_epoch`` still sees a new order every epoch; the state records the epoch.
 
     Example::
 
@@ -105,6 +149,7 @@ class StreamingDataLoader(DataLoader):
                 "the first one's order; leave persistent_workers off"
             )
         self._collate = _Collate(kwargs.pop("collate_fn", None) or collate_samples)
+        kwargs["worker_init_fn"] = _WorkerInit(self._collate, kwargs.get("worker_init_fn"))
         super().__init__(dataset, batch_size=batch_size, collate_fn=self._collate, **kwargs)
         dataset.attach_loader(self.num_workers)
         self._streaming = dataset  # typed: DataLoader.dataset is a plain Dataset
@@ -112,14 +157,21 @@ class StreamingDataLoader(DataLoader):
         self._batches_epoch: int | None = None  # the dataset epoch `_batches` counts batches of
 
     def __iter__(self) -> Iterator[Any]:
-        self._batches, self._batches_epoch = 0, self._streaming.epoch
+        ds = self._streaming
+        token = ds.begin_iteration()  # the next epoch when the last one was read whole and set_epoch was not called
+        self._batches, self._batches_epoch = 0, ds.epoch
         # made before super().__iter__() forks the workers, which inherit it; held by this generator
         # while its iteration lives (a batch still in flight can be unpacked), replaced by the next
+        self._collate.shared = None  # the last iteration's rings go now unless it is still alive
         forked = self.num_workers and forked_workers(self.multiprocessing_context)
-        _rings = self._collate.shared = SharedBatches(self.num_workers) if forked else None
+        rings = SharedBatches(self.num_workers, ring_bytes(_batch_bytes(ds))) if forked else None
+        self._collate.shared = rings
         for batch in super().__iter__():
             self._batches += 1
             yield batch
+        if rings is not None:
+            rings.close()  # every batch arrived: unmap them now, not at the next iteration
+        ds.end_iteration(token)
 
     def state_dict(self) -> dict[str, Any]:
         """The exact position: the dataset's state after the batches handed out so far.
@@ -131,7 +183,18 @@ class StreamingDataLoader(DataLoader):
         return {VERSION_KEY: STATE_VERSION, _K_DATASET: self._streaming.state_after(batches)}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resume at the position of ``state`` (on any world size / worker count)."""
+        """Resume at the position of ``state`` (on any world size / worker count).
+
+        Raises:
+            PlanError: a malformed state or a field out of range (see
+                :meth:`StreamingDataset.load_state_dict`); the loader is left as it was.
+            StateMismatchError: a state of another dataset, seed, policy or shuffle.
+        """
         state = check_version(state, STATE_VERSION, what="StreamingDataLoader state", error=PlanError)
+        if _K_DATASET not in state:
+            raise PlanError(
+                f"StreamingDataLoader state has no {_K_DATASET!r} entry (keys: {sorted(map(str, state))[:8]}); "
+                "pass a dict made by StreamingDataLoader.state_dict()"
+            )
         self._streaming.load_state_dict(state[_K_DATASET])
         self._batches, self._batches_epoch = 0, None

@@ -17,6 +17,12 @@ at ``load_state_dict`` time and the loader is left as it was. Loaders of other d
 touched. The layout read here is torchdata 0.11's (the per-worker ``dataset_state`` of
 ``_snapshot._worker_snapshots``, the main process's ``dataset_state`` without workers); a layout
 this module does not know is refused with an error, never guessed at.
+
+It also wraps ``StatefulDataLoader.__iter__``: with workers, the main process's dataset never sees
+an iteration, so the wrapper tells it when one starts (``begin_iteration``, before the workers
+fork) and whether this loader's previous one ran to its end (``end_iteration``, from torchdata's
+iterator): past a whole epoch, and without ``set_epoch`` since, the dataset reads the next epoch,
+as it does without workers, where it sees its own iteration end.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ _K_DATASET, _K_FINISHED = "dataset_state", "_iterator_finished"
 _K_SNAPSHOT, _K_WORKERS = "_snapshot", "_worker_snapshots"  # only in a num_workers > 0 state
 _K_MAIN_YIELDED = "_num_yielded"  # only in a num_workers=0 state
 _WRAPPED = "__streamio_wrapped__"
+_TOKEN = "_streamio_iteration"  # on a loader: the dataset's token of the iteration it started last
 _dataset_types: list[type] = []
 
 
@@ -101,7 +108,8 @@ def install(dataset_type: type) -> None:
 
     Idempotent and cheap after the first call; does nothing when torchdata is not installed.
     ``dataset_type`` implements ``load_loader_state(state: LoaderState, *, num_workers: int)``,
-    where ``num_workers`` is the restoring loader's.
+    where ``num_workers`` is the restoring loader's, and ``begin_iteration() -> token`` /
+    ``end_iteration(token)`` (called around iterations of a loader with workers).
     """
     if dataset_type not in _dataset_types:
         _dataset_types.append(dataset_type)
@@ -112,6 +120,7 @@ def install(dataset_type: type) -> None:
     original = StatefulDataLoader.load_state_dict
     if getattr(original, _WRAPPED, False):
         return
+    _wrap_iter(StatefulDataLoader)
 
     @functools.wraps(original)
     def load_state_dict(self: Any, state_dict: dict[str, Any]) -> None:
@@ -122,3 +131,21 @@ def install(dataset_type: type) -> None:
 
     setattr(load_state_dict, _WRAPPED, True)
     StatefulDataLoader.load_state_dict = load_state_dict  # type: ignore[method-assign]
+
+
+def _wrap_iter(loader_type: Any) -> None:
+    """Wrap ``loader_type.__iter__`` to tell a registered dataset when an iteration starts and ended."""
+    original = loader_type.__iter__
+
+    @functools.wraps(original)
+    def __iter__(self: Any) -> Any:
+        dataset = getattr(self, "dataset", None)
+        if self.num_workers and isinstance(dataset, tuple(_dataset_types)):  # without workers the dataset sees it
+            previous, token = self._iterator, getattr(self, _TOKEN, None)
+            if token is not None and previous is not None and getattr(previous, "_finished", False):
+                dataset.end_iteration(token)
+            setattr(self, _TOKEN, dataset.begin_iteration())
+        return original(self)
+
+    setattr(__iter__, _WRAPPED, True)
+    loader_type.__iter__ = __iter__

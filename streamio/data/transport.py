@@ -14,6 +14,13 @@ Safety without relying on the DataLoader's internals: the main process publishes
 ring space only behind that mark. A batch that does not fit (the main process is behind, or one
 batch is larger than the ring) simply crosses the pipe as before: nothing ever waits.
 
+Address space. Each ring is a mapping of ``ring_bytes`` (the loader sizes it to what its batches
+need: :func:`ring_bytes`, at most 256 MiB; only the pages used are ever touched) plus a header. The
+main process maps one per worker; each worker, once started, unmaps every ring but its own
+(:meth:`SharedBatches.keep_only`), so under an address-space limit (``ulimit -v``) a worker costs
+one ring, not all of them. A ring that cannot be mapped (``ENOMEM`` under such a limit) turns the
+transport off for that iteration, with one log line: batches cross through the pipe.
+
 Only with the ``fork`` start method (Linux's default): with ``spawn``/``forkserver`` the rings
 cannot be inherited and :class:`SharedBatches` turns itself off when pickled.
 """
@@ -21,6 +28,7 @@ cannot be inherited and :class:`SharedBatches` turns itself off when pickled.
 from __future__ import annotations
 
 import itertools
+import logging
 import mmap
 import multiprocessing
 import platform
@@ -30,9 +38,11 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["SharedBatches", "forked_workers"]
+__all__ = ["SharedBatches", "forked_workers", "ring_bytes"]
 
-RESERVE = 256 << 20  # address space per worker ring; only the pages used are ever touched
+log = logging.getLogger(__name__)
+
+RESERVE = 256 << 20  # the most address space of a worker ring; only the pages used are ever touched
 _HEADER = 64  # the ring's first bytes: the main process's "copied out up to" mark
 # not charged to the commit limit where the flag's value is known (Linux x86-64 and arm64)
 _NORESERVE = 0x4000 if sys.platform == "linux" and platform.machine() in ("x86_64", "aarch64", "arm64") else 0
@@ -42,6 +52,11 @@ _IN_FLIGHT = 8  # ring size: this many batches of the first one's size (prefetch
 
 _live: weakref.WeakValueDictionary[int, SharedBatches] = weakref.WeakValueDictionary()
 _tokens = itertools.count(1)
+
+
+def ring_bytes(batch_bytes: int) -> int:
+    """The ring size for batches of about ``batch_bytes``: room for 2 x the batches in flight, bounded."""
+    return min(RESERVE, max(MIN_RING, 2 * _IN_FLIGHT * batch_bytes))
 
 
 def forked_workers(context: Any) -> bool:
@@ -55,8 +70,9 @@ def forked_workers(context: Any) -> bool:
 class _Ring:
     """One worker's ring: written by that worker, copied out by the main process."""
 
-    def __init__(self, ctx: Any) -> None:
-        self.mem = mmap.mmap(-1, _HEADER + RESERVE, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS | _NORESERVE)
+    def __init__(self, ctx: Any, reserve: int) -> None:
+        self.reserve = reserve
+        self.mem = mmap.mmap(-1, _HEADER + reserve, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS | _NORESERVE)
         self._done = memoryview(self.mem)[:8].cast("q")  # the last batch the main process copied out
         self.view = memoryview(self.mem)[_HEADER:]
         self.lock = ctx.Lock()  # a semaphore: its acquire and release are memory barriers on every CPU
@@ -69,7 +85,7 @@ class _Ring:
     def allocate(self, n: int) -> tuple[int, int] | None:
         """``(seq, start)`` of a free region of ``n`` bytes, or None when there is none now."""
         if not self.size:
-            self.size = min(RESERVE, max(MIN_RING, _IN_FLIGHT * n))
+            self.size = min(self.reserve, max(MIN_RING, _IN_FLIGHT * n))
         with self.lock:
             done = self._done[0]
         while self.in_flight and self.in_flight[0][0] <= done:
@@ -109,6 +125,12 @@ class _Ring:
         with self.lock:
             self._done[0] = seq
 
+    def close(self) -> None:
+        """Unmap the ring (in this process only)."""
+        self.view.release()
+        self._done.release()
+        self.mem.close()
+
 
 class SharedBatches:
     """The rings of one loader iteration's workers (see the module docstring).
@@ -118,12 +140,23 @@ class SharedBatches:
 
     Args:
         num_workers: the DataLoader's worker count.
+        reserve: bytes of each worker's ring (see :func:`ring_bytes`).
     """
 
-    def __init__(self, num_workers: int) -> None:
+    def __init__(self, num_workers: int, reserve: int = RESERVE) -> None:
         ctx = multiprocessing.get_context("fork")
         self.token = next(_tokens)
-        self._rings: list[_Ring] | None = [_Ring(ctx) for _ in range(num_workers)]
+        self._rings: list[_Ring] | None = []
+        try:
+            for _ in range(num_workers):
+                self._rings.append(_Ring(ctx, reserve))
+        except OSError as exc:  # ENOMEM under an address-space limit (ulimit -v): the pipe still works
+            log.warning(
+                "shared-memory rings of %d MiB for %d DataLoader workers could not be mapped (%s): batches "
+                "cross through the pipe (correct, more CPU); raise the address-space limit (ulimit -v) to use them",
+                reserve >> 20, num_workers, exc.strerror or exc,
+            )
+            self.close()
         _live[self.token] = self
 
     def __getstate__(self) -> dict[str, Any]:
@@ -159,9 +192,20 @@ class SharedBatches:
         rings, self._rings = self._rings, None
         _live.pop(self.token, None)
         for ring in rings or ():
-            ring.view.release()
-            ring._done.release()
-            ring.mem.close()
+            ring.close()
+
+    def keep_only(self, worker: int) -> None:
+        """In DataLoader worker ``worker``: unmap every ring this process inherited but its own.
+
+        The other workers' rings of this iteration, and every ring of older iterations still alive
+        in the main process when it forked, cost this worker address space and nothing else.
+        """
+        for shared in list(_live.values()):
+            for i, ring in enumerate(shared._rings or ()):
+                if not (shared is self and i == worker) and not ring.mem.closed:
+                    ring.close()
+            if shared is not self:
+                shared._rings = None
 
 
 class _Packed:

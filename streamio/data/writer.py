@@ -48,6 +48,7 @@ from streamio.checksum import crc32c, format_checksum
 from streamio.data.format import INDEX_NAME, SampleLayout, ShardInfo, unsafe_reason
 from streamio.data.index import INLINE_LIMIT, DatasetIndex, make_index, write_index
 from streamio.data.tar import END_OF_ARCHIVE, encode_sample
+from streamio.deprecation import fold_moved
 from streamio.errors import ConfigError, DatasetError
 from streamio.storage import Store
 
@@ -57,6 +58,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BYTES = 256_000_000
 _COMPRESSIONS = (None, "zstd")
+MOVED_INTO_SPEC = ("max_bytes", "max_count", "compression", "level", "prefix")  # keywords of 0.1 (deprecated)
 
 
 @dataclass(frozen=True)
@@ -161,9 +163,12 @@ class DatasetWriter:
         max_pending: shards uploading or waiting to upload at once (memory bound).
         overwrite: allow writing where an ``index.json`` already exists (it is removed first).
         inline_limit: datasets up to this many samples keep their offsets inside ``index.json``.
+        moved: 0.1's ``max_bytes=``, ``max_count=``, ``compression=``, ``level=``, ``prefix=``:
+            deprecated (a ``DeprecationWarning``), removed in 0.3.0; give them in ``spec``.
 
     Raises:
         DatasetError: ``dest`` already holds an index and ``overwrite`` is False.
+        ArgumentError: an unknown keyword, or a moved one given together with ``spec``.
     """
 
     def __init__(
@@ -175,7 +180,9 @@ class DatasetWriter:
         max_pending: int = 2,
         overwrite: bool = False,
         inline_limit: int = INLINE_LIMIT,
+        **moved: Any,
     ) -> None:
+        spec = fold_moved("DatasetWriter", moved, into="spec", given=spec, make=ShardSpec, fields=MOVED_INTO_SPEC)
         self.spec = spec = ShardSpec() if spec is None else spec
         self.store = dest if isinstance(dest, Store) else Store(dest, storage_options)
         self.inline_limit = inline_limit
@@ -349,16 +356,18 @@ def write_dataset(
     max_pending: int = 2,
     overwrite: bool = False,
     inline_limit: int = INLINE_LIMIT,
+    **moved: Any,
 ) -> DatasetIndex:
     """Write ``samples`` as a dataset at ``dest_url`` and return its index.
 
-    Args and errors as :class:`DatasetWriter`.
+    Args and errors as :class:`DatasetWriter` (``moved``: 0.1's shard keywords, deprecated).
 
     Example::
 
         index = write_dataset(({"__key__": f"{i:06d}", "txt": f"sample {i}"} for i in range(1000)),
                               "s3://bucket/ds", spec=ShardSpec(max_count=100, compression="zstd"))
     """
+    spec = fold_moved("write_dataset", moved, into="spec", given=spec, make=ShardSpec, fields=MOVED_INTO_SPEC)
     with DatasetWriter(
         dest_url, storage_options, spec=spec, max_pending=max_pending, overwrite=overwrite, inline_limit=inline_limit
     ) as writer:

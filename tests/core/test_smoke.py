@@ -16,7 +16,7 @@ def test_public_api_is_pinned() -> None:
         "PrefetchConfig", "RNGState", "RetentionPolicy", "RetryPolicy", "SaveOptions", "SaveStats", "ShardSpec",
         "Shuffle", "Stream",
         "Store", "StreamingDataLoader", "StreamingDataset", "__version__", "build_index", "errors", "load_index",
-        "write_dataset",
+        "select", "write_dataset",
     ])
     assert all(hasattr(streamio, name) for name in streamio.__all__)
 

@@ -113,13 +113,16 @@ def test_a_loader_with_workers_delivers_through_the_rings_what_the_shards_hold(d
     ds = StreamingDataset(ds_url, batch_size=4, seed=3, transform=_worker_state)
     held = {s["__key__"]: s["bin"] for s in StreamingDataset(ds_url, shuffle=False)}
     loader = StreamingDataLoader(ds, num_workers=2)
-    got = list(loader)
+    it = iter(loader)
+    got = [next(it) for _ in range(12)]
+    shared = loader._collate.shared
+    assert shared is not None and shared._rings is not None
+    assert [r.consumed for r in shared._rings] == [6, 6]  # every batch went through a ring
+    assert list(it) == [] and shared._rings is None  # unmapped once the epoch is delivered, not at the next
     delivered = {k: v for b in got for k, v in zip(b["__key__"], b["bin"], strict=True)}
     assert sum(len(b["__key__"]) for b in got) == 48 and delivered == held
     assert all(type(v) is bytes for v in delivered.values())
     assert all(b["tuned"].tolist() == [True] * 4 for b in got)  # workers tuned their allocator
-    rings = loader._collate.shared._rings
-    assert [r.consumed for r in rings] == [6, 6]  # every batch went through a ring
 
 
 def test_the_allocator_settings_apply_once_per_process() -> None:

@@ -18,6 +18,12 @@ lease file's mtime is the LRU clock. Inside the lease, one look (:meth:`CacheCor
 
 ``open_range`` (a reader) and ``fill`` (a prefetcher: cached or being cached, no bytes handed over)
 share that one look.
+
+A write the system refuses (file-size limit, full disk, read-only, permissions, the directory
+removed: :func:`~streamio.data.cache.directory.write_refused`) is a
+:class:`~streamio.errors.CacheWriteError`; under ``CacheConfig(on_error="bypass")`` the read goes on
+from the store without the cache, from the byte it had reached, logged once per cause. Any other
+``OSError`` of the cache's own files is a :class:`~streamio.errors.CacheError` naming the directory.
 """
 
 from __future__ import annotations
@@ -29,13 +35,13 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from streamio.data.cache.config import CacheConfig
-from streamio.data.cache.directory import CacheDirectory, read_chunks
+from streamio.data.cache.directory import CacheDirectory, read_chunks, write_refused
 from streamio.data.cache.eviction import make_room, usage
 from streamio.data.cache.source import Source
 from streamio.data.cache.stats import Counters, ReadStats
 from streamio.data.cache.transfer import RESERVE, Download, Follower
 from streamio.data.cache.verify import open_verified
-from streamio.errors import CacheError, CorruptDataError
+from streamio.errors import CacheError, CacheWriteError, CorruptDataError, StreamioError
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +81,7 @@ class CacheCore:
         self.stats = ReadStats()
         self.directory = CacheDirectory(os.fspath(config.directory))
         self._clock, self._sleep = clock, sleep
+        self._warned: set[int] = set()  # errno values of refused writes already logged
 
     def fits(self, size: int) -> bool:
         """Whether an object of ``size`` bytes can be cached at all (else it is always streamed)."""
@@ -98,6 +105,19 @@ class CacheCore:
             )
             yield from self.bypass(src, start, end, counters)
             return
+        pos, cached = start, self._cached_range(src, start, end, counters)
+        try:
+            for chunk in cached:
+                pos += len(chunk)
+                yield chunk
+        except OSError as exc:
+            self._refused(exc, src)  # raises unless the policy bypasses it
+            yield from self.bypass(src, pos, end, counters)
+        finally:
+            cached.close()
+
+    def _cached_range(self, src: Source, start: int, end: int, counters: Counters) -> Iterator[bytes]:
+        """:meth:`open_range` through the cache (the one look, then a hit, a download or a follow)."""
         with self._lease(src.key):
             pos = start
             while True:
@@ -142,17 +162,59 @@ class CacheCore:
         counters = Counters(self.stats, stats)
         if not self.fits(src.size):
             return False
+        started = False
+
+        def start_reading() -> None:
+            nonlocal started
+            started = True
+            if on_started is not None:
+                on_started()
+
+        try:
+            return self._fill(src, start, counters, start_reading, cancelled)
+        except OSError as exc:
+            self._refused(exc, src)  # raises unless the policy bypasses it
+            return started  # once started, the consumer reads (and bypasses) by itself
+
+    def _fill(
+        self, src: Source, start: int, counters: Counters, on_started: Callable[[], None],
+        cancelled: Callable[[], bool] | None,
+    ) -> bool:
         with self._lease(src.key):
             claim = self._claim(src, min(start, src.size), counters, verify=False)
             if claim == _FULL:
                 return False
-            if on_started is not None:
-                on_started()
+            on_started()
             if isinstance(claim, Download):
                 with claim:
                     for _ in claim.run(src.size, src.size, cancelled):
                         pass  # pragma: no cover - nothing is yielded for an empty range
             return True
+
+    def _refused(self, exc: OSError, src: Source) -> None:
+        """Apply the error policy to ``exc``, raised by the cache while reading ``src``.
+
+        Returns (the caller bypasses the cache) for a refused write under ``on_error="bypass"``;
+        raises anything else: a StreamioError as it is (the store's errors among them), a refused
+        write as a CacheWriteError, any other OSError as a CacheError naming the directory.
+        """
+        if isinstance(exc, StreamioError) and not isinstance(exc, CacheWriteError):
+            raise exc
+        what = f"the copy of {src.url} ({src.size} bytes)"
+        error = exc if isinstance(exc, CacheWriteError) else write_refused(exc, self.directory.path, what)
+        if error is None:
+            raise CacheError(
+                f"cache {self.directory.path!r}: {exc.strerror or exc} while reading {src.url}; check the "
+                "directory's disk, or point CacheConfig(directory=...) elsewhere"
+            ) from exc
+        if self.config.on_error == "raise":
+            if error is exc:
+                raise error
+            raise error from exc
+        code = getattr(error.__cause__, "errno", None) or getattr(exc, "errno", None) or 0
+        if code not in self._warned:
+            self._warned.add(code)
+            log.warning("%s. Reading %s (and what else it refuses) from the store without the cache", error, src.url)
 
     def bypass(self, src: Source, start: int, end: int, counters: Counters) -> Iterator[bytes]:
         """Stream ``[start, end)`` from ``src.fetch`` without caching it."""

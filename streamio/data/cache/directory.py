@@ -13,6 +13,13 @@ are re-checked after locking (inode of the fd == inode at the path), the standar
 deletable lock files. ``.lock`` is the directory lock, held briefly for reservations, eviction,
 discard and commit; a process that holds a shard's ``KEY.dl`` may take it, never the reverse.
 
+Writes refused (:func:`write_refused`). The kernel can refuse a cache write for reasons that are
+not the data's: the process's file-size limit (``ulimit -f``: ``EFBIG``; the kernel's ``SIGXFSZ``
+is ignored by Python from start-up, so it arrives as an error, not a kill), a full disk or quota,
+a read-only filesystem, permissions, or the directory removed while the job runs. Each becomes a
+:class:`~streamio.errors.CacheWriteError` whose advice fits its cause; the cache's error policy
+(``CacheConfig.on_error``) decides whether the read then goes on without the cache.
+
 Fork/spawn safety: the descriptor is opened lazily per process id, so an object that crossed a
 fork opens its own.
 """
@@ -23,17 +30,18 @@ import errno
 import fcntl
 import logging
 import os
+import resource
 import stat
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from streamio.checksum import crc32c
-from streamio.errors import CacheError
+from streamio.errors import CacheError, CacheWriteError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DIR_LOCK", "CacheDirectory", "crc_of", "pwrite_all", "read_chunks"]
+__all__ = ["DIR_LOCK", "REFUSALS", "CacheDirectory", "crc_of", "pwrite_all", "read_chunks", "write_refused"]
 
 DIR_LOCK = ".lock"
 O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -41,6 +49,32 @@ O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # opening a planted FIFO must not block (no effect on files)
 _SAFE = O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK
 _LOCK_FLAGS = os.O_RDWR | os.O_CREAT | _SAFE
+REFUSALS = frozenset({errno.EFBIG, errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOENT})
+"""``errno`` values of a write the system refused (not the data's fault): see :func:`write_refused`."""
+
+
+def write_refused(exc: OSError, path: str, what: str) -> CacheWriteError | None:
+    """The :class:`CacheWriteError` for ``exc`` (writing ``what`` in the cache directory ``path``), with
+    the advice of its cause; None when ``exc`` is not a refused write.
+    """
+    code = exc.errno
+    if code not in REFUSALS:
+        return None
+    if code == errno.EFBIG:
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        shown = "unlimited" if limit == resource.RLIM_INFINITY else f"{limit} bytes"
+        why = (f"the file-size limit of this process (RLIMIT_FSIZE, `ulimit -f`: {shown}) refuses it; raise the "
+               "limit (`ulimit -f unlimited`) or write smaller shards")
+    elif code in (errno.ENOSPC, errno.EDQUOT):
+        why = ("its filesystem is full (or your quota is): free space there, or lower CacheConfig(max_bytes=...) "
+               "/ raise min_free_bytes")
+    elif code == errno.ENOENT:
+        why = ("the directory was removed while this process was using it: recreate it (`mkdir -m 700`) "
+               "or restart the job")
+    else:
+        kind = "it is on a read-only filesystem" if code == errno.EROFS else "this user may not write there"
+        why = f"{kind}: point CacheConfig(directory=...) at a writable local directory of your own"
+    return CacheWriteError(f"cache {path!r} cannot write {what} ({exc.strerror or exc}): {why}")
 
 
 class CacheDirectory:
@@ -71,6 +105,9 @@ class CacheDirectory:
         try:
             os.makedirs(path, mode=0o700, exist_ok=True)
         except OSError as exc:
+            refused = write_refused(exc, path, "its directory")
+            if refused is not None:
+                raise refused from exc
             raise CacheError(f"cannot create cache directory {path!r}: {exc}; choose a writable local path") from exc
         st = os.lstat(path)
         if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
@@ -238,7 +275,11 @@ class CacheDirectory:
             os.close(fd)  # deleted and re-created by an evictor meanwhile: lock the current file
 
     def _unusable(self, name: str, kind: str, exc: OSError) -> CacheError:
-        """The error for a cache name that holds something this cache cannot open (not a symlink)."""
+        """The error for a cache name this cache cannot open: a refused write (:func:`write_refused`),
+        or something there it cannot open (not a symlink)."""
+        refused = write_refused(exc, self.path, f"{kind} {name!r}")
+        if refused is not None:
+            return refused
         return CacheError(
             f"cannot open {kind} {self.where(name)!r}: {exc.strerror or exc}; remove it: the "
             f"cache directory {self.path!r} must hold only the cache's own files"

@@ -94,7 +94,12 @@ counts the batches it took, ``C``, and checkpoints ``plan.state_dict(C)``
 with ``resume=None``. :meth:`EpochPlan.check` verifies invariants 1-2 from the runs alone.
 
 A state whose fingerprint or epoch differs from the plan's raises
-:class:`~streamio.errors.StateMismatchError` naming each difference.
+:class:`~streamio.errors.StateMismatchError` naming each difference. A state is untrusted input (it
+may come from a checkpoint file): before a stage is replayed, its sizes are bounded (``world_size``
+<= 2**20, ``num_workers`` <= 1024, their product <= 2**20 streams, ``batch_size`` <= 2**24, at most
+256 stages, ``epoch`` < 2**31; :mod:`~streamio.data.plan.config`), its ``world_size`` may exceed the
+stage's samples only up to 4,096 ranks, and no rank may have consumed more batches than the stage
+has; memory then stays O(streams) of a real topology. The errors name the field and its value.
 
 Why it is exact: every sample of S is at one position of the padded/truncated sequence, each
 position belongs to exactly one rank block, each block position to exactly one worker block and to

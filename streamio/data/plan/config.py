@@ -16,7 +16,8 @@ import numpy as np
 from streamio.errors import PlanError
 
 __all__ = [
-    "DEFAULT_INTERLEAVE", "DEFAULT_WINDOW", "POLICIES", "Sampling", "Shuffle", "TailPolicy", "Topology", "check_int",
+    "DEFAULT_INTERLEAVE", "DEFAULT_WINDOW", "MAX_BATCH_SIZE", "MAX_EPOCH", "MAX_STREAMS", "MAX_WORKERS",
+    "MAX_WORLD_SIZE", "POLICIES", "Sampling", "Shuffle", "TailPolicy", "Topology", "check_int",
 ]
 
 TailPolicy = Literal["drop", "pad"]
@@ -25,11 +26,34 @@ TailPolicy = Literal["drop", "pad"]
 POLICIES: tuple[str, ...] = ("drop", "pad")
 
 
-def check_int(name: str, value: object, low: int) -> int:
-    """``value`` as an int, or a :class:`PlanError` naming ``name`` when it is no int ``>= low``."""
+# Sane bounds of the sizes a plan is made for. Topologies and resume states (which may come from a
+# checkpoint file: untrusted input) are checked against them before anything is allocated for them:
+# the planner's memory is O(ranks x workers), so a state claiming 10^9 ranks must be refused, not
+# planned. Each is far above any job that exists; the error names the bound.
+MAX_WORLD_SIZE = 1 << 20
+"""Most ranks a topology (or a stage of a resume state) may have."""
+MAX_WORKERS = 1024
+"""Most DataLoader workers per rank."""
+MAX_STREAMS = 1 << 20
+"""Most worker streams (ranks x workers) of one topology: re-planning holds a few ints per stream."""
+MAX_BATCH_SIZE = 1 << 24
+"""Largest batch size."""
+MAX_EPOCH = (1 << 31) - 1
+"""Largest epoch number."""
+
+
+def check_int(name: str, value: object, low: int, high: int | None = None, *, fix: str = "") -> int:
+    """``value`` as an int, or a :class:`PlanError` naming ``name`` (then ``fix``) if not an int in ``[low, high]``."""
     if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or int(value) < low:
-        raise PlanError(f"{name}={value!r} must be an int >= {low}.")
+        raise PlanError(f"{name}={_short(value)} must be an int >= {low}.{fix}")
+    if high is not None and int(value) > high:
+        raise PlanError(f"{name}={value!r} is above the limit of {high}.{fix}")
     return int(value)
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 100 else text[:100] + "..."
 
 
 DEFAULT_WINDOW = 256
@@ -90,14 +114,16 @@ class Topology:
     """Who reads an epoch: ranks, DataLoader workers per rank, and the DataLoader's batch size.
 
     Attributes:
-        world_size: number of ranks (int >= 1).
-        num_workers: DataLoader workers per rank (int >= 0; 0 = load in the main process, which
-            reads the same single stream as 1 worker).
-        batch_size: the DataLoader's batch size (int >= 1); worker streams are cut in whole batches
-            so that resume positions are exact (1 when batching happens elsewhere).
+        world_size: number of ranks (int, 1 to :data:`MAX_WORLD_SIZE`).
+        num_workers: DataLoader workers per rank (int, 0 to :data:`MAX_WORKERS`; 0 = load in the
+            main process, which reads the same single stream as 1 worker).
+        batch_size: the DataLoader's batch size (int, 1 to :data:`MAX_BATCH_SIZE`); worker streams
+            are cut in whole batches so that resume positions are exact (1 when batching happens
+            elsewhere).
 
     Raises:
-        PlanError: a field is not an int in its range (numpy ints are accepted and stored as int).
+        PlanError: a field is not an int in its range, or ranks x workers exceeds
+            :data:`MAX_STREAMS` (numpy ints are accepted and stored as int).
     """
 
     world_size: int
@@ -106,9 +132,14 @@ class Topology:
 
     def __post_init__(self) -> None:
         # stored as plain ints: they go into JSON resume states
-        object.__setattr__(self, "world_size", check_int("world_size", self.world_size, 1))
-        object.__setattr__(self, "num_workers", check_int("num_workers", self.num_workers, 0))
-        object.__setattr__(self, "batch_size", check_int("batch_size", self.batch_size, 1))
+        object.__setattr__(self, "world_size", check_int("world_size", self.world_size, 1, MAX_WORLD_SIZE))
+        object.__setattr__(self, "num_workers", check_int("num_workers", self.num_workers, 0, MAX_WORKERS))
+        object.__setattr__(self, "batch_size", check_int("batch_size", self.batch_size, 1, MAX_BATCH_SIZE))
+        if self.world_size * self.workers > MAX_STREAMS:
+            raise PlanError(
+                f"world_size={self.world_size} x num_workers={self.workers} is {self.world_size * self.workers} "
+                f"worker streams, above the limit of {MAX_STREAMS}."
+            )
 
     @property
     def workers(self) -> int:

@@ -13,10 +13,18 @@ from typing import Any
 
 import numpy as np
 
-from streamio.data.plan.config import Sampling, Topology, check_int
+from streamio.data.plan.config import MAX_EPOCH, Sampling, Topology, check_int
 from streamio.data.plan.intervals import Seq
 from streamio.data.plan.mixture import PlanSource, contributions
-from streamio.data.plan.resume import check_state, fingerprint, make_state, parse_stages, per_rank_counts, stage_record
+from streamio.data.plan.resume import (
+    check_stage_fits,
+    check_state,
+    fingerprint,
+    make_state,
+    parse_stages,
+    per_rank_counts,
+    stage_record,
+)
 from streamio.data.plan.sequence import EpochSequence, Run, SourceLayout
 from streamio.data.plan.stage import Stage
 from streamio.data.plan.stream import WorkerStream
@@ -293,7 +301,7 @@ def plan_epoch(
     if index_fingerprint is not None and len(sources) == 1 and sources[0].fingerprint is None:
         sources = [PlanSource(sources[0].counts, sources[0].weight, sources[0].samples, index_fingerprint)]
     seed = check_int("seed", seed, 0)
-    epoch = check_int("epoch", epoch, 0)
+    epoch = check_int("epoch", epoch, 0, MAX_EPOCH)
     if not isinstance(topology, Topology):
         raise PlanError(f"topology={topology!r} must be a streamio.data.plan.Topology.")
     if not isinstance(sampling, Sampling):
@@ -326,6 +334,7 @@ def plan_epoch(
     stages = parse_stages(check_state(resume, fp, epoch, names))
     history: list[dict[str, Any]] = []
     for i, (topo, per, raw) in enumerate(stages):
+        check_stage_fits(i, topo, len(seq))
         stage = Stage(i, seq, topo, sampling, key)
         for r, c in enumerate(per):
             if c > stage.batches:

@@ -14,7 +14,15 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from streamio.data.plan.config import Sampling, Topology, check_int
+from streamio.data.plan.config import (
+    MAX_BATCH_SIZE,
+    MAX_STREAMS,
+    MAX_WORKERS,
+    MAX_WORLD_SIZE,
+    Sampling,
+    Topology,
+    check_int,
+)
 from streamio.data.plan.mixture import PlanSource
 from streamio.errors import PlanError, StateMismatchError
 from streamio.state_version import VERSION_KEY, check_version
@@ -22,6 +30,7 @@ from streamio.state_version import VERSION_KEY, check_version
 __all__ = [
     "STATE_VERSION",
     "StageRecord",
+    "check_stage_fits",
     "check_state",
     "fingerprint",
     "make_state",
@@ -39,6 +48,12 @@ K_WORLD, K_WORKERS, K_BATCH, K_BATCHES = "world_size", "num_workers", "batch_siz
 K_SOURCES, K_CONTRIBUTION = "sources", "contribution"
 
 _FROM_STATE_DICT = "pass a dict made by EpochPlan.state_dict()"
+_NOT_OURS = " No job makes such a state: resume from another checkpoint or start the epoch fresh."
+
+MAX_STAGES = 256
+"""Most topology changes one epoch's resume state may record (each is replayed when it is loaded)."""
+SMALL_WORLD = 4096
+"""Ranks a stage of a state may have beyond its samples (under ``"pad"`` each extra rank only repeats one)."""
 
 
 class StageRecord(NamedTuple):
@@ -67,9 +82,9 @@ def per_rank_counts(batches: Any, world: int, what: str) -> list[int]:
         if len(per) != world:
             raise PlanError(f"{what}: {len(per)} per-rank counts for world_size={world}; give one per rank or one int.")
     else:
-        raise PlanError(f"{what}: expected an int or a list of ints, one per rank.")
+        raise PlanError(f"{what}: batches={_short(batches)}; expected an int or a list of ints, one per rank.")
     if any(c < 0 for c in per):
-        raise PlanError(f"{what}: consumed counts must be >= 0.")
+        raise PlanError(f"{what}: batches={_short(batches)}; consumed counts must be >= 0.")
     return per
 
 
@@ -96,7 +111,7 @@ def fingerprint(sources: Sequence[PlanSource], shares: Sequence[int], seed: int,
 def _differences(theirs: Mapping[str, Any], fp: Mapping[str, Any], names: Sequence[str]) -> list[str]:
     """One line per fingerprint entry that differs; a mixture's sources are compared one by one."""
     diffs = [
-        f"{k}: state has {theirs.get(k)!r}, this plan has {fp[k]!r}"
+        f"{k}: state has {_short(theirs.get(k))}, this plan has {fp[k]!r}"
         for k in fp
         if k != K_SOURCES and theirs.get(k) != fp[k]
     ]
@@ -107,15 +122,15 @@ def _differences(theirs: Mapping[str, Any], fp: Mapping[str, Any], names: Sequen
                 f"this plan has {n}"]
     mine, old = fp.get(K_SOURCES, []), theirs.get(K_SOURCES, [])
     if not isinstance(old, list) or len(old) != len(mine):
-        got = len(old) if isinstance(old, list) else old
-        return [f"sources: the state has {got!r} sources, this plan has {len(mine)}"]
+        got = len(old) if isinstance(old, list) else _short(old)
+        return [f"sources: the state has {got} sources, this plan has {len(mine)}"]
     for i, (a, b) in enumerate(zip(old, mine, strict=True)):
         for k in b:
             if not isinstance(a, Mapping) or a.get(k) != b[k]:
                 what = "samples per epoch (its weight, samples= or epoch_samples)" if k == K_CONTRIBUTION else k
                 got = a.get(k) if isinstance(a, Mapping) else a
                 who = names[i] if i < len(names) else f"source {i}"
-                diffs.append(f"{who} {what}: state has {got!r}, this plan has {b[k]!r}")
+                diffs.append(f"{who} {what}: state has {_short(got)}, this plan has {b[k]!r}")
     return diffs
 
 
@@ -139,18 +154,52 @@ def parse_stages(state: Mapping[str, Any]) -> list[StageRecord]:
     stages = state.get(K_STAGES)
     if not isinstance(stages, list):
         raise PlanError(f"resume state has no {K_STAGES!r} list; {_FROM_STATE_DICT}.")
+    if len(stages) > MAX_STAGES:
+        raise PlanError(
+            f"resume state has {len(stages)} stages (topology changes in one epoch), above the limit of "
+            f"{MAX_STAGES}; {_FROM_STATE_DICT}."
+        )
     out = []
     for i, st in enumerate(stages):
         if not isinstance(st, Mapping) or not all(k in st for k in (K_WORLD, K_WORKERS, K_BATCH, K_BATCHES)):
-            raise PlanError(f"resume state stage {i} is malformed ({st!r}); {_FROM_STATE_DICT}.")
-        topo = Topology(
-            check_int(f"stage {i} world_size", st[K_WORLD], 1),
-            check_int(f"stage {i} num_workers", st[K_WORKERS], 1),
-            check_int(f"stage {i} batch_size", st[K_BATCH], 1),
-        )
-        per = per_rank_counts(st[K_BATCHES], topo.world_size, f"resume state stage {i}")
+            raise PlanError(f"resume state stage {i} is malformed ({_short(st)}); {_FROM_STATE_DICT}.")
+        # every size is bounded before anything is allocated for it: the state may be hostile
+        what = f"resume state stage {i}"
+        world = check_int(f"{what} world_size", st[K_WORLD], 1, MAX_WORLD_SIZE, fix=_NOT_OURS)
+        workers = check_int(f"{what} num_workers", st[K_WORKERS], 1, MAX_WORKERS, fix=_NOT_OURS)
+        batch = check_int(f"{what} batch_size", st[K_BATCH], 1, MAX_BATCH_SIZE, fix=_NOT_OURS)
+        if world * workers > MAX_STREAMS:
+            raise PlanError(
+                f"{what}: world_size={world} x num_workers={workers} worker streams is above the limit of "
+                f"{MAX_STREAMS}; {_FROM_STATE_DICT}."
+            )
+        topo = Topology(world, workers, batch)
+        per = per_rank_counts(st[K_BATCHES], world, what)
         out.append(StageRecord(topo, per, dict(st)))
     return out
+
+
+def check_stage_fits(index: int, topology: Topology, samples: int) -> None:
+    """Refuse a stage of a loaded state with more ranks than its ``samples`` could need.
+
+    Checked against the data before the stage is replayed: a stage's rest carries its padding into
+    the next stage, so a state claiming a million ranks over 24 samples would plan a million.
+
+    Raises:
+        PlanError: ``topology.world_size`` exceeds both ``samples`` and :data:`SMALL_WORLD`.
+    """
+    if topology.world_size > max(samples, SMALL_WORLD):
+        raise PlanError(
+            f"resume state stage {index}: world_size={topology.world_size} is more ranks than the {samples} "
+            f"samples that stage reads (and above {SMALL_WORLD}); the state was not made for this data set. "
+            f"{_FROM_STATE_DICT[0].upper()}{_FROM_STATE_DICT[1:]}."
+        )
+
+
+def _short(value: object) -> str:
+    """``repr(value)`` cut to a length a message can hold (a hostile state may be huge)."""
+    text = repr(value)
+    return text if len(text) <= 200 else text[:200] + "..."
 
 
 def check_state(state: object, fp: Mapping[str, Any], epoch: int, names: Sequence[str] = ()) -> Mapping[str, Any]:
@@ -167,7 +216,7 @@ def check_state(state: object, fp: Mapping[str, Any], epoch: int, names: Sequenc
         raise PlanError(f"resume state has no fingerprint; {_FROM_STATE_DICT}.")
     diffs = _differences(theirs, fp, names)
     if state.get(K_EPOCH) != epoch:
-        diffs.append(f"epoch: state has {state.get(K_EPOCH)!r}, this plan has {epoch!r}")
+        diffs.append(f"epoch: state has {_short(state.get(K_EPOCH))}, this plan has {epoch!r}")
     if diffs:
         raise StateMismatchError(
             f"resume state does not belong to this plan ({'; '.join(diffs)}); resume with the data set (or "
