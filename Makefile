@@ -13,6 +13,8 @@ STAMP  := $(VENV)/.installed
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@# the distribution was called "streamio" before 0.2.0 (now streamio-torch): drop a stale install
+	$(PY) -m pip uninstall --quiet --yes streamio 2>/dev/null || true
 	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test,bench,docs]'
 	touch $(STAMP)
 
