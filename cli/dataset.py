@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from .common import storage_option
+from .common import MAX_CONCURRENCY, MAX_COUNT, MAX_SEED, bounded, storage_option
 from .exits import exit_codes_short
 from .progress import Progress, human_bytes, plural
 from .schemas import json_help
@@ -31,6 +31,8 @@ if TYPE_CHECKING:  # the library is imported inside each verb: `streamio --help`
     from streamio.data.sources import Samples
     from streamio.storage import Store
 
+#: The largest shard size limit: 5 TiB, the largest object S3 and GCS store.
+MAX_SHARD_BYTES = 5 << 40
 _UNITS = {
     "": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
     "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40,
@@ -45,6 +47,10 @@ def parse_size(text: str) -> int:
     size = int(float(m.group(1)) * _UNITS[m.group(2).upper()])
     if size < 1:
         raise click.BadParameter(f"{text!r} is {size} bytes; a shard size limit must be at least 1 byte (e.g. 256MB)")
+    if size > MAX_SHARD_BYTES:
+        raise click.BadParameter(
+            f"{text!r} is more than 5 TiB, the largest object S3 and GCS store: give a shard size limit such as 256MB"
+        )
     return size
 
 
@@ -146,10 +152,10 @@ SRC is one of:
 @click.argument("src")
 @click.argument("dest")
 @click.option("--max-size", type=_Size(), default="256MB", show_default=True, help="Shard size limit (1GiB, ...).")
-@click.option("--max-count", type=click.IntRange(min=1), default=None, help="Samples per shard limit.")
+@click.option("--max-count", type=bounded(1, MAX_COUNT), default=None, help="Samples per shard limit.")
 @click.option("--compress", type=click.Choice(["zstd"]), default=None, help="One zstd frame per sample (.tar.zst).")
 @click.option("--shuffle", is_flag=True, help="Shuffle the sample order (directory / JSONL sources).")
-@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Seed of --shuffle.")
+@click.option("--seed", type=bounded(0, MAX_SEED), default=0, show_default=True, help="Seed of --shuffle.")
 @click.option("--prefix", default="data", show_default=True, callback=_plain_prefix, help="Names: PREFIX-000000.tar.")
 @click.option(
     "--file-field", "file_fields", multiple=True, metavar="EXT",
@@ -212,7 +218,9 @@ def _framing_note(input_bytes: int, doc: dict[str, Any]) -> None:
     "in a bucket you can read but not write. The index records where the shards are: give this URL to "
     "StreamingDataset and the other verbs.",
 )
-@click.option("--concurrency", type=click.IntRange(min=1), default=8, show_default=True, help="Shards scanned at once.")
+@click.option(
+    "--concurrency", type=bounded(1, MAX_CONCURRENCY), default=8, show_default=True, help="Shards scanned at once."
+)
 @json_option
 @storage_option
 def index_cmd(
