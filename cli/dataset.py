@@ -221,21 +221,23 @@ def _framing_note(input_bytes: int, doc: dict[str, Any]) -> None:
 @click.option(
     "--concurrency", type=bounded(1, MAX_CONCURRENCY), default=8, show_default=True, help="Shards scanned at once."
 )
+@click.option("--overwrite", is_flag=True, help="Replace an index already at the target.")
 @json_option
 @storage_option
 def index_cmd(
-    url: str, index_url: str | None, concurrency: int, as_json: bool, storage_options: dict[str, Any]
+    url: str, index_url: str | None, concurrency: int, overwrite: bool, as_json: bool, storage_options: dict[str, Any]
 ) -> None:
     """Index existing WebDataset shards: URL is a prefix or a pattern (shard-{000000..000099}.tar).
 
-    The index is written beside the shards (URL's directory), or at --index-url.
+    The index is written beside the shards (URL's directory), or at --index-url. An index already
+    there is replaced only with --overwrite: every reader of that URL would see the new one.
     """
     from streamio.data.format import INDEX_NAME
     from streamio.data.index import write_index
     from streamio.data.indexer import build_index
     from streamio.data.locate import absolute_url, same_location, split_index_url
     from streamio.data.patterns import split_pattern
-    from streamio.errors import ConfigError, StoragePermissionError
+    from streamio.errors import ConfigError, StoragePermissionError, WriteConflictError
     from streamio.storage import Store
 
     root, pattern = split_pattern(url)
@@ -247,11 +249,15 @@ def index_cmd(
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from exc
     target = Store(directory, storage_options) if index_url is not None else store
+    if not overwrite and target.exists(name):
+        raise click.UsageError(_index_exists(target.url(name)))
     with Progress("index", unit="shard") as progress:
         index = build_index(store, pattern, concurrency=concurrency, progress=progress.report)
     index = replace(index, shards_url=shards_url) if shards_url is not None else index
     try:
-        write_index(target, index, path=name)
+        write_index(target, index, path=name, mode="overwrite" if overwrite else "create")
+    except WriteConflictError as exc:  # another indexer created it meanwhile
+        raise click.UsageError(_index_exists(target.url(name))) from exc
     except StoragePermissionError as exc:
         if index_url is not None:
             raise
@@ -265,6 +271,14 @@ def index_cmd(
         click.echo(f"{doc['index_url']}: {counts(doc)}, keys {', '.join(index.keys) or '-'}")
         if apart:
             click.echo(f"  shards at {doc['url']}: open the dataset with {doc['index_url']}")
+
+
+def _index_exists(url: str) -> str:
+    return (
+        f"{url} exists: replacing it changes the dataset every reader of that URL sees (a pattern naming fewer "
+        f"shards would drop the others). Write this index elsewhere with --index-url URL.json, or pass --overwrite "
+        f"to replace it"
+    )
 
 
 def register(group: click.Group) -> None:

@@ -163,14 +163,23 @@ def _shards_store(index: DatasetIndex, where: Store, options: Mapping[str, Any] 
 
 
 def _pattern_index(store: Store, pattern: str, shown: str) -> DatasetIndex:
-    """The index beside the shards a pattern names, if it indexes exactly those shards."""
-    fix = f"index them once with `streamio index '{shown}'`, then open the same URL"
+    """The index beside the shards a pattern names, if it indexes exactly those shards.
+
+    The fix a refusal suggests never drops an indexed shard: without an index, index the named
+    shards beside them; when they include every indexed one, replace the index (``--overwrite``);
+    otherwise index them apart (``--index-url``), leaving the index that is there as it is.
+    """
     try:
         index = load_index(store)
     except IndexNotFoundError as exc:
         raise IndexNotFoundError(
-            f"the shards of {shown!r} are not indexed: no {INDEX_NAME} at {store.url(INDEX_NAME)}; {fix}"
+            f"the shards of {shown!r} are not indexed: no {INDEX_NAME} at {store.url(INDEX_NAME)}; index them once "
+            f"with `streamio index '{shown}'`, then open the same URL"
         ) from exc
+    fix = (
+        f"to read only these shards, index them apart with `streamio index '{shown}' --index-url "
+        f"{store.root_url}/subset.json` and open that URL"
+    )
     if index.shards_url is not None:
         raise IndexNotFoundError(
             f"{store.url(INDEX_NAME)} indexes the shards at {index.shards_url}, not those {shown!r} names; {fix}, "
@@ -182,6 +191,8 @@ def _pattern_index(store: Store, pattern: str, shown: str) -> DatasetIndex:
     if named_set != indexed_set:
         unindexed = [p for p in named if p not in indexed_set]
         unnamed = [p for p in indexed if p not in named_set]
+        if not unnamed:  # a superset: re-indexing beside them drops nothing
+            fix = f"index them with `streamio index '{shown}' --overwrite` (it names every indexed shard)"
         raise IndexNotFoundError(
             f"{shown!r} names {len(named)} shards but {store.url(INDEX_NAME)} indexes {len(indexed)}: "
             f"{len(unindexed)} named are not indexed{_first(unindexed)}, {len(unnamed)} indexed are not named"

@@ -25,6 +25,7 @@ from streamio.errors import (
     IndexNotFoundError,
     ObjectNotFoundError,
     ShardFormatError,
+    WriteConflictError,
 )
 from streamio.storage import Store
 from streamio.testing import FaultProxy, S3Endpoint
@@ -347,3 +348,19 @@ def test_a_corrupted_ranged_read_is_caught_by_the_sample_crc(s3: S3Endpoint) -> 
         with pytest.raises(CorruptDataError, match=r"sample 3 .* fails its CRC32C"):
             list(iter_samples(store.iter_bytes("data-000000.tar", start, end), url="data-000000.tar",
                               start_offset=start, first_sample=2, layout=layout))
+
+
+@pytest.mark.parametrize("kind", ["file", "memory", "s3"])
+def test_a_create_only_index_write_never_replaces_one(kind: str, tmp_path, request: pytest.FixtureRequest) -> None:
+    if kind == "s3":
+        s3: S3Endpoint = request.getfixturevalue("s3")
+        store = Store(s3.url("ds"), s3.storage_options())
+    else:
+        store = Store(str(tmp_path / "ds")) if kind == "file" else mem()
+    ten = write_dataset(samples(10, 10), store, spec=ShardSpec(max_count=1))
+    five = make_index(ten.shards[:5], {i: ten.layout(i, store) for i in range(5)}, ten.keys)
+    with pytest.raises(WriteConflictError, match="index.json"):
+        write_index(store, five, mode="create")
+    assert load_index(store) == ten
+    write_index(store, five, mode="overwrite")
+    assert load_index(store) == five
