@@ -264,3 +264,19 @@ def test_jsonl_file_field_json_is_a_usage_error(tmp_path) -> None:
     (tmp_path / "in.jsonl").write_text('{"json": "a.txt"}\n')
     _, err = run("shard", str(tmp_path / "in.jsonl"), str(tmp_path / "ds"), "--file-field", "json", code=2)
     assert "'json' is the member holding each line" in err and "--split-fields" in err
+
+
+@pytest.mark.parametrize("compress", [[], ["--compress", "zstd"]], ids=["tar", "zst"])
+def test_verify_fails_an_index_that_drops_the_last_sample(tmp_path, compress: list[str]) -> None:
+    """Issue 23: an index listing 9 of a shard's 10 samples (its size and checksum right) passed `verify`."""
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps({"__key__": f"k{i}", "n": i}) + "\n" for i in range(10)))
+    dest = tmp_path / "ds"
+    run("shard", str(tmp_path / "in.jsonl"), str(dest), *compress)
+    doc = json.loads((dest / INDEX_NAME).read_text())
+    entry = doc["shards"][0]
+    entry["offsets"], entry["crc32c"] = entry["offsets"][:-1], entry["crc32c"][:-1]
+    entry["samples"] -= 1
+    doc["samples"] -= 1
+    (dest / INDEX_NAME).write_text(json.dumps(doc))
+    _, err = run("verify", str(dest), code=1)
+    assert "data-000000.tar" in err and "member 'k9.json' at byte" in err and "the index does not list it" in err

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamio.checksum import checksum_bytes
-from streamio.data.format import FORMAT, INDEX_NAME, ShardInfo
+from streamio.data.format import FORMAT, INDEX_NAME, SampleLayout, ShardInfo
 from streamio.data.index import DatasetIndex, load_index, make_index, write_index
 from streamio.data.indexer import build_index, scan_chunks
 from streamio.data.patterns import split_pattern
@@ -364,3 +364,48 @@ def test_a_create_only_index_write_never_replaces_one(kind: str, tmp_path, reque
     assert load_index(store) == ten
     write_index(store, five, mode="overwrite")
     assert load_index(store) == five
+
+
+# --------------------------------------------------------------------------- verify covers the whole shard
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(2, 6), k=st.integers(1, 5), compression=st.sampled_from([None, "zstd"]), head=st.booleans())
+def test_verify_fails_an_index_listing_fewer_samples_than_the_shard_holds(
+    n: int, k: int, compression: str | None, head: bool
+) -> None:
+    """Issue 23: bytes outside the indexed samples were never checked, so a short index passed `verify`."""
+    k = min(k, n - 1)
+    store = mem()
+    full = write_dataset(samples(n, 100), store, spec=ShardSpec(compression=compression))
+    shard, layout = full.shards[0], full.layout(0, store)
+    if head:  # the index starts at sample n - k: the first ones lie before it, unlisted
+        kept = SampleLayout(layout.offsets[n - k :], layout.checksums[n - k :], layout.max_sample_bytes)
+        hidden, at = "00000", 0
+    else:  # the index ends after sample k - 1: the rest lie after it, unlisted
+        kept = SampleLayout(layout.offsets[:k] + (layout.offsets[k],), layout.checksums[:k], layout.max_sample_bytes)
+        hidden, at = f"{k:05d}", 0 if compression else layout.offsets[k]
+    short = make_index([ShardInfo(shard.path, shard.bytes, k, shard.checksum)], {0: kept}, full.keys)
+    write_index(store, short)
+    report = validate(store, load_index(store), deep=True)
+    assert [b.path for b in report.bad] == [shard.path]
+    assert f"member '{hidden}.bin' at byte {at} lies {'before the first' if head else 'after the last'}" in (
+        report.bad[0].reason
+    )
+    assert validate(store, load_index(store)).ok  # sizes alone cannot see it
+
+
+def test_verify_accepts_directory_entries_before_the_first_sample_and_tar_padding(tmp_path) -> None:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:  # GNU tar style: a directory entry first, a 10 KiB record
+        info = tarfile.TarInfo("a")
+        info.type = tarfile.DIRTYPE
+        tar.addfile(info)
+        for i in range(3):
+            info = tarfile.TarInfo(f"a/{i}.txt")
+            info.size = 2
+            tar.addfile(info, io.BytesIO(b"%02d" % i))
+    (tmp_path / "s-0.tar").write_bytes(buf.getvalue())
+    store = Store(str(tmp_path))
+    write_index(store, build_index(store))
+    assert load_index(store).layout(0, store).offsets[0] == 512
+    report = validate(store, load_index(store), deep=True)
+    assert report.ok, report.bad
