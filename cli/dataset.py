@@ -106,14 +106,15 @@ def counts(doc: dict[str, Any]) -> str:
 
 
 def _sources(
-    src: str, options: dict[str, Any], seed: int | None, file_fields: tuple[str, ...], split_fields: bool
+    src: str, options: dict[str, Any], seed: int | None, file_fields: tuple[str, ...], split_fields: bool,
+    follow_symlinks: bool,
 ) -> Samples:
     from streamio.data.patterns import split_pattern
     from streamio.data.sources import samples_from_directory, samples_from_jsonl, samples_from_shards
     from streamio.storage import Store
 
     if os.path.isdir(src):
-        return samples_from_directory(src, shuffle_seed=seed)
+        return samples_from_directory(src, shuffle_seed=seed, follow_symlinks=follow_symlinks, stream_files=True)
     if src.endswith((".jsonl", ".ndjson")):
         if not os.path.isfile(src):
             raise click.BadParameter(f"{src!r} is not a file", param_hint="SRC")
@@ -122,7 +123,9 @@ def _sources(
                 "'json' is the member holding each line; name the file field otherwise, or pass --split-fields",
                 param_hint="'--file-field'",
             )
-        return samples_from_jsonl(src, split_fields=split_fields, file_fields=file_fields or None, shuffle_seed=seed)
+        return samples_from_jsonl(
+            src, split_fields=split_fields, file_fields=file_fields or None, shuffle_seed=seed, stream_files=True
+        )
     root, pattern = split_pattern(src)
     if pattern is not None:
         if seed is not None:
@@ -145,6 +148,14 @@ SRC is one of:
                other strings stored as UTF-8, other values as JSON text (the
                number 0 becomes the bytes "0").
   'GLOB.tar'   existing shards (brace / glob pattern), resharded in order.
+
+Only regular files are read: a FIFO, socket or device in SRC is refused (exit
+2, every one named) and never opened; so is a symbolic link whose target lies
+outside SRC (unless --follow-symlinks), a link to a directory, a dangling link,
+and a sample whose files hold more than 1 GiB (checked by size before reading).
+Links to regular files inside SRC are read (the target's bytes, the link's
+name). Files are streamed into the shards: memory is the shards being written,
+not the files.
 """
 
 
@@ -163,20 +174,21 @@ SRC is one of:
     "is any string naming an existing file).",
 )
 @click.option("--split-fields", is_flag=True, help="JSONL: each top-level field its own member (see below).")
+@click.option("--follow-symlinks", is_flag=True, help="Directory: also read links whose target lies outside SRC.")
 @click.option("--overwrite", is_flag=True, help="Replace a dataset already at DEST.")
 @json_option
 @storage_option
-def shard_cmd(
+def shard_cmd(  # noqa: PLR0913 - one parameter per option
     src: str, dest: str, max_size: int, max_count: int | None, compress: str | None, shuffle: bool, seed: int,
-    prefix: str, file_fields: tuple[str, ...], split_fields: bool, overwrite: bool, as_json: bool,
-    storage_options: dict[str, Any],
+    prefix: str, file_fields: tuple[str, ...], split_fields: bool, follow_symlinks: bool, overwrite: bool,
+    as_json: bool, storage_options: dict[str, Any],
 ) -> None:
     """Pack SRC (directory tree, JSONL file or .tar glob) into shards + index.json at DEST."""
     from streamio.data.format import INDEX_NAME
     from streamio.data.writer import DatasetWriter, ShardSpec
     from streamio.storage import Store
 
-    samples = _sources(src, storage_options, seed if shuffle else None, file_fields, split_fields)
+    samples = _sources(src, storage_options, seed if shuffle else None, file_fields, split_fields, follow_symlinks)
     target = Store(dest, storage_options)
     if not overwrite and target.exists(INDEX_NAME):
         raise click.UsageError(

@@ -9,7 +9,8 @@ verb to :func:`fail`. So the mapping lives here, once, keyed on the classes of t
   inconsistent with its index or manifest (``CorruptDataError``, ``DatasetError``,
   ``CheckpointError`` and their subclasses, a failed ``plan`` check).
 * **2** -- usage: an unknown option, a bad option value (``--max-size 0``), an impossible request
-  for this dataset (``PlanError``: more ranks than samples with ``--policy drop``). click's code.
+  for this dataset (``PlanError``: more ranks than samples with ``--policy drop``), a ``shard`` SRC
+  holding what is never packed (``SourceError``: a FIFO, a link leaving SRC). click's code.
 * **3** -- could not check: storage unreachable or refusing access, an I/O error, or the dataset /
   checkpoint named on the command line does not exist (``StorageError``, ``CacheError``,
   ``IndexNotFoundError``, ``CheckpointNotFoundError``, any ``OSError``) -- and any exception from
@@ -53,6 +54,7 @@ from streamio.errors import (
     DatasetError,
     IndexNotFoundError,
     PlanError,
+    SourceError,
     StateMismatchError,
     StorageError,
     StreamioError,
@@ -94,6 +96,7 @@ _BY_CLASS: tuple[tuple[type[BaseException], ExitCode], ...] = (
     (CheckpointConflictError, ExitCode.UNCHECKED),  # another job holds the root: not a verdict
     (StateMismatchError, ExitCode.BAD),  # a resume state from another dataset / seed
     (PlanError, ExitCode.USAGE),  # the options ask for a split this dataset cannot give
+    (SourceError, ExitCode.USAGE),  # `shard` refuses an entry of SRC (a FIFO, a link leaving it): change SRC
     (StorageError, ExitCode.UNCHECKED),
     (CacheError, ExitCode.UNCHECKED),
     (CorruptDataError, ExitCode.BAD),

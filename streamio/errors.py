@@ -21,7 +21,9 @@ refines, so callers can catch either (``except FileNotFoundError`` keeps working
     ├── DatasetError (ValueError)                 a dataset or its index is unusable
     │   ├── IndexNotFoundError (FileNotFoundError)    no index.json: run `streamio index URL`
     │   ├── IndexFormatError                          unknown version, invalid field
-    │   └── ShardFormatError                          truncated / non-tar shard, unsafe member
+    │   ├── ShardFormatError                          truncated / non-tar shard, unsafe member
+    │   └── SourceError                               `streamio shard` refuses an entry of its source:
+    │                                                 a FIFO, device, link leaving it, file over the limit
     ├── PlanError (ValueError)                    impossible topology or resume state
     │   └── StateMismatchError                        state from another dataset/seed/policy
     ├── CacheError (OSError)                      the node-local cache cannot do its job
@@ -117,6 +119,12 @@ class IndexFormatError(DatasetError):
 
 class ShardFormatError(DatasetError):
     """A shard is truncated, not a tar, or holds a member that is unsafe to read."""
+
+
+class SourceError(DatasetError):
+    """A source given to the writer holds what must not be packed: a FIFO, socket or device, a link
+    whose target lies outside the source, a file too large for a sample. The CLI exits 2: the fix is
+    to change the source (or the option), not the data."""
 
 
 class PlanError(StreamioError, ValueError):

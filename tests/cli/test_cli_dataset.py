@@ -137,9 +137,9 @@ def test_bad_inputs_give_one_clear_line(tmp_path, case: str) -> None:
     elif case == "unreadable":
         (src / "a.txt").write_text("x")
         (src / "b.jpg").mkdir()  # a directory where a file is expected ...
-        os.symlink(src / "missing", src / "c.jpg")  # ... and a dangling link: both unreadable
-        _, err = run("shard", str(src), str(dest), code=1)
-        assert "cannot read" in err and "c.jpg" in err
+        os.symlink(src / "missing", src / "c.jpg")  # ... and a dangling link: refused (the source must change)
+        _, err = run("shard", str(src), str(dest), code=2)
+        assert "c.jpg is a symbolic link to" in err and "which does not exist" in err
     elif case == "no-index":
         _, err = run("ls", str(src), code=3)  # nothing to read there: could not check
         assert f"no index.json at {src}/index.json" in err and f"`streamio index {src}`" in err
