@@ -147,7 +147,9 @@ SRC is one of:
                a file are read as bytes (only the --file-field ones if given),
                other strings stored as UTF-8, other values as JSON text (the
                number 0 becomes the bytes "0").
-  'GLOB.tar'   existing shards (brace / glob pattern), resharded in order.
+  'GLOB.tar'   existing shards (brace / glob pattern), resharded in order;
+               gzip'd ones too ('GLOB.tar.gz', '.tgz'): the way to convert them
+               (a dataset is .tar or .tar.zst: gzip has no random access).
 
 Only regular files are read: a FIFO, socket or device in SRC is refused (exit
 2, every one named) and never opened; so is a symbolic link whose target lies

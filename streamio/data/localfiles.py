@@ -28,6 +28,7 @@ the data, is what the user must change); a file that cannot be read is a
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
 from collections.abc import Iterator
@@ -35,7 +36,9 @@ from dataclasses import dataclass
 
 from streamio.errors import DatasetError, SourceError
 
-__all__ = ["CHUNK", "LocalFile", "entry_problem", "local_file"]
+__all__ = ["CHUNK", "LocalFile", "entry_problem", "local_file", "tree_files"]
+
+log = logging.getLogger(__name__)
 
 #: Bytes read at a time from a local file.
 CHUNK = 4 << 20
@@ -151,3 +154,58 @@ def local_file(path: str) -> LocalFile:
     if found is None:
         raise SourceError(f"{problem}: only regular files are packed. Name a regular file instead.")
     return found
+
+
+def tree_files(root: str, *, follow_symlinks: bool) -> Iterator[tuple[str, LocalFile]]:
+    """Every file below ``root`` that may be packed: ``(its path below root, "/"-separated; the file)``, sorted.
+
+    Hidden entries (``.name``) are skipped. Every entry that may not be packed (see the module
+    docstring) is collected while walking and all are named in one error at the end, so one run
+    lists everything to fix.
+
+    Raises:
+        SourceError: entries that are never packed: FIFOs, sockets, devices, links to directories,
+            dangling links, links leaving ``root`` (unless ``follow_symlinks``).
+        DatasetError: a directory or an entry that cannot be examined.
+    """
+    real_root = os.path.realpath(root)
+    refused: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(root, onerror=_walk_error):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and not _linked_dir(dirpath, d, refused))
+        for name in sorted(filenames):
+            full = os.path.join(dirpath, name)
+            if name.startswith("."):
+                log.info("skipping hidden file %s", full)
+                continue
+            problem, found = entry_problem(full, real_root, follow_symlinks=follow_symlinks)
+            if found is None:
+                refused.append(str(problem))
+            else:
+                yield os.path.relpath(full, root).replace(os.sep, "/"), found
+    if refused:
+        raise SourceError(_refusal(root, refused))
+
+
+def _walk_error(exc: OSError) -> None:
+    raise DatasetError(
+        f"cannot list {exc.filename}: {exc.strerror or exc}. Fix it or remove it from the source."
+    ) from exc
+
+
+def _linked_dir(dirpath: str, name: str, refused: list[str]) -> bool:
+    """Whether ``dirpath/name`` is a link to a directory (refused: links to directories are not followed)."""
+    path = os.path.join(dirpath, name)
+    if not os.path.islink(path):
+        return False
+    refused.append(f"{path} is a symbolic link to the directory {os.path.realpath(path)} (not followed)")
+    return True
+
+
+def _refusal(root: str, refused: list[str], shown: int = 5) -> str:
+    more = f"; ... (+{len(refused) - shown} more)" if len(refused) > shown else ""
+    return (
+        f"{root} holds {len(refused)} entr{'y' if len(refused) == 1 else 'ies'} `streamio shard` does not pack: "
+        f"{'; '.join(refused[:shown])}{more}. Only regular files are read, and symbolic links only to regular "
+        f"files inside the source (follow_symlinks / --follow-symlinks also reads links leaving it). Remove them, "
+        f"or shard a directory without them."
+    )

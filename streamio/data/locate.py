@@ -28,10 +28,10 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from streamio.data.format import INDEX_NAME, shard_path_problem
+from streamio.data.format import INDEX_NAME, gzip_advice, gzip_glob, is_gzip_shard, shard_path_problem
 from streamio.data.index import DatasetIndex, load_index
-from streamio.data.patterns import expand_patterns, split_pattern
-from streamio.errors import ConfigError, IndexFormatError, IndexNotFoundError
+from streamio.data.patterns import expand_patterns, gzip_shards, split_pattern
+from streamio.errors import ConfigError, IndexFormatError, IndexNotFoundError, StorageError
 from streamio.storage import Store
 from streamio.storage.backends import canonical, is_file_url
 from streamio.storage.secrets import has_userinfo, strip_userinfo
@@ -64,9 +64,30 @@ def open_dataset(url: str, storage_options: Mapping[str, Any] | None = None) -> 
     directory, name, pattern = index_location(url)
     where = Store(directory, storage_options)
     if pattern is None:
-        index = load_index(where, name)
+        try:
+            index = load_index(where, name)
+        except IndexNotFoundError as exc:
+            if name != INDEX_NAME:  # an index URL named outright: nothing to guess about the prefix
+                raise
+            raise IndexNotFoundError(_gzip_instead(where) or str(exc)) from exc
         return _shards_store(index, where, storage_options, where.url(name)), index
+    if is_gzip_shard(pattern):
+        raise IndexNotFoundError(f"{strip_userinfo(url)!r} names gzip'd shards: {gzip_advice(strip_userinfo(url))}")
     return where, _pattern_index(where, pattern, strip_userinfo(url))
+
+
+def _gzip_instead(store: Store) -> str | None:
+    """What to say of a prefix without an index that holds gzip'd shards (one listing, on failure only)."""
+    try:
+        gzipped = gzip_shards(store)
+    except StorageError:
+        return None  # the plain message is still right
+    if not gzipped:
+        return None
+    return (
+        f"no {INDEX_NAME} at {store.url(INDEX_NAME)}, and {len(gzipped)} gzip'd shard{'s' if len(gzipped) > 1 else ''} "
+        f"({gzipped[0]}{', ...' if len(gzipped) > 1 else ''}): {gzip_advice(gzip_glob(store.root_url, gzipped))}"
+    )
 
 
 def index_location(url: str) -> tuple[str, str, str | None]:

@@ -18,8 +18,9 @@ is refused on their ``stat`` sizes before a byte is read (a
   (``a/0001.jpg`` + ``a/0001.cls`` -> sample ``a/0001``);
 * :func:`samples_from_jsonl`: one JSON object per line, kept whole as the sample's ``json``
   member (types and bytes as they are), or each field its own member on request;
-* :func:`samples_from_shards`: existing ``.tar`` / ``.tar.zst`` shards, streamed in order and,
-  having no index, bounded by ``max_sample_bytes`` like any foreign input.
+* :func:`samples_from_shards`: existing ``.tar`` / ``.tar.zst`` shards, and gzip'd ``.tar.gz`` /
+  ``.tgz`` ones (decompressed as they stream, :mod:`streamio.data.gzipstream`), streamed in order
+  and, having no index, bounded by ``max_sample_bytes`` like any foreign input.
 
 ``shuffle_seed`` shuffles the listing with ``random.Random(shuffle_seed)``, not the bytes, so a
 shuffled source costs no more memory than an ordered one.
@@ -27,6 +28,7 @@ shuffled source costs no more memory than an ordered one.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -38,8 +40,9 @@ from contextlib import closing
 from dataclasses import dataclass
 from typing import Any
 
-from streamio.data.format import MAX_SAMPLE_BYTES, shard_compression, split_name
-from streamio.data.localfiles import LocalFile, entry_problem, local_file
+from streamio.data import gzipstream
+from streamio.data.format import GZIP_MAGIC, MAX_SAMPLE_BYTES, is_gzip_shard, shard_compression, split_name
+from streamio.data.localfiles import LocalFile, local_file, tree_files
 from streamio.data.patterns import expand_patterns
 from streamio.data.samples import Handler, iter_samples
 from streamio.data.shardbuf import record_size
@@ -106,28 +109,14 @@ def samples_from_directory(
     """
     if not os.path.isdir(root):
         raise DatasetError(f"{root} is not a directory")
-    real_root = os.path.realpath(root)
     groups: dict[str, list[tuple[str, LocalFile]]] = {}
-    refused: list[str] = []
-    for dirpath, dirnames, filenames in os.walk(root, onerror=_walk_error):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and not _linked_dir(dirpath, d, refused))
-        for name in sorted(filenames):
-            full = os.path.join(dirpath, name)
-            if name.startswith("."):
-                log.info("skipping hidden file %s", full)
-                continue
-            problem, found = entry_problem(full, real_root, follow_symlinks=follow_symlinks)
-            if found is None:
-                refused.append(str(problem))
-                continue
-            parts = split_name(os.path.relpath(full, root).replace(os.sep, "/"))
-            if parts is None:
-                raise DatasetError(
-                    f"{full} has no extension: files are grouped into samples as 'key.ext'. Rename or remove it."
-                )
-            groups.setdefault(parts[0], []).append((parts[1], found))
-    if refused:
-        raise SourceError(_refusal(root, refused))
+    for rel, found in tree_files(root, follow_symlinks=follow_symlinks):
+        parts = split_name(rel)
+        if parts is None:
+            raise DatasetError(
+                f"{found.name} has no extension: files are grouped into samples as 'key.ext'. Rename or remove it."
+            )
+        groups.setdefault(parts[0], []).append((parts[1], found))
     if not groups:
         raise DatasetError(f"{root} holds no files: nothing to shard")
     _check_sizes(groups, max_sample_bytes)
@@ -135,31 +124,6 @@ def samples_from_directory(
     if shuffle_seed is not None:
         random.Random(shuffle_seed).shuffle(keys)
     return Samples(_directory_samples(keys, groups, stream_files), len(keys))
-
-
-def _walk_error(exc: OSError) -> None:
-    raise DatasetError(
-        f"cannot list {exc.filename}: {exc.strerror or exc}. Fix it or remove it from the source."
-    ) from exc
-
-
-def _linked_dir(dirpath: str, name: str, refused: list[str]) -> bool:
-    """Whether ``dirpath/name`` is a link to a directory (refused: links to directories are not followed)."""
-    path = os.path.join(dirpath, name)
-    if not os.path.islink(path):
-        return False
-    refused.append(f"{path} is a symbolic link to the directory {os.path.realpath(path)} (not followed)")
-    return True
-
-
-def _refusal(root: str, refused: list[str], shown: int = 5) -> str:
-    more = f"; ... (+{len(refused) - shown} more)" if len(refused) > shown else ""
-    return (
-        f"{root} holds {len(refused)} entr{'y' if len(refused) == 1 else 'ies'} `streamio shard` does not pack: "
-        f"{'; '.join(refused[:shown])}{more}. Only regular files are read, and symbolic links only to regular "
-        f"files inside the source (follow_symlinks / --follow-symlinks also reads links leaving it). Remove them, "
-        f"or shard a directory without them."
-    )
 
 
 def _check_sizes(groups: dict[str, list[tuple[str, LocalFile]]], limit: int) -> None:
@@ -357,7 +321,7 @@ def samples_from_shards(
     handler: Handler | None = None,
     max_sample_bytes: int = MAX_SAMPLE_BYTES,
 ) -> Samples:
-    """Samples of existing ``.tar`` / ``.tar.zst`` shards (brace / glob patterns), streamed in order.
+    """Samples of existing ``.tar`` / ``.tar.zst`` / ``.tar.gz`` shards (brace / glob patterns), streamed in order.
 
     The shards are foreign input without an index: every header is checked and a sample spanning
     more than ``max_sample_bytes`` (decompressed) is refused, so a hostile shard stops the
@@ -380,8 +344,20 @@ def _shard_samples(
     store: Store, paths: list[str], handler: Handler | None, max_sample_bytes: int
 ) -> Iterator[dict[str, Any]]:
     for path in paths:
-        compression = shard_compression(path)
+        url = store.url(path)
         with closing(store.iter_bytes(path)) as chunks:
+            stream, compression = _tar_stream(chunks, path, url)
             yield from iter_samples(
-                chunks, url=store.url(path), compression=compression, handler=handler, max_sample_bytes=max_sample_bytes
+                stream, url=url, compression=compression, handler=handler, max_sample_bytes=max_sample_bytes
             )
+
+
+def _tar_stream(chunks: Iterable[bytes], path: str, url: str) -> tuple[Iterable[bytes], str | None]:
+    """A source shard's bytes and the compression the tar reader is left with: a gzip'd shard (by its
+    name, or its first bytes whatever its name) is decompressed here, as it streams."""
+    it = iter(chunks)
+    first = next(it, b"")
+    rest = itertools.chain((first,), it)
+    if is_gzip_shard(path) or bytes(first[:2]) == GZIP_MAGIC:
+        return gzipstream.decompress(rest, url=url), None
+    return rest, shard_compression(path)
