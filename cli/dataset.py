@@ -177,7 +177,11 @@ not the files.
 )
 @click.option("--split-fields", is_flag=True, help="JSONL: each top-level field its own member (see below).")
 @click.option("--follow-symlinks", is_flag=True, help="Directory: also read links whose target lies outside SRC.")
-@click.option("--overwrite", is_flag=True, help="Replace a dataset already at DEST.")
+@click.option(
+    "--overwrite", is_flag=True,
+    help="Replace a dataset already at DEST (it stays readable until the new one is complete), or the leftovers of "
+    "a write there that did not finish.",
+)
 @json_option
 @storage_option
 def shard_cmd(  # noqa: PLR0913 - one parameter per option
@@ -187,14 +191,17 @@ def shard_cmd(  # noqa: PLR0913 - one parameter per option
 ) -> None:
     """Pack SRC (directory tree, JSONL file or .tar glob) into shards + index.json at DEST."""
     from streamio.data.format import INDEX_NAME
+    from streamio.data.publish import occupied
     from streamio.data.writer import DatasetWriter, ShardSpec
     from streamio.storage import Store
 
     samples = _sources(src, storage_options, seed if shuffle else None, file_fields, split_fields, follow_symlinks)
     target = Store(dest, storage_options)
-    if not overwrite and target.exists(INDEX_NAME):
+    reason = None if overwrite else occupied(target)
+    if reason is not None:
         raise click.UsageError(
-            f"{target.url(INDEX_NAME)} exists: DEST already holds a dataset; pass --overwrite to replace it"
+            f"{reason}. Pass --overwrite to write DEST anew (a dataset there stays readable until the new one is "
+            f"complete; leftovers are removed)"
         )
     spec = ShardSpec(max_bytes=max_size, max_count=max_count, compression=compress, prefix=prefix)
     with Progress("shard", unit="sample", total=samples.total) as progress, \

@@ -31,6 +31,9 @@ FORMAT = "streamio.dataset/1"
 INDEX_NAME = "index.json"
 #: Where the layout sidecars of a large dataset live, below its root.
 LAYOUT_DIR = "_layout"
+#: The marker a write puts first and removes last (:mod:`streamio.data.publish`): shards it claims
+#: that no index names are the leftovers of a write that did not finish.
+WRITING_NAME = "_writing.json"
 #: Default bound of one sample's tar records (decompressed) when no index declares it: 1 GiB.
 MAX_SAMPLE_BYTES = 1 << 30
 #: The longest shard or sidecar path an index may name.

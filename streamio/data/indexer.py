@@ -30,6 +30,7 @@ from streamio.checksum import Crc32c, crc32c
 from streamio.data import zstdframes
 from streamio.data.format import (
     MAX_SAMPLE_BYTES,
+    WRITING_NAME,
     SampleLayout,
     ShardInfo,
     gzip_advice,
@@ -39,6 +40,7 @@ from streamio.data.format import (
 )
 from streamio.data.index import DatasetIndex, make_index
 from streamio.data.patterns import expand_patterns, gzip_shards
+from streamio.data.publish import read_marker
 from streamio.data.samples import group_samples
 from streamio.data.tar import iter_members
 from streamio.errors import DatasetError, ObjectNotFoundError, ShardFormatError
@@ -274,6 +276,13 @@ def build_index(
         raise ObjectNotFoundError(
             f"no shards match {patterns!r} under {store.root_url}: check the URL, or give a pattern such as "
             f"'shard-{{000000..000099}}.tar'"
+        )
+    unfinished = read_marker(store)
+    if unfinished is not None and any(unfinished.owns(p) for p in paths):
+        raise DatasetError(
+            f"{store.root_url} holds the shards of a `streamio shard` that did not finish ({unfinished.pattern}, "
+            f"started {unfinished.started}; {store.url(WRITING_NAME)} marks them): indexing them would make a partial "
+            f"dataset look whole. Write it again with `streamio shard SRC {store.root_url} --overwrite`."
         )
     for path in paths:
         problem = shard_path_problem(path)

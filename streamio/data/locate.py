@@ -28,9 +28,10 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from streamio.data.format import INDEX_NAME, gzip_advice, gzip_glob, is_gzip_shard, shard_path_problem
+from streamio.data.format import INDEX_NAME, WRITING_NAME, gzip_advice, gzip_glob, is_gzip_shard, shard_path_problem
 from streamio.data.index import DatasetIndex, load_index
 from streamio.data.patterns import expand_patterns, gzip_shards, split_pattern
+from streamio.data.publish import read_marker
 from streamio.errors import ConfigError, IndexFormatError, IndexNotFoundError, StorageError
 from streamio.storage import Store
 from streamio.storage.backends import canonical, is_file_url
@@ -69,11 +70,29 @@ def open_dataset(url: str, storage_options: Mapping[str, Any] | None = None) -> 
         except IndexNotFoundError as exc:
             if name != INDEX_NAME:  # an index URL named outright: nothing to guess about the prefix
                 raise
-            raise IndexNotFoundError(_gzip_instead(where) or str(exc)) from exc
+            raise IndexNotFoundError(_unfinished_instead(where) or _gzip_instead(where) or str(exc)) from exc
         return _shards_store(index, where, storage_options, where.url(name)), index
     if is_gzip_shard(pattern):
         raise IndexNotFoundError(f"{strip_userinfo(url)!r} names gzip'd shards: {gzip_advice(strip_userinfo(url))}")
     return where, _pattern_index(where, pattern, strip_userinfo(url))
+
+
+def _unfinished_instead(store: Store) -> str | None:
+    """What to say of a prefix without an index that holds an unfinished write's shards: never to index
+    them (a partial dataset would look whole), and how to clean up."""
+    try:
+        marker = read_marker(store)
+        count = sum(1 for o in store.list() if marker is not None and marker.owns(o.path))
+    except (StorageError, IndexFormatError):
+        return None
+    if marker is None:
+        return None
+    return (
+        f"no {INDEX_NAME} at {store.url(INDEX_NAME)}: the {count} shards there ({marker.pattern}) were left by a "
+        f"`streamio shard` that did not finish (started {marker.started}; {store.url(WRITING_NAME)} marks them). "
+        f"They are not a dataset and must not be indexed: write it again with `streamio shard SRC {store.root_url} "
+        f"--overwrite`, which removes them first, or delete the prefix"
+    )
 
 
 def _gzip_instead(store: Store) -> str | None:

@@ -24,9 +24,13 @@ Design and reasons:
   buffer reused from shard to shard (fresh large allocations are page-faulted every time), so
   memory stays bounded by about ``(max_pending + 1) * max(max_bytes, the largest sample)``; an
   upload error surfaces at the next ``write`` or at ``close``.
-* **Index last.** ``index.json`` is written after every shard (and sidecar) is stored; until then
-  the prefix is not a dataset. A writer that fails or is left through an exception writes no
-  index. Writing over an existing dataset requires ``overwrite=True`` and removes its index first.
+* **Index last, old dataset whole until then.** ``index.json`` is written after every shard (and
+  sidecar) is stored, in one conditional PUT that switches readers from the old dataset to the new
+  one; a writer that fails, is interrupted or is left through an exception writes no index and the
+  old dataset stays readable. New shards never take a name the prefix holds, a marker written first
+  claims them, and the old dataset's shards are deleted only after the commit
+  (:mod:`streamio.data.publish`). Writing where a dataset or an unfinished write's leftovers are
+  requires ``overwrite=True``.
 * **Compression** (``zstd``): each sample is compressed as its own zstd frame (content size in the
   frame header) and the end-of-archive blocks form a last frame, so the shard is one valid zstd
   stream of one valid tar and offsets point at frame starts.
@@ -51,8 +55,9 @@ from typing import Any
 import zstandard
 
 from streamio.checksum import format_checksum
-from streamio.data.format import INDEX_NAME, MAX_SAMPLE_BYTES, SampleLayout, ShardInfo, unsafe_reason
-from streamio.data.index import INLINE_LIMIT, DatasetIndex, make_index, write_index
+from streamio.data import publish
+from streamio.data.format import MAX_SAMPLE_BYTES, SampleLayout, ShardInfo, unsafe_reason
+from streamio.data.index import INLINE_LIMIT, DatasetIndex, make_index
 from streamio.data.localfiles import LocalFile
 from streamio.data.shardbuf import Member, ShardBuffer, compressed, record_size, records
 from streamio.data.tar import END_OF_ARCHIVE
@@ -104,9 +109,11 @@ class ShardSpec:
         if unsafe_reason(self.prefix) or "/" in self.prefix:
             raise ConfigError(f"prefix {self.prefix!r} must be a plain file-name prefix")
 
-    def shard_path(self, shard_id: int) -> str:
-        """The name of shard ``shard_id``: ``{prefix}-{shard_id:06d}.tar`` or ``.tar.zst``."""
-        return f"{self.prefix}-{shard_id:06d}{'.tar.zst' if self.compression == 'zstd' else '.tar'}"
+    def shard_path(self, shard_id: int, tag: str = "") -> str:
+        """The name of shard ``shard_id``: ``{prefix}-{shard_id:06d}.tar`` or ``.tar.zst``; with a write's
+        ``tag`` (one that must not collide with a dataset already there), ``{prefix}-{tag}-{shard_id:06d}...``."""
+        stem = f"{self.prefix}-{tag}-" if tag else f"{self.prefix}-"
+        return f"{stem}{shard_id:06d}{'.tar.zst' if self.compression == 'zstd' else '.tar'}"
 
 
 def _field_bytes(key: str, ext: str, value: Any) -> bytes | LocalFile:
@@ -173,11 +180,14 @@ class DatasetWriter:
         spec: how shards are cut, named and compressed (default: ``ShardSpec()``, 256 MB ``.tar``
             shards named ``data-000000.tar``, ...).
         max_pending: shards uploading or waiting to upload at once (memory bound).
-        overwrite: allow writing where an ``index.json`` already exists (it is removed first).
+        overwrite: replace the dataset at ``dest`` (its index is replaced in one PUT once the new
+            dataset is complete, then its shards are deleted), and remove the leftovers of a write
+            there that did not finish. Says that no other write into ``dest`` is running.
         inline_limit: datasets up to this many samples keep their offsets inside ``index.json``.
 
     Raises:
-        DatasetError: ``dest`` already holds an index and ``overwrite`` is False.
+        DatasetError: ``dest`` holds a dataset or the leftovers of a write that did not finish, and
+            ``overwrite`` is False.
     """
 
     def __init__(
@@ -193,6 +203,7 @@ class DatasetWriter:
         self.spec = spec = ShardSpec() if spec is None else spec
         self.store = dest if isinstance(dest, Store) else Store(dest, storage_options)
         self.inline_limit = inline_limit
+        self._generation, self._previous = publish.begin(self.store, spec.prefix, overwrite=overwrite)
         self._cctx = zstandard.ZstdCompressor(level=spec.level, write_content_size=True) if spec.compression else None
         self._trailer = self._cctx.compress(END_OF_ARCHIVE) if self._cctx else END_OF_ARCHIVE
         self._pool = ThreadPoolExecutor(max_workers=max(1, max_pending), thread_name_prefix="streamio-upload")
@@ -208,13 +219,6 @@ class DatasetWriter:
         self.index: DatasetIndex | None = None
         self._closed = False
         self._new_shard()
-        if self.store.exists(INDEX_NAME):
-            if not overwrite:
-                raise DatasetError(
-                    f"{self.store.url(INDEX_NAME)} exists: {self.store.root_url} already holds a dataset. "
-                    f"Write to another prefix, or pass overwrite=True (`--overwrite`)."
-                )
-            self.store.delete(INDEX_NAME)
 
     def _new_shard(self) -> None:
         self._shard = ShardBuffer(self._buffers.pop() if self._buffers else bytearray())
@@ -254,7 +258,7 @@ class DatasetWriter:
 
     def _finish_shard(self) -> None:
         shard_id = len(self._shards)
-        path = self.spec.shard_path(shard_id)
+        path = self.spec.shard_path(shard_id, self._generation.tag)
         buf, total, crc, layout = self._shard.finish(self._trailer, compressed=self._cctx is not None)
         self._shards.append(ShardInfo(path, total, self._shard.count, format_checksum(crc)))
         self._layouts[shard_id] = layout
@@ -281,10 +285,14 @@ class DatasetWriter:
         self._futures = [f for f in self._futures if not f.done()]
 
     def close(self) -> DatasetIndex:
-        """Finish the last shard, wait for every upload, write ``index.json``; return the index.
+        """Finish the last shard, wait for every upload, commit ``index.json``; return the index.
+
+        The index replaces the one that was at ``dest`` (if any) in one conditional PUT; then the
+        old dataset's shards are deleted (:mod:`streamio.data.publish`).
 
         Raises:
-            DatasetError: no sample was written (an empty source makes no dataset).
+            DatasetError: no sample was written (an empty source makes no dataset), or the index
+                at ``dest`` changed since the write began (another write committed).
         """
         if self.index is not None:
             return self.index
@@ -294,23 +302,42 @@ class DatasetWriter:
                 self._finish_shard()
             for f in self._futures:
                 f.result()
+        except BaseException as exc:
+            self._stopped(exc)
+            raise
         finally:
             self._pool.shutdown(wait=True)
             self._buffers.clear()
         if not self._shards:
+            publish.discard(self.store)
             raise DatasetError(f"no samples were written to {self.store.root_url}: the source is empty")
         index = make_index(self._shards, self._layouts, self._keys)
-        write_index(self.store, index, inline_limit=self.inline_limit)
+        publish.commit(self.store, self._generation, self._previous, index, self.inline_limit)
         self.index = index
         return index
 
     def abort(self) -> None:
-        """Stop without writing an index (shards already uploaded stay, unreferenced)."""
+        """Stop without writing an index: the dataset at ``dest`` (if any) is untouched; the shards
+        already stored stay, unreferenced, until a write with ``overwrite=True`` removes them."""
         self._closed = True
         for f in self._futures:
             f.cancel()
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._pool.shutdown(wait=True, cancel_futures=True)  # uploads in flight finish (no temp file is left)
         self._buffers.clear()
+        if not self._shards:
+            publish.discard(self.store)
+
+    def _stopped(self, exc: BaseException) -> None:
+        """Say what a write that stopped left behind, and how to clean it up."""
+        if not self._shards:
+            return
+        url = self.store.root_url
+        log.warning(
+            "writing %s stopped (%s): no index was written, so %s still holds the dataset it held before, if any. "
+            "The %d shards this write stored (%s) are not part of it: the next write there with overwrite=True "
+            "(`streamio shard SRC %s --overwrite`) removes them.",
+            url, type(exc).__name__, url, len(self._shards), self._generation.pattern, url,
+        )
 
     def __enter__(self) -> DatasetWriter:
         return self
@@ -320,9 +347,9 @@ class DatasetWriter:
     ) -> None:
         if exc_type is None:
             self.close()
-        else:
-            log.warning("writing %s failed; no index written", self.store.root_url)
+        elif not self._closed:
             self.abort()
+            self._stopped(exc)  # type: ignore[arg-type]
 
 
 def write_dataset(

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from streamio.data.format import INDEX_NAME
+from streamio.data.format import INDEX_NAME, WRITING_NAME
 from streamio.data.index import load_index, write_index
 from streamio.data.indexer import build_index
 from streamio.data.samples import iter_samples
@@ -108,7 +108,9 @@ def test_index_is_the_last_object_written() -> None:
 
     store.put = recording_put  # type: ignore[method-assign]
     write_dataset(make_samples(12), store, spec=ShardSpec(max_count=3))
-    assert order[-1] == INDEX_NAME and sorted(order[:-1]) == [f"data-{i:06d}.tar" for i in range(4)]
+    assert order[0] == WRITING_NAME and order[-1] == INDEX_NAME  # the marker first, the index last
+    assert sorted(order[1:-1]) == [f"data-{i:06d}.tar" for i in range(4)]
+    assert not store.exists(WRITING_NAME)  # removed once the index is committed
 
 
 def test_existing_dataset_is_not_overwritten_by_accident(tmp_path) -> None:
