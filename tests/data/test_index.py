@@ -409,3 +409,33 @@ def test_verify_accepts_directory_entries_before_the_first_sample_and_tar_paddin
     assert load_index(store).layout(0, store).offsets[0] == 512
     report = validate(store, load_index(store), deep=True)
     assert report.ok, report.bad
+
+
+@pytest.mark.parametrize("compression", [None, "zstd"])
+def test_verify_fails_bytes_after_the_end_of_archive_that_are_not_padding(compression: str | None) -> None:
+    import zstandard
+
+    store = mem()
+    index = write_dataset(samples(3, 100), store, spec=ShardSpec(compression=compression))
+    shard = index.shards[0]
+    extra = zstandard.ZstdCompressor().compress(bytes(2 << 20)) if compression else b"x" * 512
+    data = store.read(shard.path) + extra  # a size and checksum the index then agrees with
+    store.put(shard.path, data)
+    grown = ShardInfo(shard.path, len(data), shard.samples, checksum_bytes(data))
+    write_index(store, make_index([grown], {0: index.layout(0, store)}, index.keys))
+    (bad,) = validate(store, load_index(store), deep=True).bad
+    assert "after the last indexed sample" in bad.reason
+    assert ("decompresses to more than" if compression else "are not the end of the archive") in bad.reason
+
+
+def test_verify_fails_an_end_of_archive_before_the_first_indexed_sample() -> None:
+    store = mem()
+    index = write_dataset(samples(2, 100), store)
+    shard, layout = index.shards[0], index.layout(0, store)
+    data = bytes(1024) + store.read(shard.path)  # tar readers stop at the first two zero blocks: nothing after
+    store.put(shard.path, data)
+    moved = SampleLayout(tuple(o + 1024 for o in layout.offsets), layout.checksums)
+    grown = ShardInfo(shard.path, len(data), shard.samples, checksum_bytes(data))
+    write_index(store, make_index([grown], {0: moved}, index.keys))
+    (bad,) = validate(store, load_index(store), deep=True).bad
+    assert "the end-of-archive block at byte 0 lies before the first indexed sample" in bad.reason

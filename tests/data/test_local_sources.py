@@ -104,6 +104,10 @@ def test_jsonl_sources_read_regular_files_only(tmp_path: Path) -> None:
     os.mkfifo(tmp_path / "lines.jsonl")
     with pytest.raises(SourceError, match="lines.jsonl is a FIFO"):
         samples_from_jsonl(str(tmp_path / "lines.jsonl"))
+    (tmp_path / "big.jpg").write_bytes(bytes(5000))
+    (tmp_path / "in.jsonl").write_text(json.dumps({"__key__": "k", "jpg": "big.jpg"}) + "\n")
+    with pytest.raises(SourceError, match="big.jpg is 5,000 bytes, more than the 4,096 a sample may hold"):
+        list(samples_from_jsonl(str(tmp_path / "in.jsonl"), file_fields=["jpg"], max_sample_bytes=4096))
 
 
 @pytest.mark.parametrize("where", ["directory", "tar-glob"])

@@ -82,3 +82,24 @@ def test_a_marker_not_written_by_streamio_is_not_trusted_for_cleanup() -> None:
         read_marker(store)
     with pytest.raises(IndexFormatError):
         write_dataset(samples(1), store, overwrite=True)
+
+
+def test_a_write_that_finds_another_marker_appearing_stops(monkeypatch: pytest.MonkeyPatch) -> None:
+    from streamio.data import publish
+
+    store = mem()
+    store.put(WRITING_NAME, b'{"format": "streamio.write/1", "prefix": "data", "tag": "", "started": "now"}')
+    with pytest.raises(DatasetError, match="did not finish .* pass overwrite=True"):
+        DatasetWriter(store)
+    monkeypatch.setattr(publish, "occupied", lambda store: None)  # as if it appeared just after the check
+    with pytest.raises(DatasetError, match="another write into .* started meanwhile"):
+        DatasetWriter(store)
+
+
+def test_a_damaged_index_is_replaced_and_what_it_named_is_left(caplog: pytest.LogCaptureFixture) -> None:
+    store = mem()
+    write_dataset(samples(2), store)
+    store.put(INDEX_NAME, b"{not json")
+    write_dataset(samples(3, "t"), store, overwrite=True)
+    assert load_index(store).samples == 3 and store.exists("data-000000.tar")
+    assert "cannot be read" in caplog.text and "left in place" in caplog.text
