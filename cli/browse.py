@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from .common import storage_option
+from .common import MAX_CONCURRENCY, bounded, storage_option
 from .dataset import echo_json, json_option, summary
 from .exits import ExitCode, exit_codes_help, exit_codes_short
 from .progress import Progress, plural
@@ -82,7 +82,9 @@ def inspect_cmd(url: str, as_json: bool, storage_options: dict[str, Any]) -> Non
 @click.command("verify", epilog=_epilog("verify", exit_codes_help()))
 @click.argument("url")
 @click.option("--quick", is_flag=True, help="Only check that every shard exists with its recorded size.")
-@click.option("--concurrency", type=click.IntRange(min=1), default=8, show_default=True, help="Shards read at once.")
+@click.option(
+    "--concurrency", type=bounded(1, MAX_CONCURRENCY), default=8, show_default=True, help="Shards read at once."
+)
 @json_option
 @storage_option
 def verify_cmd(url: str, quick: bool, concurrency: int, as_json: bool, storage_options: dict[str, Any]) -> None:

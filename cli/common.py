@@ -1,7 +1,11 @@
-"""What every verb group shares: ``-o KEY=VALUE`` storage options and option types.
+"""What every verb group shares: ``-o KEY=VALUE`` storage options and the bounds of numeric options.
 
 Errors are not handled here: every verb runs under the ``streamio`` group, which applies the exit
 contract of :mod:`streamio.cli.exits` to whatever escapes (one line, the status its class means).
+
+Every numeric option is a :func:`bounded` integer: a value past its bound is a usage error naming
+the option (exit 2) before anything is read, allocated or looped over on its word. The bounds are
+far past any real job and far below what would overflow a C integer or take days.
 """
 
 from __future__ import annotations
@@ -10,6 +14,18 @@ import json
 from typing import Any
 
 import click
+
+#: Threads reading or scanning shards at once (``--concurrency``).
+MAX_CONCURRENCY = 1024
+#: Seeds and epochs: int64, as resume states and numpy take them.
+MAX_SEED = 2**63 - 1
+#: Any other count (samples per shard, batch size, shuffle window): 2**40, a trillion.
+MAX_COUNT = 1 << 40
+
+
+def bounded(low: int, high: int) -> click.IntRange:
+    """An integer option type accepting ``low..high``; anything else is a usage error naming the option."""
+    return click.IntRange(min=low, max=high)
 
 
 def parse_storage_options(pairs: tuple[str, ...]) -> dict[str, Any]:

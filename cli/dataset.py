@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from .common import storage_option
+from .common import MAX_CONCURRENCY, MAX_COUNT, MAX_SEED, bounded, storage_option
 from .exits import exit_codes_short
 from .progress import Progress, human_bytes, plural
 from .schemas import json_help
@@ -31,6 +31,8 @@ if TYPE_CHECKING:  # the library is imported inside each verb: `streamio --help`
     from streamio.data.sources import Samples
     from streamio.storage import Store
 
+#: The largest shard size limit: 5 TiB, the largest object S3 and GCS store.
+MAX_SHARD_BYTES = 5 << 40
 _UNITS = {
     "": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
     "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40,
@@ -45,6 +47,10 @@ def parse_size(text: str) -> int:
     size = int(float(m.group(1)) * _UNITS[m.group(2).upper()])
     if size < 1:
         raise click.BadParameter(f"{text!r} is {size} bytes; a shard size limit must be at least 1 byte (e.g. 256MB)")
+    if size > MAX_SHARD_BYTES:
+        raise click.BadParameter(
+            f"{text!r} is more than 5 TiB, the largest object S3 and GCS store: give a shard size limit such as 256MB"
+        )
     return size
 
 
@@ -100,14 +106,15 @@ def counts(doc: dict[str, Any]) -> str:
 
 
 def _sources(
-    src: str, options: dict[str, Any], seed: int | None, file_fields: tuple[str, ...], split_fields: bool
+    src: str, options: dict[str, Any], seed: int | None, file_fields: tuple[str, ...], split_fields: bool,
+    follow_symlinks: bool,
 ) -> Samples:
     from streamio.data.patterns import split_pattern
     from streamio.data.sources import samples_from_directory, samples_from_jsonl, samples_from_shards
     from streamio.storage import Store
 
     if os.path.isdir(src):
-        return samples_from_directory(src, shuffle_seed=seed)
+        return samples_from_directory(src, shuffle_seed=seed, follow_symlinks=follow_symlinks, stream_files=True)
     if src.endswith((".jsonl", ".ndjson")):
         if not os.path.isfile(src):
             raise click.BadParameter(f"{src!r} is not a file", param_hint="SRC")
@@ -116,7 +123,9 @@ def _sources(
                 "'json' is the member holding each line; name the file field otherwise, or pass --split-fields",
                 param_hint="'--file-field'",
             )
-        return samples_from_jsonl(src, split_fields=split_fields, file_fields=file_fields or None, shuffle_seed=seed)
+        return samples_from_jsonl(
+            src, split_fields=split_fields, file_fields=file_fields or None, shuffle_seed=seed, stream_files=True
+        )
     root, pattern = split_pattern(src)
     if pattern is not None:
         if seed is not None:
@@ -138,7 +147,17 @@ SRC is one of:
                a file are read as bytes (only the --file-field ones if given),
                other strings stored as UTF-8, other values as JSON text (the
                number 0 becomes the bytes "0").
-  'GLOB.tar'   existing shards (brace / glob pattern), resharded in order.
+  'GLOB.tar'   existing shards (brace / glob pattern), resharded in order;
+               gzip'd ones too ('GLOB.tar.gz', '.tgz'): the way to convert them
+               (a dataset is .tar or .tar.zst: gzip has no random access).
+
+Only regular files are read: a FIFO, socket or device in SRC is refused (exit
+2, every one named) and never opened; so is a symbolic link whose target lies
+outside SRC (unless --follow-symlinks), a link to a directory, a dangling link,
+and a sample whose files hold more than 1 GiB (checked by size before reading).
+Links to regular files inside SRC are read (the target's bytes, the link's
+name). Files are streamed into the shards: memory is the shards being written,
+not the files.
 """
 
 
@@ -146,10 +165,10 @@ SRC is one of:
 @click.argument("src")
 @click.argument("dest")
 @click.option("--max-size", type=_Size(), default="256MB", show_default=True, help="Shard size limit (1GiB, ...).")
-@click.option("--max-count", type=click.IntRange(min=1), default=None, help="Samples per shard limit.")
+@click.option("--max-count", type=bounded(1, MAX_COUNT), default=None, help="Samples per shard limit.")
 @click.option("--compress", type=click.Choice(["zstd"]), default=None, help="One zstd frame per sample (.tar.zst).")
 @click.option("--shuffle", is_flag=True, help="Shuffle the sample order (directory / JSONL sources).")
-@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Seed of --shuffle.")
+@click.option("--seed", type=bounded(0, MAX_SEED), default=0, show_default=True, help="Seed of --shuffle.")
 @click.option("--prefix", default="data", show_default=True, callback=_plain_prefix, help="Names: PREFIX-000000.tar.")
 @click.option(
     "--file-field", "file_fields", multiple=True, metavar="EXT",
@@ -157,24 +176,32 @@ SRC is one of:
     "is any string naming an existing file).",
 )
 @click.option("--split-fields", is_flag=True, help="JSONL: each top-level field its own member (see below).")
-@click.option("--overwrite", is_flag=True, help="Replace a dataset already at DEST.")
+@click.option("--follow-symlinks", is_flag=True, help="Directory: also read links whose target lies outside SRC.")
+@click.option(
+    "--overwrite", is_flag=True,
+    help="Replace a dataset already at DEST (it stays readable until the new one is complete), or the leftovers of "
+    "a write there that did not finish.",
+)
 @json_option
 @storage_option
-def shard_cmd(
+def shard_cmd(  # noqa: PLR0913 - one parameter per option
     src: str, dest: str, max_size: int, max_count: int | None, compress: str | None, shuffle: bool, seed: int,
-    prefix: str, file_fields: tuple[str, ...], split_fields: bool, overwrite: bool, as_json: bool,
-    storage_options: dict[str, Any],
+    prefix: str, file_fields: tuple[str, ...], split_fields: bool, follow_symlinks: bool, overwrite: bool,
+    as_json: bool, storage_options: dict[str, Any],
 ) -> None:
     """Pack SRC (directory tree, JSONL file or .tar glob) into shards + index.json at DEST."""
     from streamio.data.format import INDEX_NAME
+    from streamio.data.publish import occupied
     from streamio.data.writer import DatasetWriter, ShardSpec
     from streamio.storage import Store
 
-    samples = _sources(src, storage_options, seed if shuffle else None, file_fields, split_fields)
+    samples = _sources(src, storage_options, seed if shuffle else None, file_fields, split_fields, follow_symlinks)
     target = Store(dest, storage_options)
-    if not overwrite and target.exists(INDEX_NAME):
+    reason = None if overwrite else occupied(target)
+    if reason is not None:
         raise click.UsageError(
-            f"{target.url(INDEX_NAME)} exists: DEST already holds a dataset; pass --overwrite to replace it"
+            f"{reason}. Pass --overwrite to write DEST anew (a dataset there stays readable until the new one is "
+            f"complete; leftovers are removed)"
         )
     spec = ShardSpec(max_bytes=max_size, max_count=max_count, compression=compress, prefix=prefix)
     with Progress("shard", unit="sample", total=samples.total) as progress, \
@@ -212,22 +239,26 @@ def _framing_note(input_bytes: int, doc: dict[str, Any]) -> None:
     "in a bucket you can read but not write. The index records where the shards are: give this URL to "
     "StreamingDataset and the other verbs.",
 )
-@click.option("--concurrency", type=click.IntRange(min=1), default=8, show_default=True, help="Shards scanned at once.")
+@click.option(
+    "--concurrency", type=bounded(1, MAX_CONCURRENCY), default=8, show_default=True, help="Shards scanned at once."
+)
+@click.option("--overwrite", is_flag=True, help="Replace an index already at the target.")
 @json_option
 @storage_option
 def index_cmd(
-    url: str, index_url: str | None, concurrency: int, as_json: bool, storage_options: dict[str, Any]
+    url: str, index_url: str | None, concurrency: int, overwrite: bool, as_json: bool, storage_options: dict[str, Any]
 ) -> None:
     """Index existing WebDataset shards: URL is a prefix or a pattern (shard-{000000..000099}.tar).
 
-    The index is written beside the shards (URL's directory), or at --index-url.
+    The index is written beside the shards (URL's directory), or at --index-url. An index already
+    there is replaced only with --overwrite: every reader of that URL would see the new one.
     """
     from streamio.data.format import INDEX_NAME
     from streamio.data.index import write_index
     from streamio.data.indexer import build_index
     from streamio.data.locate import absolute_url, same_location, split_index_url
     from streamio.data.patterns import split_pattern
-    from streamio.errors import ConfigError, StoragePermissionError
+    from streamio.errors import ConfigError, StoragePermissionError, WriteConflictError
     from streamio.storage import Store
 
     root, pattern = split_pattern(url)
@@ -239,11 +270,15 @@ def index_cmd(
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from exc
     target = Store(directory, storage_options) if index_url is not None else store
+    if not overwrite and target.exists(name):
+        raise click.UsageError(_index_exists(target.url(name)))
     with Progress("index", unit="shard") as progress:
         index = build_index(store, pattern, concurrency=concurrency, progress=progress.report)
     index = replace(index, shards_url=shards_url) if shards_url is not None else index
     try:
-        write_index(target, index, path=name)
+        write_index(target, index, path=name, mode="overwrite" if overwrite else "create")
+    except WriteConflictError as exc:  # another indexer created it meanwhile
+        raise click.UsageError(_index_exists(target.url(name))) from exc
     except StoragePermissionError as exc:
         if index_url is not None:
             raise
@@ -257,6 +292,14 @@ def index_cmd(
         click.echo(f"{doc['index_url']}: {counts(doc)}, keys {', '.join(index.keys) or '-'}")
         if apart:
             click.echo(f"  shards at {doc['url']}: open the dataset with {doc['index_url']}")
+
+
+def _index_exists(url: str) -> str:
+    return (
+        f"{url} exists: replacing it changes the dataset every reader of that URL sees (a pattern naming fewer "
+        f"shards would drop the others). Write this index elsewhere with --index-url URL.json, or pass --overwrite "
+        f"to replace it"
+    )
 
 
 def register(group: click.Group) -> None:

@@ -10,12 +10,15 @@ verb to :func:`fail`. So the mapping lives here, once, keyed on the classes of t
   ``CheckpointError`` and their subclasses, a failed ``plan`` check).
 * **2** -- usage: an unknown option, a bad option value (``--max-size 0``, ``ConfigError``), a URL
   streamio cannot use (``foo://``, ``s3:/x``: ``UnsupportedProtocolError``), an impossible request
-  for this dataset (``PlanError``: more ranks than samples with ``--policy drop``). click's code.
+  for this dataset (``PlanError``: more ranks than samples with ``--policy drop``), a ``shard`` SRC
+  holding what is never packed (``SourceError``: a FIFO, a link leaving SRC). click's code.
 * **3** -- could not check: storage unreachable or refusing access, an I/O error, or the dataset /
   checkpoint named on the command line does not exist (``StorageError``, ``CacheError``,
   ``IndexNotFoundError``, ``CheckpointNotFoundError``, any ``OSError``) -- and any exception from
   outside the tree (a bug in streamio or in a dependency), which cannot vouch for the data either.
-* **130** -- interrupted (Ctrl-C); **141** -- stdout was closed (``streamio ls URL | head``).
+* **130** -- interrupted (Ctrl-C); **143** -- terminated (SIGTERM): a verb stops as on Ctrl-C,
+  its cleanup runs (a ``shard`` leaves the previous dataset whole and removes its temp files);
+  **141** -- stdout was closed (``streamio ls URL | head``, or no stdout at all: ``>&-``).
 
 Why "not found" is 3 and not 1: ``verify`` is run by scripts and monitors that must tell "the bytes
 are corrupt, rebuild them" from "the job could not look" (a typo in a URL, an expired token, an
@@ -32,9 +35,13 @@ from __future__ import annotations
 import enum
 import os
 import select
+import signal
 import sys
 import textwrap
+import threading
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import NoReturn
 
 import click
@@ -49,13 +56,17 @@ from streamio.errors import (
     DatasetError,
     IndexNotFoundError,
     PlanError,
+    SourceError,
     StateMismatchError,
     StorageError,
     StreamioError,
     UnsupportedProtocolError,
 )
 
-__all__ = ["EXIT_CODES", "ExitCode", "classify", "exit_codes_help", "exit_codes_short", "fail", "one_line"]
+__all__ = [
+    "EXIT_CODES", "ExitCode", "Terminated", "claim_closed_stdout", "classify", "exit_codes_help", "exit_codes_short",
+    "fail", "one_line", "sigterm_interrupts",
+]
 
 
 class ExitCode(enum.IntEnum):
@@ -67,6 +78,7 @@ class ExitCode(enum.IntEnum):
     UNCHECKED = 3
     INTERRUPTED = 130
     CLOSED_PIPE = 141
+    TERMINATED = 143
 
 
 EXIT_CODES: dict[ExitCode, str] = {
@@ -77,6 +89,7 @@ EXIT_CODES: dict[ExitCode, str] = {
     "checkpoint, I/O error, or an unexpected error (run with -vv for the traceback)",
     ExitCode.INTERRUPTED: "interrupted (Ctrl-C)",
     ExitCode.CLOSED_PIPE: "stdout was closed (e.g. piped into head)",
+    ExitCode.TERMINATED: "terminated (SIGTERM), stopped as on Ctrl-C",
 }
 
 # The first class an exception is an instance of decides; most specific first.
@@ -87,6 +100,7 @@ _BY_CLASS: tuple[tuple[type[BaseException], ExitCode], ...] = (
     (StateMismatchError, ExitCode.BAD),  # a resume state from another dataset / seed
     (PlanError, ExitCode.USAGE),  # the options ask for a split this dataset cannot give
     (UnsupportedProtocolError, ExitCode.USAGE),  # not a URL streamio can use (foo://, s3:/x)
+    (SourceError, ExitCode.USAGE),  # `shard` refuses an entry of SRC (a FIFO, a link leaving it): change SRC
     (ConfigError, ExitCode.USAGE),  # an argument or setting is invalid
     (StorageError, ExitCode.UNCHECKED),
     (CacheError, ExitCode.UNCHECKED),
@@ -125,6 +139,9 @@ def one_line(exc: BaseException) -> str:
 
 def fail(exc: BaseException, *, verbose: int) -> NoReturn:
     """Print ``exc`` as the contract says (traceback only when ``verbose >= 2``) and exit."""
+    if isinstance(exc, Terminated):
+        click.echo("Aborted: terminated (SIGTERM).", err=True)
+        raise click.exceptions.Exit(ExitCode.TERMINATED)
     if isinstance(exc, KeyboardInterrupt):
         click.echo("Aborted: interrupted.", err=True)
         raise click.exceptions.Exit(ExitCode.INTERRUPTED)
@@ -171,3 +188,45 @@ def _silence_stdout() -> None:
         os.close(devnull)
     except (AttributeError, OSError, ValueError):
         pass
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread: a verb stops as on Ctrl-C, its ``finally`` blocks and
+    context managers run (the exception is not an ``Exception``, so nothing swallows it)."""
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
+@contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """For the duration, SIGTERM raises :class:`Terminated` in the main thread (the previous
+    handler is restored after). Outside the main thread, signals cannot be handled: nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def claim_closed_stdout() -> None:
+    """Put a pipe without a reader on fd 1 when stdout is closed (``streamio ls URL --json >&-``).
+
+    Python then leaves ``sys.stdout`` None and click prints nothing: the verb would exit 0 with its
+    output lost, and the first file it opens would take fd 1. With a pipe whose reader is gone,
+    output fails as it does into ``| head`` (``BrokenPipeError``), which :func:`fail` maps to 141.
+    """
+    try:
+        os.fstat(1)
+        return
+    except OSError:
+        pass
+    read_end, write_end = os.pipe()
+    os.dup2(write_end, 1)  # if the read end took the free fd 1, this closes it first
+    for fd in {read_end, write_end} - {1}:
+        os.close(fd)
+    sys.stdout = open(1, "w", encoding="utf-8", closefd=False)  # noqa: SIM115 - lives as long as the process

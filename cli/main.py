@@ -14,15 +14,21 @@ import click
 
 from streamio import __version__
 
-from .exits import exit_codes_help, fail
+from .exits import claim_closed_stdout, exit_codes_help, fail, sigterm_interrupts
 
 
 class _Group(click.Group):
-    """A click group that turns every escaping exception into the documented one-line exit."""
+    """A click group that turns every escaping exception into the documented one-line exit.
+
+    SIGTERM is handled as Ctrl-C while a verb runs (exit 143 instead of 130), and a closed stdout
+    fails the verb's output as a closed pipe does (exit 141).
+    """
 
     def invoke(self, ctx: click.Context) -> Any:
+        claim_closed_stdout()
         try:
-            return super().invoke(ctx)
+            with sigterm_interrupts():
+                return super().invoke(ctx)
         except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
             raise
         except (Exception, KeyboardInterrupt) as exc:

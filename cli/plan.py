@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from .common import storage_option
+from .common import MAX_COUNT, MAX_SEED, bounded, storage_option
 from .exits import ExitCode, exit_codes_help
 from .progress import plural
 from .schemas import json_help
@@ -24,6 +24,41 @@ from .schemas import json_help
 if TYPE_CHECKING:  # the library is imported inside the verb: `streamio --help` does not load it
     from streamio.data.index import DatasetIndex
     from streamio.data.plan import EpochPlan, Run, Shuffle
+
+#: The largest job ``plan`` describes: a million ranks.
+MAX_WORLD_SIZE = 1 << 20
+#: DataLoader workers per rank.
+MAX_WORKERS = 1024
+#: Shards a worker reads at once: the planner's own limit (``Shuffle.interleave``).
+MAX_INTERLEAVE = 4096
+
+#: Readers (ranks x workers) a plan may have beyond one per sample of the epoch: tiny datasets stay plannable.
+MIN_READERS = 4096
+#: The most times ``--epoch-samples`` may repeat the sources' samples in one epoch.
+MAX_REPEATS = 100
+
+
+def _check_claims(world_size: int, workers: int, epoch_samples: int | None, samples: int) -> None:
+    """Refuse a topology whose planning work would grow with a claimed number rather than with the dataset.
+
+    A plan costs time per reader (rank x worker) and per sample of the epoch; both are checked
+    against the sources' ``samples`` before anything is planned, so ``-R 1000000000`` on a small
+    dataset is a usage error at once, not days of planning.
+    """
+    if epoch_samples is not None and epoch_samples > MAX_REPEATS * samples:
+        raise click.BadParameter(
+            f"{epoch_samples:,} samples an epoch would repeat each of the sources' {samples:,} samples more than "
+            f"{MAX_REPEATS} times; at most {MAX_REPEATS * samples:,}",
+            param_hint="'--epoch-samples'",
+        )
+    epoch = epoch_samples or samples
+    readers, limit = world_size * max(workers, 1), max(epoch, MIN_READERS)
+    if readers > limit:
+        raise click.UsageError(
+            f"--world-size {world_size:,} x --workers {max(workers, 1):,} makes {readers:,} readers for an epoch of "
+            f"{epoch:,} samples: most would have nothing to read; at most {limit:,} readers can be planned for it "
+            f"(one per sample, and never fewer than {MIN_READERS:,})"
+        )
 
 
 class _Shards:
@@ -154,34 +189,36 @@ def _print_human(rep: dict[str, Any], shards: _Shards, plan: EpochPlan, show_run
 
 @click.command("plan", epilog=f"{json_help('plan')}\n\n{exit_codes_help()}")
 @click.argument("urls", metavar="URL[:WEIGHT]...", nargs=-1, required=True)
-@click.option("--world-size", "-R", type=click.IntRange(min=1), required=True, help="Ranks (processes) in the job.")
 @click.option(
-    "--workers", "-W", type=click.IntRange(min=0), default=0, show_default=True, help="DataLoader workers per rank."
+    "--world-size", "-R", type=bounded(1, MAX_WORLD_SIZE), required=True, help="Ranks (processes) in the job."
 )
-@click.option("--epoch", type=click.IntRange(min=0), default=0, show_default=True)
-@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option(
+    "--workers", "-W", type=bounded(0, MAX_WORKERS), default=0, show_default=True, help="DataLoader workers per rank."
+)
+@click.option("--epoch", type=bounded(0, MAX_SEED), default=0, show_default=True)
+@click.option("--seed", type=bounded(0, MAX_SEED), default=0, show_default=True)
 @click.option(
     "--policy", type=click.Choice(["pad", "drop"]), default="pad", show_default=True,
     help="Tail policy when samples do not divide evenly.",
 )
 @click.option(
-    "--batch-size", "-B", type=click.IntRange(min=1), default=1, show_default=True, help="DataLoader batch size."
+    "--batch-size", "-B", type=bounded(1, MAX_COUNT), default=1, show_default=True, help="DataLoader batch size."
 )
 @click.option(
-    "--window", type=click.IntRange(min=0), default=256, show_default=True,
+    "--window", type=bounded(0, MAX_COUNT), default=256, show_default=True,
     help="Sample-level shuffle window (0 = none); the dataset's default.",
 )
 @click.option(
-    "--interleave", type=click.IntRange(min=1), default=32, show_default=True,
+    "--interleave", type=bounded(1, MAX_INTERLEAVE), default=32, show_default=True,
     help="Places of its block each worker reads at once (1 = one shard at a time); the dataset's default.",
 )
 @click.option(
-    "--epoch-samples", type=click.IntRange(min=1), default=None,
+    "--epoch-samples", type=bounded(1, MAX_COUNT), default=None,
     help="Samples per epoch of a mixture (the weighted sources are scaled to fill it).",
 )
 @click.option("--no-shard-shuffle", is_flag=True, help="Keep shards in index order (evaluation).")
 @click.option(
-    "--runs", "show_runs", type=click.IntRange(min=0), default=3, show_default=True, help="Runs listed per rank."
+    "--runs", "show_runs", type=bounded(0, MAX_COUNT), default=3, show_default=True, help="Runs listed per rank."
 )
 @storage_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON on stdout.")
@@ -211,6 +248,7 @@ def plan_cmd(  # noqa: PLR0913 - one parameter per option
     except ConfigError as exc:
         raise click.BadParameter(str(exc), param_hint="URL[:WEIGHT]") from None
     indexes = [open_dataset(url, storage_options)[1] for url, _ in parsed]
+    _check_claims(world_size, workers, epoch_samples, sum(ix.samples for ix in indexes))
     mixture = len(parsed) > 1 or parsed[0][1] is not None or epoch_samples is not None
     plan = plan_epoch(
         [

@@ -27,7 +27,9 @@ refines, so callers can catch either (``except FileNotFoundError`` keeps working
     │   ├── IndexNotFoundError (FileNotFoundError)    no index.json: run `streamio index URL`
     │   ├── IndexFormatError                          unknown version, invalid field
     │   ├── ShardFormatError                          truncated / non-tar shard, unsafe member
-    │   └── MissingMemberError (KeyError)             a sample lacks a member (jpg or png?)
+    │   ├── MissingMemberError (KeyError)             a sample lacks a member (jpg or png?)
+    │   └── SourceError                               `streamio shard` refuses an entry of its source:
+    │                                                 a FIFO, device, link leaving it, file over the limit
     ├── PlanError (ValueError)                    impossible topology or resume state
     │   └── StateMismatchError                        state from another dataset/seed/policy
     ├── CacheError (OSError)                      the node-local cache cannot do its job
@@ -157,6 +159,12 @@ class MissingMemberError(DatasetError, KeyError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
+
+
+class SourceError(DatasetError):
+    """A source given to the writer holds what must not be packed: a FIFO, socket or device, a link
+    whose target lies outside the source, a file too large for a sample. The CLI exits 2: the fix is
+    to change the source (or the option), not the data."""
 
 
 class PlanError(StreamioError, ValueError):

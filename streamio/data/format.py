@@ -31,12 +31,20 @@ FORMAT = "streamio.dataset/1"
 INDEX_NAME = "index.json"
 #: Where the layout sidecars of a large dataset live, below its root.
 LAYOUT_DIR = "_layout"
+#: The marker a write puts first and removes last (:mod:`streamio.data.publish`): shards it claims
+#: that no index names are the leftovers of a write that did not finish.
+WRITING_NAME = "_writing.json"
 #: Default bound of one sample's tar records (decompressed) when no index declares it: 1 GiB.
 MAX_SAMPLE_BYTES = 1 << 30
 #: The longest shard or sidecar path an index may name.
 MAX_PATH_CHARS = 1024
 #: Shard suffixes and the compression each means.
 SHARD_SUFFIXES = {".tar": None, ".tar.zst": "zstd"}
+#: gzip'd tar shards (common among webdataset users): a source for ``streamio shard``, never part of a
+#: dataset (a gzip stream has no random access: a reader could not start at a sample's offset).
+GZIP_SUFFIXES = (".tar.gz", ".tgz")
+#: The first two bytes of every gzip stream.
+GZIP_MAGIC = b"\x1f\x8b"
 
 _WDS_SPLIT = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")  # webdataset.tariterators.base_plus_ext
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")
@@ -94,6 +102,26 @@ def shard_compression(path: str) -> str | None:
 def is_shard(path: str) -> bool:
     """Whether ``path`` names a shard (``.tar`` or ``.tar.zst``)."""
     return path.endswith(tuple(SHARD_SUFFIXES))
+
+
+def is_gzip_shard(path: str) -> bool:
+    """Whether ``path`` names a gzip'd tar shard (``.tar.gz``, ``.tgz``)."""
+    return path.endswith(GZIP_SUFFIXES)
+
+
+def gzip_advice(glob: str) -> str:
+    """What to say about gzip'd tar shards: why they are not read, and how to convert those ``glob`` names."""
+    return (
+        f"streamio reads .tar and .tar.zst shards, not gzip'd ones (a gzip stream has no random access: a reader "
+        f"could not start at a sample). Convert them once with `streamio shard '{glob}' DEST` "
+        f"(add --compress zstd to keep them small)"
+    )
+
+
+def gzip_glob(root: str, found: list[str]) -> str:
+    """A glob naming the gzip'd shards ``found`` below ``root`` (by the suffix of the first)."""
+    suffix = next(s for s in GZIP_SUFFIXES if found[0].endswith(s))
+    return f"{root.rstrip('/')}/*{suffix}"
 
 
 def sidecar_path(shard_path: str) -> str:

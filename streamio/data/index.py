@@ -60,7 +60,7 @@ from streamio.data.format import FORMAT, INDEX_NAME, LAYOUT_DIR, SampleLayout, S
 from streamio.data.index_schema import check_document, check_layout
 from streamio.errors import CorruptDataError, IndexFormatError, IndexNotFoundError, ObjectTooLargeError
 from streamio.limits import MAX_JSON_BYTES, load_json
-from streamio.storage import Store
+from streamio.storage import Store, WriteMode
 
 __all__ = [
     "INLINE_LIMIT", "DatasetIndex", "decode_layout", "encode_layout", "fingerprint_of", "index_document",
@@ -301,15 +301,30 @@ def index_document(
     return doc, sidecars
 
 
-def write_index(store: Store, index: DatasetIndex, *, inline_limit: int = INLINE_LIMIT, path: str = INDEX_NAME) -> None:
+def write_index(
+    store: Store, index: DatasetIndex, *, inline_limit: int = INLINE_LIMIT, path: str = INDEX_NAME,
+    mode: WriteMode = "overwrite", if_match: str | None = None,
+) -> str | None:
     """Write ``index.json`` (or ``path``; and, for large datasets, the layout sidecars first) at ``store``'s root.
 
     ``index.json`` is the last object written, in one atomic PUT: until it exists the dataset is
     not a dataset. Layouts the index does not hold in memory are read from ``store``'s sidecars
     (so write an index back where it was loaded from, or one made by a writer / ``build_index``).
+
+    Args:
+        mode: ``"create"`` writes the index only if none exists (two writers cannot silently
+            replace each other); ``"overwrite"`` replaces one.
+        if_match: replace the index only if it is still at this version (from ``store.info``).
+
+    Returns:
+        The version of the index object written.
+
+    Raises:
+        WriteConflictError: ``mode="create"`` and an index exists, or ``if_match`` and it changed.
     """
     doc, sidecars = index_document(index, store, inline_limit=inline_limit, path=path)
     if sidecars:
         store.put_many(sidecars)
-    store.put(path, json.dumps(doc, separators=(",", ":")).encode())
+    version = store.put(path, json.dumps(doc, separators=(",", ":")).encode(), mode=mode, if_match=if_match)
     log.info("wrote %s: %d shards, %d samples", store.url(path), len(index.shards), index.samples)
+    return version

@@ -28,9 +28,19 @@ import zstandard
 
 from streamio.checksum import Crc32c, crc32c
 from streamio.data import zstdframes
-from streamio.data.format import MAX_SAMPLE_BYTES, SampleLayout, ShardInfo, shard_path_problem
+from streamio.data.format import (
+    MAX_SAMPLE_BYTES,
+    WRITING_NAME,
+    SampleLayout,
+    ShardInfo,
+    gzip_advice,
+    gzip_glob,
+    is_gzip_shard,
+    shard_path_problem,
+)
 from streamio.data.index import DatasetIndex, make_index
-from streamio.data.patterns import expand_patterns
+from streamio.data.patterns import expand_patterns, gzip_shards
+from streamio.data.publish import read_marker
 from streamio.data.samples import group_samples
 from streamio.data.tar import iter_members
 from streamio.errors import DatasetError, ObjectNotFoundError, ShardFormatError
@@ -244,14 +254,35 @@ def build_index(
     """
     paths = expand_patterns(store, patterns)
     if not paths and patterns is None:
+        gzipped = gzip_shards(store)
+        if gzipped:
+            raise ObjectNotFoundError(
+                f"no .tar or .tar.zst shards under {store.root_url}, but {len(gzipped)} gzip'd ones "
+                f"({gzipped[0]}{', ...' if len(gzipped) > 1 else ''}): "
+                f"{gzip_advice(gzip_glob(store.root_url, gzipped))}"
+            )
         raise ObjectNotFoundError(
             f"no .tar or .tar.zst shards under {store.root_url}: it is empty or does not exist. Check the URL, "
             f"or name the shards with a pattern such as '{store.root_url}/shard-{{000000..000099}}.tar'"
+        )
+    gzipped = [p for p in paths if is_gzip_shard(p)]
+    if gzipped:
+        named = store.url(patterns if isinstance(patterns, str) else gzipped[0])
+        raise ShardFormatError(
+            f"{len(gzipped)} of the {len(paths)} shards named are gzip'd ({store.url(gzipped[0])}"
+            f"{', ...' if len(gzipped) > 1 else ''}) and cannot be indexed: {gzip_advice(named)}"
         )
     if not paths:
         raise ObjectNotFoundError(
             f"no shards match {patterns!r} under {store.root_url}: check the URL, or give a pattern such as "
             f"'shard-{{000000..000099}}.tar'"
+        )
+    unfinished = read_marker(store)
+    if unfinished is not None and any(unfinished.owns(p) for p in paths):
+        raise DatasetError(
+            f"{store.root_url} holds the shards of a `streamio shard` that did not finish ({unfinished.pattern}, "
+            f"started {unfinished.started}; {store.url(WRITING_NAME)} marks them): indexing them would make a partial "
+            f"dataset look whole. Write it again with `streamio shard SRC {store.root_url} --overwrite`."
         )
     for path in paths:
         problem = shard_path_problem(path)

@@ -28,10 +28,11 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from streamio.data.format import INDEX_NAME, shard_path_problem
+from streamio.data.format import INDEX_NAME, WRITING_NAME, gzip_advice, gzip_glob, is_gzip_shard, shard_path_problem
 from streamio.data.index import DatasetIndex, load_index
-from streamio.data.patterns import expand_patterns, split_pattern
-from streamio.errors import ConfigError, IndexFormatError, IndexNotFoundError
+from streamio.data.patterns import expand_patterns, gzip_shards, split_pattern
+from streamio.data.publish import read_marker
+from streamio.errors import ConfigError, IndexFormatError, IndexNotFoundError, StorageError
 from streamio.storage import Store
 from streamio.storage.backends import canonical, is_file_url
 from streamio.storage.secrets import has_userinfo, strip_userinfo
@@ -64,9 +65,48 @@ def open_dataset(url: str, storage_options: Mapping[str, Any] | None = None) -> 
     directory, name, pattern = index_location(url)
     where = Store(directory, storage_options)
     if pattern is None:
-        index = load_index(where, name)
+        try:
+            index = load_index(where, name)
+        except IndexNotFoundError as exc:
+            if name != INDEX_NAME:  # an index URL named outright: nothing to guess about the prefix
+                raise
+            raise IndexNotFoundError(_unfinished_instead(where) or _gzip_instead(where) or str(exc)) from exc
         return _shards_store(index, where, storage_options, where.url(name)), index
+    if is_gzip_shard(pattern):
+        raise IndexNotFoundError(f"{strip_userinfo(url)!r} names gzip'd shards: {gzip_advice(strip_userinfo(url))}")
     return where, _pattern_index(where, pattern, strip_userinfo(url))
+
+
+def _unfinished_instead(store: Store) -> str | None:
+    """What to say of a prefix without an index that holds an unfinished write's shards: never to index
+    them (a partial dataset would look whole), and how to clean up."""
+    try:
+        marker = read_marker(store)
+        count = sum(1 for o in store.list() if marker is not None and marker.owns(o.path))
+    except (StorageError, IndexFormatError):
+        return None
+    if marker is None:
+        return None
+    return (
+        f"no {INDEX_NAME} at {store.url(INDEX_NAME)}: the {count} shards there ({marker.pattern}) were left by a "
+        f"`streamio shard` that did not finish (started {marker.started}; {store.url(WRITING_NAME)} marks them). "
+        f"They are not a dataset and must not be indexed: write it again with `streamio shard SRC {store.root_url} "
+        f"--overwrite`, which removes them first, or delete the prefix"
+    )
+
+
+def _gzip_instead(store: Store) -> str | None:
+    """What to say of a prefix without an index that holds gzip'd shards (one listing, on failure only)."""
+    try:
+        gzipped = gzip_shards(store)
+    except StorageError:
+        return None  # the plain message is still right
+    if not gzipped:
+        return None
+    return (
+        f"no {INDEX_NAME} at {store.url(INDEX_NAME)}, and {len(gzipped)} gzip'd shard{'s' if len(gzipped) > 1 else ''} "
+        f"({gzipped[0]}{', ...' if len(gzipped) > 1 else ''}): {gzip_advice(gzip_glob(store.root_url, gzipped))}"
+    )
 
 
 def index_location(url: str) -> tuple[str, str, str | None]:
@@ -163,14 +203,23 @@ def _shards_store(index: DatasetIndex, where: Store, options: Mapping[str, Any] 
 
 
 def _pattern_index(store: Store, pattern: str, shown: str) -> DatasetIndex:
-    """The index beside the shards a pattern names, if it indexes exactly those shards."""
-    fix = f"index them once with `streamio index '{shown}'`, then open the same URL"
+    """The index beside the shards a pattern names, if it indexes exactly those shards.
+
+    The fix a refusal suggests never drops an indexed shard: without an index, index the named
+    shards beside them; when they include every indexed one, replace the index (``--overwrite``);
+    otherwise index them apart (``--index-url``), leaving the index that is there as it is.
+    """
     try:
         index = load_index(store)
     except IndexNotFoundError as exc:
         raise IndexNotFoundError(
-            f"the shards of {shown!r} are not indexed: no {INDEX_NAME} at {store.url(INDEX_NAME)}; {fix}"
+            f"the shards of {shown!r} are not indexed: no {INDEX_NAME} at {store.url(INDEX_NAME)}; index them once "
+            f"with `streamio index '{shown}'`, then open the same URL"
         ) from exc
+    fix = (
+        f"to read only these shards, index them apart with `streamio index '{shown}' --index-url "
+        f"{store.root_url}/subset.json` and open that URL"
+    )
     if index.shards_url is not None:
         raise IndexNotFoundError(
             f"{store.url(INDEX_NAME)} indexes the shards at {index.shards_url}, not those {shown!r} names; {fix}, "
@@ -182,6 +231,8 @@ def _pattern_index(store: Store, pattern: str, shown: str) -> DatasetIndex:
     if named_set != indexed_set:
         unindexed = [p for p in named if p not in indexed_set]
         unnamed = [p for p in indexed if p not in named_set]
+        if not unnamed:  # a superset: re-indexing beside them drops nothing
+            fix = f"index them with `streamio index '{shown}' --overwrite` (it names every indexed shard)"
         raise IndexNotFoundError(
             f"{shown!r} names {len(named)} shards but {store.url(INDEX_NAME)} indexes {len(indexed)}: "
             f"{len(unindexed)} named are not indexed{_first(unindexed)}, {len(unnamed)} indexed are not named"

@@ -15,10 +15,10 @@ from collections.abc import Sequence
 
 import braceexpand
 
-from streamio.data.format import LAYOUT_DIR, is_shard
+from streamio.data.format import LAYOUT_DIR, is_gzip_shard, is_shard
 from streamio.storage import Store
 
-__all__ = ["expand_patterns", "split_pattern"]
+__all__ = ["expand_patterns", "gzip_shards", "split_pattern"]
 
 
 def expand_patterns(store: Store, patterns: str | Sequence[str] | None) -> list[str]:
@@ -49,11 +49,17 @@ def expand_patterns(store: Store, patterns: str | Sequence[str] | None) -> list[
     return out
 
 
+def gzip_shards(store: Store) -> list[str]:
+    """The gzip'd tar shards (``.tar.gz``, ``.tgz``) below the root, from one fresh listing: what a
+    prefix holding no ``.tar`` shards may hold instead (messages say how to convert them)."""
+    return [o.path for o in store.list() if is_gzip_shard(o.path)]
+
+
 def split_pattern(url: str) -> tuple[str, str | None]:
     """``"s3://b/ds/shard-{000..009}.tar"`` -> ``("s3://b/ds", "shard-{000..009}.tar")``; no pattern -> ``(url, None)``.
 
     The root is everything before the first path component holding ``{``, ``*``, ``?`` or ``[``;
-    a URL naming one ``.tar`` / ``.tar.zst`` splits into its directory and its name.
+    a URL naming one ``.tar`` / ``.tar.zst`` (or gzip'd ``.tar.gz``) splits into its directory and its name.
     """
     scheme, sep, rest = url.partition("://")
     if not sep:
@@ -63,7 +69,7 @@ def split_pattern(url: str) -> tuple[str, str | None]:
         if any(c in part for c in "{*?["):
             root = "/".join(parts[:i]) or ("/" if rest.startswith("/") else ".")
             return (f"{scheme}://{root}" if sep else root), "/".join(parts[i:])
-    if is_shard(parts[-1]):  # one shard named outright
+    if is_shard(parts[-1]) or is_gzip_shard(parts[-1]):  # one shard named outright
         root = "/".join(parts[:-1]) or ("/" if rest.startswith("/") else ".")
         return (f"{scheme}://{root}" if sep else root), parts[-1]
     return url, None

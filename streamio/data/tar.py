@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from streamio.data.format import MAX_SAMPLE_BYTES, unsafe_reason
+from streamio.data.format import GZIP_MAGIC, MAX_SAMPLE_BYTES, gzip_advice, unsafe_reason
 from streamio.data.tarfields import BLOCK, MAX_META_BYTES, checksum_ok, member_size, pax_records, pax_size
 from streamio.errors import ShardFormatError
 
@@ -318,6 +318,8 @@ def _next_header(
     """The next header block; None at the end-of-archive block (``on_end`` is told) or where a run may end."""
     at = src.offset
     block = src.take(BLOCK)
+    if last_name is None and block.startswith(GZIP_MAGIC):
+        raise ShardFormatError(f"shard {url!r} is gzip-compressed, not a tar: {gzip_advice(url)}")
     if len(block) < BLOCK:
         if not block and ending_ok:
             return None

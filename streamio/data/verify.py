@@ -5,6 +5,13 @@ size with the index (shallow), then, with ``deep=True``, re-reads every shard (s
 ``concurrency`` at a time) through the verified reader of :mod:`streamio.data.samples`, comparing
 its size, whole CRC32C, every sample's CRC32C and the sample count with the index.
 
+The deep check covers the shard's whole extent, not only the samples the index lists: the bytes
+before the first indexed sample may hold tar headers of directories only, and the bytes after the
+last one must be the end-of-archive blocks and their zero padding (decompressed, for ``.tar.zst``).
+A member there is a sample the index does not list (an index that lists fewer samples than the
+shard holds passes every per-sample check): the shard is reported bad, naming the member and its
+byte offset.
+
 A read that fails (access refused, storage unreachable) is no verdict on the shard: it raises a
 :class:`~streamio.errors.StorageError` rather than reporting the shard bad, so the CLI can tell
 "found bad data" (exit 1) from "could not check" (exit 3).
@@ -12,15 +19,20 @@ A read that fails (access refused, storage unreachable) is no verdict on the sha
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import closing
 from dataclasses import dataclass
 
 from streamio.checksum import Crc32c
+from streamio.data import zstdframes
+from streamio.data.format import SampleLayout
 from streamio.data.index import DatasetIndex
 from streamio.data.samples import iter_samples
-from streamio.errors import StorageError, StreamioError
+from streamio.data.tar import iter_members
+from streamio.data.tarfields import BLOCK
+from streamio.errors import ShardFormatError, StorageError, StreamioError
 from streamio.storage import Store
 
 __all__ = ["BadShard", "ValidationReport", "validate"]
@@ -47,23 +59,112 @@ class ValidationReport:
         return not self.bad
 
 
+#: The most bytes the end of a ``.tar.zst`` shard may decompress to (tar pads its end to a record: 10 KiB by default).
+TAIL_LIMIT = 1 << 20
+_REBUILD = "Rebuild the index with `streamio index`."
+
+
+class _Cursor:
+    """A shard's bytes handed out region by region (head, samples, tail), CRC32C of all on the way."""
+
+    def __init__(self, chunks: Iterable[bytes]) -> None:
+        self._chunks = iter(chunks)
+        self._rest = memoryview(b"")
+        self.whole = Crc32c()
+        self.pos = 0
+
+    def region(self, n: int | None) -> Iterator[memoryview]:
+        """The next ``n`` bytes (everything left when None) as read-only pieces; fewer at the end of the shard."""
+        while n is None or n > 0:
+            if not self._rest:
+                chunk = next(self._chunks, None)
+                if chunk is None:
+                    return
+                self.whole.update(chunk)
+                self._rest = memoryview(bytes(chunk) if not isinstance(chunk, bytes) else chunk)
+            piece = self._rest if n is None or len(self._rest) <= n else self._rest[:n]
+            self._rest = self._rest[len(piece):]
+            self.pos += len(piece)
+            n = None if n is None else n - len(piece)
+            yield piece
+
+
+def _decompressed(
+    chunks: Iterable[bytes], url: str, compression: str | None, start: int, where: str
+) -> Iterable[bytes]:
+    if compression != "zstd":
+        return chunks
+    return zstdframes.decompress(chunks, url=url, what=f"the bytes {where}", limit=TAIL_LIMIT, start=start)
+
+
+def _head_problem(chunks: Iterable[bytes], url: str, compression: str | None, end: int) -> str | None:
+    """Why the bytes before the first indexed sample are not tar headers of directories only, or None."""
+    where = f"before the first indexed sample (bytes 0..{end})"
+    ends: list[int] = []
+    try:
+        stream = _decompressed(chunks, url, compression, 0, where)
+        for at, name, _ in iter_members(stream, url=url, require_end=False, keep_data=False, on_end=ends.append):
+            return f"member {name!r} at byte {at} lies {where}: the index does not list it. {_REBUILD}"
+    except ShardFormatError as exc:
+        return f"the bytes {where} are not directory headers: {exc}"
+    return f"the end-of-archive block at byte {ends[0]} lies {where}" if ends else None
+
+
+def _tail_problem(chunks: Iterable[bytes], url: str, compression: str | None, start: int) -> str | None:
+    """Why the bytes after the last indexed sample are not the end-of-archive blocks and zero padding, or None."""
+    where = f"after the last indexed sample (byte {start} on{', decompressed' if compression else ''})"
+    base = 0 if compression else start  # offsets in a .tar.zst's tail are those of its decompressed bytes
+    try:
+        stream = iter(_decompressed(chunks, url, compression, start, where))
+        pos = base
+        for piece in stream:
+            data = bytes(piece)
+            zeros = len(data) - len(data.lstrip(b"\0"))
+            if zeros < len(data):  # something else than padding: name it if it parses as a member
+                block = pos + zeros - (pos + zeros - base) % BLOCK
+                rest = bytes(pos + zeros - block) + data[zeros:]
+                for at, name, _ in iter_members(
+                    itertools.chain((rest,), stream), url=url, start_offset=block, require_end=False, keep_data=False
+                ):
+                    return (
+                        f"member {name!r} at byte {at} lies {where}: the index does not list it (the shard holds "
+                        f"more samples than the index says). {_REBUILD}"
+                    )
+                return f"the bytes {where} are not the end-of-archive blocks and their zero padding (byte {block})"
+            pos += len(data)
+    except ShardFormatError as exc:
+        return f"the bytes {where} are not the end of the archive: {exc}"
+    return None
+
+
+def _check_extent(src: _Cursor, layout: SampleLayout, url: str, compression: str | None) -> tuple[int, str | None]:
+    """Read the whole shard from ``src``: ``(samples read, the first problem outside them or None)``."""
+    first, end = layout.offsets[0], layout.offsets[-1]
+    problem = None
+    if first:
+        problem = _head_problem(src.region(first), url, compression, first)
+        for _ in src.region(first - src.pos):  # whatever the head's parser left unread
+            pass
+    samples = src.region(end - first)
+    n = sum(1 for _ in iter_samples(samples, url=url, layout=layout, compression=compression, start_offset=first))
+    for _ in samples:
+        pass
+    tail = src.region(None)
+    problem = problem or _tail_problem(tail, url, compression, end)
+    for _ in tail:  # the rest, for the whole-object checksum and size
+        pass
+    return n, problem
+
+
 def _deep_check(store: Store, index: DatasetIndex, i: int) -> str | None:
     shard = index.shards[i]
     url = store.url(shard.path)
     try:
         layout = index.layout(i, store)
-        whole = Crc32c()
-
-        def counted(chunks: Iterable[bytes]) -> Iterator[bytes]:
-            for chunk in chunks:
-                whole.update(chunk)
-                yield chunk
-
         with closing(store.iter_bytes(shard.path)) as raw:
-            stream = counted(raw)
-            n = sum(1 for _ in iter_samples(stream, url=url, layout=layout, compression=shard.compression))
-            for _ in stream:  # the trailer after the last sample, for the whole-object checksum
-                pass
+            src = _Cursor(raw)
+            n, problem = _check_extent(src, layout, url, shard.compression)
+        whole = src.whole
     except FileNotFoundError:
         return "missing: the object does not exist"
     except StorageError:
@@ -76,7 +177,7 @@ def _deep_check(store: Store, index: DatasetIndex, i: int) -> str | None:
         return f"checksum {whole.hexdigest()}, the index says {shard.checksum}: the shard is corrupt"
     if n != shard.samples:
         return f"{n} samples, the index says {shard.samples}"
-    return None
+    return problem  # bytes the index does not account for, in a shard that matches it otherwise
 
 
 def _read_all(

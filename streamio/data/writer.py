@@ -11,16 +11,26 @@ Design and reasons:
 * **Deterministic bytes.** Tar headers carry fixed mtime (0), owner (0/0, no names) and mode
   (0644); fields are written in sorted extension order; so the same samples give identical
   shards on any machine, at any time (reproducible datasets, content-addressed caching).
-* **One pass.** Each sample's offset and CRC32C, the shard's CRC32C, its size and sample count are
-  recorded as the bytes are produced; nothing is re-read to build the index.
+* **One pass, one copy.** Each sample's records are written straight into the shard being filled
+  (:mod:`streamio.data.shardbuf`) and its offset and CRC32C, the shard's CRC32C, size and count are
+  recorded as the bytes pass; nothing is re-read. A member given as a
+  :class:`~streamio.data.localfiles.LocalFile` (what ``streamio shard`` reads from disk) is
+  streamed in pieces of a few MiB, never held whole outside the shard.
+* **Bounded samples.** A sample whose tar records exceed ``ShardSpec.max_sample_bytes`` (default
+  :data:`~streamio.data.format.MAX_SAMPLE_BYTES`, 1 GiB: what readers of unindexed shards accept)
+  is refused before any of it is read: its size is known from its members' sizes.
 * **Overlap.** A finished shard is handed to a background upload (``Store.put``, one atomic PUT)
   while the next one is filled. At most ``max_pending`` shards wait or upload at once, each in a
   buffer reused from shard to shard (fresh large allocations are page-faulted every time), so
-  memory stays bounded by about ``max_pending * max_bytes`` plus the samples of the shard being
-  filled; an upload error surfaces at the next ``write`` or at ``close``.
-* **Index last.** ``index.json`` is written after every shard (and sidecar) is stored; until then
-  the prefix is not a dataset. A writer that fails or is left through an exception writes no
-  index. Writing over an existing dataset requires ``overwrite=True`` and removes its index first.
+  memory stays bounded by about ``(max_pending + 1) * max(max_bytes, the largest sample)``; an
+  upload error surfaces at the next ``write`` or at ``close``.
+* **Index last, old dataset whole until then.** ``index.json`` is written after every shard (and
+  sidecar) is stored, in one conditional PUT that switches readers from the old dataset to the new
+  one; a writer that fails, is interrupted or is left through an exception writes no index and the
+  old dataset stays readable. New shards never take a name the prefix holds, a marker written first
+  claims them, and the old dataset's shards are deleted only after the commit
+  (:mod:`streamio.data.publish`). Writing where a dataset or an unfinished write's leftovers are
+  requires ``overwrite=True``.
 * **Compression** (``zstd``): each sample is compressed as its own zstd frame (content size in the
   frame header) and the end-of-archive blocks form a last frame, so the shard is one valid zstd
   stream of one valid tar and offsets point at frame starts.
@@ -44,10 +54,13 @@ from typing import Any
 
 import zstandard
 
-from streamio.checksum import crc32c, format_checksum
-from streamio.data.format import INDEX_NAME, SampleLayout, ShardInfo, unsafe_reason
-from streamio.data.index import INLINE_LIMIT, DatasetIndex, make_index, write_index
-from streamio.data.tar import END_OF_ARCHIVE, encode_sample
+from streamio.checksum import format_checksum
+from streamio.data import publish
+from streamio.data.format import MAX_SAMPLE_BYTES, SampleLayout, ShardInfo, unsafe_reason
+from streamio.data.index import INLINE_LIMIT, DatasetIndex, make_index
+from streamio.data.localfiles import LocalFile
+from streamio.data.shardbuf import Member, ShardBuffer, compressed, record_size, records
+from streamio.data.tar import END_OF_ARCHIVE
 from streamio.deprecation import fold_moved
 from streamio.errors import ConfigError, DatasetError
 from streamio.storage import Store
@@ -72,6 +85,8 @@ class ShardSpec:
         compression: None (``.tar``) or ``"zstd"`` (``.tar.zst``, one frame per sample).
         level: zstd level.
         prefix: shard names are ``{prefix}-{i:06d}.tar[.zst]``.
+        max_sample_bytes: the most bytes one sample's tar records may span (what readers of
+            unindexed shards accept); a larger sample is refused before it is read.
 
     Raises:
         ConfigError: an unknown compression, a limit that is not positive, or a prefix that is not
@@ -83,22 +98,28 @@ class ShardSpec:
     compression: str | None = None
     level: int = 3
     prefix: str = "data"
+    max_sample_bytes: int = MAX_SAMPLE_BYTES
 
     def __post_init__(self) -> None:
         if self.compression not in _COMPRESSIONS:
             raise ConfigError(f"compression must be one of {_COMPRESSIONS}, not {self.compression!r}")
-        if self.max_bytes <= 0 or (self.max_count is not None and self.max_count <= 0):
-            raise ConfigError(f"max_bytes ({self.max_bytes}) and max_count ({self.max_count}) must be positive")
+        if min(self.max_bytes, self.max_sample_bytes, 1 if self.max_count is None else self.max_count) <= 0:
+            raise ConfigError(
+                f"max_bytes ({self.max_bytes}), max_count ({self.max_count}) and max_sample_bytes "
+                f"({self.max_sample_bytes}) must be positive"
+            )
         if unsafe_reason(self.prefix) or "/" in self.prefix:
             raise ConfigError(f"prefix {self.prefix!r} must be a plain file-name prefix")
 
-    def shard_path(self, shard_id: int) -> str:
-        """The name of shard ``shard_id``: ``{prefix}-{shard_id:06d}.tar`` or ``.tar.zst``."""
-        return f"{self.prefix}-{shard_id:06d}{'.tar.zst' if self.compression == 'zstd' else '.tar'}"
+    def shard_path(self, shard_id: int, tag: str = "") -> str:
+        """The name of shard ``shard_id``: ``{prefix}-{shard_id:06d}.tar`` or ``.tar.zst``; with a write's
+        ``tag`` (one that must not collide with a dataset already there), ``{prefix}-{tag}-{shard_id:06d}...``."""
+        stem = f"{self.prefix}-{tag}-" if tag else f"{self.prefix}-"
+        return f"{stem}{shard_id:06d}{'.tar.zst' if self.compression == 'zstd' else '.tar'}"
 
 
-def _field_bytes(key: str, ext: str, value: Any) -> bytes:
-    if isinstance(value, bytes):
+def _field_bytes(key: str, ext: str, value: Any) -> bytes | LocalFile:
+    if isinstance(value, (bytes, LocalFile)):
         return value
     if isinstance(value, (bytearray, memoryview)):
         return bytes(value)
@@ -109,13 +130,13 @@ def _field_bytes(key: str, ext: str, value: Any) -> bytes:
     if isinstance(value, int) and not isinstance(value, bool):
         return str(value).encode()
     raise DatasetError(
-        f"sample {key!r}: field {ext!r} is a {type(value).__name__}; give bytes, str, an int, or a JSON value "
-        f"for a '.json' field (encode anything else yourself)"
+        f"sample {key!r}: field {ext!r} is a {type(value).__name__}; give bytes, str, an int, a LocalFile, or a "
+        f"JSON value for a '.json' field (encode anything else yourself)"
     )
 
 
-def sample_members(sample: Mapping[str, Any], number: int) -> tuple[str, list[tuple[str, bytes]]]:
-    """Check one sample and return ``(key, [(member name, bytes), ...])`` in sorted field order.
+def sample_members(sample: Mapping[str, Any], number: int) -> tuple[str, list[Member]]:
+    """Check one sample and return ``(key, [(member name, bytes or LocalFile), ...])`` in sorted field order.
 
     Raises:
         DatasetError: unsafe or ambiguous key, bad field name, no fields, unsupported value type.
@@ -131,7 +152,7 @@ def sample_members(sample: Mapping[str, Any], number: int) -> tuple[str, list[tu
             f"sample {number}: key {key!r} has a dot in its last part; readers split 'key.ext' at the first dot "
             f"of the basename, so it would not read back. Replace the dot (dots in directory parts are fine)."
         )
-    members: list[tuple[str, bytes]] = []
+    members: list[Member] = []
     for ext in sorted(k for k in sample if not k.startswith("__")):
         if not isinstance(ext, str) or not ext or "/" in ext or "\0" in ext:
             raise DatasetError(f"sample {key!r}: field name {ext!r} is not a valid extension (non-empty, no '/')")
@@ -161,13 +182,16 @@ class DatasetWriter:
         spec: how shards are cut, named and compressed (default: ``ShardSpec()``, 256 MB ``.tar``
             shards named ``data-000000.tar``, ...).
         max_pending: shards uploading or waiting to upload at once (memory bound).
-        overwrite: allow writing where an ``index.json`` already exists (it is removed first).
+        overwrite: replace the dataset at ``dest`` (its index is replaced in one PUT once the new
+            dataset is complete, then its shards are deleted), and remove the leftovers of a write
+            there that did not finish. Says that no other write into ``dest`` is running.
         inline_limit: datasets up to this many samples keep their offsets inside ``index.json``.
         moved: 0.1's ``max_bytes=``, ``max_count=``, ``compression=``, ``level=``, ``prefix=``:
             deprecated (a ``DeprecationWarning``), removed in 0.3.0; give them in ``spec``.
 
     Raises:
-        DatasetError: ``dest`` already holds an index and ``overwrite`` is False.
+        DatasetError: ``dest`` holds a dataset or the leftovers of a write that did not finish, and
+            ``overwrite`` is False.
         ArgumentError: an unknown keyword, or a moved one given together with ``spec``.
     """
 
@@ -186,6 +210,7 @@ class DatasetWriter:
         self.spec = spec = ShardSpec() if spec is None else spec
         self.store = dest if isinstance(dest, Store) else Store(dest, storage_options)
         self.inline_limit = inline_limit
+        self._generation, self._previous = publish.begin(self.store, spec.prefix, overwrite=overwrite)
         self._cctx = zstandard.ZstdCompressor(level=spec.level, write_content_size=True) if spec.compression else None
         self._trailer = self._cctx.compress(END_OF_ARCHIVE) if self._cctx else END_OF_ARCHIVE
         self._pool = ThreadPoolExecutor(max_workers=max(1, max_pending), thread_name_prefix="streamio-upload")
@@ -201,24 +226,12 @@ class DatasetWriter:
         self.index: DatasetIndex | None = None
         self._closed = False
         self._new_shard()
-        if self.store.exists(INDEX_NAME):
-            if not overwrite:
-                raise DatasetError(
-                    f"{self.store.url(INDEX_NAME)} exists: {self.store.root_url} already holds a dataset. "
-                    f"Write to another prefix, or pass overwrite=True (`--overwrite`)."
-                )
-            self.store.delete(INDEX_NAME)
 
     def _new_shard(self) -> None:
-        self._pieces: list[bytes] = []
-        self._size = 0
-        self._offsets: list[int] = []
-        self._crcs: list[int] = []
-        self._shard_crc = 0
-        self._biggest = 0  # the largest sample's tar records (what readers decompress a sample into)
+        self._shard = ShardBuffer(self._buffers.pop() if self._buffers else bytearray())
 
     def write(self, sample: Mapping[str, Any]) -> None:
-        """Append one sample (raises DatasetError for an invalid one, naming it)."""
+        """Append one sample (raises DatasetError for an invalid one, naming it; the writer stays usable)."""
         if self._closed:
             raise DatasetError(f"writer for {self.store.root_url} is closed")
         self._raise_upload_error()
@@ -228,45 +241,36 @@ class DatasetWriter:
                 f"sample {self.samples_written}: key {key!r} repeats the previous sample's key; readers would merge "
                 f"the two. Give every sample a distinct '__key__'."
             )
-        pieces = encode_sample(members)
-        raw_size = sum(len(p) for p in pieces)
+        raw_size = record_size(members)
+        if raw_size > self.spec.max_sample_bytes:
+            raise DatasetError(
+                f"sample {key!r} spans {raw_size:,} bytes of tar records, more than the {self.spec.max_sample_bytes:,} "
+                f"a sample may (ShardSpec.max_sample_bytes: readers of unindexed shards refuse larger ones). Split it."
+            )
         if self._cctx is not None:
-            pieces = [self._cctx.compress(b"".join(pieces))]
-        size = sum(len(p) for p in pieces)
-        count = len(self._offsets)
+            frame = compressed(members, self._cctx, raw_size)
+            pieces, size = (frame,), len(frame)
+        else:
+            pieces, size = records(members), raw_size  # streamed into the shard: files are read here
+        count = self._shard.count
         if count and (
-            self._size + size + len(self._trailer) > self.spec.max_bytes
+            self._shard.size + size + len(self._trailer) > self.spec.max_bytes
             or (self.spec.max_count is not None and count >= self.spec.max_count)
         ):
             self._finish_shard()
-        crc = 0
-        for p in pieces:
-            crc = crc32c(p, crc)
-            self._shard_crc = crc32c(p, self._shard_crc)
-        self._offsets.append(self._size)
-        self._crcs.append(crc)
-        self._pieces.extend(pieces)
-        self._size += size
-        self._biggest = max(self._biggest, raw_size)
+        self.bytes_written += self._shard.add(pieces, raw_size)
         self._last_key = key
         self._keys.update(name[len(key) + 1 :] for name, _ in members)
         self.samples_written += 1
-        self.bytes_written += size
 
     def _finish_shard(self) -> None:
         shard_id = len(self._shards)
-        path = self.spec.shard_path(shard_id)
-        self._pieces.append(self._trailer)
-        crc = crc32c(self._trailer, self._shard_crc)
-        total = self._size + len(self._trailer)
-        self._shards.append(ShardInfo(path, total, len(self._offsets), format_checksum(crc)))
-        biggest = self._biggest if self._cctx is not None else None
-        self._layouts[shard_id] = SampleLayout(tuple(self._offsets) + (self._size,), tuple(self._crcs), biggest)
-        pieces = self._pieces
-        self._new_shard()
+        path = self.spec.shard_path(shard_id, self._generation.tag)
+        buf, total, crc, layout = self._shard.finish(self._trailer, compressed=self._cctx is not None)
+        self._shards.append(ShardInfo(path, total, self._shard.count, format_checksum(crc)))
+        self._layouts[shard_id] = layout
         self._slots.acquire()  # at most max_pending shards (and buffers) in flight
         try:
-            buf = self._fill_buffer(pieces, total)
             future = self._pool.submit(self.store.put, path, memoryview(buf)[:total])
         except BaseException:
             self._slots.release()
@@ -279,22 +283,7 @@ class DatasetWriter:
         future.add_done_callback(done)
         self._futures.append(future)  # type: ignore[arg-type]
         log.debug("shard %s: %d samples, %d bytes, queued for upload", path, self._shards[-1].samples, total)
-
-    def _fill_buffer(self, pieces: list[bytes], total: int) -> bytearray:
-        """Copy a shard's pieces into a reused buffer.
-
-        Fresh 256 MB allocations are mmapped and page-faulted on every shard (3-4x slower than
-        writing warm memory on these VMs), so the ``max_pending`` buffers are kept and reused.
-        """
-        buf = self._buffers.pop() if self._buffers else bytearray()
-        if len(buf) < total:
-            return bytearray().join(pieces)  # one pass over fresh memory (no zero-fill first)
-        pos = 0
-        for piece in pieces:
-            end = pos + len(piece)
-            buf[pos:end] = piece
-            pos = end
-        return buf
+        self._new_shard()
 
     def _raise_upload_error(self) -> None:
         for f in self._futures:
@@ -303,36 +292,59 @@ class DatasetWriter:
         self._futures = [f for f in self._futures if not f.done()]
 
     def close(self) -> DatasetIndex:
-        """Finish the last shard, wait for every upload, write ``index.json``; return the index.
+        """Finish the last shard, wait for every upload, commit ``index.json``; return the index.
+
+        The index replaces the one that was at ``dest`` (if any) in one conditional PUT; then the
+        old dataset's shards are deleted (:mod:`streamio.data.publish`).
 
         Raises:
-            DatasetError: no sample was written (an empty source makes no dataset).
+            DatasetError: no sample was written (an empty source makes no dataset), or the index
+                at ``dest`` changed since the write began (another write committed).
         """
         if self.index is not None:
             return self.index
         self._closed = True
         try:
-            if self._offsets:
+            if self._shard.count:
                 self._finish_shard()
             for f in self._futures:
                 f.result()
+        except BaseException as exc:
+            self._stopped(exc)
+            raise
         finally:
             self._pool.shutdown(wait=True)
             self._buffers.clear()
         if not self._shards:
+            publish.discard(self.store)
             raise DatasetError(f"no samples were written to {self.store.root_url}: the source is empty")
         index = make_index(self._shards, self._layouts, self._keys)
-        write_index(self.store, index, inline_limit=self.inline_limit)
+        publish.commit(self.store, self._generation, self._previous, index, self.inline_limit)
         self.index = index
         return index
 
     def abort(self) -> None:
-        """Stop without writing an index (shards already uploaded stay, unreferenced)."""
+        """Stop without writing an index: the dataset at ``dest`` (if any) is untouched; the shards
+        already stored stay, unreferenced, until a write with ``overwrite=True`` removes them."""
         self._closed = True
         for f in self._futures:
             f.cancel()
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._pool.shutdown(wait=True, cancel_futures=True)  # uploads in flight finish (no temp file is left)
         self._buffers.clear()
+        if not self._shards:
+            publish.discard(self.store)
+
+    def _stopped(self, exc: BaseException) -> None:
+        """Say what a write that stopped left behind, and how to clean it up."""
+        if not self._shards:
+            return
+        url = self.store.root_url
+        log.warning(
+            "writing %s stopped (%s): no index was written, so %s still holds the dataset it held before, if any. "
+            "The %d shards this write stored (%s) are not part of it: the next write there with overwrite=True "
+            "(`streamio shard SRC %s --overwrite`) removes them.",
+            url, type(exc).__name__, url, len(self._shards), self._generation.pattern, url,
+        )
 
     def __enter__(self) -> DatasetWriter:
         return self
@@ -342,9 +354,9 @@ class DatasetWriter:
     ) -> None:
         if exc_type is None:
             self.close()
-        else:
-            log.warning("writing %s failed; no index written", self.store.root_url)
+        elif not self._closed:
             self.abort()
+            self._stopped(exc)  # type: ignore[arg-type]
 
 
 def write_dataset(

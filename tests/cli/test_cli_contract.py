@@ -39,6 +39,7 @@ from streamio.errors import (
     ObjectNotFoundError,
     PlanError,
     ShardFormatError,
+    SourceError,
     StateMismatchError,
     StorageError,
     StoragePermissionError,
@@ -101,6 +102,7 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
         (CheckpointFormatError("x"), ExitCode.BAD),
         (StateMismatchError("x"), ExitCode.BAD),
         (PlanError("x"), ExitCode.USAGE),
+        (SourceError("x"), ExitCode.USAGE),
         (IndexNotFoundError("x"), ExitCode.UNCHECKED),
         (CheckpointNotFoundError("x"), ExitCode.UNCHECKED),
         (CheckpointConflictError("x"), ExitCode.UNCHECKED),
@@ -161,6 +163,24 @@ def test_help_and_readme_document_the_codes_the_code_uses() -> None:
         (["ls", "{ds}", "-o", "a=1", "-o", "a.b=2"], ["'a.b=2'"]),
         (["plan", "{ds}", "-R", "0"], ["--world-size"]),
         (["plan", "{ds}", "-R", "200", "--policy", "drop"], ["world_size=200", "policy='pad'"]),
+        # every numeric option is bounded (issue 23): a huge value names the option, never overflows (was exit 3)
+        (["plan", "{ds}", "-R", "2", "-B", str(10**21)], ["--batch-size"]),
+        (["plan", "{ds}", "-R", "2", "-W", str(10**21)], ["--workers"]),
+        (["plan", "{ds}", "-R", str(10**9)], ["--world-size"]),
+        (["plan", "{ds}", "-R", "2", "--seed", str(2**64)], ["--seed"]),
+        (["plan", "{ds}", "-R", "2", "--epoch", str(2**64)], ["--epoch"]),
+        (["plan", "{ds}", "-R", "2", "--runs", str(10**21)], ["--runs"]),
+        (["plan", "{ds}", "-R", "2", "--window", str(10**21)], ["--window"]),
+        (["plan", "{ds}", "-R", "2", "--interleave", "5000"], ["--interleave"]),
+        # ... and claimed sizes are checked against the dataset (6 samples) before planning
+        (["plan", "{ds}", "-R", "5000"], ["--world-size 5,000", "at most 4,096 readers"]),
+        (["plan", "{ds}", "-R", "64", "-W", "100"], ["--workers 100", "6,400 readers"]),
+        (["plan", "{ds}:1", "-R", "2", "--epoch-samples", "601"], ["--epoch-samples", "at most 600"]),
+        (["shard", "{src}", "{out}", "--max-size", "6TiB"], ["--max-size", "5 TiB"]),
+        (["shard", "{src}", "{out}", "--max-count", str(10**21)], ["--max-count"]),
+        (["shard", "{src}", "{out}", "--seed", str(2**64)], ["--seed"]),
+        (["verify", "{ds}", "--concurrency", "100000"], ["--concurrency"]),
+        (["index", "{ds}", "--concurrency", "100000"], ["--concurrency"]),
         (["ckpt", "gc", "{ds}", "--min-age", "-1"], ["--min-age"]),
     ],
 )
@@ -290,7 +310,10 @@ def test_ctrl_c_is_130_without_a_traceback(dataset: Path, monkeypatch: pytest.Mo
     assert res.exit_code == 130 and res.stderr == "Aborted: interrupted.\n"
 
 
-def test_sigint_during_retries_exits_130() -> None:
+@pytest.mark.parametrize(
+    ("sig", "code", "said"), [(signal.SIGINT, 130, "interrupted."), (signal.SIGTERM, 143, "(SIGTERM).")]
+)
+def test_sigint_and_sigterm_during_retries_stop_cleanly(sig: signal.Signals, code: int, said: str) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "streamio.cli.main", "-v", "verify", "s3://bucket/ds",
          "-o", "endpoint_url=http://127.0.0.1:9", "-o", "anon=true"],
@@ -299,11 +322,11 @@ def test_sigint_during_retries_exits_130() -> None:
     assert proc.stderr is not None
     try:
         proc.stderr.readline()  # -v logs each retry: the first line means the retry loop is running
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         _, err = proc.communicate(timeout=60)
     finally:
         proc.kill()
-    assert proc.returncode == 130 and "Traceback" not in err and err.rstrip().endswith("Aborted: interrupted."), err
+    assert proc.returncode == code and "Traceback" not in err and err.rstrip().endswith(said), err
 
 
 def test_closed_stdout_is_141_and_silent(dataset: Path) -> None:
@@ -315,6 +338,25 @@ def test_closed_stdout_is_141_and_silent(dataset: Path) -> None:
     with proc.stderr:
         err = proc.stderr.read()
     assert proc.wait(timeout=60) == 141 and err == b""
+
+
+@pytest.mark.parametrize(
+    "verb",
+    [["ls", "{ds}"], ["ls", "{ds}", "--json"], ["inspect", "{ds}", "--json"], ["verify", "{ds}", "--json"],
+     ["plan", "{ds}", "-R", "2", "--json"], ["index", "{ds}/data-*.tar", "--index-url", "{tmp}/i.json", "--json"],
+     ["shard", "{src}", "{tmp}/out", "--json"]],
+    ids=lambda v: " ".join(a for a in v if "{" not in a),
+)
+def test_no_stdout_at_all_is_141_not_0(dataset: Path, tmp_path: Path, verb: list[str]) -> None:
+    """``streamio VERB --json >&-``: the document cannot be written, so the verb must not report success (issue 23)."""
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.txt").write_text("x")
+    args = [a.format(ds=dataset, tmp=tmp_path, src=tmp_path / "src") for a in verb]
+    res = subprocess.run(
+        ["sh", "-c", 'exec "$0" -m streamio.cli.main "$@" >&-', sys.executable, *args],
+        capture_output=False, stderr=subprocess.PIPE, text=True, timeout=60,
+    )
+    assert res.returncode == 141 and res.stderr == "", (res.returncode, res.stderr)
 
 
 def test_one_line_strips_userinfo_and_newlines() -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
+import shlex
 import tarfile
 
 import pytest
@@ -135,9 +137,9 @@ def test_bad_inputs_give_one_clear_line(tmp_path, case: str) -> None:
     elif case == "unreadable":
         (src / "a.txt").write_text("x")
         (src / "b.jpg").mkdir()  # a directory where a file is expected ...
-        os.symlink(src / "missing", src / "c.jpg")  # ... and a dangling link: both unreadable
-        _, err = run("shard", str(src), str(dest), code=1)
-        assert "cannot read" in err and "c.jpg" in err
+        os.symlink(src / "missing", src / "c.jpg")  # ... and a dangling link: refused (the source must change)
+        _, err = run("shard", str(src), str(dest), code=2)
+        assert "c.jpg is a symbolic link to" in err and "which does not exist" in err
     elif case == "no-index":
         _, err = run("ls", str(src), code=3)  # nothing to read there: could not check
         assert f"no index.json at {src}/index.json" in err and f"`streamio index {src}`" in err
@@ -206,10 +208,75 @@ def test_a_pattern_names_the_indexed_shards_or_says_to_index_them(tmp_path) -> N
     write_dataset(({"__key__": f"{i}", "txt": "x"} for i in range(6)), str(tmp_path), spec=ShardSpec(max_count=2))
     assert json.loads(run("inspect", str(tmp_path / "data-{000000..000002}.tar"), "--json")[0])["samples"] == 6
     _, err = run("verify", str(tmp_path / "data-{000000..000001}.tar"), code=3)
-    assert "names 2 shards but" in err and f"`streamio index '{tmp_path}/data-{{000000..000001}}.tar'`" in err
+    assert "names 2 shards but" in err
+    assert f"`streamio index '{tmp_path}/data-{{000000..000001}}.tar' --index-url" in err  # apart: drops nothing
+    (tmp_path / INDEX_NAME).unlink()  # no index: the hint is to index them beside the shards
+    _, err = run("verify", str(tmp_path / "data-{000000..000001}.tar"), code=3)
+    assert f"`streamio index '{tmp_path}/data-{{000000..000001}}.tar'`" in err
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_index_never_silently_replaces_an_index(tmp_path, where: str, request: pytest.FixtureRequest) -> None:
+    """Issue 23: the hint for a subset pattern made `streamio index` replace a 10-shard index with 5 (exit 0)."""
+    env: dict[str, str] = {}
+    if where == "s3":
+        s3: S3Endpoint = request.getfixturevalue("s3")
+        env, root = s3.env(), s3.url("ds")
+        store = Store(root, s3.storage_options())
+    else:
+        root = str(tmp_path / "ds")
+        store = Store(root)
+    write_dataset(({"__key__": f"{i}", "txt": "x"} for i in range(10)), store, spec=ShardSpec(max_count=1))
+    before = store.read(INDEX_NAME)
+    subset = f"{root}/data-{{000000..000004}}.tar"
+    _, err = run("inspect", subset, code=3, env=env)
+    hint = re.search(r"`(streamio index [^`]*)`", err)
+    assert hint is not None and "--index-url" in hint.group(1), err
+    _, err = run("index", subset, code=2, env=env)  # what the old hint said: refused, nothing written
+    assert f"{root}/index.json exists" in err and "--index-url" in err and "--overwrite" in err
+    assert store.read(INDEX_NAME) == before
+    out, _ = run(*shlex.split(hint.group(1))[1:], "--json", env=env)  # the hint, as printed: a subset apart
+    assert json.loads(out)["samples"] == 5 and store.read(INDEX_NAME) == before
+    assert json.loads(run("inspect", f"{root}/subset.json", "--json", env=env)[0])["shards"] == 5
+    assert json.loads(run("index", subset, "--overwrite", "--json", env=env)[0])["samples"] == 5  # asked for
+
+
+def test_two_indexers_cannot_replace_each_other(s3: S3Endpoint, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The index is written create-only: an indexer that finishes second loses (exit 2) instead of replacing."""
+    from streamio.data import indexer
+
+    store = Store(s3.url("ds"), s3.storage_options())
+    write_dataset(({"__key__": f"{i}", "txt": "x"} for i in range(4)), store, spec=ShardSpec(max_count=1))
+    store.delete(INDEX_NAME)
+    real = indexer.build_index
+
+    def other_indexer_finishes_first(*args: object, **kwargs: object) -> object:
+        found = real(*args, **kwargs)  # type: ignore[arg-type]
+        store.put(INDEX_NAME, b'{"written": "by the other indexer"}')
+        return found
+
+    monkeypatch.setattr(indexer, "build_index", other_indexer_finishes_first)
+    _, err = run("index", s3.url("ds"), code=2, env=s3.env())
+    assert "index.json exists" in err and store.read(INDEX_NAME) == b'{"written": "by the other indexer"}'
 
 
 def test_jsonl_file_field_json_is_a_usage_error(tmp_path) -> None:
     (tmp_path / "in.jsonl").write_text('{"json": "a.txt"}\n')
     _, err = run("shard", str(tmp_path / "in.jsonl"), str(tmp_path / "ds"), "--file-field", "json", code=2)
     assert "'json' is the member holding each line" in err and "--split-fields" in err
+
+
+@pytest.mark.parametrize("compress", [[], ["--compress", "zstd"]], ids=["tar", "zst"])
+def test_verify_fails_an_index_that_drops_the_last_sample(tmp_path, compress: list[str]) -> None:
+    """Issue 23: an index listing 9 of a shard's 10 samples (its size and checksum right) passed `verify`."""
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps({"__key__": f"k{i}", "n": i}) + "\n" for i in range(10)))
+    dest = tmp_path / "ds"
+    run("shard", str(tmp_path / "in.jsonl"), str(dest), *compress)
+    doc = json.loads((dest / INDEX_NAME).read_text())
+    entry = doc["shards"][0]
+    entry["offsets"], entry["crc32c"] = entry["offsets"][:-1], entry["crc32c"][:-1]
+    entry["samples"] -= 1
+    doc["samples"] -= 1
+    (dest / INDEX_NAME).write_text(json.dumps(doc))
+    _, err = run("verify", str(dest), code=1)
+    assert "data-000000.tar" in err and "member 'k9.json' at byte" in err and "the index does not list it" in err

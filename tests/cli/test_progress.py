@@ -147,6 +147,6 @@ def test_long_verbs_print_plain_progress_lines_when_stderr_is_not_a_terminal(
     assert "verify: 0/3 shards (0%)" in res.stderr and "verify: 3/3 shards (100%)" in res.stderr
     samples = ({"__key__": f"{i}", "txt": "x"} for i in range(4))
     write_dataset(samples, str(tmp_path / "two"), spec=ShardSpec(max_count=2))
-    res = CliRunner().invoke(cli, ["index", str(tmp_path / "two" / "data-{000000..000001}.tar")])
+    res = CliRunner().invoke(cli, ["index", str(tmp_path / "two" / "data-{000000..000001}.tar"), "--overwrite"])
     assert res.exit_code == 0, res.output
     assert "index: 2/2 shards (100%)" in res.stderr and "MB/s" not in res.stderr  # instant: no rate shown

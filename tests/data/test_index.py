@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamio.checksum import checksum_bytes
-from streamio.data.format import FORMAT, INDEX_NAME, ShardInfo
+from streamio.data.format import FORMAT, INDEX_NAME, SampleLayout, ShardInfo
 from streamio.data.index import DatasetIndex, load_index, make_index, write_index
 from streamio.data.indexer import build_index, scan_chunks
 from streamio.data.patterns import split_pattern
@@ -25,6 +25,7 @@ from streamio.errors import (
     IndexNotFoundError,
     ObjectNotFoundError,
     ShardFormatError,
+    WriteConflictError,
 )
 from streamio.storage import Store
 from streamio.testing import FaultProxy, S3Endpoint
@@ -347,3 +348,94 @@ def test_a_corrupted_ranged_read_is_caught_by_the_sample_crc(s3: S3Endpoint) -> 
         with pytest.raises(CorruptDataError, match=r"sample 3 .* fails its CRC32C"):
             list(iter_samples(store.iter_bytes("data-000000.tar", start, end), url="data-000000.tar",
                               start_offset=start, first_sample=2, layout=layout))
+
+
+@pytest.mark.parametrize("kind", ["file", "memory", "s3"])
+def test_a_create_only_index_write_never_replaces_one(kind: str, tmp_path, request: pytest.FixtureRequest) -> None:
+    if kind == "s3":
+        s3: S3Endpoint = request.getfixturevalue("s3")
+        store = Store(s3.url("ds"), s3.storage_options())
+    else:
+        store = Store(str(tmp_path / "ds")) if kind == "file" else mem()
+    ten = write_dataset(samples(10, 10), store, spec=ShardSpec(max_count=1))
+    five = make_index(ten.shards[:5], {i: ten.layout(i, store) for i in range(5)}, ten.keys)
+    with pytest.raises(WriteConflictError, match="index.json"):
+        write_index(store, five, mode="create")
+    assert load_index(store) == ten
+    write_index(store, five, mode="overwrite")
+    assert load_index(store) == five
+
+
+# --------------------------------------------------------------------------- verify covers the whole shard
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(2, 6), k=st.integers(1, 5), compression=st.sampled_from([None, "zstd"]), head=st.booleans())
+def test_verify_fails_an_index_listing_fewer_samples_than_the_shard_holds(
+    n: int, k: int, compression: str | None, head: bool
+) -> None:
+    """Issue 23: bytes outside the indexed samples were never checked, so a short index passed `verify`."""
+    k = min(k, n - 1)
+    store = mem()
+    full = write_dataset(samples(n, 100), store, spec=ShardSpec(compression=compression))
+    shard, layout = full.shards[0], full.layout(0, store)
+    if head:  # the index starts at sample n - k: the first ones lie before it, unlisted
+        kept = SampleLayout(layout.offsets[n - k :], layout.checksums[n - k :], layout.max_sample_bytes)
+        hidden, at = "00000", 0
+    else:  # the index ends after sample k - 1: the rest lie after it, unlisted
+        kept = SampleLayout(layout.offsets[:k] + (layout.offsets[k],), layout.checksums[:k], layout.max_sample_bytes)
+        hidden, at = f"{k:05d}", 0 if compression else layout.offsets[k]
+    short = make_index([ShardInfo(shard.path, shard.bytes, k, shard.checksum)], {0: kept}, full.keys)
+    write_index(store, short)
+    report = validate(store, load_index(store), deep=True)
+    assert [b.path for b in report.bad] == [shard.path]
+    assert f"member '{hidden}.bin' at byte {at} lies {'before the first' if head else 'after the last'}" in (
+        report.bad[0].reason
+    )
+    assert validate(store, load_index(store)).ok  # sizes alone cannot see it
+
+
+def test_verify_accepts_directory_entries_before_the_first_sample_and_tar_padding(tmp_path) -> None:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:  # GNU tar style: a directory entry first, a 10 KiB record
+        info = tarfile.TarInfo("a")
+        info.type = tarfile.DIRTYPE
+        tar.addfile(info)
+        for i in range(3):
+            info = tarfile.TarInfo(f"a/{i}.txt")
+            info.size = 2
+            tar.addfile(info, io.BytesIO(b"%02d" % i))
+    (tmp_path / "s-0.tar").write_bytes(buf.getvalue())
+    store = Store(str(tmp_path))
+    write_index(store, build_index(store))
+    assert load_index(store).layout(0, store).offsets[0] == 512
+    report = validate(store, load_index(store), deep=True)
+    assert report.ok, report.bad
+
+
+@pytest.mark.parametrize("compression", [None, "zstd"])
+def test_verify_fails_bytes_after_the_end_of_archive_that_are_not_padding(compression: str | None) -> None:
+    import zstandard
+
+    store = mem()
+    index = write_dataset(samples(3, 100), store, spec=ShardSpec(compression=compression))
+    shard = index.shards[0]
+    extra = zstandard.ZstdCompressor().compress(bytes(2 << 20)) if compression else b"x" * 512
+    data = store.read(shard.path) + extra  # a size and checksum the index then agrees with
+    store.put(shard.path, data)
+    grown = ShardInfo(shard.path, len(data), shard.samples, checksum_bytes(data))
+    write_index(store, make_index([grown], {0: index.layout(0, store)}, index.keys))
+    (bad,) = validate(store, load_index(store), deep=True).bad
+    assert "after the last indexed sample" in bad.reason
+    assert ("decompresses to more than" if compression else "are not the end of the archive") in bad.reason
+
+
+def test_verify_fails_an_end_of_archive_before_the_first_indexed_sample() -> None:
+    store = mem()
+    index = write_dataset(samples(2, 100), store)
+    shard, layout = index.shards[0], index.layout(0, store)
+    data = bytes(1024) + store.read(shard.path)  # tar readers stop at the first two zero blocks: nothing after
+    store.put(shard.path, data)
+    moved = SampleLayout(tuple(o + 1024 for o in layout.offsets), layout.checksums)
+    grown = ShardInfo(shard.path, len(data), shard.samples, checksum_bytes(data))
+    write_index(store, make_index([grown], {0: moved}, index.keys))
+    (bad,) = validate(store, load_index(store), deep=True).bad
+    assert "the end-of-archive block at byte 0 lies before the first indexed sample" in bad.reason

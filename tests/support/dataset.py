@@ -30,8 +30,8 @@ def make_dataset(
             {"__key__": key(shard, i), "txt": key(shard, i).encode(), "cls": str(i % 10).encode()} for i in range(n)
         )
         spec = ShardSpec(max_count=max(n, 1), compression=compression, prefix=f"part{shard:03d}")
-        write_dataset(samples, store, spec=spec, overwrite=True)
-    store.delete("index.json")
+        write_dataset(samples, store, spec=spec)
+        store.delete("index.json")  # one shard per write, its index dropped: the shards add up
     index = build_index(store)
     write_index(store, index)
     return index
