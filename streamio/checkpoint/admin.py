@@ -265,7 +265,8 @@ def _unfinished_is_garbage(
 
 
 def _abandoned_uploads(store: Store, *, dry_run: bool, min_age_s: float) -> tuple[str, ...]:
-    """Incomplete multipart uploads under the root older than ``min_age_s`` (S3 only), aborted."""
+    """Incomplete uploads under the root older than ``min_age_s`` (S3 multipart uploads, local temp
+    files of a killed writer), aborted."""
     try:
         uploads = store.incomplete_uploads()
     except StorageError as exc:

@@ -225,3 +225,33 @@ def test_no_protocol_names_are_compared_outside_the_backend_factory() -> None:
         if pattern.search(line)
     ]
     assert offenders == []
+
+
+def test_a_killed_local_put_leaves_a_temp_file_that_is_reported_and_removable(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A writer killed between write and rename leaves ``.NAME.XXXX.streamio-tmp``: never listed as an
+    object, reported by ``incomplete_uploads`` (what ``ckpt gc`` and ``shard --overwrite`` clean)."""
+    import os
+    import subprocess
+    import sys
+
+    from streamio.checkpoint.admin import collect_garbage
+
+    store = Store(str(tmp_path / "root"))
+    store.put("step-000000001/part.bin", b"x")
+    code = (
+        "import os, sys, tempfile\n"
+        "d = sys.argv[1]\n"
+        "fd, _ = tempfile.mkstemp(dir=d, prefix='.part-00001.bin.', suffix='.streamio-tmp')\n"
+        "os.write(fd, b'half a part')\n"
+        "os.kill(os.getpid(), 9)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "root" / "step-000000001")], check=False)
+    assert done.returncode == -9
+    assert [o.path for o in store.list()] == ["step-000000001/part.bin"]
+    [upload] = store.incomplete_uploads()
+    assert upload.path == "step-000000001/part-00001.bin" and upload.upload_id.endswith(".streamio-tmp")
+    report = collect_garbage(store, dry_run=False, min_age_s=0)
+    assert any("part-00001.bin" in u for u in report.multipart_uploads), report
+    assert store.incomplete_uploads() == [] and not any(
+        n.endswith(".streamio-tmp") for n in os.listdir(tmp_path / "root" / "step-000000001")
+    )

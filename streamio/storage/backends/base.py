@@ -120,8 +120,8 @@ class Backend(Protocol):
         ...
 
     def incomplete_uploads(self, full: str) -> list[tuple[str, str, Any]]:
-        """``(full path, upload id, initiated)`` of every multipart upload below ``full`` that was
-        started and never completed or aborted (``[]`` where there are none)."""
+        """``(full path, upload id, initiated)`` of every upload below ``full`` that was started and
+        never completed or aborted: S3 multipart uploads, local temp files (``[]`` where none)."""
         ...
 
     def abort_upload(self, full: str, upload_id: str) -> None:

@@ -4,7 +4,9 @@ Puts: a temp file beside the target (``.NAME.*.streamio-tmp``), fsync, then ``os
 (overwrite) or ``os.link`` (create-only: fails if the name exists), then fsync of the directory.
 All writes into one directory hold an exclusive ``flock`` on it, so a compare-and-swap
 (``if_match``) compares and replaces without interleaving, also across processes on this machine
-(not across NFS clients). Version: ``inode-mtime_ns-size`` (a replace makes a new inode).
+(not across NFS clients). Version: ``inode-mtime_ns-size`` (a replace makes a new inode). A
+writer killed between its write and its rename leaves its temp file: never listed as an object, it
+is what :meth:`LocalBackend.incomplete_uploads` reports (the local kind of an unfinished upload).
 
 Reads: one ``read(2)`` straight into the result (no pieces to join: a checkpoint restore's
 whole-object reads are bound by the page-cache copy, not by Python), or a read-only memory map
@@ -19,9 +21,10 @@ import mmap
 import os
 import tempfile
 from collections.abc import Iterator, Mapping
+from datetime import datetime, timezone
 from typing import Any
 
-from streamio.errors import CorruptDataError
+from streamio.errors import ConfigError, CorruptDataError
 from streamio.storage.backends.base import TMP_SUFFIX, PutRequest, conflict, shorter_than_expected, too_large
 from streamio.storage.backends.generic import GenericBackend
 
@@ -101,6 +104,38 @@ class LocalBackend(GenericBackend):
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
+
+
+    def incomplete_uploads(self, full: str) -> list[tuple[str, str, Any]]:
+        """The temp files of puts that never finished below ``full`` (a writer killed between its
+        write and its rename leaves one): ``(the object it was for, the temp file, its mtime)``.
+        They are never listed as objects; ``streamio ckpt gc`` and ``shard --overwrite`` remove them."""
+        found: list[tuple[str, str, Any]] = []
+        for directory, _, names in os.walk(full):
+            for name in names:
+                target = _target_of(name)
+                if target is None:
+                    continue
+                tmp = os.path.join(directory, name)
+                with contextlib.suppress(FileNotFoundError):  # finished (renamed) meanwhile
+                    when = datetime.fromtimestamp(os.stat(tmp).st_mtime, timezone.utc)
+                    found.append((os.path.join(directory, target), tmp, when))
+        return found
+
+    def abort_upload(self, full: str, upload_id: str) -> None:
+        """Delete one temp file from :meth:`incomplete_uploads` (only such a file, beside ``full``)."""
+        if os.path.dirname(upload_id) != os.path.dirname(full) or _target_of(os.path.basename(upload_id)) is None:
+            raise ConfigError(f"{upload_id!r} is not a temp file of a put of {full!r}")
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(upload_id)
+
+
+def _target_of(name: str) -> str | None:
+    """The object name a temp file ``.NAME.XXXXXXXX.streamio-tmp`` was written for, else None."""
+    if not (name.startswith(".") and name.endswith(TMP_SUFFIX)):
+        return None
+    target = name[1 : -len(TMP_SUFFIX)].rpartition(".")[0]
+    return target or None
 
 
 def _commit(tmp: str, full: str, url: str, request: PutRequest) -> None:
