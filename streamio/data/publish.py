@@ -40,11 +40,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from streamio.data.format import INDEX_NAME, WRITING_NAME, sidecar_path
-from streamio.data.index import DatasetIndex, load_index, read_bounded, write_index
+from streamio.data.index import DatasetIndex, load_index, write_index
 from streamio.errors import (
     DatasetError,
     IndexFormatError,
     IndexNotFoundError,
+    ObjectTooLargeError,
     StorageError,
     UnsupportedOperationError,
     WriteConflictError,
@@ -115,9 +116,11 @@ def read_marker(store: Store) -> Generation | None:
             for any cleanup).
     """
     try:
-        data = read_bounded(store, WRITING_NAME, _MAX_MARKER_BYTES, what="the write marker", error=IndexFormatError)
+        data = store.read(WRITING_NAME, max_bytes=_MAX_MARKER_BYTES)
     except FileNotFoundError:
         return None
+    except ObjectTooLargeError as exc:
+        raise IndexFormatError(f"the write marker {exc}") from exc
     doc = load_json(data, what=store.url(WRITING_NAME), error=IndexFormatError, max_bytes=_MAX_MARKER_BYTES)
     fields = doc if isinstance(doc, dict) else {}
     found = Generation(fields.get("prefix"), fields.get("tag"), str(fields.get("started", "?")))  # type: ignore[arg-type]
