@@ -24,7 +24,14 @@ from typing import Any
 
 from streamio.checkpoint import layout
 from streamio.checkpoint import manifest as mf
-from streamio.checkpoint.catalog import ABSENT, SaveRef, committed_saves, pointer_version, read_pointer
+from streamio.checkpoint.catalog import (
+    ABSENT,
+    SaveRef,
+    committed_saves,
+    pointer_version,
+    read_pointer,
+    remove_empty_dirs,
+)
 from streamio.checkpoint.records import Pointer
 from streamio.checkpoint.timeline import Tip, contains, retreat
 from streamio.checkpoint.validate import ManifestError
@@ -116,6 +123,7 @@ def remove(store: Store, removal: Removal) -> None:
             ) from exc
     for path in removal.objects:
         store.delete(path)
+    remove_empty_dirs(store, {p.rsplit("/", 1)[0] for p in removal.objects} | set(removal.dirs))
 
 
 def _refuse(removal: Removal, why: str) -> Removal:
