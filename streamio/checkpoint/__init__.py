@@ -7,7 +7,9 @@ save thread. The protocol lives in modules of one concept each:
   host memory);
 * commit.py: the commit protocol (parts, done markers, barrier, create-only manifest,
   compare-and-swap pointer, then retention), conflict checks; comm.py: its collectives, each
-  with a bounded wait (every rank must reach a save/restore within a timeout);
+  with a bounded wait (every rank must reach a save/restore within a timeout); inflight.py:
+  the async saves nobody waited for yet, waited for at interpreter exit; abandon.py: a failed
+  save removes what it wrote and names a full disk;
   pruning.py: after a commit, retiring abandoned and bad saves and applying the root's
   recorded retention policy;
 * restore.py: the restore walk (walk-back, verified load, bad saves recorded); candidates.py:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
@@ -34,6 +34,7 @@ from streamio.checkpoint.catalog import (
     read_document,
     read_manifest,
     read_manifests,
+    remove_empty_dirs,
     resolve_save,
 )
 from streamio.checkpoint.catalog import delete_step as delete_step  # re-exported: catalog.py
@@ -215,8 +216,14 @@ def collect_garbage(
             store.delete(o.path)
             deleted += o.size
             report(n, len(doomed), deleted)
+        remove_empty_dirs(store, _parents(o.path for o in doomed))
     uploads = _abandoned_uploads(store, dry_run=dry_run, min_age_s=min_age_s)
     return GarbageReport(tuple(o.path for o in doomed), sum(o.size for o in doomed), uploads, tuple(kept))
+
+
+def _parents(paths: Iterable[str]) -> set[str]:
+    """Every directory above ``paths`` (below the root)."""
+    return {"/".join(parts[:i]) for p in paths for parts in [p.split("/")] for i in range(1, len(parts))}
 
 
 def _doomed(

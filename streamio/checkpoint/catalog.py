@@ -9,12 +9,18 @@ A *save* is one save directory (:func:`~.layout.save_dir`); it is *committed* if
 ``manifest.json`` exists. A step may have several saves, one per timeline that saved it
 (:mod:`.timeline`); the pointer (``latest.json``) names the current one and the current
 timeline. Deleting a save removes its manifest first, so a half-deleted save is never taken for
-a complete one.
+a complete one, and on a local root then the directories it leaves empty (:func:`remove_empty_dirs`:
+a directory is removed only while empty, so what another writer has put there since stays. One
+window remains, outside this process's saves, which are serialized with their pruning: another
+job's write into that very directory between the moment its backend creates the directory and
+the moment it creates its temporary file there fails, as a missing directory, and its save with
+it; nothing committed is lost).
 """
 
 from __future__ import annotations
 
 import logging
+import posixpath
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -47,6 +53,7 @@ __all__ = [
     "read_manifests",
     "read_pointer",
     "record_bad",
+    "remove_empty_dirs",
     "resolve_save",
 ]
 
@@ -235,10 +242,13 @@ def delete_save(store: Store, sdir: str, *, save_id: str | None = None, on_phase
         on_phase("delete")
     parsed = layout.parse_save_dir(sdir)
     shared = save_id is not None and parsed is not None and parsed[1] == ""
+    dirs = {sdir}
     for o in store.list(sdir + "/"):
         rest = o.path[len(sdir) + 1:]
         if not shared or rest == layout.BAD or layout.object_save_id(rest) == save_id:
             store.delete(o.path)
+            dirs.add(posixpath.dirname(o.path))
+    remove_empty_dirs(store, dirs)
 
 
 def delete_step(store: Store, step: int, *, on_phase: PhaseHook | None = None) -> None:
@@ -248,9 +258,24 @@ def delete_step(store: Store, step: int, *, on_phase: PhaseHook | None = None) -
         store.delete(layout.manifest_at(sdir))
     if on_phase is not None:
         on_phase("delete")
+    dirs = set(sdirs)
     for sdir in sdirs:
         for o in store.list(sdir + "/"):
             store.delete(o.path)
+            dirs.add(posixpath.dirname(o.path))
+    remove_empty_dirs(store, dirs)
+
+
+def remove_empty_dirs(store: Store, paths: Iterable[str]) -> None:
+    """On a local root, remove those of the directories ``paths`` that are empty, deepest first
+    (elsewhere there are no directories). One that is not empty, or gone, is left as it is."""
+    if not store.is_local:
+        return
+    for path in sorted(set(paths), key=lambda p: (-p.count("/"), p)):
+        try:
+            store.fs.rmdir(store.url(path))
+        except OSError:  # not empty (another save's objects, a writer's temporary file) or gone
+            continue
 
 
 def record_bad(store: Store, sdir: str, step: int, reason: str) -> None:

@@ -47,6 +47,7 @@ unless the collective timeout is larger: torch's own default for gloo groups."""
 
 _OPS = {"save": 1, "restore": 2}
 _MISSING = 0
+_GONE = -1  # in the arrival table: the rank's connection was closed (it exited or crashed)
 _TAG_INFO, _TAG_HERE, _TAG_TABLE = 1, 2, 3
 _CALL_ON_EVERY_RANK = (
     "save() and restore() are collective: call them on every rank, with the same step (not only on rank 0, "
@@ -122,11 +123,14 @@ class Comm:
                 f"nothing was done"
             ) from None
         missing = [r for r in range(self.world) if int(table[r, 0]) == _MISSING]
-        if missing:
-            self._broken = f"{where} waited in vain for {_ranks(missing)}"
+        gone = [r for r in range(self.world) if int(table[r, 0]) == _GONE]
+        if missing or gone:
+            self._broken = f"{where} waited in vain for {_ranks(missing + gone)}"
+            why = [f"{_ranks(gone)} had closed its connections (the process exited or crashed)"] if gone else []
+            why += [f"{_ranks(missing)} did not reach it within {self.timeout_s:g} s "
+                    f"(SaveOptions.collective_timeout_s)"] if missing else []
             raise CheckpointError(
-                f"{where} on rank {self.rank}: {_ranks(missing)} did not reach it within {self.timeout_s:g} s "
-                f"(SaveOptions.collective_timeout_s): {_CALL_ON_EVERY_RANK}; nothing was done"
+                f"{where} on rank {self.rank}: {' and '.join(why)}: {_CALL_ON_EVERY_RANK}; nothing was done"
             )
         odd = [r for r in range(1, self.world) if not torch.equal(table[r], table[0])]
         if odd:
@@ -143,10 +147,21 @@ class Comm:
         table[0] = mine
         calls = {r: torch.zeros(2, dtype=torch.int64) for r in range(1, self.world)}
         here = torch.ones(1, dtype=torch.int64)
-        recvs = {r: dist.irecv(calls[r], src=r, group=group, tag=_TAG_INFO) for r in calls}
-        sends = {r: dist.isend(here, dst=r, group=group, tag=_TAG_HERE) for r in calls}
+        recvs, sends = {}, {}
+        for r in calls:
+            try:
+                recvs[r] = dist.irecv(calls[r], src=r, group=group, tag=_TAG_INFO)
+                sends[r] = dist.isend(here, dst=r, group=group, tag=_TAG_HERE)
+            except RuntimeError:  # gloo: the connection to it is closed: it exited or crashed
+                table[r, 0] = _GONE
         self._stranded += [calls, here, *recvs.values(), *sends.values()]
-        came = [r for r, work in recvs.items() if _wait(work, deadline)]
+        came = []
+        for r, work in recvs.items():
+            arrived = _wait(work, deadline) if r in sends else None
+            if arrived:
+                came.append(r)
+            elif arrived is None:
+                table[r, 0] = _GONE
         for r in came:
             table[r] = calls[r]
         answers = {r: dist.isend(table, dst=r, group=group, tag=_TAG_TABLE) for r in came}
@@ -156,7 +171,7 @@ class Comm:
             # it gave up meanwhile: it is not in this operation
             if not (_wait(sends[r], answer_by) and _wait(work, answer_by)):
                 table[r, 0] = _MISSING
-        if len(came) == self.world - 1 and bool((table[:, 0] != _MISSING).all()):
+        if len(came) == self.world - 1 and bool((table[:, 0] > _MISSING).all()):
             self._stranded.clear()  # every work finished (else this Comm is done for: keep them)
         return table
 
@@ -165,11 +180,17 @@ class Comm:
         group, start = self._arrivals, time.monotonic()
         here = torch.zeros(1, dtype=torch.int64)
         table = torch.zeros((self.world, 2), dtype=torch.int64)
-        send = dist.isend(mine, dst=0, group=group, tag=_TAG_INFO)
-        got_here = dist.irecv(here, src=0, group=group, tag=_TAG_HERE)
-        got_table = dist.irecv(table, src=0, group=group, tag=_TAG_TABLE)
+        try:
+            send = dist.isend(mine, dst=0, group=group, tag=_TAG_INFO)
+            got_here = dist.irecv(here, src=0, group=group, tag=_TAG_HERE)
+            got_table = dist.irecv(table, src=0, group=group, tag=_TAG_TABLE)
+        except RuntimeError as exc:  # gloo: the connection to rank 0 is closed
+            raise _NoAnswer("rank 0 had closed its connections (the process exited or crashed)") from exc
         self._stranded += [mine, here, table, send, got_here, got_table]
-        if not _wait(got_here, start + self.timeout_s):
+        arrived = _wait(got_here, start + self.timeout_s)
+        if arrived is None:
+            raise _NoAnswer("rank 0 had closed its connections (the process exited or crashed)")
+        if not arrived:
             raise _NoAnswer(f"rank 0 did not reach it within {self.timeout_s:g} s")
         # rank 0 came: it answers once every rank came or its own timeout ran out
         if not _wait(got_table, time.monotonic() + 2 * self.timeout_s):
@@ -225,15 +246,16 @@ class _NoAnswer(Exception):
     """Rank 0 did not answer in time (the message says how)."""
 
 
-def _wait(work: Any, deadline: float) -> bool:
-    """Whether ``work`` completed before ``deadline`` (``time.monotonic()``); gloo closes the
-    connection to the peer when it did not."""
+def _wait(work: Any, deadline: float) -> bool | None:
+    """Whether ``work`` completed before ``deadline`` (``time.monotonic()``): ``True``; ``False``
+    if the deadline passed (gloo then closes the connection to the peer); ``None`` if it failed
+    before (the peer's connection closed: it exited or crashed)."""
     # a timeout of 0 would mean "the group's default": wait at least a millisecond
     remaining = max(deadline - time.monotonic(), 0.001)
     try:
         work.wait(timeout=timedelta(seconds=remaining))
     except RuntimeError:  # gloo: "Timed out waiting ...", or the pair was closed
-        return False
+        return None if time.monotonic() < deadline else False
     return True
 
 

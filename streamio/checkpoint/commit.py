@@ -20,6 +20,8 @@ one :class:`~.snapshot.Snapshot` (a step's bytes on this rank, in host memory):
    timeline to keep; deleted saves lose their manifest first, then their parts. The save the
    pointer names is never deleted, so there is always a complete checkpoint.
 
+A save that fails before its manifest exists removes what each rank wrote (:mod:`.abandon`).
+
 Timelines (:mod:`.timeline`, docs/checkpoint-lifecycle.md): every job saves on a timeline of its
 own, continuing the save it restored (or, if it did not restore, the one the pointer names), so
 a step saved again after a restore went back past it does not collide with the old save: it
@@ -51,6 +53,7 @@ import torch
 
 from streamio.checkpoint import layout
 from streamio.checkpoint import manifest as mf
+from streamio.checkpoint.abandon import FailedShares, uncommitted, writing
 from streamio.checkpoint.catalog import ABSENT, PhaseHook, pointer_version, read_document, read_pointer
 from streamio.checkpoint.comm import Comm
 from streamio.checkpoint.options import SaveOptions, SaveStats
@@ -132,6 +135,7 @@ class Committer:
     ) -> None:
         self.store, self.comm, self.options = store, comm, options
         self.pruner = Pruner(store, retention, on_phase=on_phase)
+        self._failed = FailedShares(store, comm.rank)  # what failed saves of this rank left
         self._on_phase = on_phase
         self._pointer_version: Any = _UNKNOWN  # what the next pointer swap expects to replace
         # rank 0's view of where this job stands (the other ranks follow its broadcast):
@@ -157,6 +161,7 @@ class Committer:
             CheckpointError: any rank failed; the previous checkpoint stays current.
         """
         comm, store = self.comm, self.store
+        self._failed.retry()
         plan, save_id, sdir = self._agreed_plan(job.step)
         failure: str | None = None
         own_exc: BaseException | None = None
@@ -166,8 +171,9 @@ class Committer:
         except Exception as exc:  # reported to every rank below, then re-raised
             failure, own_exc = f"rank {comm.rank}: {type(exc).__name__}: {exc}", exc
         bad = [o for o in comm.all_gather(failure) if o is not None]  # the barrier
-        if bad:
-            if own_exc is not None and isinstance(own_exc, CheckpointError):
+        if bad:  # every rank knows: no manifest of this save was or will be written
+            self._failed.discard(sdir, save_id)
+            if isinstance(own_exc, CheckpointError):
                 raise own_exc
             raise CheckpointError(
                 f"saving step {job.step} to {store.url(sdir)} failed on {len(bad)} rank(s): {bad[0]}; "
@@ -177,6 +183,7 @@ class Committer:
         result: str | None = None
         commit_exc: BaseException | None = None
         manifest: Manifest | None = None
+        discard = False
         if comm.rank == 0:
             assert plan is not None
             try:
@@ -184,7 +191,10 @@ class Committer:
             except Exception as exc:
                 result, commit_exc = f"{type(exc).__name__}: {exc}", exc
                 self._abandon_timeline()
-        result = comm.broadcast(result)
+                discard = uncommitted(store, job.step, sdir, save_id)
+        result, discard = comm.broadcast((result, discard))
+        if discard:
+            self._failed.discard(sdir, save_id)
         if commit_exc is not None:
             raise commit_exc
         if result is not None:
@@ -277,7 +287,8 @@ class Committer:
             size = job.block_size if opts.compression is None else 0  # blocks: ranged reads of sharded state
             blocks = block_checksums(job.stream[start:end], size) if size else ()
             entry = FileEntry(path, comm.rank, start, end - start, len(data), checksum, opts.compression, size, blocks)
-            store.put(f"{sdir}/{entry.path}", data)
+            with writing(store.url(f"{sdir}/{entry.path}")):
+                store.put(f"{sdir}/{entry.path}", data)
             return entry
 
         threads = max(1, opts.concurrency)
@@ -285,14 +296,16 @@ class Committer:
             entries_future = pool.submit(job.entries)  # tensor checksums, beside the uploads
             files = gather(pool, upload, range(len(ranges)))
             rep_entries, rank_entries = entries_future.result()
-        self._check_uploaded(sdir, files)
+        _check_uploaded(store, sdir, comm.rank, files)
         self._phase("parts")
         marker = DoneMarker(
             rank=comm.rank, save_id=save_id, files=tuple(files), replicated_tensors=rep_entries,
             per_rank=Section(tree=job.per_rank_tree, tensors=rank_entries), replicated_tree=job.replicated_tree,
             sharded=job.sharded,
         )
-        store.put(f"{sdir}/{layout.marker_path(comm.rank, save_id)}", mf.marker_to_bytes(marker), mode="create")
+        at = f"{sdir}/{layout.marker_path(comm.rank, save_id)}"
+        with writing(store.url(at)):
+            store.put(at, mf.marker_to_bytes(marker), mode="create")
         self._phase("markers")
         return files
 
@@ -308,7 +321,8 @@ class Committer:
         manifest = dataclasses.replace(manifest, timeline=plan.timeline, parent=plan.parent)
         data = mf.manifest_to_bytes(manifest)
         try:
-            store.put(layout.manifest_at(sdir), data, mode="create")
+            with writing(store.url(layout.manifest_at(sdir))):
+                store.put(layout.manifest_at(sdir), data, mode="create")
         except WriteConflictError as exc:
             raise CheckpointConflictError(
                 f"{store.url(layout.manifest_at(sdir))} was created by someone else while this job saved "
@@ -317,7 +331,8 @@ class Committer:
         self._phase("manifest")
         pointer = Pointer(step=job.step, path=sdir, manifest_checksum=checksum_bytes(data), save_id=save_id,
                           created=manifest.created, timeline=plan.timeline)
-        self._swap_pointer(pointer)
+        with writing(store.url(layout.LATEST)):
+            self._swap_pointer(pointer)
         self._phase("pointer")
         return manifest
 
@@ -340,21 +355,23 @@ class Committer:
             ) from exc
         self._pointer_version = version
 
-    def _check_uploaded(self, sdir: str, files: list[FileEntry]) -> None:
-        if not files:
-            return
-        listed = {o.path: o.size for o in self.store.list(f"{sdir}/{layout.rank_dir(self.comm.rank)}")}
-        for f in files:
-            size = listed.get(f"{sdir}/{f.path}")
-            if size != f.size:
-                raise CheckpointError(
-                    f"{self.store.url(f'{sdir}/{f.path}')} holds {size} bytes after upload, expected {f.size}: "
-                    f"the store did not keep the part; the save is abandoned"
-                )
-
     def _phase(self, name: str) -> None:
         if self._on_phase is not None:
             self._on_phase(name)
+
+
+def _check_uploaded(store: Store, sdir: str, rank: int, files: list[FileEntry]) -> None:
+    """Every part of ``rank`` in ``sdir`` is listed with the size it was uploaded with."""
+    if not files:
+        return
+    listed = {o.path: o.size for o in store.list(f"{sdir}/{layout.rank_dir(rank)}")}
+    for f in files:
+        size = listed.get(f"{sdir}/{f.path}")
+        if size != f.size:
+            raise CheckpointError(
+                f"{store.url(f'{sdir}/{f.path}')} holds {size} bytes after upload, expected {f.size}: "
+                f"the store did not keep the part; the save is abandoned"
+            )
 
 
 def _pointed_start(store: Store, step: int, *, strict: bool) -> Point | None:

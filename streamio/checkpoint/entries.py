@@ -2,9 +2,12 @@
 
 :mod:`.manifest` assembles its documents (manifest, done marker, pointer) from these. Every parser
 here checks every field before it returns (:mod:`.validate`), because the documents are read back
-from storage that others can write: a parsed entry names only confined paths, bounded shapes,
-well-formed checksums, and (sharded tensors) chunks that lie inside the global shape and cover it
-exactly once by volume. Whether chunks overlap is checked where they are read (a restore checks
+from storage that others can write: a parsed entry names only confined paths, well-formed checksums,
+a dtype torch has, and numbers that are integers in ``[0, 2**63)`` and agree with each other
+before anything is allocated on their word: a tensor's (and a chunk's) ``nbytes`` is the product
+of its shape times its dtype's item size, a part ends below ``2**63``, a sharded tensor's global
+shape holds less than ``2**63`` bytes, and its chunks lie inside that shape and cover it exactly
+once by volume. Whether chunks overlap is checked where they are read (a restore checks
 that the chunks it reads cover each destination exactly), since only there is it cheap.
 
 Parts of a save with sharded state carry a CRC32C per *block* of raw bytes (``block_size``,
@@ -17,7 +20,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import asdict
 from typing import Any
@@ -28,12 +30,24 @@ from streamio.checkpoint.validate import ManifestError
 from streamio.limits import MAX_JSON_BYTES, MAX_JSON_DEPTH, json_depth, load_json
 
 __all__ = [
-    "check_format", "dump", "file_from_json", "file_to_json", "files_field", "list_field", "load_doc",
+    "DTYPE_SIZES", "check_format", "dump", "file_from_json", "file_to_json", "files_field", "list_field", "load_doc",
     "optional_str", "section_from_json", "section_to_json", "sharded_from_json", "sharded_to_json",
     "tensor_from_json", "tensor_to_json",
 ]
 
-DTYPE_RE = re.compile(r"[a-z][a-z0-9_]{0,31}")
+#: bytes per element of each dtype torch has (its name without ``torch.``; a test compares this
+#: table with the installed torch). Sub-byte dtypes (int4, float4_e2m1fn_x2 ...) take a byte each.
+DTYPE_SIZES: Mapping[str, int] = {
+    **dict.fromkeys([
+        "bool", "uint8", "int8", "qint8", "quint8", "quint4x2", "quint2x4", "bits1x8", "bits2x4", "bits4x2", "bits8",
+        "float8_e5m2", "float8_e4m3fn", "float8_e5m2fnuz", "float8_e4m3fnuz", "float8_e8m0fnu", "float4_e2m1fn_x2",
+        *(f"int{i}" for i in range(1, 8)), *(f"uint{i}" for i in range(1, 8)),
+    ], 1),
+    **dict.fromkeys(["int16", "uint16", "float16", "bfloat16", "bits16"], 2),
+    **dict.fromkeys(["int32", "uint32", "float32", "complex32", "qint32"], 4),
+    **dict.fromkeys(["int64", "uint64", "float64", "complex64"], 8),
+    "complex128": 16,
+}
 COMPRESSIONS = (None, "zstd")
 MAX_DIMS = 64
 
@@ -63,6 +77,9 @@ def file_from_json(d: Any, what: str) -> FileEntry:
         checksum=vd.checksum(d, "checksum", what),
         compression=compression,
     )
+    if entry.start + entry.raw_size > vd.MAX_INT:
+        raise ManifestError(f"{what}: part {entry.path!r} ends at byte {entry.start + entry.raw_size} of its rank's "
+                            f"stream, past 2**63 - 1")
     if compression is None and entry.size != entry.raw_size:
         raise ManifestError(
             f"{what}: uncompressed part {entry.path!r} has size {entry.size} but raw_size {entry.raw_size}"
@@ -110,17 +127,26 @@ def _shape(value: Any, what: str, name: str = "shape") -> tuple[int, ...]:
 
 def _dtype(d: Mapping[str, Any], what: str) -> str:
     dtype = vd.string(d, "dtype", what)
-    if not DTYPE_RE.fullmatch(dtype):
-        raise ManifestError(f"{what}: invalid dtype name {vd.short(dtype)}")
+    if dtype not in DTYPE_SIZES:
+        raise ManifestError(f"{what}: unknown tensor dtype {vd.short(dtype)}: written by a newer torch or streamio?")
     return dtype
+
+
+def _nbytes(d: Mapping[str, Any], shape: tuple[int, ...], dtype: str, what: str) -> int:
+    """``d["nbytes"]`` if it is what ``shape`` of ``dtype`` holds."""
+    nbytes, holds = vd.integer(d, "nbytes", what), math.prod(shape) * DTYPE_SIZES[dtype]
+    if nbytes != holds:
+        raise ManifestError(f"{what}: {dtype}{list(shape)} is {holds} bytes, but nbytes says {nbytes}")
+    return nbytes
 
 
 def tensor_from_json(d: Any, what: str) -> TensorEntry:
     if not isinstance(d, dict):
         raise ManifestError(f"{what}: must be an object, got {type(d).__name__}")
+    dtype, shape = _dtype(d, what), _shape(d.get("shape"), what)
     return TensorEntry(
-        rank=vd.integer(d, "rank", what), offset=vd.integer(d, "offset", what), nbytes=vd.integer(d, "nbytes", what),
-        dtype=_dtype(d, what), shape=_shape(d.get("shape"), what), checksum=vd.checksum(d, "checksum", what),
+        rank=vd.integer(d, "rank", what), offset=vd.integer(d, "offset", what), nbytes=_nbytes(d, shape, dtype, what),
+        dtype=dtype, shape=shape, checksum=vd.checksum(d, "checksum", what),
     )
 
 
@@ -163,9 +189,11 @@ def sharded_from_json(d: Any, what: str, *, complete: bool = True) -> dict[str, 
 def _sharded_entry(d: Any, what: str, complete: bool) -> ShardedEntry:
     if not isinstance(d, dict):
         raise ManifestError(f"{what}: must be an object, got {type(d).__name__}")
-    shape = _shape(d.get("shape"), what)
+    shape, dtype = _shape(d.get("shape"), what), _dtype(d, what)
+    if math.prod(shape) * DTYPE_SIZES[dtype] > vd.MAX_INT:
+        raise ManifestError(f"{what}: its global shape {list(shape)} of {dtype} holds 2**63 bytes or more")
     layout = vd.mapping(d, "layout", what)
-    chunks = tuple(_chunk(c, shape, f"{what}, chunk {i}") for i, c in enumerate(list_field(d, "chunks", what)))
+    chunks = tuple(_chunk(c, shape, dtype, f"{what}, chunk {i}") for i, c in enumerate(list_field(d, "chunks", what)))
     if complete:
         volume = sum(math.prod(c.sizes) for c in chunks)
         if volume != math.prod(shape):
@@ -173,10 +201,10 @@ def _sharded_entry(d: Any, what: str, complete: bool) -> ShardedEntry:
                 f"{what}: its chunks hold {volume} elements, its shape {list(shape)} has {math.prod(shape)}: "
                 f"a rank's chunks are missing or counted twice"
             )
-    return ShardedEntry(dtype=_dtype(d, what), shape=shape, chunks=chunks, layout=layout)
+    return ShardedEntry(dtype=dtype, shape=shape, chunks=chunks, layout=layout)
 
 
-def _chunk(d: Any, shape: tuple[int, ...], what: str) -> ChunkEntry:
+def _chunk(d: Any, shape: tuple[int, ...], dtype: str, what: str) -> ChunkEntry:
     if not isinstance(d, dict):
         raise ManifestError(f"{what}: must be an object, got {type(d).__name__}")
     offsets, sizes = _shape(d.get("offsets"), what, "offsets"), _shape(d.get("sizes"), what, "sizes")
@@ -187,7 +215,7 @@ def _chunk(d: Any, shape: tuple[int, ...], what: str) -> ChunkEntry:
         raise ManifestError(f"{what}: the box at {list(offsets)} of sizes {list(sizes)} reaches outside "
                             f"the global shape {list(shape)}")
     return ChunkEntry(offsets=offsets, sizes=sizes, rank=vd.integer(d, "rank", what),
-                      offset=vd.integer(d, "offset", what), nbytes=vd.integer(d, "nbytes", what))
+                      offset=vd.integer(d, "offset", what), nbytes=_nbytes(d, sizes, dtype, what))
 
 
 # ------------------------------------------------------------------------------------ documents

@@ -25,7 +25,7 @@ import time
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
-from streamio.checkpoint import layout
+from streamio.checkpoint import inflight, layout
 from streamio.checkpoint.admin import GarbageReport as GarbageReport  # re-exported: admin.py
 from streamio.checkpoint.admin import check_pointer as check_pointer
 from streamio.checkpoint.admin import collect_garbage as collect_garbage
@@ -81,10 +81,11 @@ class CheckpointManager:
             (:data:`~.commit.PHASES`); the fault tests kill the process there.
 
     Call order: ``save``... (each waits for the previous), ``wait()`` to make the last one
-    durable, ``close()``; ``restore`` at start. Under ``torch.distributed`` every rank constructs
-    the manager and calls ``save``/``restore`` with the same steps (they are collective: a rank
-    that calls them alone gets a ``CheckpointError`` naming the missing ranks after
-    ``SaveOptions.collective_timeout_s``, see :mod:`.comm`).
+    durable, ``close()``; ``restore`` at start. A save still in flight when the interpreter exits
+    is waited for there, with a warning (and exit status 1 if it fails: :mod:`.inflight`). Under
+    ``torch.distributed`` every rank constructs the manager and calls ``save``/``restore`` with the
+    same steps (they are collective: a rank that calls them alone gets a ``CheckpointError``
+    naming the missing ranks after ``SaveOptions.collective_timeout_s``, see :mod:`.comm`).
     """
 
     def __init__(
@@ -166,6 +167,7 @@ class CheckpointManager:
                             metrics=dict(metrics or {}), started=t0, block_size=self.options.block_size)
         if self.async_save:
             self._pending = self._executor.submit(self._commit, job)
+            inflight.track(self._pending, step, self.store.root_url)  # waited for at exit if nobody does
         else:
             self.last_stats = self._commit(job)
 
@@ -195,9 +197,19 @@ class CheckpointManager:
             self._buffer = HostBuffer()
 
     def _wait_pending(self) -> None:
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            self.last_stats = pending.result()  # re-raises the background error here
+        pending = self._pending
+        if pending is None:
+            return
+        try:
+            stats = pending.result()  # re-raises the background error here
+        except Exception:
+            self._pending = None
+            inflight.forget(pending)
+            raise
+        # (an interrupt leaves it pending: the next call, or the exit wait, still sees it)
+        self._pending = None
+        inflight.forget(pending)
+        self.last_stats = stats
 
     # ------------------------------------------------------------------------------ queries
     def latest_step(self) -> int | None:

@@ -199,6 +199,8 @@ def marker_from_bytes(data: bytes) -> DoneMarker:
     doc = _load_json(data, what)
     ent.check_format(doc, (MARKER_FORMAT,), "streamio.checkpoint.done/", what)
     rank = vd.integer(doc, "rank", what)
+    if rank >= _MAX_WORLD:
+        raise ManifestError(f"{what}: rank {rank} is past the {_MAX_WORLD} ranks a checkpoint may have")
     what = f"rank {rank}'s done marker"
     files = ent.files_field(doc, what)
     rep_docs = vd.mapping(doc, "replicated_tensors", what)

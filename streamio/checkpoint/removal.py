@@ -31,6 +31,7 @@ from streamio.checkpoint.catalog import (
     pointer_version,
     read_document,
     read_pointer,
+    remove_empty_dirs,
 )
 from streamio.checkpoint.records import Pointer
 from streamio.checkpoint.timeline import Tip, contains, retreat
@@ -123,6 +124,7 @@ def remove(store: Store, removal: Removal) -> None:
             ) from exc
     for path in removal.objects:
         store.delete(path)
+    remove_empty_dirs(store, {p.rsplit("/", 1)[0] for p in removal.objects} | set(removal.dirs))
 
 
 def _refuse(removal: Removal, why: str) -> Removal:

@@ -288,7 +288,11 @@ def _decode_npscalar(tree: Any, tensors: Any, template: Any, path: str, defer: A
 
 
 def _decode_size(tree: Any, tensors: Any, template: Any, path: str, defer: Any) -> torch.Size:
-    return torch.Size(_field(tree, "v", list))
+    sizes = _field(tree, "v", list)
+    # torch.Size keeps any int and fails only when used (repr, a shape): check int64 here
+    if not all(isinstance(n, int) and not isinstance(n, bool) and -(1 << 63) <= n < 1 << 63 for n in sizes):
+        raise ValueError(f"sizes must be 64-bit integers, got {sizes[:8]!r}")
+    return torch.Size(sizes)
 
 
 def _decode_dtype(tree: Any, tensors: Any, template: Any, path: str, defer: Any) -> torch.dtype:

@@ -11,7 +11,8 @@ object is read on their word:
 * **numbers** are non-negative integers below 2**63 (a size, an offset), **checksums** have the
   one format streamio writes, **save ids** are short names (they become part of paths);
 * **streams** are consistent: each rank's parts cover ``[0, total)`` of its byte stream one after
-  another without gap or overlap, every tensor lies inside its rank's stream, no path twice.
+  another without gap or overlap, every tensor lies inside its rank's stream and no two tensors
+  share a byte of it (a writer lays them out one after another), no path twice.
   The sizes a reader allocates for (a part's ``raw_size``) are therefore the ones the
   manifest accounts for, never what a zstd frame header claims.
 
@@ -25,6 +26,7 @@ edits, not signatures: whoever can write the root can write a consistent checkpo
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -139,7 +141,7 @@ def streams(
         world_size: ranks are ``0 .. world_size - 1``.
         what: names the document in messages.
     """
-    files = list(files)
+    files, tensors = list(files), list(tensors)
     seen: set[str] = set()
     for f in files:
         if f.path in seen:
@@ -166,6 +168,18 @@ def streams(
             raise ManifestError(
                 f"{what}: tensor {key!r} spans bytes [{t.offset}, {end}) of rank {t.rank}'s stream, "
                 f"but its parts hold {ends.get(t.rank, 0)} bytes"
+            )
+    _disjoint(tensors, what)
+
+
+def _disjoint(tensors: list[tuple[str, Any]], what: str) -> None:
+    """No two tensors share a byte of a rank's stream (sorted by start, a neighbour would)."""
+    spans = sorted((t.rank, t.offset, t.offset + t.nbytes, key) for key, t in tensors if t.nbytes)
+    for (rank, _, end, first), (rank2, start, end2, second) in itertools.pairwise(spans):
+        if rank == rank2 and start < end:
+            raise ManifestError(
+                f"{what}: tensor {second!r} at bytes [{start}, {end2}) of rank {rank}'s stream overlaps tensor "
+                f"{first!r}, which ends at byte {end}"
             )
 
 

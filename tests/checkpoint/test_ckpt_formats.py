@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from typing import Any
@@ -97,7 +98,8 @@ def _markers() -> list[DoneMarker]:
     return [
         DoneMarker(
             0, "abc", (f0,), {"model/w": t},
-            Section({"rng": {"$t": "tensor", "k": "rng/s"}}, {"rng/s": t}), {"model": {"w": 1}},
+            Section({"rng": {"$t": "tensor", "k": "rng/s"}}, {"rng/s": dataclasses.replace(t, offset=16)}),
+            {"model": {"w": 1}},
         ),
         DoneMarker(
             1, "abc", (f1,), {"model/b": TensorEntry(1, 0, 4, "bfloat16", (2,), "crc32c:00000002")},

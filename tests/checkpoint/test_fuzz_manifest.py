@@ -220,9 +220,9 @@ def test_declared_sizes_are_validated(field: str, value: Any, match: str) -> Non
 def test_parts_must_add_up_and_hold_every_tensor() -> None:
     doc = json.loads(MANIFEST)
     doc["files"][0]["raw_size"] = doc["files"][0]["size"] = 100  # a gap before the next part
-    doc["replicated"]["tensors"]["model/w"]["nbytes"] = 10**6
+    doc["replicated"]["tensors"]["model/w"]["offset"] = 10**6
     for edit, match in [({"files": doc["files"]}, "starts at byte 128 of rank 0's stream, expected 100"),
-                        ({"replicated": doc["replicated"]}, r"spans bytes \[0, 1000000\) of rank 0's stream")]:
+                        ({"replicated": doc["replicated"]}, r"spans bytes \[1000000, 1000128\) of rank 0's stream")]:
         fresh = {k: v for k, v in json.loads(MANIFEST).items() if k != validate.SEAL_KEY}
         fresh.update(edit)
         with pytest.raises(CheckpointFormatError, match=match):

@@ -30,13 +30,19 @@ import torch
 from streamio.checkpoint.layout import parse_step_dir
 from streamio.checkpoint.records import Manifest
 from streamio.checkpoint.tree import dtype_from_name
+from streamio.checkpoint.validate import short
 from streamio.errors import CheckpointFormatError, ConfigError
+from streamio.limits import MAX_JSON_DEPTH
 
 __all__ = [
-    "DCP_KEY", "checkpoint_step", "metadata_of", "planner_data_from_json", "planner_data_to_json", "values_by_rank",
+    "DCP_KEY", "MAX_LIST_INDEX", "checkpoint_step", "metadata_of", "planner_data_from_json", "planner_data_to_json",
+    "values_by_rank",
 ]
 
 DCP_KEY = "dcp"
+MAX_LIST_INDEX = 1 << 20
+"""Bound of a list position in DCP's planner data: loading a value at position ``i`` extends the
+list to ``i + 1`` entries (torch's ``set_element``), so a hostile position would allocate without bound."""
 
 
 def checkpoint_step(checkpoint_id: Any) -> int:
@@ -71,16 +77,24 @@ def planner_data_from_json(doc: Any, what: str) -> dict[str, tuple[Any, ...]]:
     """Inverse of :func:`planner_data_to_json`, checking every field.
 
     Raises:
-        CheckpointFormatError: not an object of key -> list of strings and integers.
+        CheckpointFormatError: not an object of key -> a list of 1 to ``MAX_JSON_DEPTH`` names and
+            list positions in ``[0, MAX_LIST_INDEX)``.
     """
     if doc is None:
         return {}
-    if not isinstance(doc, dict) or not all(
-        isinstance(path, list) and all(isinstance(p, (str, int)) and not isinstance(p, bool) for p in path)
-        for path in doc.values()
-    ):
+    if not isinstance(doc, dict):
         raise CheckpointFormatError(f"{what}: DCP planner data must map keys to lists of names and indices")
+    for key, path in doc.items():
+        if not isinstance(path, list) or not 1 <= len(path) <= MAX_JSON_DEPTH or not all(map(_path_step, path)):
+            raise CheckpointFormatError(
+                f"{what}: DCP planner data of {short(key)} must be a list of 1 to {MAX_JSON_DEPTH} names and indices "
+                f"(list positions in [0, {MAX_LIST_INDEX})), got {short(path)}"
+            )
     return {k: tuple(path) for k, path in doc.items()}
+
+
+def _path_step(p: Any) -> bool:
+    return isinstance(p, str) or (isinstance(p, int) and not isinstance(p, bool) and 0 <= p < MAX_LIST_INDEX)
 
 
 def values_by_rank(m: Manifest) -> dict[str, int]:

@@ -22,6 +22,17 @@ Non-tensor values reach the state without ``torch.load``: for ``DefaultLoadPlann
 subclasses the decoded value is set where its ``load_bytes`` would set the unpickled one; other
 planners get a ``CheckpointError`` rather than bytes to unpickle.
 
+Errors. ``dcp.load`` catches every error of a storage reader and raises torch's
+``CheckpointException`` instead (a ``BaseException``, which ``except Exception`` does not catch,
+carrying each rank's error in ``failures``); an error of ``read_metadata`` survives there only as
+text inside an ``AssertionError``. :meth:`StreamioReader.load` runs ``dcp.load`` with this reader
+and raises streamio's error itself: the one this reader raised on this rank, else another rank's
+streamio error, else a :class:`~streamio.errors.CheckpointError` naming the checkpoint and what
+torch's planner said (a state that does not fit the checkpoint). Everything a hostile manifest
+can declare is refused as a :class:`~streamio.errors.CheckpointFormatError` before torch's
+planner sees it (the manifest's checks, and the planner data's: :mod:`.dcp_format`), and the
+reads planned for each tensor must fill it exactly once (:func:`~.loading.check_cover`).
+
 What ``CheckpointManager.restore`` adds and this reader does not: walking back past a damaged
 checkpoint (here its error is raised: DCP's load has no second choice), and all-or-nothing across
 ranks (each rank verifies all it reads before copying, but another rank may fail after this one
@@ -30,6 +41,7 @@ copied).
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any
 
@@ -48,9 +60,9 @@ from streamio.checkpoint.serialize import StreamReader
 from streamio.checkpoint.sharded.boxes import BoxSource, byte_span
 from streamio.checkpoint.sharded.dcp_format import StepCheckpointId, metadata_of, values_by_rank
 from streamio.checkpoint.sharded.fetch import Span, fetch_spans
-from streamio.checkpoint.sharded.loading import check_chunks
-from streamio.checkpoint.tree import decode_tree, dtype_from_name
-from streamio.errors import CheckpointError, CheckpointFormatError, CheckpointNotFoundError
+from streamio.checkpoint.sharded.loading import check_chunks, check_cover
+from streamio.checkpoint.tree import decode_tree, dtype_from_name, is_dtensor
+from streamio.errors import CheckpointError, CheckpointFormatError, CheckpointNotFoundError, StreamioError
 from streamio.storage import RetryPolicy, Store
 
 __all__ = ["StreamioReader"]
@@ -81,10 +93,46 @@ class StreamioReader(StepCheckpointId, StorageReader):
         self.manifest: Manifest | None = None
         self._parts = self.store.for_verified_reads()
         self._path = ""
+        self._what = f"the checkpoint under {self.store.root_url}"  # the save being loaded, for messages
+        self._failure: StreamioError | None = None  # what this reader raised during the load in progress
         self._comm = Comm(timeout_s=collective_timeout_s)
 
     def __repr__(self) -> str:
         return f"StreamioReader({self.store.root_url!r}, step={self.step})"
+
+    def load(self, state_dict: dict[str, Any], *, planner: LoadPlanner | None = None,
+             process_group: Any = None) -> None:
+        """``torch.distributed.checkpoint.load(state_dict, storage_reader=self, ...)``, raising
+        streamio's errors rather than torch's ``CheckpointException`` (see the module docstring).
+
+        Raises:
+            CheckpointNotFoundError: no pointer (and no ``step``), or no such step.
+            CheckpointFormatError: the manifest does not verify, or declares what cannot be.
+            CorruptDataError: a block or part differs from its checksum (nothing was copied).
+            CheckpointError: the checkpoint does not fit ``state_dict`` (torch's planner's error).
+        """
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.api import CheckpointException
+
+        self._failure = None
+        try:
+            dcp.load(state_dict, storage_reader=self, planner=planner, process_group=process_group)
+        except CheckpointException as exc:
+            raise self._unwrapped(exc) from exc
+
+    def _unwrapped(self, exc: Any) -> BaseException:
+        """The error to raise for DCP's ``CheckpointException``."""
+        if self._failure is not None:
+            return self._failure
+        failures = sorted((rank, error) for rank, (error, _) in exc.failures.items())
+        ours = [e for _, e in failures if isinstance(e, StreamioError)]
+        if ours:
+            return ours[0]
+        rank, first = failures[0] if failures else (self._comm.rank, exc)
+        return CheckpointError(
+            f"loading {self._what} through torch DCP failed on rank {rank}: {type(first).__name__}: {first} "
+            f"(the state does not fit the checkpoint: another model, or keys it does not hold)"
+        )
 
     # ------------------------------------------------------------------------ DCP's interface
     def read_metadata(self, *args: Any) -> Metadata:
@@ -94,13 +142,18 @@ class StreamioReader(StepCheckpointId, StorageReader):
             CheckpointNotFoundError: no pointer (and no ``step``), or no such step.
             CheckpointFormatError: the manifest does not verify, or was not written through DCP.
         """
-        chosen = self._comm.broadcast(self._choose() if self._comm.rank == 0 else None)
-        if isinstance(chosen, BaseException):
-            raise chosen
-        step, path, checksum = chosen
-        self.manifest = read_manifest(self.store, step, path=path, checksum=checksum)
-        self._path = path
-        return metadata_of(self.manifest, f"checkpoint step {step} under {self.store.root_url}")
+        try:
+            chosen = self._comm.broadcast(self._choose() if self._comm.rank == 0 else None)
+            if isinstance(chosen, BaseException):
+                raise chosen
+            step, path, checksum = chosen
+            self._what = f"checkpoint step {step} at {self.store.url(path)}"
+            self.manifest = read_manifest(self.store, step, path=path, checksum=checksum)
+            self._path = path
+            return metadata_of(self.manifest, self._what)
+        except StreamioError as exc:  # dcp.load keeps only its text: load() raises it as it is
+            self._failure = exc
+            raise
 
     def _choose(self) -> tuple[int, str, str | None] | BaseException:
         """Rank 0: ``(step, save directory, manifest checksum)`` to load, or the error to raise."""
@@ -134,8 +187,26 @@ class StreamioReader(StepCheckpointId, StorageReader):
         m = self.manifest
         if m is None:
             raise CheckpointError("StreamioReader.read_data() before read_metadata()")
+        try:
+            self._read(m, plan, planner)
+        except StreamioError as exc:
+            self._failure = exc
+            raise
+        future: Future[None] = Future()
+        future.set_result(None)
+        return future
+
+    def _read(self, m: Manifest, plan: LoadPlan, planner: LoadPlanner) -> None:
         tensors = [r for r in plan.items if r.type != LoadItemType.BYTE_IO]
         boxes = [self._box(m, r) for r in tensors]
+        by_dest: dict[str, list[ReadItem]] = defaultdict(list)
+        for req in tensors:
+            by_dest[req.dest_index.fqn].append(req)
+        for fqn, reqs in by_dest.items():  # a damaged manifest's overlapping chunks would leave elements unset
+            try:
+                check_cover(fqn, reqs, _held(planner, fqn))
+            except CheckpointFormatError as exc:
+                raise CheckpointFormatError(f"{self._what}: {exc}") from exc
         pieces = fetch_spans(self._parts, m.files, [b[0] for b in boxes], sdir=self._path,
                              concurrency=self.concurrency)
         values = self._values(m, [r for r in plan.items if r.type == LoadItemType.BYTE_IO])
@@ -150,9 +221,6 @@ class StreamioReader(StepCheckpointId, StorageReader):
             planner.commit_tensor(req, target)
         for req, value in values:
             _deliver(planner, req, value)
-        future: Future[None] = Future()
-        future.set_result(None)
-        return future
 
     # ------------------------------------------------------------------------ helpers
     def _box(self, m: Manifest, req: ReadItem) -> tuple[Span, tuple[int, ...], torch.dtype]:
@@ -161,7 +229,7 @@ class StreamioReader(StepCheckpointId, StorageReader):
         entry = m.sharded.get(fqn)
         chunk = next((c for c in entry.chunks if c.offsets == offsets), None) if entry is not None else None
         if entry is None or chunk is None:
-            raise CheckpointFormatError(f"the checkpoint has no chunk of {fqn!r} at {list(offsets)}")
+            raise CheckpointFormatError(f"{self._what} has no chunk of {fqn!r} at {list(offsets)}")
         itemsize = check_chunks(fqn, entry)
         lengths = tuple(req.lengths)
         if 0 in lengths:
@@ -175,12 +243,21 @@ class StreamioReader(StepCheckpointId, StorageReader):
         where = values_by_rank(m)
         missing = [r.storage_index.fqn for r in reqs if r.storage_index.fqn not in where]
         if missing:
-            raise CheckpointFormatError(f"the checkpoint has no value {missing[0]!r}")
+            raise CheckpointFormatError(f"{self._what} has no value {missing[0]!r}")
         ranks = {where[r.storage_index.fqn] for r in reqs}
         wanted = {k: e for r in ranks for k, e in m.per_rank[r].tensors.items()}
         tensors = load_tensors(self._parts, m, wanted, concurrency=self.concurrency, sdir=self._path)
         return [(r, decode_tree(m.per_rank[where[fqn]].tree[fqn], tensors, path=fqn))
                 for r in reqs for fqn in [r.storage_index.fqn]]
+
+
+def _held(planner: LoadPlanner, fqn: str) -> int | None:
+    """Elements of the destination ``fqn`` on this rank, where the planner says (DCP's default)."""
+    state = getattr(planner, "state_dict", None)
+    value = state.get(fqn) if isinstance(state, Mapping) else None
+    if is_dtensor(value):
+        value = value.to_local()
+    return value.numel() if isinstance(value, torch.Tensor) else None
 
 
 def _deliver(planner: LoadPlanner, req: ReadItem, value: Any) -> None:

@@ -38,7 +38,7 @@ from streamio.checkpoint.tree import dtype_from_name, is_dtensor
 from streamio.errors import CheckpointFormatError
 from streamio.storage import Store
 
-__all__ = ["PendingRead", "ShardedSource", "check_chunks", "plan_boxes", "read_pending", "sources_for"]
+__all__ = ["PendingRead", "ShardedSource", "check_chunks", "check_cover", "plan_boxes", "read_pending", "sources_for"]
 
 
 @dataclass(frozen=True)
@@ -143,22 +143,28 @@ def plan_boxes(key: str, entry: ShardedEntry, live: torch.Tensor) -> list[BoxRea
         a, b = byte_span(chunk.sizes, item.storage_offsets, lengths, itemsize)
         dest = narrow(local, tuple(item.dest_offsets), lengths)
         reads.append(BoxRead(chunk, Span(chunk.rank, chunk.offset + a, chunk.offset + b), lengths, dest))
-    _check_cover(key, items, local)
+    check_cover(key, items, local.numel())
     return reads
 
 
-def _check_cover(key: str, items: list[Any], local: torch.Tensor) -> None:
-    """The overlaps fill ``local`` exactly: volumes add up and no two of them intersect."""
+def check_cover(key: str, items: list[Any], numel: int | None) -> None:
+    """DCP read items (``dest_offsets``, ``lengths``) fill a destination of ``numel`` elements
+    exactly: no two of them intersect and (``numel`` known) their volumes add up to it.
+
+    Raises:
+        CheckpointFormatError: they overlap or leave elements unset (the manifest is damaged).
+    """
     boxes = [(tuple(i.dest_offsets), tuple(i.lengths)) for i in items if 0 not in tuple(i.lengths)]
     volume = sum(math.prod(n) for _, n in boxes)
     overlap = any(
         all(oa < ob + nb and ob < oa + na for oa, na, ob, nb in zip(a[0], a[1], b[0], b[1], strict=True))
         for i, a in enumerate(boxes) for b in boxes[i + 1:]
     )
-    if volume != local.numel() or overlap:
+    if overlap or (numel is not None and volume != numel):
+        held = f" of the {numel} elements this rank holds" if numel is not None else ""
         raise CheckpointFormatError(
-            f"sharded tensor {key!r}: the saved chunks cover {volume} of the {local.numel()} elements this rank "
-            f"holds{' and overlap' if overlap else ''}: the manifest is damaged"
+            f"sharded tensor {key!r}: the saved chunks cover {volume}{held}{' and overlap' if overlap else ''}: "
+            f"the manifest is damaged"
         )
 
 
