@@ -10,11 +10,9 @@ A *save* is one save directory (:func:`~.layout.save_dir`); it is *committed* if
 (:mod:`.timeline`); the pointer (``latest.json``) names the current one and the current
 timeline. Deleting a save removes its manifest first, so a half-deleted save is never taken for
 a complete one, and on a local root then the directories it leaves empty (:func:`remove_empty_dirs`:
-a directory is removed only while empty, so what another writer has put there since stays. One
-window remains, outside this process's saves, which are serialized with their pruning: another
-job's write into that very directory between the moment its backend creates the directory and
-the moment it creates its temporary file there fails, as a missing directory, and its save with
-it; nothing committed is lost).
+a directory is removed only while empty, so what another writer has put there since stays; a
+local put whose directory vanishes between its creation and the temporary file made in it makes
+it again).
 """
 
 from __future__ import annotations

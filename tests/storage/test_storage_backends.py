@@ -255,3 +255,25 @@ def test_a_killed_local_put_leaves_a_temp_file_that_is_reported_and_removable(tm
     assert store.incomplete_uploads() == [] and not any(
         n.endswith(".streamio-tmp") for n in os.listdir(tmp_path / "root" / "step-000000001")
     )
+
+
+def test_a_local_put_makes_its_directory_again_when_a_pruner_removes_it_meanwhile(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Retention removes the directories it empties (only while empty): a put racing it must not fail."""
+    import os
+    import tempfile
+
+    from streamio.storage.backends import local
+
+    real = tempfile.mkstemp
+    calls = []
+
+    def pruned_first(**kw):  # type: ignore[no-untyped-def]
+        calls.append(kw["dir"])
+        if len(calls) == 1:
+            os.rmdir(kw["dir"])  # the pruner's rmdir lands between makedirs and mkstemp
+        return real(**kw)
+
+    monkeypatch.setattr(local.tempfile, "mkstemp", pruned_first)
+    store = Store(str(tmp_path / "root"))
+    store.put("step-000000002/rank-00000/part.bin", b"data")
+    assert store.read("step-000000002/rank-00000/part.bin") == b"data" and len(calls) == 2

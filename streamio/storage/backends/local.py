@@ -85,8 +85,7 @@ class LocalBackend(GenericBackend):
     def put(self, full: str, url: str, data: memoryview, request: PutRequest) -> str:
         """Atomic local write (see the module docstring); returns the new version."""
         directory = os.path.dirname(full) or "."
-        os.makedirs(directory, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(full)}.", suffix=TMP_SUFFIX)
+        fd, tmp = _temp_file(directory, os.path.basename(full))
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
@@ -128,6 +127,19 @@ class LocalBackend(GenericBackend):
             raise ConfigError(f"{upload_id!r} is not a temp file of a put of {full!r}")
         with contextlib.suppress(FileNotFoundError):
             os.unlink(upload_id)
+
+
+def _temp_file(directory: str, name: str) -> tuple[int, str]:
+    """A new temp file for ``name`` in ``directory``, made if missing. Made again if it vanishes in
+    between: a pruner removes the directories it empties (only while they are empty)."""
+    for attempt in range(3):
+        os.makedirs(directory, exist_ok=True)
+        try:
+            return tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=TMP_SUFFIX)
+        except FileNotFoundError:
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
 
 
 def _target_of(name: str) -> str | None:
