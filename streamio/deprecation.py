@@ -1,6 +1,7 @@
 """Keywords that moved into option objects in streamio 0.2.0, still accepted until 0.3.0.
 
-The 0.2.0 restructure grouped rarely changed settings into frozen values:
+The 0.2.0 restructure grouped rarely changed settings into frozen values (and made
+``CheckpointManager.restore``'s ``step`` keyword-only: :func:`keyword_only`):
 ``StreamingDataset(policy=, cache=, prefetch=, handler=)`` became
 ``options=DatasetOptions(...)``, and ``write_dataset`` / ``DatasetWriter``'s ``max_bytes=``,
 ``max_count=``, ``compression=``, ``level=`` and ``prefix=`` became ``spec=ShardSpec(...)``. Code
@@ -18,7 +19,7 @@ from typing import Any, TypeVar
 
 from streamio.errors import ArgumentError
 
-__all__ = ["REMOVED_IN", "fold_moved"]
+__all__ = ["REMOVED_IN", "fold_moved", "keyword_only"]
 
 REMOVED_IN = "0.3.0"
 _SINCE = "0.2.0"
@@ -66,3 +67,26 @@ def fold_moved(
         stacklevel=3,
     )
     return make(**moved)
+
+
+def keyword_only(owner: str, name: str, args: tuple[Any, ...], given: T | None) -> T | None:
+    """``given``, or the one positional argument ``args`` holds for the keyword-only ``name``
+    (0.1 took it positionally), with a ``DeprecationWarning`` naming ``name=``.
+
+    Raises:
+        ArgumentError: more than one positional argument, or it and ``name=`` together.
+    """
+    if not args:
+        return given
+    if len(args) > 1 or given is not None:
+        raise ArgumentError(
+            f"{owner}() takes {name}= once, as a keyword (it is keyword-only since streamio {_SINCE}); "
+            f"got {len(args)} positional argument(s){' and ' + name + '=' if given is not None else ''}"
+        )
+    warnings.warn(
+        f"{owner}(..., {args[0]!r}) positionally is deprecated since streamio {_SINCE} and will be removed in "
+        f"{REMOVED_IN}: pass {name}={args[0]!r}",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return args[0]  # type: ignore[no-any-return]

@@ -44,6 +44,7 @@ from streamio.checkpoint.restore import load_tensors as load_tensors  # re-expor
 from streamio.checkpoint.retention import RetentionPolicy
 from streamio.checkpoint.serialize import HostBuffer
 from streamio.checkpoint.snapshot import Snapshot, take_snapshot
+from streamio.deprecation import keyword_only
 from streamio.errors import CheckpointError
 from streamio.storage import RetryPolicy, Store
 
@@ -221,7 +222,7 @@ class CheckpointManager:
         return committed_steps(self.store)
 
     # ------------------------------------------------------------------------------ restore
-    def restore(self, state: MutableMapping[str, Any], *, step: int | None = None) -> int:
+    def restore(self, state: MutableMapping[str, Any], *moved: int | None, step: int | None = None) -> int:
         """Load a checkpoint into ``state`` in place and return its step.
 
         Objects with ``load_state_dict`` are loaded through it (tensors copied into the live
@@ -232,6 +233,8 @@ class CheckpointManager:
 
         Args:
             state: the same names as were saved.
+            moved: ``step`` given positionally, as streamio 0.1 took it: deprecated (a
+                ``DeprecationWarning``), removed in 0.3.0.
             step: a specific step (no fallback); default: the pointer's, walking back to the
                 newest complete checkpoint that verifies when it is unusable.
 
@@ -243,6 +246,7 @@ class CheckpointManager:
                 (a name not saved, another model's keys, shapes or dtypes), or a rank did not
                 reach this restore within ``SaveOptions.collective_timeout_s``: nothing was loaded.
         """
+        step = keyword_only("CheckpointManager.restore", "step", moved, step)
         self._wait_pending()
         where = f"restoring {'the newest step' if step is None else f'step {step}'} from {self.store.root_url}"
         self._comm.arrive("restore", step, where=where)

@@ -154,6 +154,9 @@ def test_truncated_response_is_resumed(s3_store: Store, proxy: FaultProxy, tmp_p
     cache = cache_for(tmp_path / "c", chunk_size=2 * MB)
     proxy.clear()
     proxy.truncate_next(1, 300_000, path_contains=shard.path)
+    # as over a network: a client that has not read yet when the cut lands loses what aiohttp had
+    # buffered and resumes from 0 (seen under load); trickled, it reads before the cut arrives
+    proxy.set_bandwidth(4 << 20)
     assert b"".join(cache.open_range(s3_store, shard)) == data
     assert cache.contains(s3_store, shard)
     ranges = [r.range for r in gets_for(proxy, shard.path)]

@@ -103,3 +103,21 @@ def test_with_layouts_of_0_1_still_gives_an_index_holding_them(tmp_path: Path) -
     with pytest.warns(DeprecationWarning, match=r"DatasetIndex.with_layouts\(\) is deprecated since streamio 0\.2\.0"):
         copy = streamio.load_index(store).with_layouts(layouts)
     assert copy == index and copy.layout(1, streamio.Store("memory://nothing-there")) == layouts[1]
+
+
+def test_restore_takes_step_positionally_for_one_release(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """0.1's ``restore(state, 7)``: still a restore of step 7, with the keyword named."""
+    import torch
+
+    from streamio import CheckpointManager
+    from streamio.errors import ArgumentError
+
+    with CheckpointManager(str(tmp_path / "ckpt"), async_save=False) as mgr:
+        for step in (7, 8):
+            mgr.save(step, {"w": torch.full((2,), float(step))})
+        state = {"w": torch.zeros(2)}
+        with pytest.warns(DeprecationWarning, match=r"pass step=7"):
+            assert mgr.restore(state, 7) == 7
+        assert state["w"].tolist() == [7.0, 7.0]
+        with pytest.raises(ArgumentError, match="step= once"):
+            mgr.restore(state, 7, step=8)

@@ -131,8 +131,10 @@ class _ReadCounter:
         self.bytes = 0
         read, read_view = Store.read, Store.read_view
 
-        def counted_read(store: Any, path: str, start: int | None = None, end: int | None = None) -> bytes:
-            data = read(store, path, start, end)
+        def counted_read(
+            store: Any, path: str, start: int | None = None, end: int | None = None, **kw: Any
+        ) -> bytes:
+            data = read(store, path, start, end, **kw)
             self.bytes += len(data) if "/part-" in path else 0
             return data
 
