@@ -36,12 +36,15 @@ def test_without_a_process_group_arrival_is_immediate() -> None:
     comm.arrive("save", 3, where="saving step 3")  # nothing to wait for
 
 
-def test_restore_takes_step_by_keyword_only(tmp_path: Path) -> None:
+def test_restore_takes_step_by_keyword_and_positionally_only_with_a_warning(tmp_path: Path) -> None:
+    """``step`` is keyword-only since 0.2.0; 0.1's positional form warns until 0.3.0."""
     with CheckpointManager(str(tmp_path)) as mgr:
         mgr.save(1, {"progress": {"step": 1}})
         mgr.wait()
+        with pytest.warns(DeprecationWarning, match="pass step=1"):
+            assert mgr.restore({"progress": None}, 1) == 1
         with pytest.raises(TypeError):
-            mgr.restore({"progress": None}, 1)  # type: ignore[misc]
+            mgr.restore({"progress": None}, 1, 2)  # type: ignore[arg-type]
         state: dict[str, Any] = {"progress": None}
         assert mgr.restore(state, step=1) == 1 and state["progress"] == {"step": 1}
 
