@@ -19,10 +19,14 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from streamio.testing.ratelimit import RateLimit
+
 FAIL = "fail"
 RESET = "reset"
 TRUNCATE = "truncate"
 CORRUPT = "corrupt"
+THROTTLED = "throttled"
+"""What the log records for a request a :class:`~streamio.testing.ratelimit.RateLimit` refused."""
 BODY_FAULTS = (RESET, TRUNCATE, CORRUPT)
 """The kinds that act on a response body (``fail`` answers instead of forwarding)."""
 
@@ -39,7 +43,8 @@ class RequestRecord:
         status: status sent to the client (0 if the connection died before a status).
         request_bytes: request-body bytes received from the client.
         response_bytes: response-body bytes sent to the client.
-        fault: the fault applied (``"fail"``, ``"reset"``, ``"truncate"``, ``"corrupt"``) or None.
+        fault: the fault applied (``"fail"``, ``"reset"``, ``"truncate"``, ``"corrupt"``,
+            ``"throttled"``) or None.
     """
 
     method: str
@@ -132,6 +137,7 @@ class FaultTable:
         self._faults: list[Fault] = []
         self._latency = 0.0
         self._bandwidth: float | None = None
+        self._rate: RateLimit | None = None
 
     def add(self, fault: Fault) -> None:
         """Put ``fault`` in force after those already there (one with no use left is ignored)."""
@@ -168,6 +174,16 @@ class FaultTable:
         with self._lock:
             return self._latency, self._bandwidth
 
+    def set_rate_limit(self, limit: RateLimit | None) -> None:
+        """Requests over ``limit`` are answered 503 SlowDown (None: no limit)."""
+        with self._lock:
+            self._rate = limit
+
+    def rate_limit(self) -> RateLimit | None:
+        """The request-rate limit in force, if any."""
+        with self._lock:
+            return self._rate
+
     def record(self, record: RequestRecord) -> None:
         """Append one request to the log."""
         with self._lock:
@@ -185,3 +201,4 @@ class FaultTable:
             self._faults.clear()
             self._latency = 0.0
             self._bandwidth = None
+            self._rate = None

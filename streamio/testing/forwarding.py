@@ -27,7 +27,16 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from streamio.testing.faults import BODY_FAULTS, FAIL, RESET, TRUNCATE, Fault, FaultTable, RequestRecord
+from streamio.testing.faults import (
+    BODY_FAULTS,
+    FAIL,
+    RESET,
+    THROTTLED,
+    TRUNCATE,
+    Fault,
+    FaultTable,
+    RequestRecord,
+)
 from streamio.testing.relay import PIECE, BodyRelay
 from streamio.testing.upload_trigger import UploadTrigger
 
@@ -171,11 +180,14 @@ class _Handler(BaseHTTPRequestHandler):
     def _proxy(self) -> None:
         split = urllib.parse.urlsplit(self.path)
         req = _Request(self.command.upper(), urllib.parse.unquote(split.path), split.query, self.headers.get("Range"))
-        fail = self.table.take((FAIL,), req.method, req.path)
+        fail, kind = self.table.take((FAIL,), req.method, req.path), FAIL
+        limit = self.table.rate_limit()
+        if fail is None and limit is not None and not limit.admit(req.method, req.path):
+            fail, kind = Fault(FAIL, None, status=503, code="SlowDown"), THROTTLED
         if fail is not None:
             for piece in self._iter_request_body():
                 req.body_bytes += len(piece)
-            self._send_error(fail, req)
+            self._send_error(fail, req, kind)
             return
         upstream = self.upstream.connect()
         try:
@@ -249,7 +261,7 @@ class _Handler(BaseHTTPRequestHandler):
             upstream.send(b"0\r\n\r\n")
 
     # ---------------------------------------------------------------- response side
-    def _send_error(self, fault: Fault, req: _Request) -> None:
+    def _send_error(self, fault: Fault, req: _Request, kind: str = FAIL) -> None:
         """Answer with the fault's error document, logged before its last byte leaves (a client
         that got it finds it in the log) or, when the client hangs up first, with what was sent."""
         latency, bandwidth = self.table.timing()
@@ -264,7 +276,7 @@ class _Handler(BaseHTTPRequestHandler):
         relay = BodyRelay(self.wfile.write, None, length, bandwidth)
 
         def record() -> None:
-            self.table.record(req.record(fault.status, relay.sent, FAIL))
+            self.table.record(req.record(fault.status, relay.sent, kind))
 
         if self.command == "HEAD":
             record()

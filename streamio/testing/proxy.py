@@ -12,6 +12,7 @@ upstream server (a moto S3 server, a GCS emulator, any HTTP server). Point a cli
         proxy.corrupt_next(1, 10)          # one flipped byte, no error anywhere
         proxy.set_latency(0.05)            # 50 ms before every response's first byte
         proxy.on_upload_bytes(n, kill)     # kill() once n request-body bytes went upstream; cut there
+        proxy.limit_rate(100, prefix_chars=8)  # 503 SlowDown over 100 writes/s per key prefix
         proxy.count("GET", "shard-000")    # requests seen, from the thread-safe log
 
 Why a proxy rather than mocks: the faults that matter (a reset mid-body, a short body under a
@@ -52,6 +53,7 @@ from typing import Any
 
 from streamio.testing.faults import CORRUPT, FAIL, RESET, TRUNCATE, Fault, FaultTable, RequestRecord
 from streamio.testing.forwarding import ForwardingServer, Upstream
+from streamio.testing.ratelimit import RateLimit
 from streamio.testing.upload_trigger import UploadTrigger
 
 __all__ = ["FaultProxy", "RequestRecord"]
@@ -125,6 +127,25 @@ class FaultProxy:
             Fault(FAIL, n, status=status, code=code, method=method, path_contains=path_contains, padding=padding)
         )
 
+    def limit_rate(
+        self,
+        per_second: float,
+        *,
+        burst: float | None = None,
+        prefix_chars: int | None = None,
+        methods: tuple[str, ...] = ("PUT", "POST", "DELETE"),
+    ) -> RateLimit:
+        """Answer requests over ``per_second`` per key prefix with 503 SlowDown, as S3 does.
+
+        A prefix is the bucket plus the first ``prefix_chars`` characters of the key (None: the
+        whole bucket); each has a token bucket of ``burst`` (default: one second's worth). Only
+        ``methods`` count (S3's write limit by default). Refused requests are logged with fault
+        ``"throttled"``; the returned :class:`~streamio.testing.ratelimit.RateLimit` counts them.
+        """
+        limit = RateLimit(per_second, burst, prefix_chars, tuple(m.upper() for m in methods))
+        self._table.set_rate_limit(limit)
+        return limit
+
     def reset_after(
         self, nbytes: int, times: int | None = None, *, method: str | None = None, path_contains: str | None = None
     ) -> None:
@@ -162,7 +183,7 @@ class FaultProxy:
         self._trigger.arm(nbytes, callback, forward_rest=forward_rest)
 
     def clear(self) -> None:
-        """Forget the request log and every fault, latency, bandwidth cap and trigger."""
+        """Forget the request log and every fault, latency, bandwidth cap, rate limit and trigger."""
         self._table.clear()
         self._trigger.disarm()
 

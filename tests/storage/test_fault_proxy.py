@@ -196,3 +196,43 @@ def test_many_loaders_connecting_at_once_are_not_made_to_wait(s3: S3Endpoint, pr
     for t in threads:
         t.join()
     assert len(took) == 32 and max(took) < 1.0, sorted(took)[-3:]
+
+
+# ------------------------------------------------------------------ request-rate limits per prefix
+def test_rate_limit_buckets_refill_per_prefix() -> None:
+    from streamio.testing.ratelimit import RateLimit
+
+    now = [0.0]
+    limit = RateLimit(10, burst=2, prefix_chars=4, clock=lambda: now[0])
+    assert [limit.admit("PUT", "/b/aaaa/1") for _ in range(3)] == [True, True, False]
+    assert limit.admit("PUT", "/b/bbbb/1") and limit.admit("GET", "/b/aaaa/1")  # another prefix; reads are free
+    now[0] = 0.1  # one token back at 10/s
+    assert limit.admit("PUT", "/b/aaaa/2") and not limit.admit("PUT", "/b/aaaa/3")
+    assert (limit.admitted, limit.refused) == (4, 2)
+    with pytest.raises(ValueError, match="per_second"):
+        RateLimit(0)
+
+
+def test_proxy_answers_writes_over_the_rate_with_slowdown(moto_endpoint: str) -> None:
+    import boto3
+    from botocore.config import Config
+
+    s3 = S3Endpoint(moto_endpoint, "unused").new_bucket()
+    with FaultProxy(moto_endpoint) as proxy:
+        proxy.limit_rate(5, burst=3, prefix_chars=2)
+        client = boto3.client(
+            "s3", endpoint_url=proxy.endpoint_url, aws_access_key_id=s3.key, aws_secret_access_key=s3.secret,
+            region_name=s3.region, config=Config(retries={"total_max_attempts": 1}),
+        )
+        codes = []
+        for i in range(5):
+            try:
+                client.put_object(Bucket=s3.bucket, Key=f"aa/{i}", Body=b"x")
+                codes.append(200)
+            except client.exceptions.ClientError as exc:
+                codes.append(exc.response["Error"]["Code"])
+        client.put_object(Bucket=s3.bucket, Key="bb/0", Body=b"x")  # another prefix: its own bucket
+        assert codes[:3] == [200, 200, 200] and "SlowDown" in codes[3:], codes
+        throttled = [r for r in proxy.log() if r.fault == "throttled"]
+        assert throttled and all(r.status == 503 for r in throttled)
+        assert client.get_object(Bucket=s3.bucket, Key="aa/0")["Body"].read() == b"x"  # reads pass
