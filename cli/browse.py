@@ -21,7 +21,7 @@ from .progress import Progress, plural
 from .schemas import json_help
 
 if TYPE_CHECKING:
-    from streamio.data.index import DatasetIndex
+    from streamio.data.format.index import DatasetIndex
     from streamio.storage import Store
 
 _URL_HELP = (

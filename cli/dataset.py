@@ -27,7 +27,7 @@ from .progress import Progress, human_bytes, plural
 from .schemas import json_help
 
 if TYPE_CHECKING:  # the library is imported inside each verb: `streamio --help` does not load it
-    from streamio.data.index import DatasetIndex
+    from streamio.data.format.index import DatasetIndex
     from streamio.data.sources import Samples
     from streamio.storage import Store
 
@@ -69,7 +69,7 @@ class _Size(click.ParamType):
 
 
 def _plain_prefix(ctx: click.Context, param: click.Parameter, value: str) -> str:
-    from streamio.data.format import unsafe_reason
+    from streamio.data.format.layout import unsafe_reason
 
     reason = unsafe_reason(value) or ("it contains '/'" if "/" in value else None)
     if reason:
@@ -109,7 +109,7 @@ def _sources(
     src: str, options: dict[str, Any], seed: int | None, file_fields: tuple[str, ...], split_fields: bool,
     follow_symlinks: bool,
 ) -> Samples:
-    from streamio.data.patterns import split_pattern
+    from streamio.data.format.patterns import split_pattern
     from streamio.data.sources import samples_from_directory, samples_from_jsonl, samples_from_shards
     from streamio.storage import Store
 
@@ -190,7 +190,7 @@ def shard_cmd(  # noqa: PLR0913 - one parameter per option
     as_json: bool, storage_options: dict[str, Any],
 ) -> None:
     """Pack SRC (directory tree, JSONL file or .tar glob) into shards + index.json at DEST."""
-    from streamio.data.format import INDEX_NAME
+    from streamio.data.format.layout import INDEX_NAME
     from streamio.data.publish import occupied
     from streamio.data.writer import DatasetWriter, ShardSpec
     from streamio.storage import Store
@@ -253,11 +253,11 @@ def index_cmd(
     The index is written beside the shards (URL's directory), or at --index-url. An index already
     there is replaced only with --overwrite: every reader of that URL would see the new one.
     """
-    from streamio.data.format import INDEX_NAME
-    from streamio.data.index import write_index
+    from streamio.data.format.index import write_index
+    from streamio.data.format.layout import INDEX_NAME
+    from streamio.data.format.patterns import split_pattern
     from streamio.data.indexer import build_index
     from streamio.data.locate import absolute_url, same_location, split_index_url
-    from streamio.data.patterns import split_pattern
     from streamio.errors import ConfigError, StoragePermissionError, WriteConflictError
     from streamio.storage import Store
 

@@ -18,7 +18,7 @@ __version__ = "0.2.0"  # the same as pyproject.toml and CHANGELOG.md (tests/core
 _EXPORTS = {
     "CacheConfig": "streamio.data.cache",
     "CheckpointManager": "streamio.checkpoint",
-    "DatasetIndex": "streamio.data.index",
+    "DatasetIndex": "streamio.data.format.index",
     "DatasetOptions": "streamio.data.dataset",
     "KeepAll": "streamio.checkpoint",
     "KeepBest": "streamio.checkpoint",
@@ -37,7 +37,7 @@ _EXPORTS = {
     "StreamingDataLoader": "streamio.data.loader",
     "StreamingDataset": "streamio.data.dataset",
     "build_index": "streamio.data.indexer",
-    "load_index": "streamio.data.index",
+    "load_index": "streamio.data.format.index",
     "select": "streamio.data.select",
     "write_dataset": "streamio.data.writer",
 }
@@ -63,7 +63,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the names, eagerly
     )
     from streamio.data.cache import CacheConfig
     from streamio.data.dataset import DatasetOptions, StreamingDataset
-    from streamio.data.index import DatasetIndex, load_index
+    from streamio.data.format.index import DatasetIndex, load_index
     from streamio.data.indexer import build_index
     from streamio.data.loader import StreamingDataLoader
     from streamio.data.mixing import Stream

@@ -2,10 +2,10 @@
 
 Composition (each piece is its own module; this one only wires them):
 
-* :mod:`streamio.data.index` — the dataset's shards, sample counts and per-sample offsets/CRCs;
+* :mod:`streamio.data.format.index` — the dataset's shards, sample counts and per-sample offsets/CRCs;
 * :mod:`streamio.data.plan` — which samples this (epoch, rank, worker) reads, as runs and windows;
 * :mod:`streamio.data.reader` — the windows' samples, fetched ahead (:mod:`streamio.data.prefetch`)
-  through the node-local cache (:mod:`streamio.data.cache`), verified (:mod:`streamio.data.samples`)
+  through the node-local cache (:mod:`streamio.data.cache`), verified (:mod:`streamio.data.format.samples`)
   and decoded (:mod:`streamio.data.decode`);
 * :mod:`streamio.data.loader` — :class:`~streamio.data.loader.StreamingDataLoader`, which counts
   the batches it hands out.
@@ -47,7 +47,8 @@ from torch.utils.data import IterableDataset, get_worker_info
 from streamio.data.allocator import tune_worker_malloc
 from streamio.data.cache import CacheConfig, ShardCache
 from streamio.data.decode import DecodeSpec, make_decoder
-from streamio.data.index import DatasetIndex
+from streamio.data.format.index import DatasetIndex
+from streamio.data.format.samples import Handler
 from streamio.data.mixing import Stream, describe_mixture, load_streams, plan_sources
 from streamio.data.plan import EpochPlan, Sampling, Shuffle, TailPolicy, Topology, plan_epoch
 from streamio.data.position import (
@@ -63,7 +64,6 @@ from streamio.data.position import (
 )
 from streamio.data.prefetch import PrefetchConfig
 from streamio.data.reader import WindowReader
-from streamio.data.samples import Handler
 from streamio.data.stateful_loader import LoaderState, install
 from streamio.deprecation import fold_moved
 from streamio.distributed import group_initialized, rank_and_world

@@ -19,7 +19,7 @@ to. An index is untrusted input, so where it may send a reader is limited: an in
 local disk (or memory) may point anywhere, one read from remote storage only at the same kind of
 storage (the same scheme; for http(s), the same host), so a planted index can neither make a
 reader open local files nor carry this protocol's storage options to another server. Shard
-paths stay plain relative names below that location (:mod:`streamio.data.index_schema`).
+paths stay plain relative names below that location (:mod:`streamio.data.format.index_schema`).
 """
 
 from __future__ import annotations
@@ -28,9 +28,16 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from streamio.data.format import INDEX_NAME, WRITING_NAME, gzip_advice, gzip_glob, is_gzip_shard, shard_path_problem
-from streamio.data.index import DatasetIndex, load_index
-from streamio.data.patterns import expand_patterns, gzip_shards, split_pattern
+from streamio.data.format.index import DatasetIndex, load_index
+from streamio.data.format.layout import (
+    INDEX_NAME,
+    WRITING_NAME,
+    gzip_advice,
+    gzip_glob,
+    is_gzip_shard,
+    shard_path_problem,
+)
+from streamio.data.format.patterns import expand_patterns, gzip_shards, split_pattern
 from streamio.data.publish import read_marker
 from streamio.errors import ConfigError, IndexFormatError, IndexNotFoundError, StorageError
 from streamio.storage import Store
@@ -134,7 +141,7 @@ def split_index_url(url: str) -> tuple[str, str]:
 
     Raises:
         ConfigError: the name cannot be an object name below the directory (control characters,
-            backslashes: :func:`~streamio.data.format.shard_path_problem`).
+            backslashes: :func:`~streamio.data.format.layout.shard_path_problem`).
     """
     url = url.rstrip("/") or url
     if not is_index_url(url):

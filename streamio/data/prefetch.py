@@ -55,7 +55,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from streamio.data.cache import ReadStats, ShardCache
-from streamio.data.format import ShardInfo
+from streamio.data.format.layout import ShardInfo
 from streamio.errors import ConfigError, CorruptDataError
 from streamio.storage import Store
 

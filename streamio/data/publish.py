@@ -39,8 +39,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from streamio.data.format import INDEX_NAME, WRITING_NAME, sidecar_path
-from streamio.data.index import DatasetIndex, load_index, write_index
+from streamio.data.format.index import DatasetIndex, load_index, write_index
+from streamio.data.format.layout import INDEX_NAME, WRITING_NAME, sidecar_path
 from streamio.errors import (
     DatasetError,
     IndexFormatError,

@@ -3,7 +3,7 @@
 :class:`WindowReader` is the I/O half of :class:`~streamio.data.dataset.StreamingDataset`: it turns
 the planner's windows (:class:`~streamio.data.plan.Window`) into byte runs through the index,
 fetches them ahead (:mod:`streamio.data.prefetch`, through the node cache when there is one),
-parses and verifies each sample (:mod:`streamio.data.samples`) and yields them decoded, each
+parses and verifies each sample (:mod:`streamio.data.format.samples`) and yields them decoded, each
 window in its permuted order.
 
 * **Long reads.** Runs that continue each other (across windows) form one chain: a sequential or
@@ -36,16 +36,16 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from streamio.data.cache import ShardCache
-from streamio.data.index import DatasetIndex
+from streamio.data.format.index import DatasetIndex
+from streamio.data.format.samples import Handler, iter_samples
 from streamio.data.plan import Run, Window
 from streamio.data.prefetch import ByteRun, PrefetchConfig, Prefetcher
-from streamio.data.samples import Handler, iter_samples
 from streamio.data.schedule import Schedule, Segment, build_schedule
 from streamio.errors import CorruptDataError, StorageError, StreamioError
 from streamio.storage import Store
 
 if TYPE_CHECKING:
-    from streamio.data.format import SampleLayout
+    from streamio.data.format.layout import SampleLayout
 
 __all__ = ["SourceShards", "WindowReader"]
 

@@ -23,10 +23,10 @@ from collections.abc import Iterable, Iterator
 import zstandard
 
 from streamio.checksum import crc32c
-from streamio.data.format import SampleLayout
+from streamio.data.format.layout import SampleLayout
+from streamio.data.format.tar import member_record
+from streamio.data.format.tarfields import BLOCK
 from streamio.data.localfiles import LocalFile
-from streamio.data.tar import member_record
-from streamio.data.tarfields import BLOCK
 
 __all__ = ["Member", "ShardBuffer", "record_size", "records"]
 

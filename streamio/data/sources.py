@@ -41,10 +41,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from streamio.data import gzipstream
-from streamio.data.format import GZIP_MAGIC, MAX_SAMPLE_BYTES, is_gzip_shard, shard_compression, split_name
+from streamio.data.format.layout import GZIP_MAGIC, MAX_SAMPLE_BYTES, is_gzip_shard, shard_compression, split_name
+from streamio.data.format.patterns import expand_patterns
+from streamio.data.format.samples import Handler, iter_samples
 from streamio.data.localfiles import LocalFile, local_file, tree_files
-from streamio.data.patterns import expand_patterns
-from streamio.data.samples import Handler, iter_samples
 from streamio.data.shardbuf import record_size
 from streamio.errors import DatasetError, ObjectNotFoundError, SourceError
 from streamio.storage import Store

@@ -17,7 +17,7 @@ Design and reasons:
   :class:`~streamio.data.localfiles.LocalFile` (what ``streamio shard`` reads from disk) is
   streamed in pieces of a few MiB, never held whole outside the shard.
 * **Bounded samples.** A sample whose tar records exceed ``ShardSpec.max_sample_bytes`` (default
-  :data:`~streamio.data.format.MAX_SAMPLE_BYTES`, 1 GiB: what readers of unindexed shards accept)
+  :data:`~streamio.data.format.layout.MAX_SAMPLE_BYTES`, 1 GiB: what readers of unindexed shards accept)
   is refused before any of it is read: its size is known from its members' sizes.
 * **Overlap.** A finished shard is handed to a background upload (``Store.put``, one atomic PUT)
   while the next one is filled. At most ``max_pending`` shards wait or upload at once, each in a
@@ -56,11 +56,11 @@ import zstandard
 
 from streamio.checksum import format_checksum
 from streamio.data import publish
-from streamio.data.format import MAX_SAMPLE_BYTES, SampleLayout, ShardInfo, unsafe_reason
-from streamio.data.index import INLINE_LIMIT, DatasetIndex, make_index
+from streamio.data.format.index import INLINE_LIMIT, DatasetIndex, make_index
+from streamio.data.format.layout import MAX_SAMPLE_BYTES, SampleLayout, ShardInfo, unsafe_reason
+from streamio.data.format.tar import END_OF_ARCHIVE
 from streamio.data.localfiles import LocalFile
 from streamio.data.shardbuf import Member, ShardBuffer, compressed, record_size, records
-from streamio.data.tar import END_OF_ARCHIVE
 from streamio.deprecation import fold_moved
 from streamio.errors import ConfigError, DatasetError
 from streamio.storage import Store

@@ -14,8 +14,8 @@ from click.testing import CliRunner
 
 from streamio.cli.dataset import parse_size
 from streamio.cli.main import cli
-from streamio.data.format import INDEX_NAME
-from streamio.data.index import load_index
+from streamio.data.format.index import load_index
+from streamio.data.format.layout import INDEX_NAME
 from streamio.data.writer import ShardSpec, write_dataset
 from streamio.errors import StoragePermissionError
 from streamio.storage import Store
@@ -194,7 +194,7 @@ def test_index_elsewhere_for_shards_one_cannot_write(tmp_path, monkeypatch: pyte
     def refused(*args: object, **kwargs: object) -> None:
         raise StoragePermissionError("access denied writing s3://public/index.json")
 
-    monkeypatch.setattr("streamio.data.index.write_index", refused)
+    monkeypatch.setattr("streamio.data.format.index.write_index", refused)
     _, err = run("index", str(shards), code=3)
     assert "access denied writing s3://public/index.json. For shards you cannot write beside" in err
     assert "--index-url URL" in err

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from streamio.data.cache import CacheConfig, ShardCache
-from streamio.data.index import load_index
+from streamio.data.format.index import load_index
+from streamio.data.format.samples import iter_samples
 from streamio.data.prefetch import ByteRun, PrefetchConfig, Prefetcher
-from streamio.data.samples import iter_samples
 from streamio.data.writer import ShardSpec, write_dataset
 from streamio.errors import CorruptDataError
 from streamio.storage import Store

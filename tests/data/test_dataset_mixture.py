@@ -13,7 +13,7 @@ import pytest
 
 import streamio
 from streamio.data.dataset import DatasetOptions, StreamingDataset
-from streamio.data.index import write_index
+from streamio.data.format.index import write_index
 from streamio.data.indexer import build_index
 from streamio.data.loader import StreamingDataLoader
 from streamio.data.writer import ShardSpec, write_dataset

@@ -12,11 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamio.checksum import checksum_bytes
-from streamio.data.format import FORMAT, INDEX_NAME, SampleLayout, ShardInfo
-from streamio.data.index import DatasetIndex, load_index, make_index, write_index
+from streamio.data.format.index import DatasetIndex, load_index, make_index, write_index
+from streamio.data.format.layout import FORMAT, INDEX_NAME, SampleLayout, ShardInfo
+from streamio.data.format.patterns import split_pattern
+from streamio.data.format.samples import iter_samples
 from streamio.data.indexer import build_index, scan_chunks
-from streamio.data.patterns import split_pattern
-from streamio.data.samples import iter_samples
 from streamio.data.verify import validate
 from streamio.data.writer import ShardSpec, write_dataset
 from streamio.errors import (

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from streamio.data.index import ShardInfo
+from streamio.data.format.index import ShardInfo
 from streamio.data.prefetch import ByteRun, PrefetchConfig, Prefetcher
 from streamio.errors import CacheTooSmallError, ConfigError, CorruptDataError, ObjectNotFoundError
 from streamio.storage import RetryPolicy, Store

@@ -13,7 +13,7 @@ from typing import Any
 
 from streamio.checksum import checksum_bytes
 from streamio.data.cache import CacheConfig, ShardCache
-from streamio.data.format import ShardInfo
+from streamio.data.format.layout import ShardInfo
 from streamio.storage import RetryPolicy, Store
 from streamio.testing import FaultProxy, RequestRecord, S3Endpoint
 

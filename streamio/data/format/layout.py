@@ -14,8 +14,8 @@ rules that every other data module agrees on, and imports none of them:
 * :data:`MAX_SAMPLE_BYTES`, the default bound of one sample when no index declares its size.
 
 Why a module of its own: the tar reader needs the layout value and the index needs the tar
-reader's name rules. With both here the reader (:mod:`streamio.data.tar`,
-:mod:`streamio.data.samples`) and the index (:mod:`streamio.data.index`) depend on this module
+reader's name rules. With both here the reader (:mod:`streamio.data.format.tar`,
+:mod:`streamio.data.format.samples`) and the index (:mod:`streamio.data.format.index`) depend on this module
 and not on each other.
 """
 

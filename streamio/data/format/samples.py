@@ -2,28 +2,28 @@
 
 A sample is ``{"__key__": key, "ext": bytes, ...}``: the members ``key.ext`` of a WebDataset tar
 that share a ``key`` (everything up to the first dot of the basename, as
-``webdataset.tariterators.base_plus_ext`` splits it; :func:`streamio.data.format.split_name`). A
+``webdataset.tariterators.base_plus_ext`` splits it; :func:`streamio.data.format.layout.split_name`). A
 ``.tar.zst`` shard written by streamio holds one zstd frame per sample (plus a last frame with the
 end-of-archive blocks), so the file is one valid zstd stream of one valid tar and a reader can
 start decoding at any sample's offset. The tar records themselves are parsed by
-:mod:`streamio.data.tar`.
+:mod:`streamio.data.format.tar`.
 
 Design and reasons:
 
-* **Verified before yielded**: with a :class:`~streamio.data.format.SampleLayout` (offsets and
+* **Verified before yielded**: with a :class:`~streamio.data.format.layout.SampleLayout` (offsets and
   per-sample CRC32C from the index), each sample's stored bytes are checked for size and CRC32C
   before anything of it is yielded, so no unverified byte reaches training (s3fs hands back flipped
   bytes silently on ranged reads). Without a layout (foreign shards) only the tar structure is
   checked.
 * **Bounded**: memory is one sample: its byte range when an index gives it,
-  ``max_sample_bytes`` otherwise (default :data:`~streamio.data.format.MAX_SAMPLE_BYTES`, 1 GiB);
+  ``max_sample_bytes`` otherwise (default :data:`~streamio.data.format.layout.MAX_SAMPLE_BYTES`, 1 GiB);
   ``.tar.zst`` is decompressed as a stream with that output limit
-  (:mod:`streamio.data.zstdframes`), never by what a frame header declares.
+  (:mod:`streamio.data.format.zstdframes`), never by what a frame header declares.
 
 Errors and the ``handler``: by default every problem raises. A ``handler(exc) -> bool`` (the
 WebDataset convention: ``webdataset.ignore_and_continue`` / ``warn_and_continue`` work) can ask to
 go on: returning True skips the unsafe member (unsafe name or type, duplicate field, member without
-an extension: a :class:`~streamio.data.tar.MemberError`), or the whole sample for a
+an extension: a :class:`~streamio.data.format.tar.MemberError`), or the whole sample for a
 :class:`CorruptDataError` when a layout is given; after a structural error (truncated or non-tar
 bytes) the rest of the shard cannot be located, so True ends the shard there, dropping the sample
 being assembled (nothing proves it was complete; webdataset yields it partial). Returning False
@@ -40,10 +40,10 @@ from typing import Any
 import zstandard
 
 from streamio.checksum import crc32c
-from streamio.data import zstdframes
-from streamio.data.format import MAX_SAMPLE_BYTES, SampleLayout, split_name
-from streamio.data.tar import ChunkReader, Handler, MemberError, iter_members
-from streamio.data.tarfields import BLOCK
+from streamio.data.format import zstdframes
+from streamio.data.format.layout import MAX_SAMPLE_BYTES, SampleLayout, split_name
+from streamio.data.format.tar import ChunkReader, Handler, MemberError, iter_members
+from streamio.data.format.tarfields import BLOCK
 from streamio.errors import ConfigError, CorruptDataError, ShardFormatError
 
 __all__ = ["Handler", "Sample", "group_samples", "iter_samples"]
@@ -132,7 +132,7 @@ def iter_samples(  # noqa: PLR0913 - keyword-only options of one call
         handler: ``handler(exc) -> bool``, see the module docstring; None raises.
         num_samples: with a layout, read only this many samples (a ranged read of part of a shard).
         max_sample_bytes: the most bytes of tar records one sample may span (decompressed);
-            None takes the layout's, else :data:`~streamio.data.format.MAX_SAMPLE_BYTES`.
+            None takes the layout's, else :data:`~streamio.data.format.layout.MAX_SAMPLE_BYTES`.
 
     Yields:
         ``{"__key__": str, "<ext>": bytes, ...}`` in shard order.
@@ -245,7 +245,7 @@ def _plain_sample(data: bytes | memoryview) -> Sample | None:
     """The sample one verified byte range holds when it is the plain case, else None (the full parser decides).
 
     The plain case is what streamio and most writers produce: ustar headers of regular files named
-    ``key.ext`` (no directory, so nothing :func:`~streamio.data.format.unsafe_reason` refuses), of
+    ``key.ext`` (no directory, so nothing :func:`~streamio.data.format.layout.unsafe_reason` refuses), of
     one key, no pax or GNU records, nothing after the last member's padding. Anything
     else (and every error) goes to :func:`iter_members` + :func:`group_samples`, which say what is
     wrong. The 8-bit header sums are not added up here: the caller checked the range's CRC32C
