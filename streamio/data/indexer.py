@@ -39,10 +39,10 @@ from streamio.data.format.layout import (
     is_gzip_shard,
     shard_path_problem,
 )
+from streamio.data.format.marker import read_marker
 from streamio.data.format.patterns import expand_patterns, gzip_shards
 from streamio.data.format.samples import group_samples
 from streamio.data.format.tar import iter_members
-from streamio.data.publish import read_marker
 from streamio.errors import DatasetError, ObjectNotFoundError, ShardFormatError
 from streamio.storage import Store
 

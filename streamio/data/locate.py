@@ -37,8 +37,8 @@ from streamio.data.format.layout import (
     is_gzip_shard,
     shard_path_problem,
 )
+from streamio.data.format.marker import read_marker
 from streamio.data.format.patterns import expand_patterns, gzip_shards, split_pattern
-from streamio.data.publish import read_marker
 from streamio.errors import ConfigError, IndexFormatError, IndexNotFoundError, StorageError
 from streamio.storage import Store
 from streamio.storage.backends import canonical, is_file_url

@@ -10,8 +10,8 @@ import pytest
 
 from streamio.data.format.index import load_index, write_index
 from streamio.data.format.layout import INDEX_NAME, WRITING_NAME
+from streamio.data.format.marker import read_marker
 from streamio.data.indexer import build_index
-from streamio.data.publish import read_marker
 from streamio.data.writer import DatasetWriter, ShardSpec, write_dataset
 from streamio.errors import DatasetError, IndexFormatError
 from streamio.storage import Store
