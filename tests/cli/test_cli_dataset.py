@@ -16,7 +16,7 @@ from streamio.cli.dataset import parse_size
 from streamio.cli.main import cli
 from streamio.data.format.index import load_index
 from streamio.data.format.layout import INDEX_NAME
-from streamio.data.writer import ShardSpec, write_dataset
+from streamio.data.write.writer import ShardSpec, write_dataset
 from streamio.errors import StoragePermissionError
 from streamio.storage import Store
 from streamio.testing import S3Endpoint
@@ -243,7 +243,7 @@ def test_index_never_silently_replaces_an_index(tmp_path, where: str, request: p
 
 def test_two_indexers_cannot_replace_each_other(s3: S3Endpoint, monkeypatch: pytest.MonkeyPatch) -> None:
     """The index is written create-only: an indexer that finishes second loses (exit 2) instead of replacing."""
-    from streamio.data import indexer
+    from streamio.data.write import indexer
 
     store = Store(s3.url("ds"), s3.storage_options())
     write_dataset(({"__key__": f"{i}", "txt": "x"} for i in range(4)), store, spec=ShardSpec(max_count=1))

@@ -275,7 +275,7 @@ def test_samples_carry_their_origin_and_decode(local_ds: str, as_rank: Any) -> N
 
 
 def test_a_sample_whose_decode_fails_names_it(tmp_path: Any, as_rank: Any) -> None:
-    from streamio.data.writer import write_dataset
+    from streamio.data.write.writer import write_dataset
 
     as_rank(0, 1)
     write_dataset([{"__key__": "bad", "json": b"{not json"}], str(tmp_path / "ds"))

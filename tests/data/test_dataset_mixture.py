@@ -14,9 +14,9 @@ import pytest
 import streamio
 from streamio.data.dataset import DatasetOptions, StreamingDataset
 from streamio.data.format.index import write_index
-from streamio.data.indexer import build_index
 from streamio.data.loader import StreamingDataLoader
-from streamio.data.writer import ShardSpec, write_dataset
+from streamio.data.write.indexer import build_index
+from streamio.data.write.writer import ShardSpec, write_dataset
 from streamio.errors import ConfigError, PlanError, StateMismatchError
 from streamio.storage import Store
 from streamio.testing import S3Endpoint

@@ -31,8 +31,8 @@ from streamio.data.format.layout import SampleLayout
 from streamio.data.format.samples import iter_samples
 from streamio.data.format.tar import iter_members
 from streamio.data.format.tarfields import member_size, octal, pax_records
-from streamio.data.indexer import scan_chunks
-from streamio.data.writer import ShardSpec, write_dataset
+from streamio.data.write.indexer import scan_chunks
+from streamio.data.write.writer import ShardSpec, write_dataset
 from streamio.errors import IndexFormatError, StreamioError
 from streamio.storage import Store
 from support import hostile_corpus as hc

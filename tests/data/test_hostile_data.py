@@ -26,9 +26,9 @@ import pytest
 
 from streamio.data.format.index import load_index
 from streamio.data.format.samples import iter_samples
-from streamio.data.indexer import build_index, scan_chunks
-from streamio.data.sources import samples_from_shards
-from streamio.data.verify import validate
+from streamio.data.write.indexer import build_index, scan_chunks
+from streamio.data.write.sources import samples_from_shards
+from streamio.data.write.verify import validate
 from streamio.errors import DatasetError, IndexFormatError, ObjectNotFoundError, ShardFormatError, StreamioError
 from streamio.storage import Store
 from support import hostile_corpus as hc
@@ -298,7 +298,7 @@ def test_index_of_a_path_that_cannot_be_named_is_refused() -> None:
 
 
 def test_max_sample_bytes_round_trips_through_the_index() -> None:
-    from streamio.data.writer import ShardSpec, write_dataset
+    from streamio.data.write.writer import ShardSpec, write_dataset
 
     store = Store(f"memory://rt-{uuid.uuid4().hex}")
     samples = [{"__key__": f"k{i}", "bin": bytes(1000 * i)} for i in range(5)]

@@ -16,9 +16,9 @@ from streamio.data.format.index import DatasetIndex, load_index, make_index, wri
 from streamio.data.format.layout import FORMAT, INDEX_NAME, SampleLayout, ShardInfo
 from streamio.data.format.patterns import split_pattern
 from streamio.data.format.samples import iter_samples
-from streamio.data.indexer import build_index, scan_chunks
-from streamio.data.verify import validate
-from streamio.data.writer import ShardSpec, write_dataset
+from streamio.data.write.indexer import build_index, scan_chunks
+from streamio.data.write.verify import validate
+from streamio.data.write.writer import ShardSpec, write_dataset
 from streamio.errors import (
     CorruptDataError,
     IndexFormatError,

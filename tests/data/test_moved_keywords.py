@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 import streamio
-from streamio.data.writer import DatasetWriter
+from streamio.data.write.writer import DatasetWriter
 from streamio.errors import ArgumentError
 
 ROWS = [{"__key__": f"{i:03d}", "txt": f"sample {i}"} for i in range(10)]

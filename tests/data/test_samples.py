@@ -18,7 +18,7 @@ from streamio.data.format.index import load_index
 from streamio.data.format.layout import SampleLayout, split_name
 from streamio.data.format.samples import iter_samples
 from streamio.data.format.tar import encode_sample, iter_members
-from streamio.data.writer import ShardSpec, write_dataset
+from streamio.data.write.writer import ShardSpec, write_dataset
 from streamio.errors import CorruptDataError, ShardFormatError
 from streamio.storage import Store
 

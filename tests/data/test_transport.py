@@ -14,7 +14,7 @@ from streamio.data.allocator import tune_worker_malloc
 from streamio.data.dataset import StreamingDataset
 from streamio.data.loader import StreamingDataLoader
 from streamio.data.transport import MIN_RING, SharedBatches, forked_workers
-from streamio.data.writer import ShardSpec, write_dataset
+from streamio.data.write.writer import ShardSpec, write_dataset
 from streamio.storage import Store
 
 KB = 1024

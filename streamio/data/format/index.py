@@ -36,8 +36,8 @@ limit, every number and offset is checked, and every shard or sidecar path must 
 relative name below the dataset (:mod:`streamio.data.format.index_schema`) before anything is read on its
 word.
 
-Building an index for existing shards is :mod:`streamio.data.indexer`; checking a dataset
-against its index is :mod:`streamio.data.verify`. The values an index is made of
+Building an index for existing shards is :mod:`streamio.data.write.indexer`; checking a dataset
+against its index is :mod:`streamio.data.write.verify`. The values an index is made of
 (:class:`~streamio.data.format.layout.ShardInfo`, :class:`~streamio.data.format.layout.SampleLayout`) and the
 names it uses live in :mod:`streamio.data.format.layout`.
 """
@@ -111,7 +111,7 @@ class DatasetIndex:
     def with_layouts(self, layouts: Mapping[int, SampleLayout]) -> DatasetIndex:
         """Deprecated since 0.2.0, removed in 0.3.0: a copy holding ``layouts`` in memory.
 
-        Writers and :func:`~streamio.data.indexer.build_index` return indexes that hold their layouts.
+        Writers and :func:`~streamio.data.write.indexer.build_index` return indexes that hold their layouts.
         """
         warnings.warn(
             "DatasetIndex.with_layouts() is deprecated since streamio 0.2.0 and will be removed in 0.3.0: "

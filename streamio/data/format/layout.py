@@ -31,7 +31,7 @@ FORMAT = "streamio.dataset/1"
 INDEX_NAME = "index.json"
 #: Where the layout sidecars of a large dataset live, below its root.
 LAYOUT_DIR = "_layout"
-#: The marker a write puts first and removes last (:mod:`streamio.data.publish`): shards it claims
+#: The marker a write puts first and removes last (:mod:`streamio.data.write.publish`): shards it claims
 #: that no index names are the leftovers of a write that did not finish.
 WRITING_NAME = "_writing.json"
 #: Default bound of one sample's tar records (decompressed) when no index declares it: 1 GiB.

@@ -1,6 +1,6 @@
 """The write marker (``_writing.json``): which write a prefix's unindexed shards belong to.
 
-A write (:mod:`streamio.data.publish`) puts the marker before its first shard and removes it after
+A write (:mod:`streamio.data.write.publish`) puts the marker before its first shard and removes it after
 its index is committed, so shards that a marker claims and no index names are the leftovers of a
 write that did not finish. This module owns the document: :func:`encode_marker` is the only place
 that writes its JSON and :func:`read_marker` the only place that reads it; readers
