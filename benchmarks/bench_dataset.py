@@ -146,7 +146,7 @@ def rank_main(cfg: dict[str, Any]) -> dict[str, Any]:
         from streamio.data.dataset import DatasetOptions, StreamingDataset
         from streamio.data.loader import StreamingDataLoader
         from streamio.data.plan import Shuffle
-        from streamio.data.prefetch import PrefetchConfig
+        from streamio.data.read.prefetch import PrefetchConfig
 
         cache = CacheConfig(cfg["cache"], max_bytes=cfg["cache_bytes"], min_free_bytes=0) if cfg.get("cache") else None
         shuffle = Shuffle(shards=True, window=0) if cfg.get("shuffle") else False

@@ -24,7 +24,7 @@ _EXPORTS = {
     "KeepBest": "streamio.checkpoint",
     "KeepEvery": "streamio.checkpoint",
     "KeepLast": "streamio.checkpoint",
-    "PrefetchConfig": "streamio.data.prefetch",
+    "PrefetchConfig": "streamio.data.read.prefetch",
     "RNGState": "streamio.checkpoint",
     "RetentionPolicy": "streamio.checkpoint",
     "RetryPolicy": "streamio.storage",
@@ -67,7 +67,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the names, eagerly
     from streamio.data.loader import StreamingDataLoader
     from streamio.data.mixing import Stream
     from streamio.data.plan import Shuffle
-    from streamio.data.prefetch import PrefetchConfig
+    from streamio.data.read.prefetch import PrefetchConfig
     from streamio.data.select import select
     from streamio.data.write.indexer import build_index
     from streamio.data.write.writer import ShardSpec, write_dataset

@@ -4,7 +4,7 @@ Composition (each piece is its own module; this one only wires them):
 
 * :mod:`streamio.data.format.index` — the dataset's shards, sample counts and per-sample offsets/CRCs;
 * :mod:`streamio.data.plan` — which samples this (epoch, rank, worker) reads, as runs and windows;
-* :mod:`streamio.data.reader` — the windows' samples, fetched ahead (:mod:`streamio.data.prefetch`)
+* :mod:`streamio.data.read.reader` — the windows' samples, fetched ahead (:mod:`streamio.data.read.prefetch`)
   through the node-local cache (:mod:`streamio.data.cache`), verified (:mod:`streamio.data.format.samples`)
   and decoded (:mod:`streamio.data.decode`);
 * :mod:`streamio.data.loader` — :class:`~streamio.data.loader.StreamingDataLoader`, which counts
@@ -62,8 +62,8 @@ from streamio.data.position import (
     state_of,
     warn_plain_workers,
 )
-from streamio.data.prefetch import PrefetchConfig
-from streamio.data.reader import WindowReader
+from streamio.data.read.prefetch import PrefetchConfig
+from streamio.data.read.reader import WindowReader
 from streamio.data.stateful_loader import LoaderState, install
 from streamio.deprecation import fold_moved
 from streamio.distributed import group_initialized, rank_and_world

@@ -8,7 +8,7 @@ import pytest
 from streamio.data.cache import CacheConfig, ShardCache
 from streamio.data.format.index import load_index
 from streamio.data.format.samples import iter_samples
-from streamio.data.prefetch import ByteRun, PrefetchConfig, Prefetcher
+from streamio.data.read.prefetch import ByteRun, PrefetchConfig, Prefetcher
 from streamio.data.write.writer import ShardSpec, write_dataset
 from streamio.errors import CorruptDataError
 from streamio.storage import Store

@@ -357,7 +357,7 @@ def test_cache_serves_the_second_pass_and_bit_rot_in_it_is_refetched(
         data[len(data) // 2] ^= 0xFF
         victim.write_bytes(bytes(data))
         os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))
-        with caplog.at_level(logging.WARNING, logger="streamio.data.reader"):
+        with caplog.at_level(logging.WARNING, logger="streamio.data.read.reader"):
             third = [s["__key__"] for s in StreamingDataset(url, options=cached, storage_options=opts)]
     assert third == first
     assert "failed its checksum" in caplog.text

@@ -115,7 +115,7 @@ def prefetch_all(
     cache: ShardCache, spec: tuple[str, dict[str, Any]], shards: list[ShardInfo], seeds: list[int], out: Any
 ) -> None:
     """Child: read every shard through a Prefetcher on the shared cache; report stats."""
-    from streamio.data.prefetch import ByteRun, PrefetchConfig, Prefetcher
+    from streamio.data.read.prefetch import ByteRun, PrefetchConfig, Prefetcher
 
     try:
         store = Store(spec[0], spec[1], retry=FAST_RETRY)
