@@ -23,7 +23,7 @@ topology). Who knows that number depends on the loader:
 * torchdata's ``StatefulDataLoader`` calls :meth:`StreamingDataset.state_dict` inside each worker and
   gives each worker its own state back: exact with the same ``num_workers`` (its own restriction).
   It does so only when it is next iterated, and never in the main process when it has workers, so
-  :mod:`streamio.data.stateful_loader` has its ``load_state_dict`` hand the states to
+  :mod:`streamio.data.dataloader.stateful_loader` has its ``load_state_dict`` hand the states to
   :meth:`StreamingDataset.load_loader_state` at once: ``epoch`` is the resumed one right away.
 * ``num_workers=0`` with a plain ``DataLoader``: the dataset counts what it yielded itself.
 * A plain ``DataLoader`` with workers cannot tell the main process what the workers yielded; the
@@ -44,8 +44,9 @@ from typing import Any
 import torch.distributed as dist
 from torch.utils.data import IterableDataset, get_worker_info
 
-from streamio.data.allocator import tune_worker_malloc
 from streamio.data.cache import CacheConfig, ShardCache
+from streamio.data.dataloader.allocator import tune_worker_malloc
+from streamio.data.dataloader.stateful_loader import LoaderState, install
 from streamio.data.decode import DecodeSpec, make_decoder
 from streamio.data.format.index import DatasetIndex
 from streamio.data.format.samples import Handler
@@ -64,7 +65,6 @@ from streamio.data.position import (
 )
 from streamio.data.read.prefetch import PrefetchConfig
 from streamio.data.read.reader import WindowReader
-from streamio.data.stateful_loader import LoaderState, install
 from streamio.deprecation import fold_moved
 from streamio.distributed import group_initialized, rank_and_world
 from streamio.errors import PlanError
@@ -339,7 +339,7 @@ class StreamingDataset(IterableDataset):
     def load_loader_state(self, state: LoaderState, *, num_workers: int) -> None:
         """Take the position a torchdata ``StatefulDataLoader`` state restores, in this process now.
 
-        Called by ``StatefulDataLoader.load_state_dict`` (:mod:`streamio.data.stateful_loader`):
+        Called by ``StatefulDataLoader.load_state_dict`` (:mod:`streamio.data.dataloader.stateful_loader`):
         afterwards ``epoch`` and ``len()`` here are the resumed ones, so the loop
         ``for epoch in range(ds.epoch, epochs)`` neither replays nor skips an epoch.
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from streamio.data.transport import MIN_RING, RESERVE, SharedBatches, ring_bytes
+from streamio.data.dataloader.transport import MIN_RING, RESERVE, SharedBatches, ring_bytes
 from streamio.data.write.writer import ShardSpec, write_dataset
 
 CHILD = str(Path(__file__).parents[1] / "support" / "ring_limits.py")
