@@ -41,12 +41,11 @@ from streamio.data.format.marker import read_marker
 from streamio.data.format.patterns import expand_patterns, gzip_shards, split_pattern
 from streamio.errors import ConfigError, IndexFormatError, IndexNotFoundError, StorageError
 from streamio.storage import Store
-from streamio.storage.backends import canonical, is_file_url
+from streamio.storage.backends import is_file_url, pointer_scope
 from streamio.storage.secrets import has_userinfo, strip_userinfo
 
 __all__ = ["absolute_url", "index_location", "is_index_url", "open_dataset", "same_location", "split_index_url"]
 
-_LOCAL = frozenset({"file", "memory"})
 _PATTERN_CHARS = "{*?["
 
 
@@ -184,26 +183,16 @@ def _normalize(url: str) -> str:
     return url.rstrip("/")
 
 
-def _scheme_host(url: str) -> tuple[str, str]:
-    """``("s3", "bucket")`` of ``s3://bucket/x``; ``("file", "")`` of a local path."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        return "file", ""
-    return canonical(scheme.lower()), rest.split("/", 1)[0].rsplit("@", 1)[-1].lower()
-
-
 def _shards_store(index: DatasetIndex, where: Store, options: Mapping[str, Any] | None, index_url: str) -> Store:
     """The store the shards of ``index`` (read at ``where``) are at; checks where it may point."""
     if index.shards_url is None:
         return where
-    scheme, host = _scheme_host(where.root_url)
-    target_scheme, target_host = _scheme_host(index.shards_url)
-    if scheme not in _LOCAL and (
-        target_scheme != scheme or (scheme in ("http", "https") and target_host != host)
-    ):
+    scope = pointer_scope(where.root_url)
+    if scope is not None and pointer_scope(index.shards_url) != scope:
+        protocol, host = scope
         raise IndexFormatError(
-            f"{index_url} says its shards are at {index.shards_url}, but an index read from {scheme}:// storage may "
-            f"only point at shards in {scheme}:// storage{' on ' + host if scheme in ('http', 'https') else ''}. "
+            f"{index_url} says its shards are at {index.shards_url}, but an index read from {protocol}:// storage may "
+            f"only point at shards in {protocol}:// storage{'' if host is None else ' on ' + host}. "
             f"Rebuild it with `streamio index SHARDS --index-url {strip_userinfo(where.root_url)}` if you trust it."
         )
     return Store(index.shards_url, options)
