@@ -89,6 +89,8 @@ class DatasetOptions:
             skips the rest of that run (logged, counted in :attr:`StreamingDataset.lost_samples`;
             this rank then yields that many fewer samples, so equal work no longer holds), False or
             None raises.
+        epoch_samples: samples per epoch of a mixture; the weighted sources are scaled to fill it.
+            None = the sum of the sources' contributions.
 
     Raises:
         PlanError: ``policy`` is not a tail policy.
@@ -98,6 +100,7 @@ class DatasetOptions:
     cache: CacheConfig | None = None
     prefetch: PrefetchConfig = PrefetchConfig()
     handler: Handler | None = None
+    epoch_samples: int | None = None
 
     def __post_init__(self) -> None:
         Sampling(policy=self.policy)  # validates the policy where it was written
@@ -119,15 +122,13 @@ class StreamingDataset(IterableDataset):
             every epoch, each worker reading 32 shards at once interleaved, samples shuffled within
             windows of 256), ``False`` (index order), or a :class:`~streamio.data.plan.Shuffle`
             (``Shuffle(interleave=1)`` reads one shard at a time).
-        epoch_samples: samples per epoch of a mixture; the weighted sources are scaled to fill it.
-            None = the sum of the sources' contributions.
         decode: None (members stay bytes), ``"auto"`` (built-in safe decoders), a mapping of
             extension -> decoder, or a callable on the whole sample.
         transform: applied to each decoded sample.
         storage_options: fsspec options (endpoint, credentials) for ``url``.
-        options: tail policy, cache, prefetch and fault handler (:class:`DatasetOptions`).
-        moved: ``policy=``, ``cache=``, ``prefetch=``, ``handler=`` as streamio 0.1 took them:
-            deprecated (a ``DeprecationWarning``), removed in 0.3.0; give them in ``options``.
+        options: tail policy, cache, prefetch, fault handler, samples per epoch (:class:`DatasetOptions`).
+        moved: 0.1's ``policy=``, ``cache=``, ``prefetch=``, ``handler=`` (removed in 0.3.0) and 0.2's
+            ``epoch_samples=`` (removed in 0.4.0): deprecated (a warning); give them in ``options``.
 
     Raises:
         ArgumentError: an unknown keyword, or a moved one given together with ``options``.
@@ -139,14 +140,13 @@ class StreamingDataset(IterableDataset):
         position: where the dataset stands (:class:`~streamio.data.position.Position`).
     """
 
-    def __init__(  # noqa: PLR0913 - the public keywords of the dataset, each documented above
+    def __init__(
         self,
         url: str | Stream | Sequence[str | Stream],
         *,
         batch_size: int = 1,
         seed: int = 0,
         shuffle: bool | Shuffle = True,
-        epoch_samples: int | None = None,
         decode: DecodeSpec = None,
         transform: Callable[[dict[str, Any]], Any] | None = None,
         storage_options: Mapping[str, Any] | None = None,
@@ -154,13 +154,16 @@ class StreamingDataset(IterableDataset):
         **moved: Any,
     ) -> None:
         super().__init__()
+        later = {k: moved.pop(k) for k in ("epoch_samples",) if k in moved}  # moved in 0.3.0, beside options=
         options = fold_moved("StreamingDataset", moved, into="options", given=options, make=DatasetOptions,
                              fields=("policy", "cache", "prefetch", "handler"))
+        options = fold_moved("StreamingDataset", later, into="options", given=options, make=DatasetOptions,
+                             fields=("epoch_samples",), since="0.3.0", alongside=True)
         self.options = options if options is not None else DatasetOptions()
         self.sources = load_streams(url, storage_options)
         self.store: Store = self.sources[0].store
         self.index: DatasetIndex = self.sources[0].index
-        self.epoch_samples = epoch_samples
+        self.epoch_samples = self.options.epoch_samples
         if not isinstance(shuffle, Shuffle):
             shuffle = Shuffle() if shuffle else Shuffle.off()
         self.sampling = Sampling(shuffle=shuffle, policy=self.options.policy)

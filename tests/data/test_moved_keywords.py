@@ -63,6 +63,33 @@ def test_a_keyword_that_never_existed_is_still_a_type_error(url: str) -> None:
         streamio.StreamingDataset(url, polcy="drop")
 
 
+def test_epoch_samples_of_0_2_warns_and_sets_the_samples_of_an_epoch(url: str) -> None:
+    """0.2's ``epoch_samples=`` moved into ``options`` in 0.3.0, where ``options=`` already existed."""
+    weighted = streamio.Stream(url, weight=1)
+    with pytest.warns(DeprecationWarning, match=r"StreamingDataset\(epoch_samples=\.\.\.\) is deprecated since "
+                                                r"streamio 0\.3\.0 and will be removed in 0\.4\.0: pass "
+                                                r"options=DatasetOptions\(epoch_samples=\.\.\.\)") as caught:
+        ds = streamio.StreamingDataset([weighted], epoch_samples=25)
+    assert caught[0].filename == __file__
+    assert ds.options == streamio.DatasetOptions(epoch_samples=25) and ds.contributions == (25,)
+
+
+def test_epoch_samples_beside_options_is_folded_into_them_unless_they_set_it(url: str) -> None:
+    weighted = streamio.Stream(url, weight=1)
+    with pytest.warns(DeprecationWarning, match=r"pass options=DatasetOptions\(epoch_samples=\.\.\.\)"):
+        ds = streamio.StreamingDataset([weighted], epoch_samples=25, options=streamio.DatasetOptions(policy="drop"))
+    assert ds.options == streamio.DatasetOptions(policy="drop", epoch_samples=25) and ds.contributions == (25,)
+    with pytest.raises(ArgumentError, match=r"got epoch_samples= and options= together: epoch_samples= moved into "
+                                            r"options= in streamio 0\.3\.0; pass options=DatasetOptions\("):
+        streamio.StreamingDataset([weighted], epoch_samples=25, options=streamio.DatasetOptions(epoch_samples=30))
+    with pytest.warns(DeprecationWarning) as caught:  # a 0.1 and a 0.2 keyword: one value, both named
+        ds = streamio.StreamingDataset([weighted], policy="drop", epoch_samples=25)
+    assert [str(w.message).split(")")[0] for w in caught] == [
+        "StreamingDataset(policy=...", "StreamingDataset(epoch_samples=...",
+    ]
+    assert ds.options == streamio.DatasetOptions(policy="drop", epoch_samples=25)
+
+
 WRITER_MOVED: list[tuple[str, Any]] = [
     ("max_count", 4), ("max_bytes", 1 << 20), ("compression", "zstd"), ("level", 5), ("prefix", "part"),
 ]
