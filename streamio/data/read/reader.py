@@ -37,7 +37,7 @@ import numpy as np
 
 from streamio.data.cache import ShardCache
 from streamio.data.format.index import DatasetIndex
-from streamio.data.format.samples import Handler, iter_samples
+from streamio.data.format.samples import Handler, SampleSpan, iter_samples
 from streamio.data.plan import Run, Window
 from streamio.data.read.prefetch import ByteRun, PrefetchConfig, Prefetcher
 from streamio.data.read.schedule import Schedule, Segment, build_schedule
@@ -159,11 +159,9 @@ class WindowReader:
                 for sample in iter_samples(
                     chunks,
                     url=url,
-                    start_offset=layout.offsets[index],
-                    first_sample=index,
+                    span=SampleSpan(layout.offsets[index], index, run.end - index),
                     layout=layout,
                     compression=shard.compression,
-                    num_samples=run.end - index,
                 ):
                     sample["__url__"], sample["__shard__"], sample["__index__"] = url, run.shard, index
                     index += 1

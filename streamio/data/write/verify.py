@@ -29,7 +29,7 @@ from streamio.checksum import Crc32c
 from streamio.data.format import zstdframes
 from streamio.data.format.index import DatasetIndex
 from streamio.data.format.layout import SampleLayout
-from streamio.data.format.samples import iter_samples
+from streamio.data.format.samples import SampleSpan, iter_samples
 from streamio.data.format.tar import iter_members
 from streamio.data.format.tarfields import BLOCK
 from streamio.errors import ShardFormatError, StorageError, StreamioError
@@ -146,7 +146,7 @@ def _check_extent(src: _Cursor, layout: SampleLayout, url: str, compression: str
         for _ in src.region(first - src.pos):  # whatever the head's parser left unread
             pass
     samples = src.region(end - first)
-    n = sum(1 for _ in iter_samples(samples, url=url, layout=layout, compression=compression, start_offset=first))
+    n = sum(1 for _ in iter_samples(samples, url=url, span=SampleSpan(first), layout=layout, compression=compression))
     for _ in samples:
         pass
     tail = src.region(None)
