@@ -43,7 +43,7 @@ def _fixtures(tmp: Path) -> dict[str, str]:
     import torch
 
     from streamio.checkpoint import CheckpointManager, KeepLast
-    from streamio.data.writer import ShardSpec, write_dataset
+    from streamio.data.write.writer import ShardSpec, write_dataset
 
     ds = str(tmp / "ds")
     write_dataset(({"__key__": f"{i:03d}", "txt": f"sample {i}"} for i in range(7)), ds, spec=ShardSpec(max_count=3))

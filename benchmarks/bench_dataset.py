@@ -5,7 +5,7 @@ Run: ``.venv/bin/python -m benchmarks.bench_dataset [--quick] [--peers mosaicml,
 sections of ``python -m benchmarks.run``).
 
 Loop (issue 6's benchmark). A dataset of ``shards x shard_mb`` MB of ``sample_kb`` KB random
-samples is written once with :func:`streamio.data.writer.write_dataset` (to local disk, then the
+samples is written once with :func:`streamio.data.write.writer.write_dataset` (to local disk, then the
 same files are uploaded to moto). ``ranks`` long-lived processes with ``RANK`` / ``WORLD_SIZE`` set
 (one simulated node: torchrun's environment without paying its launch and ``import torch`` per
 trial, see :class:`RankPool`) each build a fresh dataset and loader per trial and run a DataLoader
@@ -146,7 +146,7 @@ def rank_main(cfg: dict[str, Any]) -> dict[str, Any]:
         from streamio.data.dataset import DatasetOptions, StreamingDataset
         from streamio.data.loader import StreamingDataLoader
         from streamio.data.plan import Shuffle
-        from streamio.data.prefetch import PrefetchConfig
+        from streamio.data.read.prefetch import PrefetchConfig
 
         cache = CacheConfig(cfg["cache"], max_bytes=cfg["cache_bytes"], min_free_bytes=0) if cfg.get("cache") else None
         shuffle = Shuffle(shards=True, window=0) if cfg.get("shuffle") else False
@@ -268,7 +268,7 @@ class Dataset:
 
 def make_dataset(root: str, shards: int, shard_mb: int, sample_kb: int) -> Dataset:
     """Write ``shards`` x ~``shard_mb`` MB of ``sample_kb`` KB random samples with ``write_dataset``."""
-    from streamio.data.writer import ShardSpec, write_dataset
+    from streamio.data.write.writer import ShardSpec, write_dataset
 
     size = sample_kb * 1000
     per_shard = max(1, (shard_mb * MB) // (size + 1536))  # + tar headers of 2 members

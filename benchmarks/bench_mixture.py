@@ -74,7 +74,7 @@ def rank_main(cfg: dict[str, Any]) -> dict[str, Any]:
     from streamio.data.cache import CacheConfig
     from streamio.data.dataset import DatasetOptions, StreamingDataset
     from streamio.data.loader import StreamingDataLoader
-    from streamio.data.prefetch import PrefetchConfig
+    from streamio.data.read.prefetch import PrefetchConfig
 
     streams = cfg["streams"]
     source: Any = streams[0][0] if len(streams) == 1 else [Stream(u, weight=w) for u, w in streams]

@@ -45,8 +45,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from streamio.checksum import checksum_bytes  # noqa: E402
 from streamio.data.cache import CacheConfig, ShardCache  # noqa: E402
-from streamio.data.index import ShardInfo  # noqa: E402
-from streamio.data.prefetch import ByteRun, PrefetchConfig, Prefetcher  # noqa: E402
+from streamio.data.format.index import ShardInfo  # noqa: E402
+from streamio.data.read.prefetch import ByteRun, PrefetchConfig, Prefetcher  # noqa: E402
 from streamio.storage import Store  # noqa: E402
 from streamio.testing import S3Endpoint  # noqa: E402
 

@@ -42,10 +42,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from streamio.checksum import checksum_bytes  # noqa: E402
-from streamio.data.format import FORMAT, INDEX_NAME, SampleLayout, ShardInfo, sidecar_path  # noqa: E402
-from streamio.data.index import encode_layout, load_index  # noqa: E402
-from streamio.data.samples import iter_samples  # noqa: E402
-from streamio.data.writer import ShardSpec, write_dataset  # noqa: E402
+from streamio.data.format.index import encode_layout, load_index  # noqa: E402
+from streamio.data.format.layout import FORMAT, INDEX_NAME, SampleLayout, ShardInfo, sidecar_path  # noqa: E402
+from streamio.data.format.samples import iter_samples  # noqa: E402
+from streamio.data.write.writer import ShardSpec, write_dataset  # noqa: E402
 from streamio.storage import Store  # noqa: E402
 
 SHARD_BYTES = 256_000_000

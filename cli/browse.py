@@ -21,7 +21,7 @@ from .progress import Progress, plural
 from .schemas import json_help
 
 if TYPE_CHECKING:
-    from streamio.data.index import DatasetIndex
+    from streamio.data.format.index import DatasetIndex
     from streamio.storage import Store
 
 _URL_HELP = (
@@ -93,7 +93,7 @@ def verify_cmd(url: str, quick: bool, concurrency: int, as_json: bool, storage_o
     Exits 1 when it read the dataset and found a bad shard (each is named), 3 when it could not
     check (no index at URL, storage unreachable, access denied).
     """
-    from streamio.data.verify import validate
+    from streamio.data.write.verify import validate
 
     store, index, index_url = _open(url, storage_options)
     with Progress("verify", unit="shard") as progress:

@@ -1,7 +1,7 @@
 """`streamio` verbs that write datasets: ``shard`` and ``index`` (``ls``, ``inspect``, ``verify``: browse.py).
 
 Thin by design: argument parsing, progress (:mod:`streamio.cli.progress`) and output formatting;
-everything else is in :mod:`streamio.data` (``writer``, ``sources``, ``indexer``, ``index``,
+everything else is in :mod:`streamio.data` (``write``: writer, sources, indexer; ``format.index``;
 ``locate``). The library is imported inside each verb, so ``streamio --help`` and every other
 verb start without it. Storage options come from the environment the way s3fs/gcsfs read it
 (``AWS_ENDPOINT_URL_S3``, credentials, ...) plus ``--storage-option key=value`` (values parsed
@@ -27,8 +27,8 @@ from .progress import Progress, human_bytes, plural
 from .schemas import json_help
 
 if TYPE_CHECKING:  # the library is imported inside each verb: `streamio --help` does not load it
-    from streamio.data.index import DatasetIndex
-    from streamio.data.sources import Samples
+    from streamio.data.format.index import DatasetIndex
+    from streamio.data.write.sources import Samples
     from streamio.storage import Store
 
 #: The largest shard size limit: 5 TiB, the largest object S3 and GCS store.
@@ -69,7 +69,7 @@ class _Size(click.ParamType):
 
 
 def _plain_prefix(ctx: click.Context, param: click.Parameter, value: str) -> str:
-    from streamio.data.format import unsafe_reason
+    from streamio.data.format.layout import unsafe_reason
 
     reason = unsafe_reason(value) or ("it contains '/'" if "/" in value else None)
     if reason:
@@ -109,8 +109,8 @@ def _sources(
     src: str, options: dict[str, Any], seed: int | None, file_fields: tuple[str, ...], split_fields: bool,
     follow_symlinks: bool,
 ) -> Samples:
-    from streamio.data.patterns import split_pattern
-    from streamio.data.sources import samples_from_directory, samples_from_jsonl, samples_from_shards
+    from streamio.data.format.patterns import split_pattern
+    from streamio.data.write.sources import samples_from_directory, samples_from_jsonl, samples_from_shards
     from streamio.storage import Store
 
     if os.path.isdir(src):
@@ -190,9 +190,9 @@ def shard_cmd(  # noqa: PLR0913 - one parameter per option
     as_json: bool, storage_options: dict[str, Any],
 ) -> None:
     """Pack SRC (directory tree, JSONL file or .tar glob) into shards + index.json at DEST."""
-    from streamio.data.format import INDEX_NAME
-    from streamio.data.publish import occupied
-    from streamio.data.writer import DatasetWriter, ShardSpec
+    from streamio.data.format.layout import INDEX_NAME
+    from streamio.data.write.publish import occupied
+    from streamio.data.write.writer import DatasetWriter, ShardSpec
     from streamio.storage import Store
 
     samples = _sources(src, storage_options, seed if shuffle else None, file_fields, split_fields, follow_symlinks)
@@ -253,11 +253,11 @@ def index_cmd(
     The index is written beside the shards (URL's directory), or at --index-url. An index already
     there is replaced only with --overwrite: every reader of that URL would see the new one.
     """
-    from streamio.data.format import INDEX_NAME
-    from streamio.data.index import write_index
-    from streamio.data.indexer import build_index
+    from streamio.data.format.index import write_index
+    from streamio.data.format.layout import INDEX_NAME
+    from streamio.data.format.patterns import split_pattern
     from streamio.data.locate import absolute_url, same_location, split_index_url
-    from streamio.data.patterns import split_pattern
+    from streamio.data.write.indexer import build_index
     from streamio.errors import ConfigError, StoragePermissionError, WriteConflictError
     from streamio.storage import Store
 

@@ -22,7 +22,7 @@ from .progress import plural
 from .schemas import json_help
 
 if TYPE_CHECKING:  # the library is imported inside the verb: `streamio --help` does not load it
-    from streamio.data.index import DatasetIndex
+    from streamio.data.format.index import DatasetIndex
     from streamio.data.plan import EpochPlan, Run, Shuffle
 
 #: The largest job ``plan`` describes: a million ranks.

@@ -18,28 +18,28 @@ __version__ = "0.2.0"  # the same as pyproject.toml and CHANGELOG.md (tests/core
 _EXPORTS = {
     "CacheConfig": "streamio.data.cache",
     "CheckpointManager": "streamio.checkpoint",
-    "DatasetIndex": "streamio.data.index",
+    "DatasetIndex": "streamio.data.format.index",
     "DatasetOptions": "streamio.data.dataset",
     "KeepAll": "streamio.checkpoint",
     "KeepBest": "streamio.checkpoint",
     "KeepEvery": "streamio.checkpoint",
     "KeepLast": "streamio.checkpoint",
-    "PrefetchConfig": "streamio.data.prefetch",
+    "PrefetchConfig": "streamio.data.read.prefetch",
     "RNGState": "streamio.checkpoint",
     "RetentionPolicy": "streamio.checkpoint",
     "RetryPolicy": "streamio.storage",
     "SaveOptions": "streamio.checkpoint",
     "SaveStats": "streamio.checkpoint",
-    "ShardSpec": "streamio.data.writer",
+    "ShardSpec": "streamio.data.write.writer",
     "Shuffle": "streamio.data.plan",
     "Store": "streamio.storage",
     "Stream": "streamio.data.mixing",
     "StreamingDataLoader": "streamio.data.loader",
     "StreamingDataset": "streamio.data.dataset",
-    "build_index": "streamio.data.indexer",
-    "load_index": "streamio.data.index",
+    "build_index": "streamio.data.write.indexer",
+    "load_index": "streamio.data.format.index",
     "select": "streamio.data.select",
-    "write_dataset": "streamio.data.writer",
+    "write_dataset": "streamio.data.write.writer",
 }
 
 __all__ = [
@@ -63,14 +63,14 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the names, eagerly
     )
     from streamio.data.cache import CacheConfig
     from streamio.data.dataset import DatasetOptions, StreamingDataset
-    from streamio.data.index import DatasetIndex, load_index
-    from streamio.data.indexer import build_index
+    from streamio.data.format.index import DatasetIndex, load_index
     from streamio.data.loader import StreamingDataLoader
     from streamio.data.mixing import Stream
     from streamio.data.plan import Shuffle
-    from streamio.data.prefetch import PrefetchConfig
+    from streamio.data.read.prefetch import PrefetchConfig
     from streamio.data.select import select
-    from streamio.data.writer import ShardSpec, write_dataset
+    from streamio.data.write.indexer import build_index
+    from streamio.data.write.writer import ShardSpec, write_dataset
     from streamio.storage import RetryPolicy, Store
 
 

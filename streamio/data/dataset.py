@@ -2,10 +2,10 @@
 
 Composition (each piece is its own module; this one only wires them):
 
-* :mod:`streamio.data.index` — the dataset's shards, sample counts and per-sample offsets/CRCs;
+* :mod:`streamio.data.format.index` — the dataset's shards, sample counts and per-sample offsets/CRCs;
 * :mod:`streamio.data.plan` — which samples this (epoch, rank, worker) reads, as runs and windows;
-* :mod:`streamio.data.reader` — the windows' samples, fetched ahead (:mod:`streamio.data.prefetch`)
-  through the node-local cache (:mod:`streamio.data.cache`), verified (:mod:`streamio.data.samples`)
+* :mod:`streamio.data.read.reader` — the windows' samples, fetched ahead (:mod:`streamio.data.read.prefetch`)
+  through the node-local cache (:mod:`streamio.data.cache`), verified (:mod:`streamio.data.format.samples`)
   and decoded (:mod:`streamio.data.decode`);
 * :mod:`streamio.data.loader` — :class:`~streamio.data.loader.StreamingDataLoader`, which counts
   the batches it hands out.
@@ -23,7 +23,7 @@ topology). Who knows that number depends on the loader:
 * torchdata's ``StatefulDataLoader`` calls :meth:`StreamingDataset.state_dict` inside each worker and
   gives each worker its own state back: exact with the same ``num_workers`` (its own restriction).
   It does so only when it is next iterated, and never in the main process when it has workers, so
-  :mod:`streamio.data.stateful_loader` has its ``load_state_dict`` hand the states to
+  :mod:`streamio.data.dataloader.stateful_loader` has its ``load_state_dict`` hand the states to
   :meth:`StreamingDataset.load_loader_state` at once: ``epoch`` is the resumed one right away.
 * ``num_workers=0`` with a plain ``DataLoader``: the dataset counts what it yielded itself.
 * A plain ``DataLoader`` with workers cannot tell the main process what the workers yielded; the
@@ -44,10 +44,12 @@ from typing import Any
 import torch.distributed as dist
 from torch.utils.data import IterableDataset, get_worker_info
 
-from streamio.data.allocator import tune_worker_malloc
 from streamio.data.cache import CacheConfig, ShardCache
+from streamio.data.dataloader.allocator import tune_worker_malloc
+from streamio.data.dataloader.stateful_loader import LoaderState, install
 from streamio.data.decode import DecodeSpec, make_decoder
-from streamio.data.index import DatasetIndex
+from streamio.data.format.index import DatasetIndex
+from streamio.data.format.samples import Handler
 from streamio.data.mixing import Stream, describe_mixture, load_streams, plan_sources
 from streamio.data.plan import EpochPlan, Sampling, Shuffle, TailPolicy, Topology, plan_epoch
 from streamio.data.position import (
@@ -61,10 +63,8 @@ from streamio.data.position import (
     state_of,
     warn_plain_workers,
 )
-from streamio.data.prefetch import PrefetchConfig
-from streamio.data.reader import WindowReader
-from streamio.data.samples import Handler
-from streamio.data.stateful_loader import LoaderState, install
+from streamio.data.read.prefetch import PrefetchConfig
+from streamio.data.read.reader import WindowReader
 from streamio.deprecation import fold_moved
 from streamio.distributed import group_initialized, rank_and_world
 from streamio.errors import PlanError
@@ -89,6 +89,8 @@ class DatasetOptions:
             skips the rest of that run (logged, counted in :attr:`StreamingDataset.lost_samples`;
             this rank then yields that many fewer samples, so equal work no longer holds), False or
             None raises.
+        epoch_samples: samples per epoch of a mixture; the weighted sources are scaled to fill it.
+            None = the sum of the sources' contributions.
 
     Raises:
         PlanError: ``policy`` is not a tail policy.
@@ -98,6 +100,7 @@ class DatasetOptions:
     cache: CacheConfig | None = None
     prefetch: PrefetchConfig = PrefetchConfig()
     handler: Handler | None = None
+    epoch_samples: int | None = None
 
     def __post_init__(self) -> None:
         Sampling(policy=self.policy)  # validates the policy where it was written
@@ -119,15 +122,13 @@ class StreamingDataset(IterableDataset):
             every epoch, each worker reading 32 shards at once interleaved, samples shuffled within
             windows of 256), ``False`` (index order), or a :class:`~streamio.data.plan.Shuffle`
             (``Shuffle(interleave=1)`` reads one shard at a time).
-        epoch_samples: samples per epoch of a mixture; the weighted sources are scaled to fill it.
-            None = the sum of the sources' contributions.
         decode: None (members stay bytes), ``"auto"`` (built-in safe decoders), a mapping of
             extension -> decoder, or a callable on the whole sample.
         transform: applied to each decoded sample.
         storage_options: fsspec options (endpoint, credentials) for ``url``.
-        options: tail policy, cache, prefetch and fault handler (:class:`DatasetOptions`).
-        moved: ``policy=``, ``cache=``, ``prefetch=``, ``handler=`` as streamio 0.1 took them:
-            deprecated (a ``DeprecationWarning``), removed in 0.3.0; give them in ``options``.
+        options: tail policy, cache, prefetch, fault handler, samples per epoch (:class:`DatasetOptions`).
+        moved: 0.1's ``policy=``, ``cache=``, ``prefetch=``, ``handler=`` (removed in 0.3.0) and 0.2's
+            ``epoch_samples=`` (removed in 0.4.0): deprecated (a warning); give them in ``options``.
 
     Raises:
         ArgumentError: an unknown keyword, or a moved one given together with ``options``.
@@ -139,14 +140,13 @@ class StreamingDataset(IterableDataset):
         position: where the dataset stands (:class:`~streamio.data.position.Position`).
     """
 
-    def __init__(  # noqa: PLR0913 - the public keywords of the dataset, each documented above
+    def __init__(
         self,
         url: str | Stream | Sequence[str | Stream],
         *,
         batch_size: int = 1,
         seed: int = 0,
         shuffle: bool | Shuffle = True,
-        epoch_samples: int | None = None,
         decode: DecodeSpec = None,
         transform: Callable[[dict[str, Any]], Any] | None = None,
         storage_options: Mapping[str, Any] | None = None,
@@ -154,13 +154,16 @@ class StreamingDataset(IterableDataset):
         **moved: Any,
     ) -> None:
         super().__init__()
+        later = {k: moved.pop(k) for k in ("epoch_samples",) if k in moved}  # moved in 0.3.0, beside options=
         options = fold_moved("StreamingDataset", moved, into="options", given=options, make=DatasetOptions,
                              fields=("policy", "cache", "prefetch", "handler"))
+        options = fold_moved("StreamingDataset", later, into="options", given=options, make=DatasetOptions,
+                             fields=("epoch_samples",), since="0.3.0", alongside=True)
         self.options = options if options is not None else DatasetOptions()
         self.sources = load_streams(url, storage_options)
         self.store: Store = self.sources[0].store
         self.index: DatasetIndex = self.sources[0].index
-        self.epoch_samples = epoch_samples
+        self.epoch_samples = self.options.epoch_samples
         if not isinstance(shuffle, Shuffle):
             shuffle = Shuffle() if shuffle else Shuffle.off()
         self.sampling = Sampling(shuffle=shuffle, policy=self.options.policy)
@@ -339,7 +342,7 @@ class StreamingDataset(IterableDataset):
     def load_loader_state(self, state: LoaderState, *, num_workers: int) -> None:
         """Take the position a torchdata ``StatefulDataLoader`` state restores, in this process now.
 
-        Called by ``StatefulDataLoader.load_state_dict`` (:mod:`streamio.data.stateful_loader`):
+        Called by ``StatefulDataLoader.load_state_dict`` (:mod:`streamio.data.dataloader.stateful_loader`):
         afterwards ``epoch`` and ``len()`` here are the resumed ones, so the loop
         ``for epoch in range(ds.epoch, epochs)`` neither replays nor skips an epoch.
 

@@ -7,7 +7,7 @@ worker's exact position (batches come from workers round-robin), on any ``num_wo
 world size. :func:`collate_samples` is its default ``collate_fn``.
 
 With forked workers (Linux's default), the ``bytes`` of each batch cross from the workers through
-shared memory (:mod:`streamio.data.transport`) instead of the pickle pipe: same batches, a fraction
+shared memory (:mod:`streamio.data.dataloader.transport`) instead of the pickle pipe: same batches, a fraction
 of the CPU.
 """
 
@@ -18,9 +18,9 @@ from typing import Any
 
 from torch.utils.data import DataLoader, default_collate, get_worker_info
 
+from streamio.data.dataloader.transport import SharedBatches, forked_workers, ring_bytes
 from streamio.data.dataset import StreamingDataset
 from streamio.data.select import members_of
-from streamio.data.transport import SharedBatches, forked_workers, ring_bytes
 from streamio.errors import ConfigError, MissingMemberError, PlanError
 from streamio.state_version import VERSION_KEY, check_version
 

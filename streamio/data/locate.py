@@ -19,7 +19,7 @@ to. An index is untrusted input, so where it may send a reader is limited: an in
 local disk (or memory) may point anywhere, one read from remote storage only at the same kind of
 storage (the same scheme; for http(s), the same host), so a planted index can neither make a
 reader open local files nor carry this protocol's storage options to another server. Shard
-paths stay plain relative names below that location (:mod:`streamio.data.index_schema`).
+paths stay plain relative names below that location (:mod:`streamio.data.format.index_schema`).
 """
 
 from __future__ import annotations
@@ -28,18 +28,24 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from streamio.data.format import INDEX_NAME, WRITING_NAME, gzip_advice, gzip_glob, is_gzip_shard, shard_path_problem
-from streamio.data.index import DatasetIndex, load_index
-from streamio.data.patterns import expand_patterns, gzip_shards, split_pattern
-from streamio.data.publish import read_marker
+from streamio.data.format.index import DatasetIndex, load_index
+from streamio.data.format.layout import (
+    INDEX_NAME,
+    WRITING_NAME,
+    gzip_advice,
+    gzip_glob,
+    is_gzip_shard,
+    shard_path_problem,
+)
+from streamio.data.format.marker import read_marker
+from streamio.data.format.patterns import expand_patterns, gzip_shards, split_pattern
 from streamio.errors import ConfigError, IndexFormatError, IndexNotFoundError, StorageError
 from streamio.storage import Store
-from streamio.storage.backends import canonical, is_file_url
+from streamio.storage.backends import is_file_url, pointer_scope
 from streamio.storage.secrets import has_userinfo, strip_userinfo
 
 __all__ = ["absolute_url", "index_location", "is_index_url", "open_dataset", "same_location", "split_index_url"]
 
-_LOCAL = frozenset({"file", "memory"})
 _PATTERN_CHARS = "{*?["
 
 
@@ -134,7 +140,7 @@ def split_index_url(url: str) -> tuple[str, str]:
 
     Raises:
         ConfigError: the name cannot be an object name below the directory (control characters,
-            backslashes: :func:`~streamio.data.format.shard_path_problem`).
+            backslashes: :func:`~streamio.data.format.layout.shard_path_problem`).
     """
     url = url.rstrip("/") or url
     if not is_index_url(url):
@@ -177,26 +183,16 @@ def _normalize(url: str) -> str:
     return url.rstrip("/")
 
 
-def _scheme_host(url: str) -> tuple[str, str]:
-    """``("s3", "bucket")`` of ``s3://bucket/x``; ``("file", "")`` of a local path."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        return "file", ""
-    return canonical(scheme.lower()), rest.split("/", 1)[0].rsplit("@", 1)[-1].lower()
-
-
 def _shards_store(index: DatasetIndex, where: Store, options: Mapping[str, Any] | None, index_url: str) -> Store:
     """The store the shards of ``index`` (read at ``where``) are at; checks where it may point."""
     if index.shards_url is None:
         return where
-    scheme, host = _scheme_host(where.root_url)
-    target_scheme, target_host = _scheme_host(index.shards_url)
-    if scheme not in _LOCAL and (
-        target_scheme != scheme or (scheme in ("http", "https") and target_host != host)
-    ):
+    scope = pointer_scope(where.root_url)
+    if scope is not None and pointer_scope(index.shards_url) != scope:
+        protocol, host = scope
         raise IndexFormatError(
-            f"{index_url} says its shards are at {index.shards_url}, but an index read from {scheme}:// storage may "
-            f"only point at shards in {scheme}:// storage{' on ' + host if scheme in ('http', 'https') else ''}. "
+            f"{index_url} says its shards are at {index.shards_url}, but an index read from {protocol}:// storage may "
+            f"only point at shards in {protocol}:// storage{'' if host is None else ' on ' + host}. "
             f"Rebuild it with `streamio index SHARDS --index-url {strip_userinfo(where.root_url)}` if you trust it."
         )
     return Store(index.shards_url, options)

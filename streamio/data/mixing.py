@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from streamio.data.index import DatasetIndex
+from streamio.data.format.index import DatasetIndex
 from streamio.data.locate import open_dataset
 from streamio.data.plan import PlanSource
 from streamio.errors import ConfigError

@@ -16,7 +16,7 @@ A dataset's position is:
 
 Who sees an iteration run to its end: the dataset itself when it is iterated in the process that
 counts (no DataLoader workers); otherwise :class:`~streamio.data.loader.StreamingDataLoader` and
-torchdata's ``StatefulDataLoader`` (:mod:`streamio.data.stateful_loader`) in the main process,
+torchdata's ``StatefulDataLoader`` (:mod:`streamio.data.dataloader.stateful_loader`) in the main process,
 through ``StreamingDataset.begin_iteration`` / ``end_iteration``. A plain DataLoader with workers
 cannot tell the main process; the dataset warns there when ``set_epoch`` was never called.
 ``ended`` is part of the state (``"ended": true``, only at an epoch's end), so a job resumed from a
@@ -37,9 +37,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
+from streamio.data.dataloader.stateful_loader import LoaderState
 from streamio.data.plan import EpochPlan, WorkerStream
 from streamio.data.plan.config import MAX_EPOCH, MAX_WORKERS
-from streamio.data.stateful_loader import LoaderState
 from streamio.errors import PlanError
 from streamio.state_version import VERSION_KEY, check_version
 

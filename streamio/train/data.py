@@ -255,8 +255,8 @@ def read_arrays(url: str, storage_options: Mapping[str, Any] | None = None) -> t
     its share ``rank::world_size``.
     """
     from streamio.data.decode import BUILTIN_DECODERS
-    from streamio.data.index import load_index
-    from streamio.data.samples import iter_samples
+    from streamio.data.format.index import load_index
+    from streamio.data.format.samples import iter_samples
 
     store = Store(url, storage_options)
     index = load_index(store)

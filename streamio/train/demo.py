@@ -8,7 +8,7 @@ What it does, in order:
 1. Starts a local S3 server (moto, 127.0.0.1, from :mod:`streamio.testing`), unless ``--url``
    names a real bucket prefix (credentials then come the usual way: environment, profile, ...).
 2. Generates the bundled synthetic dataset (:mod:`streamio.train.synthetic`) and shards it into
-   ``URL/data/{train,val}`` with ``streamio.data.writer.write_dataset``.
+   ``URL/data/{train,val}`` with ``streamio.data.write.writer.write_dataset``.
 3. Trains ``--nproc`` ranks (2 CPU ranks with gloo, or one per GPU with NCCL) three times with
    ``python -m torch.distributed.run``: a *reference* run without interruption; the same run
    crashed by ``--fail-at-step`` (``os._exit``, no cleanup: the checkpoint in flight is lost); and
@@ -75,7 +75,7 @@ def _location(url: str | None) -> Iterator[Location]:
 
 def shard_demo_data(loc: Location, *, seed: int = 0, train: int = 4096, val: int = 1001, per_shard: int = 512) -> str:
     """Write the synthetic train/val sets as shards + index under ``loc.url/data``; return that URL."""
-    from streamio.data.writer import ShardSpec, write_dataset
+    from streamio.data.write.writer import ShardSpec, write_dataset
 
     for split, n in (("train", train), ("val", val)):
         index = write_dataset(

@@ -9,7 +9,7 @@ Two views of the same data:
 
 * :func:`make_arrays` -> ``(x, y)`` arrays, for training straight from memory;
 * :func:`iter_samples` -> WebDataset-style sample dicts (``{"__key__", "npy", "cls"}``) for
-  ``streamio.data.writer.write_dataset``, i.e. what the demo shards into object storage.
+  ``streamio.data.write.writer.write_dataset``, i.e. what the demo shards into object storage.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from click.testing import CliRunner
 from streamio.checkpoint import manifest as mf
 from streamio.cli.exits import EXIT_CODES, ExitCode, classify, one_line
 from streamio.cli.main import cli
-from streamio.data.writer import ShardSpec, write_dataset
+from streamio.data.write.writer import ShardSpec, write_dataset
 from streamio.errors import (
     BucketNotFoundError,
     CacheError,
@@ -305,7 +305,7 @@ def test_ctrl_c_is_130_without_a_traceback(dataset: Path, monkeypatch: pytest.Mo
     def interrupted(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("streamio.data.verify.validate", interrupted)
+    monkeypatch.setattr("streamio.data.write.verify.validate", interrupted)
     res = CliRunner().invoke(cli, ["verify", str(dataset)])
     assert res.exit_code == 130 and res.stderr == "Aborted: interrupted.\n"
 

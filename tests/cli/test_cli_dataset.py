@@ -14,9 +14,9 @@ from click.testing import CliRunner
 
 from streamio.cli.dataset import parse_size
 from streamio.cli.main import cli
-from streamio.data.format import INDEX_NAME
-from streamio.data.index import load_index
-from streamio.data.writer import ShardSpec, write_dataset
+from streamio.data.format.index import load_index
+from streamio.data.format.layout import INDEX_NAME
+from streamio.data.write.writer import ShardSpec, write_dataset
 from streamio.errors import StoragePermissionError
 from streamio.storage import Store
 from streamio.testing import S3Endpoint
@@ -194,7 +194,7 @@ def test_index_elsewhere_for_shards_one_cannot_write(tmp_path, monkeypatch: pyte
     def refused(*args: object, **kwargs: object) -> None:
         raise StoragePermissionError("access denied writing s3://public/index.json")
 
-    monkeypatch.setattr("streamio.data.index.write_index", refused)
+    monkeypatch.setattr("streamio.data.format.index.write_index", refused)
     _, err = run("index", str(shards), code=3)
     assert "access denied writing s3://public/index.json. For shards you cannot write beside" in err
     assert "--index-url URL" in err
@@ -243,7 +243,7 @@ def test_index_never_silently_replaces_an_index(tmp_path, where: str, request: p
 
 def test_two_indexers_cannot_replace_each_other(s3: S3Endpoint, monkeypatch: pytest.MonkeyPatch) -> None:
     """The index is written create-only: an indexer that finishes second loses (exit 2) instead of replacing."""
-    from streamio.data import indexer
+    from streamio.data.write import indexer
 
     store = Store(s3.url("ds"), s3.storage_options())
     write_dataset(({"__key__": f"{i}", "txt": "x"} for i in range(4)), store, spec=ShardSpec(max_count=1))

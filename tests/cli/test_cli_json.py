@@ -19,7 +19,7 @@ from streamio.checkpoint import CheckpointManager, KeepLast
 from streamio.cli.exits import EXIT_CODES
 from streamio.cli.main import cli
 from streamio.cli.schemas import SCHEMAS
-from streamio.data.writer import ShardSpec, write_dataset
+from streamio.data.write.writer import ShardSpec, write_dataset
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
 

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 HEAVY = ("torch", "numpy", "fsspec", "s3fs", "gcsfs", "botocore", "zstandard", "tqdm", "streamio.storage",
-         "streamio.data.index", "streamio.checkpoint.manager")
+         "streamio.data.format.index", "streamio.checkpoint.manager")
 
 PROBE = """
 import json, sys

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from streamio.cli.main import cli
 from streamio.data.plan import EpochPlan
-from streamio.data.writer import ShardSpec, write_dataset
+from streamio.data.write.writer import ShardSpec, write_dataset
 from streamio.storage import Store
 from streamio.testing import S3Endpoint
 

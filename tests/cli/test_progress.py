@@ -19,7 +19,7 @@ from click.testing import CliRunner
 from streamio.cli import progress as progress_mod
 from streamio.cli.main import cli
 from streamio.cli.progress import Progress, human_bytes, plural
-from streamio.data.writer import ShardSpec, write_dataset
+from streamio.data.write.writer import ShardSpec, write_dataset
 
 
 class Clock:

@@ -22,9 +22,9 @@ import pytest
 from click.testing import CliRunner
 
 from streamio.cli.main import cli
-from streamio.data.format import INDEX_NAME, WRITING_NAME
-from streamio.data.index import load_index
-from streamio.data.writer import ShardSpec, write_dataset
+from streamio.data.format.index import load_index
+from streamio.data.format.layout import INDEX_NAME, WRITING_NAME
+from streamio.data.write.writer import ShardSpec, write_dataset
 from streamio.storage import Store
 from streamio.testing import S3Endpoint
 

@@ -16,7 +16,7 @@ import pytest
 
 from streamio.checksum import checksum_bytes
 from streamio.data.cache import CacheConfig, ShardCache
-from streamio.data.index import ShardInfo
+from streamio.data.format.index import ShardInfo
 from streamio.errors import CacheError, CacheTooSmallError, CorruptDataError
 from streamio.storage import Store
 from streamio.testing import FaultProxy

@@ -17,7 +17,7 @@ import stat
 import pytest
 
 from streamio.data.cache import ShardCache
-from streamio.data.index import ShardInfo
+from streamio.data.format.index import ShardInfo
 from streamio.errors import CacheError
 from streamio.storage import Store
 from support.cache import cache_for, make_shards

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from streamio.data.cache import CacheConfig, ShardCache
-from streamio.data.index import load_index
-from streamio.data.prefetch import ByteRun, PrefetchConfig, Prefetcher
-from streamio.data.samples import iter_samples
-from streamio.data.writer import ShardSpec, write_dataset
+from streamio.data.format.index import load_index
+from streamio.data.format.samples import SampleSpan, iter_samples
+from streamio.data.read.prefetch import ByteRun, PrefetchConfig, Prefetcher
+from streamio.data.write.writer import ShardSpec, write_dataset
 from streamio.errors import CorruptDataError
 from streamio.storage import Store
 
@@ -41,8 +41,8 @@ def test_runs_through_cache_yield_exactly_the_planned_samples(tmp_path, compress
         pf = Prefetcher(store, runs, cache=cache, config=PrefetchConfig(workers=3))
         for (shard_id, first, end), (run, chunks) in zip(plan, pf, strict=False):
             got += [s["__key__"] for s in iter_samples(
-                chunks, url=store.url(run.shard.path), start_offset=run.start, first_sample=first,
-                layout=index.layout(shard_id, store), compression=run.shard.compression, num_samples=end - first,
+                chunks, url=store.url(run.shard.path), span=SampleSpan(run.start, first, end - first),
+                layout=index.layout(shard_id, store), compression=run.shard.compression,
             )]
         assert got == expected, attempt
     assert cache.stats.hits >= len(plan)  # the warm pass read only the cache

@@ -275,7 +275,7 @@ def test_samples_carry_their_origin_and_decode(local_ds: str, as_rank: Any) -> N
 
 
 def test_a_sample_whose_decode_fails_names_it(tmp_path: Any, as_rank: Any) -> None:
-    from streamio.data.writer import write_dataset
+    from streamio.data.write.writer import write_dataset
 
     as_rank(0, 1)
     write_dataset([{"__key__": "bad", "json": b"{not json"}], str(tmp_path / "ds"))
@@ -357,7 +357,7 @@ def test_cache_serves_the_second_pass_and_bit_rot_in_it_is_refetched(
         data[len(data) // 2] ^= 0xFF
         victim.write_bytes(bytes(data))
         os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))
-        with caplog.at_level(logging.WARNING, logger="streamio.data.reader"):
+        with caplog.at_level(logging.WARNING, logger="streamio.data.read.reader"):
             third = [s["__key__"] for s in StreamingDataset(url, options=cached, storage_options=opts)]
     assert third == first
     assert "failed its checksum" in caplog.text

@@ -13,10 +13,10 @@ import pytest
 
 import streamio
 from streamio.data.dataset import DatasetOptions, StreamingDataset
-from streamio.data.index import write_index
-from streamio.data.indexer import build_index
+from streamio.data.format.index import write_index
 from streamio.data.loader import StreamingDataLoader
-from streamio.data.writer import ShardSpec, write_dataset
+from streamio.data.write.indexer import build_index
+from streamio.data.write.writer import ShardSpec, write_dataset
 from streamio.errors import ConfigError, PlanError, StateMismatchError
 from streamio.storage import Store
 from streamio.testing import S3Endpoint
@@ -73,7 +73,7 @@ def test_each_source_contributes_its_share_exactly(sources: Any, as_rank: Any) -
     for rank in range(2):
         as_rank(rank, 2)
         ds = StreamingDataset(
-            _mixture(a, b, opts), batch_size=4, epoch_samples=40, options=DatasetOptions(policy="drop")
+            _mixture(a, b, opts), batch_size=4, options=DatasetOptions(policy="drop", epoch_samples=40)
         )
         assert ds.contributions == (28, 12)
         got, _ = _read(ds, 2)
@@ -115,7 +115,7 @@ def test_mid_epoch_resume_on_any_topology_loses_and_repeats_nothing(
     sources: Any, as_rank: Any, world2: int, workers2: int
 ) -> None:
     a, b, opts = sources
-    kw = {"batch_size": 2, "seed": 11, "epoch_samples": 40, "options": DatasetOptions(policy="drop")}
+    kw = {"batch_size": 2, "seed": 11, "options": DatasetOptions(policy="drop", epoch_samples=40)}
     full: list[str] = []
     for rank in range(2):
         as_rank(rank, 2)
@@ -150,7 +150,7 @@ def test_mid_epoch_resume_on_any_topology_loses_and_repeats_nothing(
 def test_changing_a_weight_is_a_clear_error(sources: Any, as_rank: Any) -> None:
     a, b, opts = sources
     as_rank(0, 1)
-    kw = {"batch_size": 2, "epoch_samples": 40}
+    kw = {"batch_size": 2, "options": DatasetOptions(epoch_samples=40)}
     _, state = _read(StreamingDataset(_mixture(a, b, opts), **kw), 0, stop=2)
     other = StreamingDataset(_mixture(a, b, opts, wa=0.5), **kw)
     with pytest.raises(StateMismatchError, match=r"source '[^']*/a' samples per epoch"):

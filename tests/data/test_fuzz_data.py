@@ -25,14 +25,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamio.checksum import crc32c, format_checksum
-from streamio.data.format import SampleLayout
-from streamio.data.index import decode_layout, encode_layout, load_index, parse_index
-from streamio.data.index_schema import MAX_INT
-from streamio.data.indexer import scan_chunks
-from streamio.data.samples import iter_samples
-from streamio.data.tar import iter_members
-from streamio.data.tarfields import member_size, octal, pax_records
-from streamio.data.writer import ShardSpec, write_dataset
+from streamio.data.format.index import decode_layout, encode_layout, load_index, parse_index
+from streamio.data.format.index_schema import MAX_INT
+from streamio.data.format.layout import SampleLayout
+from streamio.data.format.samples import iter_samples
+from streamio.data.format.tar import iter_members
+from streamio.data.format.tarfields import member_size, octal, pax_records
+from streamio.data.write.indexer import scan_chunks
+from streamio.data.write.writer import ShardSpec, write_dataset
 from streamio.errors import IndexFormatError, StreamioError
 from streamio.storage import Store
 from support import hostile_corpus as hc

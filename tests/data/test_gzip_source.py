@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamio.cli.main import cli
-from streamio.data.gzipstream import PIECE, decompress
 from streamio.data.locate import open_dataset
+from streamio.data.write.gzipstream import PIECE, decompress
 from streamio.errors import IndexNotFoundError, ShardFormatError
 
 
@@ -73,7 +73,7 @@ def test_shard_converts_gzip_shards_into_a_dataset(gz: Path) -> None:
     assert json.loads(run("shard", f"{gz}/in/b-0.tgz", str(gz / "one"), "--json"))["samples"] == 2
     assert json.loads(run("shard", f"{gz}/misnamed/*.tar", str(gz / "sniffed"), "--json"))["samples"] == 2
     run("verify", str(gz / "ds"))
-    from streamio.data.sources import samples_from_shards
+    from streamio.data.write.sources import samples_from_shards
     from streamio.storage import Store
 
     back = list(samples_from_shards(Store(str(gz / "ds"))))

@@ -24,11 +24,11 @@ from typing import Any
 
 import pytest
 
-from streamio.data.index import load_index
-from streamio.data.indexer import build_index, scan_chunks
-from streamio.data.samples import iter_samples
-from streamio.data.sources import samples_from_shards
-from streamio.data.verify import validate
+from streamio.data.format.index import load_index
+from streamio.data.format.samples import iter_samples
+from streamio.data.write.indexer import build_index, scan_chunks
+from streamio.data.write.sources import samples_from_shards
+from streamio.data.write.verify import validate
 from streamio.errors import DatasetError, IndexFormatError, ObjectNotFoundError, ShardFormatError, StreamioError
 from streamio.storage import Store
 from support import hostile_corpus as hc
@@ -198,7 +198,7 @@ def test_handler_skips_an_over_limit_member_without_keeping_it() -> None:
 
 # --------------------------------------------------------------------------- the zstd stream primitives
 def test_decompress_stops_one_byte_past_its_limit() -> None:
-    from streamio.data.zstdframes import decompress
+    from streamio.data.format.zstdframes import decompress
 
     frame = hc.zstd_frame(b"", rle_zeros=3 << 20)  # ~100 bytes, 3 MiB of zeros, no declared size
     total, error = bounded(lambda: sum(len(p) for p in decompress([frame], url="mem://s", what="it", limit=3 << 20)))
@@ -209,7 +209,7 @@ def test_decompress_stops_one_byte_past_its_limit() -> None:
 
 def test_decompress_refuses_a_stream_cut_inside_a_frame() -> None:
     """zstandard's stream_reader ends silently there; the frame walker does not."""
-    from streamio.data.zstdframes import decompress
+    from streamio.data.format.zstdframes import decompress
 
     frame = hc.zstd(bytes(range(256)) * 400)
     for cut in (len(frame) - 3, 10, 3):
@@ -220,7 +220,7 @@ def test_decompress_refuses_a_stream_cut_inside_a_frame() -> None:
 
 
 def test_split_frames_refuses_a_frame_over_its_limit_before_it_ends() -> None:
-    from streamio.data.zstdframes import split_frames
+    from streamio.data.format.zstdframes import split_frames
 
     frames = hc.zstd(b"a" * 100) + hc.zstd_frame(bytes(range(256)) * 2000) + hc.zstd(b"b")  # 500 KB raw blocks
     seen: list[int] = []
@@ -298,7 +298,7 @@ def test_index_of_a_path_that_cannot_be_named_is_refused() -> None:
 
 
 def test_max_sample_bytes_round_trips_through_the_index() -> None:
-    from streamio.data.writer import ShardSpec, write_dataset
+    from streamio.data.write.writer import ShardSpec, write_dataset
 
     store = Store(f"memory://rt-{uuid.uuid4().hex}")
     samples = [{"__key__": f"k{i}", "bin": bytes(1000 * i)} for i in range(5)]

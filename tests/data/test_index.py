@@ -12,13 +12,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamio.checksum import checksum_bytes
-from streamio.data.format import FORMAT, INDEX_NAME, SampleLayout, ShardInfo
-from streamio.data.index import DatasetIndex, load_index, make_index, write_index
-from streamio.data.indexer import build_index, scan_chunks
-from streamio.data.patterns import split_pattern
-from streamio.data.samples import iter_samples
-from streamio.data.verify import validate
-from streamio.data.writer import ShardSpec, write_dataset
+from streamio.data.format.index import DatasetIndex, load_index, make_index, write_index
+from streamio.data.format.layout import FORMAT, INDEX_NAME, SampleLayout, ShardInfo
+from streamio.data.format.patterns import split_pattern
+from streamio.data.format.samples import SampleSpan, iter_samples
+from streamio.data.write.indexer import build_index, scan_chunks
+from streamio.data.write.verify import validate
+from streamio.data.write.writer import ShardSpec, write_dataset
 from streamio.errors import (
     CorruptDataError,
     IndexFormatError,
@@ -221,7 +221,7 @@ def test_scanning_foreign_tars_in_any_chunking_gives_layouts_that_read_back(memb
     assert shard.checksum == checksum_bytes(raw)
     k = data.draw(st.integers(0, shard.samples))
     tail = [raw[layout.offsets[k] :][i : i + chunk] for i in range(0, len(raw), chunk)]
-    got = iter_samples(tail, url="t.tar", start_offset=layout.offsets[k], first_sample=k, layout=layout)
+    got = iter_samples(tail, url="t.tar", span=SampleSpan(layout.offsets[k], k), layout=layout)
     assert list(got) == expected[k:]
 
 
@@ -254,8 +254,8 @@ def test_build_index_with_tarfile_shards_and_directories() -> None:
     layout = load_index(store).layout(0, store)
     assert index.sample_counts() == [3] and index.keys == ("cls", "jpg", "txt")
     data = store.read("a/s-0.tar")
-    got = list(iter_samples([data[layout.offsets[1] :]], url="a/s-0.tar", start_offset=layout.offsets[1],
-                            first_sample=1, layout=layout))
+    got = list(iter_samples([data[layout.offsets[1] :]], url="a/s-0.tar", span=SampleSpan(layout.offsets[1], 1),
+                            layout=layout))
     assert got == [{"__key__": "x/2", "jpg": b""}, {"__key__": "y", "txt": b"z"}]
 
 
@@ -329,8 +329,8 @@ def test_starting_at_sample_k_is_one_ranged_get_at_its_offset(s3: S3Endpoint, co
         proxy.clear()
         k = 7
         start, end = layout.byte_range(k, shard.samples)
-        got = list(iter_samples(store.iter_bytes(shard.path, start, end), url=store.url(shard.path), start_offset=start,
-                                first_sample=k, layout=layout, compression=compression))
+        got = list(iter_samples(store.iter_bytes(shard.path, start, end), url=store.url(shard.path),
+                                span=SampleSpan(start, k), layout=layout, compression=compression))
         assert [s["__key__"] for s in got] == [f"{i:05d}" for i in range(k, 12)]
         gets = [r for r in proxy.log() if shard.path in r.path]
         assert [(r.method, r.range) for r in gets] == [("GET", f"bytes={start}-{end - 1}")]
@@ -347,7 +347,7 @@ def test_a_corrupted_ranged_read_is_caught_by_the_sample_crc(s3: S3Endpoint) -> 
         start, end = layout.byte_range(2, 6)
         with pytest.raises(CorruptDataError, match=r"sample 3 .* fails its CRC32C"):
             list(iter_samples(store.iter_bytes("data-000000.tar", start, end), url="data-000000.tar",
-                              start_offset=start, first_sample=2, layout=layout))
+                              span=SampleSpan(start, 2), layout=layout))
 
 
 @pytest.mark.parametrize("kind", ["file", "memory", "s3"])

@@ -1,4 +1,4 @@
-"""JSONL as a source (streamio.data.sources.samples_from_jsonl): by default one sample per line, the line
+"""JSONL as a source (streamio.data.write.sources.samples_from_jsonl): by default one sample per line, the line
 kept byte for byte as one ``json`` member (types kept, size about the input's plus the tar framing); the
 per-field mapping only with ``split_fields=True``."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from streamio.data.decode import make_decoder
-from streamio.data.sources import samples_from_directory, samples_from_jsonl, samples_from_shards
-from streamio.data.writer import write_dataset
+from streamio.data.write.sources import samples_from_directory, samples_from_jsonl, samples_from_shards
+from streamio.data.write.writer import write_dataset
 from streamio.errors import DatasetError
 from streamio.storage import Store
 

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from streamio.data.format import INDEX_NAME
-from streamio.data.index import load_index
-from streamio.data.localfiles import LocalFile
-from streamio.data.samples import iter_samples
-from streamio.data.sources import samples_from_directory, samples_from_jsonl
-from streamio.data.writer import ShardSpec, write_dataset
+from streamio.data.format.index import load_index
+from streamio.data.format.layout import INDEX_NAME
+from streamio.data.format.samples import iter_samples
+from streamio.data.write.localfiles import LocalFile
+from streamio.data.write.sources import samples_from_directory, samples_from_jsonl
+from streamio.data.write.writer import ShardSpec, write_dataset
 from streamio.errors import DatasetError, SourceError
 from streamio.storage import Store
 

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from streamio.data.format import INDEX_NAME
-from streamio.data.index import load_index, write_index
-from streamio.data.indexer import build_index
+from streamio.data.format.index import load_index, write_index
+from streamio.data.format.layout import INDEX_NAME
 from streamio.data.locate import absolute_url, index_location, open_dataset, same_location, split_index_url
-from streamio.data.verify import validate
-from streamio.data.writer import ShardSpec, write_dataset
+from streamio.data.write.indexer import build_index
+from streamio.data.write.verify import validate
+from streamio.data.write.writer import ShardSpec, write_dataset
 from streamio.errors import ConfigError, IndexFormatError, IndexNotFoundError
 from streamio.storage import Store
 from streamio.testing import S3Endpoint

@@ -7,8 +7,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamio.data.samples import _plain_sample, group_samples
-from streamio.data.tar import encode_sample, iter_members
+from streamio.data.format.samples import _plain_sample, group_samples
+from streamio.data.format.tar import encode_sample, iter_members
 from streamio.errors import ShardFormatError
 
 NAME_CHARS = st.text(alphabet="ab.-_/é", min_size=1, max_size=12)

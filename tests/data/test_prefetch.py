@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from streamio.data.index import ShardInfo
-from streamio.data.prefetch import ByteRun, PrefetchConfig, Prefetcher
+from streamio.data.format.index import ShardInfo
+from streamio.data.read.prefetch import ByteRun, PrefetchConfig, Prefetcher
 from streamio.errors import CacheTooSmallError, ConfigError, CorruptDataError, ObjectNotFoundError
 from streamio.storage import RetryPolicy, Store
 from streamio.testing import FaultProxy

@@ -1,4 +1,4 @@
-"""Replacing a dataset (streamio.data.publish): names that cannot collide, the index as the one conditional
+"""Replacing a dataset (streamio.data.write.publish): names that cannot collide, the index as the one conditional
 commit, the old shards deleted only after it, and what a write that did not finish leaves and how it goes."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from streamio.data.format import INDEX_NAME, WRITING_NAME
-from streamio.data.index import load_index, write_index
-from streamio.data.indexer import build_index
-from streamio.data.publish import read_marker
-from streamio.data.writer import DatasetWriter, ShardSpec, write_dataset
+from streamio.data.format.index import load_index, write_index
+from streamio.data.format.layout import INDEX_NAME, WRITING_NAME
+from streamio.data.format.marker import read_marker
+from streamio.data.write.indexer import build_index
+from streamio.data.write.writer import DatasetWriter, ShardSpec, write_dataset
 from streamio.errors import DatasetError, IndexFormatError
 from streamio.storage import Store
 from streamio.testing import S3Endpoint
@@ -85,7 +85,7 @@ def test_a_marker_not_written_by_streamio_is_not_trusted_for_cleanup() -> None:
 
 
 def test_a_write_that_finds_another_marker_appearing_stops(monkeypatch: pytest.MonkeyPatch) -> None:
-    from streamio.data import publish
+    from streamio.data.write import publish
 
     store = mem()
     store.put(WRITING_NAME, b'{"format": "streamio.write/1", "prefix": "data", "tag": "", "started": "now"}')

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from streamio.data.plan import Run, Window
-from streamio.data.reader import _by_need
+from streamio.data.read.reader import _by_need
 
 
 def yielded(win: Window) -> list[tuple[int, int]]:

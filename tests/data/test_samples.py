@@ -14,11 +14,11 @@ import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamio.data.format import SampleLayout, split_name
-from streamio.data.index import load_index
-from streamio.data.samples import iter_samples
-from streamio.data.tar import encode_sample, iter_members
-from streamio.data.writer import ShardSpec, write_dataset
+from streamio.data.format.index import load_index
+from streamio.data.format.layout import SampleLayout, split_name
+from streamio.data.format.samples import SampleSpan, iter_samples
+from streamio.data.format.tar import encode_sample, iter_members
+from streamio.data.write.writer import ShardSpec, write_dataset
 from streamio.errors import CorruptDataError, ShardFormatError
 from streamio.storage import Store
 
@@ -92,14 +92,14 @@ def test_start_at_any_sample_reads_the_rest(samples: list[dict], compression: st
     raw = store.read(shard.path, layout.offsets[k], shard.bytes)
     got = list(
         iter_samples(
-            [raw], url=URL, start_offset=layout.offsets[k], first_sample=k, layout=layout, compression=compression
+            [raw], url=URL, span=SampleSpan(layout.offsets[k], k), layout=layout, compression=compression
         )
     )
     assert got == samples[k:]
     n = data.draw(st.integers(0, shard.samples - k))
     part = store.read(shard.path, *layout.byte_range(k, k + n))
-    got = list(iter_samples([part], url=URL, start_offset=layout.offsets[k], first_sample=k, layout=layout,
-                            compression=compression, num_samples=n))
+    got = list(iter_samples([part], url=URL, span=SampleSpan(layout.offsets[k], k, n), layout=layout,
+                            compression=compression))
     assert got == samples[k : k + n]
 
 
@@ -290,7 +290,7 @@ def test_flipped_byte_fails_the_sample_crc_before_anything_is_yielded() -> None:
 def test_start_offset_must_match_the_layout() -> None:
     data, layout = _shard()
     with pytest.raises(ValueError, match="sample 1 starts at byte"):
-        list(iter_samples([data], url=URL, start_offset=0, first_sample=1, layout=layout))
+        list(iter_samples([data], url=URL, span=SampleSpan(0, 1), layout=layout))
 
 
 def test_iter_members_reports_the_header_offset_of_pax_members() -> None:

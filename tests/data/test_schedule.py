@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from streamio.data.plan import Run, Sampling, Shuffle, Topology, Window, plan_epoch
-from streamio.data.schedule import MIN_SEGMENT, build_schedule, segment_size
+from streamio.data.read.schedule import MIN_SEGMENT, build_schedule, segment_size
 
 SAMPLE = 100_000  # bytes per sample in these tests
 

@@ -16,7 +16,7 @@ import pytest
 import streamio
 from streamio.data.dataset import StreamingDataset
 from streamio.data.loader import StreamingDataLoader, collate_samples
-from streamio.data.writer import ShardSpec, write_dataset
+from streamio.data.write.writer import ShardSpec, write_dataset
 from streamio.errors import ConfigError, DatasetError, MissingMemberError
 
 N = 24

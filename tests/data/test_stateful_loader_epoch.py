@@ -3,7 +3,7 @@
 The README loop is ``for epoch in range(ds.epoch, epochs): ds.set_epoch(epoch); for batch in
 loader: ...``. torchdata's ``StatefulDataLoader`` hands the saved dataset state to the dataset only
 when it is next iterated (and with workers only to the workers' copies), so without
-:mod:`streamio.data.stateful_loader` ``ds.epoch`` stayed 0 after ``load_state_dict`` and the loop
+:mod:`streamio.data.dataloader.stateful_loader` ``ds.epoch`` stayed 0 after ``load_state_dict`` and the loop
 replayed the resumed epoch. Each case runs the loop uninterrupted and interrupted + resumed (a
 fresh dataset and loader, ``load_state_dict``, the same loop) and compares every batch, with 0 and
 2 real DataLoader workers, for both loaders, at points on both sides of an epoch boundary.

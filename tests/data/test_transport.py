@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
-from streamio.data import transport
-from streamio.data.allocator import tune_worker_malloc
+from streamio.data.dataloader import transport
+from streamio.data.dataloader.allocator import tune_worker_malloc
+from streamio.data.dataloader.transport import MIN_RING, SharedBatches, forked_workers
 from streamio.data.dataset import StreamingDataset
 from streamio.data.loader import StreamingDataLoader
-from streamio.data.transport import MIN_RING, SharedBatches, forked_workers
-from streamio.data.writer import ShardSpec, write_dataset
+from streamio.data.write.writer import ShardSpec, write_dataset
 from streamio.storage import Store
 
 KB = 1024
@@ -104,7 +104,7 @@ def ds_url(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def _worker_state(sample: dict[str, Any]) -> dict[str, Any]:
-    from streamio.data import allocator
+    from streamio.data.dataloader import allocator
 
     return {**sample, "tuned": allocator._tuned_in == os.getpid()}
 
@@ -130,7 +130,7 @@ def test_the_allocator_settings_apply_once_per_process() -> None:
 
 
 def test_without_glibc_the_allocator_is_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:
-    from streamio.data import allocator
+    from streamio.data.dataloader import allocator
 
     monkeypatch.setattr(allocator, "_tuned_in", None)
     monkeypatch.setattr(allocator.ctypes.util, "find_library", lambda name: "/nonexistent/libc-not-here.so")

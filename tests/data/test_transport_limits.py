@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from streamio.data.transport import MIN_RING, RESERVE, SharedBatches, ring_bytes
-from streamio.data.writer import ShardSpec, write_dataset
+from streamio.data.dataloader.transport import MIN_RING, RESERVE, SharedBatches, ring_bytes
+from streamio.data.write.writer import ShardSpec, write_dataset
 
 CHILD = str(Path(__file__).parents[1] / "support" / "ring_limits.py")
 MARGIN_MIB = 1280  # above what 8 workers of a plain DataLoader add here, below 8 rings of 256 MiB

@@ -10,12 +10,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from streamio.data.format import INDEX_NAME, WRITING_NAME
-from streamio.data.index import load_index, write_index
-from streamio.data.indexer import build_index
-from streamio.data.samples import iter_samples
-from streamio.data.sources import samples_from_directory, samples_from_jsonl, samples_from_shards
-from streamio.data.writer import DatasetWriter, ShardSpec, write_dataset
+from streamio.data.format.index import load_index, write_index
+from streamio.data.format.layout import INDEX_NAME, WRITING_NAME
+from streamio.data.format.samples import iter_samples
+from streamio.data.write.indexer import build_index
+from streamio.data.write.sources import samples_from_directory, samples_from_jsonl, samples_from_shards
+from streamio.data.write.writer import DatasetWriter, ShardSpec, write_dataset
 from streamio.errors import BucketNotFoundError, ConfigError, DatasetError
 from streamio.storage import Store
 from streamio.testing import S3Endpoint

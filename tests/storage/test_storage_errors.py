@@ -22,7 +22,7 @@ from click.testing import CliRunner
 
 from streamio.checkpoint import CheckpointManager
 from streamio.cli.main import cli
-from streamio.data.index import load_index
+from streamio.data.format.index import load_index
 from streamio.errors import (
     BucketNotFoundError,
     CheckpointNotFoundError,

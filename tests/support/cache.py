@@ -13,7 +13,7 @@ from typing import Any
 
 from streamio.checksum import checksum_bytes
 from streamio.data.cache import CacheConfig, ShardCache
-from streamio.data.format import ShardInfo
+from streamio.data.format.layout import ShardInfo
 from streamio.storage import RetryPolicy, Store
 from streamio.testing import FaultProxy, RequestRecord, S3Endpoint
 
@@ -115,7 +115,7 @@ def prefetch_all(
     cache: ShardCache, spec: tuple[str, dict[str, Any]], shards: list[ShardInfo], seeds: list[int], out: Any
 ) -> None:
     """Child: read every shard through a Prefetcher on the shared cache; report stats."""
-    from streamio.data.prefetch import ByteRun, PrefetchConfig, Prefetcher
+    from streamio.data.read.prefetch import ByteRun, PrefetchConfig, Prefetcher
 
     try:
         store = Store(spec[0], spec[1], retry=FAST_RETRY)

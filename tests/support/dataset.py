@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from streamio.data.index import DatasetIndex, write_index
-from streamio.data.indexer import build_index
-from streamio.data.writer import ShardSpec, write_dataset
+from streamio.data.format.index import DatasetIndex, write_index
+from streamio.data.write.indexer import build_index
+from streamio.data.write.writer import ShardSpec, write_dataset
 from streamio.storage import Store
 
 UNEVEN_37 = [

@@ -40,7 +40,7 @@ def main() -> None:
         def emit(self, record: logging.LogRecord) -> None:
             logged.append(record.getMessage())
 
-    logging.getLogger("streamio.data.transport").addHandler(Keep(logging.WARNING))
+    logging.getLogger("streamio.data.dataloader.transport").addHandler(Keep(logging.WARNING))
     ds = StreamingDataset(url, batch_size=batch)
     ds.set_epoch(0)
     plain = DataLoader(ds, batch_size=batch, num_workers=workers, collate_fn=len)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from streamio.data.writer import ShardSpec, write_dataset
+from streamio.data.write.writer import ShardSpec, write_dataset
 from streamio.errors import CheckpointError, ConfigError, StateMismatchError
 from streamio.testing import S3Endpoint
 from streamio.train.checkpointing import retention_policy

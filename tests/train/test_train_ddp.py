@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import torch
 
-from streamio.data.writer import ShardSpec, write_dataset
+from streamio.data.write.writer import ShardSpec, write_dataset
 from streamio.testing import S3Endpoint
 from streamio.train.loop import read_metrics
 from streamio.train.synthetic import iter_samples

@@ -28,7 +28,7 @@ import torch
 from streamio.checkpoint import CheckpointManager
 from streamio.checkpoint.catalog import read_manifest
 from streamio.checkpoint.sharded import ShardedModelState
-from streamio.data.writer import ShardSpec, write_dataset
+from streamio.data.write.writer import ShardSpec, write_dataset
 from streamio.storage import Store
 from streamio.train.config import TrainConfig
 from streamio.train.loop import Distributed, Trainer, read_metrics

@@ -18,7 +18,7 @@ from streamio.data.cache.config import CacheConfig
 from streamio.data.cache.core import CacheCore
 from streamio.data.cache.source import Source
 from streamio.data.cache.stats import ReadStats
-from streamio.data.format import ShardInfo
+from streamio.data.format.layout import ShardInfo
 from streamio.errors import CacheTooSmallError, ConfigError
 from streamio.storage import Store
 

@@ -1,10 +1,11 @@
 """One module per kind of storage behind :class:`~streamio.storage.store.Store`, and the factory.
 
 :func:`connect` makes the fsspec filesystem for a URL and picks its backend, once per process;
-:func:`backend_class` answers for a URL without connecting. They are the only place in streamio
-that compares protocol names: everything else asks the backend (``is_local``, ``whole_reads``,
-``bucket``, ...). The seam is :class:`~.base.Backend`; see each module for what its store
-guarantees (atomic puts, versions, conditions).
+:func:`backend_class` answers for a URL without connecting; :func:`is_file_url` and
+:func:`pointer_scope` (where a document read from a URL may point) answer from the URL alone. They
+are the only place in streamio that compares protocol names: everything else asks them or the
+backend (``is_local``, ``whole_reads``, ``bucket``, ...). The seam is :class:`~.base.Backend`; see
+each module for what its store guarantees (atomic puts, versions, conditions).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from streamio.storage.retry import RetryPolicy
 
 __all__ = [
     "BACKENDS", "TMP_SUFFIX", "Backend", "PutRequest", "WriteMode",
-    "backend_class", "canonical", "connect", "shorter_than_expected",
+    "backend_class", "canonical", "connect", "is_file_url", "pointer_scope",
+    "shorter_than_expected",
 ]
 
 #: the backends with a module of their own; any other protocol gets :class:`GenericBackend`
@@ -36,6 +38,10 @@ BACKENDS: dict[str, type[GenericBackend]] = {
     "gs": GcsBackend,
 }
 _ALIASES = {"local": "file", "gcs": "gs", "s3a": "s3", "": "file"}
+#: a document read from these may point anywhere: whoever could plant it can read anything there anyway
+_ON_THIS_MACHINE = frozenset({"file", "memory"})
+#: protocols where every host is a store of its own
+_HOST_SCOPED = frozenset({"http", "https"})
 
 
 def canonical(protocol: str | tuple[str, ...] | list[str]) -> str:
@@ -48,6 +54,25 @@ def canonical(protocol: str | tuple[str, ...] | list[str]) -> str:
 def is_file_url(url: str) -> bool:
     """Whether ``url`` names the local file system (a plain path, ``file://``, ``local://``)."""
     return canonical(urllib.parse.urlsplit(url).scheme.lower()) == "file"
+
+
+def pointer_scope(url: str) -> tuple[str, str | None] | None:
+    """Where a document read from ``url`` may send a reader (an index's ``shards_url``).
+
+    Returns:
+        None where it may point anywhere (``url`` is on this machine: a plain path, ``file://``,
+        ``memory://``); otherwise ``(protocol, host)``: a URL is within the scope when its own
+        ``pointer_scope`` is equal: the same protocol (canonical) and, for http(s), where every
+        host is a store of its own, the same host (``host`` is None for other protocols).
+    """
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return None
+    protocol = canonical(scheme.lower())
+    if protocol in _ON_THIS_MACHINE:
+        return None
+    host = rest.split("/", 1)[0].rsplit("@", 1)[-1].lower() if protocol in _HOST_SCOPED else None
+    return protocol, host
 
 
 def backend_class(url: str) -> type[GenericBackend]:

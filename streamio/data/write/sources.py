@@ -1,14 +1,14 @@
 """Where the samples of ``streamio shard SRC`` come from: a directory tree, a JSONL file, or shards.
 
 Each source is an iterator of samples (``{"__key__": key, "<ext>": bytes | str, ...}``) for
-:class:`~streamio.data.writer.DatasetWriter`, a :class:`Samples` that also says how many it
+:class:`~streamio.data.write.writer.DatasetWriter`, a :class:`Samples` that also says how many it
 will yield when it knows (for a progress total); it reads lazily, so memory stays one sample
 (plus a listing: file names, or 8 bytes per JSONL line) whatever the source's size. With
 ``stream_files=True`` a member read from a local file is a
-:class:`~streamio.data.localfiles.LocalFile` the writer streams into the shard instead of its bytes,
+:class:`~streamio.data.write.localfiles.LocalFile` the writer streams into the shard instead of its bytes,
 so memory does not even hold one file.
 
-Local files are read as :mod:`streamio.data.localfiles` decides: regular files only (a FIFO,
+Local files are read as :mod:`streamio.data.write.localfiles` decides: regular files only (a FIFO,
 socket or device is refused, never opened), symbolic links only to regular files inside the source
 tree unless ``follow_symlinks``, and a sample whose files add up to more than ``max_sample_bytes``
 is refused on their ``stat`` sizes before a byte is read (a
@@ -19,7 +19,7 @@ is refused on their ``stat`` sizes before a byte is read (a
 * :func:`samples_from_jsonl`: one JSON object per line, kept whole as the sample's ``json``
   member (types and bytes as they are), or each field its own member on request;
 * :func:`samples_from_shards`: existing ``.tar`` / ``.tar.zst`` shards, and gzip'd ``.tar.gz`` /
-  ``.tgz`` ones (decompressed as they stream, :mod:`streamio.data.gzipstream`), streamed in order
+  ``.tgz`` ones (decompressed as they stream, :mod:`streamio.data.write.gzipstream`), streamed in order
   and, having no index, bounded by ``max_sample_bytes`` like any foreign input.
 
 ``shuffle_seed`` shuffles the listing with ``random.Random(shuffle_seed)``, not the bytes, so a
@@ -40,12 +40,12 @@ from contextlib import closing
 from dataclasses import dataclass
 from typing import Any
 
-from streamio.data import gzipstream
-from streamio.data.format import GZIP_MAGIC, MAX_SAMPLE_BYTES, is_gzip_shard, shard_compression, split_name
-from streamio.data.localfiles import LocalFile, local_file, tree_files
-from streamio.data.patterns import expand_patterns
-from streamio.data.samples import Handler, iter_samples
-from streamio.data.shardbuf import record_size
+from streamio.data.format.layout import GZIP_MAGIC, MAX_SAMPLE_BYTES, is_gzip_shard, shard_compression, split_name
+from streamio.data.format.patterns import expand_patterns
+from streamio.data.format.samples import Handler, iter_samples
+from streamio.data.write import gzipstream
+from streamio.data.write.localfiles import LocalFile, local_file, tree_files
+from streamio.data.write.shardbuf import record_size
 from streamio.errors import DatasetError, ObjectNotFoundError, SourceError
 from streamio.storage import Store
 from streamio.storage.backends import is_file_url
@@ -97,7 +97,7 @@ def samples_from_directory(
         root: the source tree.
         shuffle_seed: shuffle the samples with this seed (None: sorted key order).
         follow_symlinks: also read symbolic links whose target lies outside ``root``.
-        stream_files: members are :class:`~streamio.data.localfiles.LocalFile` references the writer
+        stream_files: members are :class:`~streamio.data.write.localfiles.LocalFile` references the writer
             streams, not bytes.
         max_sample_bytes: the most bytes the files of one sample may hold.
 
@@ -198,7 +198,7 @@ def samples_from_jsonl(
     the file's size, shuffled or not; :attr:`Samples.total` is the number of lines. A file a field
     names must be a regular file (a link to one is followed: the line named it) of at most
     ``max_sample_bytes``; with ``stream_files`` it is a
-    :class:`~streamio.data.localfiles.LocalFile` the writer streams, not bytes.
+    :class:`~streamio.data.write.localfiles.LocalFile` the writer streams, not bytes.
 
     Raises:
         DatasetError: unreadable or empty file, a line that is not UTF-8 JSON object, a named file

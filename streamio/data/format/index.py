@@ -33,13 +33,13 @@ unknown fields are ignored (newer writers may add some) but an unknown ``format`
 
 An index is untrusted input like the shards: it is read with a size limit, parsed with a depth
 limit, every number and offset is checked, and every shard or sidecar path must be a plain
-relative name below the dataset (:mod:`streamio.data.index_schema`) before anything is read on its
+relative name below the dataset (:mod:`streamio.data.format.index_schema`) before anything is read on its
 word.
 
-Building an index for existing shards is :mod:`streamio.data.indexer`; checking a dataset
-against its index is :mod:`streamio.data.verify`. The values an index is made of
-(:class:`~streamio.data.format.ShardInfo`, :class:`~streamio.data.format.SampleLayout`) and the
-names it uses live in :mod:`streamio.data.format`.
+Building an index for existing shards is :mod:`streamio.data.write.indexer`; checking a dataset
+against its index is :mod:`streamio.data.write.verify`. The values an index is made of
+(:class:`~streamio.data.format.layout.ShardInfo`, :class:`~streamio.data.format.layout.SampleLayout`) and the
+names it uses live in :mod:`streamio.data.format.layout`.
 """
 
 from __future__ import annotations
@@ -56,8 +56,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from streamio.checksum import crc32c, format_checksum
-from streamio.data.format import FORMAT, INDEX_NAME, LAYOUT_DIR, SampleLayout, ShardInfo, sidecar_path
-from streamio.data.index_schema import check_document, check_layout
+from streamio.data.format.index_schema import check_document, check_layout
+from streamio.data.format.layout import FORMAT, INDEX_NAME, LAYOUT_DIR, SampleLayout, ShardInfo, sidecar_path
 from streamio.errors import CorruptDataError, IndexFormatError, IndexNotFoundError, ObjectTooLargeError
 from streamio.limits import MAX_JSON_BYTES, load_json
 from streamio.storage import Store, WriteMode
@@ -111,7 +111,7 @@ class DatasetIndex:
     def with_layouts(self, layouts: Mapping[int, SampleLayout]) -> DatasetIndex:
         """Deprecated since 0.2.0, removed in 0.3.0: a copy holding ``layouts`` in memory.
 
-        Writers and :func:`~streamio.data.indexer.build_index` return indexes that hold their layouts.
+        Writers and :func:`~streamio.data.write.indexer.build_index` return indexes that hold their layouts.
         """
         warnings.warn(
             "DatasetIndex.with_layouts() is deprecated since streamio 0.2.0 and will be removed in 0.3.0: "
@@ -214,7 +214,7 @@ def parse_index(data: bytes, *, url: str, layouts_at: Store | None = None) -> Da
 
     Nothing in it is trusted: the document has a size and nesting limit
     (:func:`streamio.limits.load_json`), and every number, offset and path is checked
-    (:mod:`streamio.data.index_schema`) before anything is read on its word. ``layouts_at`` is
+    (:mod:`streamio.data.format.index_schema`) before anything is read on its word. ``layouts_at`` is
     the store the index was read from: its layout sidecars are read there when it records a
     ``shards_url`` (the shards live elsewhere).
 

@@ -2,14 +2,14 @@
 
 :class:`WindowReader` is the I/O half of :class:`~streamio.data.dataset.StreamingDataset`: it turns
 the planner's windows (:class:`~streamio.data.plan.Window`) into byte runs through the index,
-fetches them ahead (:mod:`streamio.data.prefetch`, through the node cache when there is one),
-parses and verifies each sample (:mod:`streamio.data.samples`) and yields them decoded, each
+fetches them ahead (:mod:`streamio.data.read.prefetch`, through the node cache when there is one),
+parses and verifies each sample (:mod:`streamio.data.format.samples`) and yields them decoded, each
 window in its permuted order.
 
 * **Long reads.** Runs that continue each other (across windows) form one chain: a sequential or
   window-shuffled stream is one ranged read per shard run, whatever the window size. Where several
   chains are open at once (the cross-shard shuffle's lanes, a mixture's sources), each is read in
-  segments of about 1 MiB, fetched in the order they are first needed (:mod:`streamio.data.schedule`):
+  segments of about 1 MiB, fetched in the order they are first needed (:mod:`streamio.data.read.schedule`):
   memory holds about one segment per open chain, and the prefetcher keeps up to 8 in flight.
 * **Mixtures.** Sources may live in different stores; the plan numbers shards globally and the
   reader maps them back (:class:`SourceShards`); samples of a mixture carry ``__source__``.
@@ -36,16 +36,16 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from streamio.data.cache import ShardCache
-from streamio.data.index import DatasetIndex
+from streamio.data.format.index import DatasetIndex
+from streamio.data.format.samples import Handler, SampleSpan, iter_samples
 from streamio.data.plan import Run, Window
-from streamio.data.prefetch import ByteRun, PrefetchConfig, Prefetcher
-from streamio.data.samples import Handler, iter_samples
-from streamio.data.schedule import Schedule, Segment, build_schedule
+from streamio.data.read.prefetch import ByteRun, PrefetchConfig, Prefetcher
+from streamio.data.read.schedule import Schedule, Segment, build_schedule
 from streamio.errors import CorruptDataError, StorageError, StreamioError
 from streamio.storage import Store
 
 if TYPE_CHECKING:
-    from streamio.data.format import SampleLayout
+    from streamio.data.format.layout import SampleLayout
 
 __all__ = ["SourceShards", "WindowReader"]
 
@@ -106,7 +106,7 @@ class WindowReader:
 
         Whole skipped windows are never read; a partly skipped sequential one is trimmed, a partly
         skipped permuted one is read and the skipped part dropped. Runs that continue each other
-        are read as one chain; several open chains are read in segments (:mod:`streamio.data.schedule`).
+        are read as one chain; several open chains are read in segments (:mod:`streamio.data.read.schedule`).
         """
         kept, skip = _skipped(windows, skip)
         kept = [_by_need(win) for win in kept]
@@ -159,11 +159,9 @@ class WindowReader:
                 for sample in iter_samples(
                     chunks,
                     url=url,
-                    start_offset=layout.offsets[index],
-                    first_sample=index,
+                    span=SampleSpan(layout.offsets[index], index, run.end - index),
                     layout=layout,
                     compression=shard.compression,
-                    num_samples=run.end - index,
                 ):
                     sample["__url__"], sample["__shard__"], sample["__index__"] = url, run.shard, index
                     index += 1

@@ -1,11 +1,11 @@
 """The shard being filled: samples' tar records written straight into one reusable buffer.
 
-:class:`~streamio.data.writer.DatasetWriter` keeps one :class:`ShardBuffer` open at a time. Each
+:class:`~streamio.data.write.writer.DatasetWriter` keeps one :class:`ShardBuffer` open at a time. Each
 sample's stored bytes (its tar records, or the zstd frame of them) are copied into the buffer as
 they are produced, piece by piece, and hashed on the way (the sample's CRC32C and the shard's), so:
 
 * memory is the shard itself and nothing per sample: a member that is a
-  :class:`~streamio.data.localfiles.LocalFile` arrives in pieces of a few MiB and is never held
+  :class:`~streamio.data.write.localfiles.LocalFile` arrives in pieces of a few MiB and is never held
   whole anywhere else (before, a sample was read whole and the shard's samples were joined into a
   second copy at the end: two copies of a shard, plus the source file);
 * nothing is re-read: offsets and checksums are recorded as the bytes pass;
@@ -23,10 +23,10 @@ from collections.abc import Iterable, Iterator
 import zstandard
 
 from streamio.checksum import crc32c
-from streamio.data.format import SampleLayout
-from streamio.data.localfiles import LocalFile
-from streamio.data.tar import member_record
-from streamio.data.tarfields import BLOCK
+from streamio.data.format.layout import SampleLayout
+from streamio.data.format.tar import member_record
+from streamio.data.format.tarfields import BLOCK
+from streamio.data.write.localfiles import LocalFile
 
 __all__ = ["Member", "ShardBuffer", "record_size", "records"]
 

@@ -2,28 +2,28 @@
 
 A sample is ``{"__key__": key, "ext": bytes, ...}``: the members ``key.ext`` of a WebDataset tar
 that share a ``key`` (everything up to the first dot of the basename, as
-``webdataset.tariterators.base_plus_ext`` splits it; :func:`streamio.data.format.split_name`). A
+``webdataset.tariterators.base_plus_ext`` splits it; :func:`streamio.data.format.layout.split_name`). A
 ``.tar.zst`` shard written by streamio holds one zstd frame per sample (plus a last frame with the
 end-of-archive blocks), so the file is one valid zstd stream of one valid tar and a reader can
 start decoding at any sample's offset. The tar records themselves are parsed by
-:mod:`streamio.data.tar`.
+:mod:`streamio.data.format.tar`.
 
 Design and reasons:
 
-* **Verified before yielded**: with a :class:`~streamio.data.format.SampleLayout` (offsets and
+* **Verified before yielded**: with a :class:`~streamio.data.format.layout.SampleLayout` (offsets and
   per-sample CRC32C from the index), each sample's stored bytes are checked for size and CRC32C
   before anything of it is yielded, so no unverified byte reaches training (s3fs hands back flipped
   bytes silently on ranged reads). Without a layout (foreign shards) only the tar structure is
   checked.
 * **Bounded**: memory is one sample: its byte range when an index gives it,
-  ``max_sample_bytes`` otherwise (default :data:`~streamio.data.format.MAX_SAMPLE_BYTES`, 1 GiB);
+  ``max_sample_bytes`` otherwise (default :data:`~streamio.data.format.layout.MAX_SAMPLE_BYTES`, 1 GiB);
   ``.tar.zst`` is decompressed as a stream with that output limit
-  (:mod:`streamio.data.zstdframes`), never by what a frame header declares.
+  (:mod:`streamio.data.format.zstdframes`), never by what a frame header declares.
 
 Errors and the ``handler``: by default every problem raises. A ``handler(exc) -> bool`` (the
 WebDataset convention: ``webdataset.ignore_and_continue`` / ``warn_and_continue`` work) can ask to
 go on: returning True skips the unsafe member (unsafe name or type, duplicate field, member without
-an extension: a :class:`~streamio.data.tar.MemberError`), or the whole sample for a
+an extension: a :class:`~streamio.data.format.tar.MemberError`), or the whole sample for a
 :class:`CorruptDataError` when a layout is given; after a structural error (truncated or non-tar
 bytes) the rest of the shard cannot be located, so True ends the shard there, dropping the sample
 being assembled (nothing proves it was complete; webdataset yields it partial). Returning False
@@ -34,19 +34,21 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from itertools import islice
 from typing import Any
 
 import zstandard
 
 from streamio.checksum import crc32c
-from streamio.data import zstdframes
-from streamio.data.format import MAX_SAMPLE_BYTES, SampleLayout, split_name
-from streamio.data.tar import ChunkReader, Handler, MemberError, iter_members
-from streamio.data.tarfields import BLOCK
+from streamio.data.format import zstdframes
+from streamio.data.format.layout import MAX_SAMPLE_BYTES, SampleLayout, split_name
+from streamio.data.format.tar import ChunkReader, Handler, MemberError, iter_members
+from streamio.data.format.tarfields import BLOCK
+from streamio.deprecation import fold_moved
 from streamio.errors import ConfigError, CorruptDataError, ShardFormatError
 
-__all__ = ["Handler", "Sample", "group_samples", "iter_samples"]
+__all__ = ["Handler", "Sample", "SampleSpan", "group_samples", "iter_samples"]
 
 log = logging.getLogger(__name__)
 
@@ -100,39 +102,56 @@ def group_samples(
         yield start, current
 
 
-def iter_samples(  # noqa: PLR0913 - keyword-only options of one call
+@dataclass(frozen=True)
+class SampleSpan:
+    """Which samples of a shard a stream of its bytes holds (the default: all, from the start).
+
+    Attributes:
+        start_offset: byte offset of the stream's first byte in the shard; with a layout, where
+            sample ``first_sample`` starts (``layout.offsets[first_sample]``).
+        first_sample: index of the first sample in the stream (for messages and the layout).
+        num_samples: with a layout, how many samples the stream holds (a ranged read of part of a
+            shard); None: every one to the shard's last.
+    """
+
+    start_offset: int = 0
+    first_sample: int = 0
+    num_samples: int | None = None
+
+
+def iter_samples(
     chunks: Iterable[bytes],
     *,
     url: str,
-    start_offset: int = 0,
-    first_sample: int = 0,
+    span: SampleSpan | None = None,
     layout: SampleLayout | None = None,
     compression: str | None = None,
     handler: Handler | None = None,
-    num_samples: int | None = None,
     max_sample_bytes: int | None = None,
+    **moved: Any,
 ) -> Iterator[Sample]:
-    """Samples from the bytes of one shard, starting at sample ``first_sample``.
+    """Samples from the bytes of one shard, starting at sample ``span.first_sample``.
 
     Memory is bounded by one sample: with a layout, by the sample's byte range (``.tar``) or the
     layout's ``max_sample_bytes`` (``.tar.zst``, decompressed); without one, by
     ``max_sample_bytes``. Decompression is streamed and stops one byte past that bound.
 
     Args:
-        chunks: the shard's bytes from ``start_offset`` on, in pieces of any size (e.g.
+        chunks: the shard's bytes from ``span.start_offset`` on, in pieces of any size (e.g.
             ``store.iter_bytes(path, start_offset)``): ``bytes`` or read-only memoryviews (e.g. of
             an mmapped file) are used without copying; writable buffers are copied first.
         url: the shard, named in every error.
-        start_offset: byte offset of ``first_sample`` in the shard (``layout.offsets[first_sample]``).
-        first_sample: index of the first sample in the stream (for messages and the layout).
+        span: where in the shard the stream starts and, with a layout, how many samples it holds
+            (:class:`SampleSpan`; None: the whole shard).
         layout: the shard's offsets and per-sample CRC32C. With it, every sample is checked for
             size and CRC32C before it is yielded, and the stream is expected to hold every sample
-            from ``first_sample`` to the shard's last (or ``num_samples`` of them).
+            of the span.
         compression: None for ``.tar``, ``"zstd"`` for ``.tar.zst``.
         handler: ``handler(exc) -> bool``, see the module docstring; None raises.
-        num_samples: with a layout, read only this many samples (a ranged read of part of a shard).
         max_sample_bytes: the most bytes of tar records one sample may span (decompressed);
-            None takes the layout's, else :data:`~streamio.data.format.MAX_SAMPLE_BYTES`.
+            None takes the layout's, else :data:`~streamio.data.format.layout.MAX_SAMPLE_BYTES`.
+        moved: ``start_offset=``, ``first_sample=``, ``num_samples=`` as streamio 0.2 took them:
+            deprecated (a warning), removed in 0.4.0; give them in ``span``.
 
     Yields:
         ``{"__key__": str, "<ext>": bytes, ...}`` in shard order.
@@ -141,8 +160,24 @@ def iter_samples(  # noqa: PLR0913 - keyword-only options of one call
         ShardFormatError: truncated, non-tar or non-zstd bytes, an invalid header field, unsafe member,
             a sample over its size bound (shard, byte offset, member).
         CorruptDataError: a sample's bytes do not match the layout (shard, sample, offset).
-        ConfigError: ``start_offset`` disagrees with the layout, or unknown ``compression``.
+        ConfigError: the span's ``start_offset`` disagrees with the layout, or unknown ``compression``.
+        ArgumentError: an unknown keyword, or a moved one given together with ``span``.
     """
+    span = fold_moved("iter_samples", moved, into="span", given=span, make=SampleSpan,
+                      fields=("start_offset", "first_sample", "num_samples"), since="0.3.0")
+    return _iter_samples(chunks, url, span or SampleSpan(), layout, compression, handler, max_sample_bytes)
+
+
+def _iter_samples(
+    chunks: Iterable[bytes],
+    url: str,
+    span: SampleSpan,
+    layout: SampleLayout | None,
+    compression: str | None,
+    handler: Handler | None,
+    max_sample_bytes: int | None,
+) -> Iterator[Sample]:
+    start_offset, first_sample, num_samples = span.start_offset, span.first_sample, span.num_samples
     if compression not in (None, "zstd"):
         raise ConfigError(f"unknown compression {compression!r} for shard {url!r}: expected None or 'zstd'")
     if max_sample_bytes is None:
@@ -181,7 +216,7 @@ def _structural(exc: ShardFormatError, handler: Handler | None) -> None:
     raise exc
 
 
-def _iter_verified(  # noqa: PLR0913, PLR0917 - the private half of iter_samples
+def _iter_verified(
     src: ChunkReader,
     url: str,
     layout: SampleLayout,
@@ -245,7 +280,7 @@ def _plain_sample(data: bytes | memoryview) -> Sample | None:
     """The sample one verified byte range holds when it is the plain case, else None (the full parser decides).
 
     The plain case is what streamio and most writers produce: ustar headers of regular files named
-    ``key.ext`` (no directory, so nothing :func:`~streamio.data.format.unsafe_reason` refuses), of
+    ``key.ext`` (no directory, so nothing :func:`~streamio.data.format.layout.unsafe_reason` refuses), of
     one key, no pax or GNU records, nothing after the last member's padding. Anything
     else (and every error) goes to :func:`iter_members` + :func:`group_samples`, which say what is
     wrong. The 8-bit header sums are not added up here: the caller checked the range's CRC32C

@@ -2,7 +2,7 @@
 
 What ``streamio verify`` runs. :func:`validate` lists the root once and compares every shard's
 size with the index (shallow), then, with ``deep=True``, re-reads every shard (streamed,
-``concurrency`` at a time) through the verified reader of :mod:`streamio.data.samples`, comparing
+``concurrency`` at a time) through the verified reader of :mod:`streamio.data.format.samples`, comparing
 its size, whole CRC32C, every sample's CRC32C and the sample count with the index.
 
 The deep check covers the shard's whole extent, not only the samples the index lists: the bytes
@@ -26,12 +26,12 @@ from contextlib import closing
 from dataclasses import dataclass
 
 from streamio.checksum import Crc32c
-from streamio.data import zstdframes
-from streamio.data.format import SampleLayout
-from streamio.data.index import DatasetIndex
-from streamio.data.samples import iter_samples
-from streamio.data.tar import iter_members
-from streamio.data.tarfields import BLOCK
+from streamio.data.format import zstdframes
+from streamio.data.format.index import DatasetIndex
+from streamio.data.format.layout import SampleLayout
+from streamio.data.format.samples import SampleSpan, iter_samples
+from streamio.data.format.tar import iter_members
+from streamio.data.format.tarfields import BLOCK
 from streamio.errors import ShardFormatError, StorageError, StreamioError
 from streamio.storage import Store
 
@@ -146,7 +146,7 @@ def _check_extent(src: _Cursor, layout: SampleLayout, url: str, compression: str
         for _ in src.region(first - src.pos):  # whatever the head's parser left unread
             pass
     samples = src.region(end - first)
-    n = sum(1 for _ in iter_samples(samples, url=url, layout=layout, compression=compression, start_offset=first))
+    n = sum(1 for _ in iter_samples(samples, url=url, span=SampleSpan(first), layout=layout, compression=compression))
     for _ in samples:
         pass
     tail = src.region(None)

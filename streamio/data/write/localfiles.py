@@ -13,7 +13,7 @@ from ``lstat``/``stat`` alone, before any file is opened:
   packed and uploaded. Links to directories are never followed (cycles, samples packed twice);
   dangling links are refused.
 * **Sizes before bytes.** :class:`LocalFile` records the size ``stat`` gave; a sample over the
-  readers' bound is refused on it before a byte is read (:mod:`streamio.data.sources`).
+  readers' bound is refused on it before a byte is read (:mod:`streamio.data.write.sources`).
 
 Reading re-checks what listing decided: a file is opened with ``O_NONBLOCK`` (a FIFO swapped in
 meanwhile cannot block the open) and ``O_NOFOLLOW`` on its resolved path, then ``fstat``-ed: not a

@@ -7,7 +7,7 @@ runs in flight on a small thread pool while the consumer parses the current one:
     runs = [ByteRun(index.shards[r.shard], *index.layout(r.shard, store).byte_range(r.first, r.end))
             for r in plan_runs]                      # planner runs (shard, first, end) -> bytes
     for run, chunks in Prefetcher(store, runs, cache=cache):
-        for sample in iter_samples(chunks, url=store.url(run.shard.path), start_offset=run.start, ...):
+        for sample in iter_samples(chunks, url=store.url(run.shard.path), span=SampleSpan(run.start, ...), ...):
             ...
 
 Moving on to the next run drops whatever is left of the current one (its bytes are not read).
@@ -55,7 +55,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from streamio.data.cache import ReadStats, ShardCache
-from streamio.data.format import ShardInfo
+from streamio.data.format.layout import ShardInfo
 from streamio.errors import ConfigError, CorruptDataError
 from streamio.storage import Store
 

@@ -1,21 +1,21 @@
 """Indexing existing shards: scan each one once, and build the :class:`DatasetIndex` of a set.
 
 What ``streamio index URL`` runs. :func:`build_index` expands the patterns
-(:mod:`streamio.data.patterns`), checks that every path can be named in an index, and scans the
+(:mod:`streamio.data.format.patterns`), checks that every path can be named in an index, and scans the
 shards ``concurrency`` at a time; :func:`scan_shard` streams one shard once and records its size,
 whole CRC32C, the offset and CRC32C of every sample and the member extensions it holds.
 
 * ``.tar`` from any writer (webdataset, ``tar``, ...): the tar records are parsed by
-  :func:`streamio.data.tar.iter_members` without keeping member data, and each sample's CRC32C is
+  :func:`streamio.data.format.tar.iter_members` without keeping member data, and each sample's CRC32C is
   computed over its byte range as the bytes pass through a tee.
 * ``.tar.zst`` only with one zstd frame per sample (as ``streamio shard --compress zstd`` writes
   them), since offsets must point at frame starts: the stream is cut into frames by their headers
-  (:func:`streamio.data.zstdframes.split_frames`), each frame must decompress to exactly one sample,
+  (:func:`streamio.data.format.zstdframes.split_frames`), each frame must decompress to exactly one sample,
   and the largest decompressed sample is recorded as the layout's ``max_sample_bytes``.
 
 Shards are foreign, untrusted input: memory is bounded by ``max_sample_bytes`` (a sample spanning
 more, decompressed, is refused) whatever the headers or frames declare. The result is not
-written: pass it to :func:`streamio.data.index.write_index`.
+written: pass it to :func:`streamio.data.format.index.write_index`.
 """
 
 from __future__ import annotations
@@ -27,8 +27,9 @@ from contextlib import closing
 import zstandard
 
 from streamio.checksum import Crc32c, crc32c
-from streamio.data import zstdframes
-from streamio.data.format import (
+from streamio.data.format import zstdframes
+from streamio.data.format.index import DatasetIndex, make_index
+from streamio.data.format.layout import (
     MAX_SAMPLE_BYTES,
     WRITING_NAME,
     SampleLayout,
@@ -38,11 +39,10 @@ from streamio.data.format import (
     is_gzip_shard,
     shard_path_problem,
 )
-from streamio.data.index import DatasetIndex, make_index
-from streamio.data.patterns import expand_patterns, gzip_shards
-from streamio.data.publish import read_marker
-from streamio.data.samples import group_samples
-from streamio.data.tar import iter_members
+from streamio.data.format.marker import read_marker
+from streamio.data.format.patterns import expand_patterns, gzip_shards
+from streamio.data.format.samples import group_samples
+from streamio.data.format.tar import iter_members
 from streamio.errors import DatasetError, ObjectNotFoundError, ShardFormatError
 from streamio.storage import Store
 

@@ -9,7 +9,7 @@ untrusted input. :func:`check_document` takes the parsed JSON (already size- and
   ``[0, 2**63)`` (not bools, floats or strings); a shard holds at most one sample per byte;
   offsets increase strictly inside their shard; CRC32C values fit 32 bits; the total matches.
 * **paths** (shards and layout sidecars) are plain relative names below the dataset root
-  (:func:`streamio.data.format.shard_path_problem`), and no shard is named twice;
+  (:func:`streamio.data.format.layout.shard_path_problem`), and no shard is named twice;
 * **shards_url** (optional: the index lives apart from its shards) is an absolute
   ``scheme://...`` URL without userinfo; which stores it may point at is decided where the index
   is opened (:mod:`streamio.data.locate`), which knows where the index itself came from.
@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from streamio.checksum import parse_checksum
-from streamio.data.format import shard_path_problem
+from streamio.data.format.layout import shard_path_problem
 from streamio.errors import IndexFormatError
 from streamio.storage.secrets import has_userinfo
 

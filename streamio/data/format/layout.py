@@ -14,8 +14,8 @@ rules that every other data module agrees on, and imports none of them:
 * :data:`MAX_SAMPLE_BYTES`, the default bound of one sample when no index declares its size.
 
 Why a module of its own: the tar reader needs the layout value and the index needs the tar
-reader's name rules. With both here the reader (:mod:`streamio.data.tar`,
-:mod:`streamio.data.samples`) and the index (:mod:`streamio.data.index`) depend on this module
+reader's name rules. With both here the reader (:mod:`streamio.data.format.tar`,
+:mod:`streamio.data.format.samples`) and the index (:mod:`streamio.data.format.index`) depend on this module
 and not on each other.
 """
 
@@ -31,7 +31,7 @@ FORMAT = "streamio.dataset/1"
 INDEX_NAME = "index.json"
 #: Where the layout sidecars of a large dataset live, below its root.
 LAYOUT_DIR = "_layout"
-#: The marker a write puts first and removes last (:mod:`streamio.data.publish`): shards it claims
+#: The marker a write puts first and removes last (:mod:`streamio.data.write.publish`): shards it claims
 #: that no index names are the leftovers of a write that did not finish.
 WRITING_NAME = "_writing.json"
 #: Default bound of one sample's tar records (decompressed) when no index declares it: 1 GiB.

@@ -3,7 +3,7 @@
 A shard is a WebDataset tar (docs/design.md "Dataset format"); this module knows its records and
 nothing of samples, layouts or indexes. :func:`member_record` and :func:`encode_sample` write
 them; :func:`iter_members` reads them back as ``(offset, name, data)``, and
-:mod:`streamio.data.samples` groups those into samples and verifies them.
+:mod:`streamio.data.format.samples` groups those into samples and verifies them.
 
 Design and reasons:
 
@@ -19,14 +19,14 @@ Design and reasons:
   :class:`ChunkReader`; only the member being assembled is held. A member lying inside one chunk
   costs one copy (the slice handed out); one straddling chunks is joined once.
 * **Bounded**: a shard is untrusted input. Header fields are parsed strictly and every size is
-  checked before anything is read on its word (:mod:`streamio.data.tarfields`: no negative or
+  checked before anything is read on its word (:mod:`streamio.data.format.tarfields`: no negative or
   unparseable size, pax records that always advance, extended headers of at most 1 MiB), so
   time is linear in the bytes given and memory is one member of at most ``max_sample_bytes``.
 * **Safe names**: absolute paths, ``..`` components, links, devices and FIFOs are refused
   (nothing is ever extracted; only regular files become members). Directory entries are skipped.
 
 A problem confined to one member (an unsafe name or type, a member over the size limit) is a
-:class:`MemberError`, which a ``handler(exc) -> bool`` may skip (see :mod:`streamio.data.samples`);
+:class:`MemberError`, which a ``handler(exc) -> bool`` may skip (see :mod:`streamio.data.format.samples`);
 any other :class:`ShardFormatError` means the rest of the stream cannot be located.
 """
 
@@ -35,8 +35,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from streamio.data.format import GZIP_MAGIC, MAX_SAMPLE_BYTES, gzip_advice, unsafe_reason
-from streamio.data.tarfields import BLOCK, MAX_META_BYTES, checksum_ok, member_size, pax_records, pax_size
+from streamio.data.format.layout import GZIP_MAGIC, MAX_SAMPLE_BYTES, gzip_advice, unsafe_reason
+from streamio.data.format.tarfields import BLOCK, MAX_META_BYTES, checksum_ok, member_size, pax_records, pax_size
 from streamio.errors import ShardFormatError
 
 END_OF_ARCHIVE = bytes(2 * BLOCK)
@@ -231,10 +231,10 @@ def iter_members(
 ) -> Iterator[tuple[int, str, bytes]]:
     """Regular-file members of a tar byte stream: ``(offset of its first header, name, data)``.
 
-    Every header field used is parsed strictly (:mod:`streamio.data.tarfields`) and every size is
+    Every header field used is parsed strictly (:mod:`streamio.data.format.tarfields`) and every size is
     checked against its limit before a byte is read on its word, so time is linear in the bytes
     given and memory is one member (at most ``max_sample_bytes``) plus its extended headers (at
-    most :data:`~streamio.data.tarfields.MAX_META_BYTES`).
+    most :data:`~streamio.data.format.tarfields.MAX_META_BYTES`).
 
     Args:
         chunks: the tar bytes, in pieces of any size.
@@ -242,7 +242,7 @@ def iter_members(
         start_offset: absolute offset of the first byte of ``chunks`` (for messages and offsets).
         require_end: a stream that ends at a header boundary without the end-of-archive block is
             truncated (True), or simply the end of a run of samples (False).
-        handler: may skip a :class:`MemberError` (True); see :mod:`streamio.data.samples`.
+        handler: may skip a :class:`MemberError` (True); see :mod:`streamio.data.format.samples`.
         on_end: called with the offset of the end-of-archive block when the parser reaches it.
         max_sample_bytes: a member declaring more is refused (a handler may skip it).
         keep_data: False passes over member data without keeping it (``data`` is ``b""``): what

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import braceexpand
 
-from streamio.data.format import LAYOUT_DIR, is_gzip_shard, is_shard
+from streamio.data.format.layout import LAYOUT_DIR, is_gzip_shard, is_shard
 from streamio.storage import Store
 
 __all__ = ["expand_patterns", "gzip_shards", "split_pattern"]

@@ -5,12 +5,13 @@ A dataset is its ``index.json``: readers open what it names. A write (``DatasetW
 crash, a lost connection), and object stores have no rename to move finished shards into place.
 So a write never touches what the live index names, and switches in one PUT:
 
-1. **Marker first** (:func:`begin`). Before any shard, the write puts :data:`WRITING_NAME`
-   (create-only: one write at a time per prefix), recording the names its shards will take. Shards
-   that a marker claims and no index names are the leftovers of an interrupted write: ``inspect``
-   and ``ls`` say so (instead of suggesting ``streamio index``, which would make a partial dataset
-   look whole), ``build_index`` refuses them, and the next write with ``overwrite=True`` removes
-   them (and, on S3, the multipart uploads a killed writer left).
+1. **Marker first** (:func:`begin`). Before any shard, the write puts the marker
+   (:mod:`streamio.data.format.marker`; create-only: one write at a time per prefix), recording
+   the names its shards will take. Shards that a marker claims and no index names are the
+   leftovers of an interrupted write: ``inspect`` and ``ls`` say so (instead of suggesting
+   ``streamio index``, which would make a partial dataset look whole), ``build_index`` refuses
+   them, and the next write with ``overwrite=True`` removes them (and, on S3, the multipart
+   uploads a killed writer left).
 2. **Names that cannot collide.** The first write into a prefix takes the plain names
    (``data-000000.tar``, ...: the same samples give the same names and bytes); a write where
    anything is already named like that takes ``data-<generation>-000000.tar``, the generation 8
@@ -30,69 +31,29 @@ marker is then taken as stale and its leftovers removed.
 
 from __future__ import annotations
 
-import json
 import logging
-import re
 import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from streamio.data.format import INDEX_NAME, WRITING_NAME, sidecar_path
-from streamio.data.index import DatasetIndex, load_index, write_index
+from streamio.data.format.index import DatasetIndex, load_index, write_index
+from streamio.data.format.layout import INDEX_NAME, WRITING_NAME, sidecar_path
+from streamio.data.format.marker import Generation, encode_marker, read_marker
 from streamio.errors import (
     DatasetError,
     IndexFormatError,
     IndexNotFoundError,
-    ObjectTooLargeError,
     StorageError,
     UnsupportedOperationError,
     WriteConflictError,
 )
-from streamio.limits import load_json
 from streamio.storage import Store
 
-__all__ = ["Generation", "Previous", "begin", "commit", "discard", "occupied", "read_marker"]
+__all__ = ["Previous", "begin", "commit", "discard", "occupied"]
 
 log = logging.getLogger(__name__)
-
-_MARKER_FORMAT = "streamio.write/1"
-_MAX_MARKER_BYTES = 64 << 10
-
-
-@dataclass(frozen=True)
-class Generation:
-    """One write into a prefix: the names its shards take.
-
-    Attributes:
-        prefix: the shard name prefix (``ShardSpec.prefix``).
-        tag: ``""`` (plain names) or 8 hex digits (``{prefix}-{tag}-000000.tar``).
-        started: when the write began (UTC, ISO 8601), for messages.
-    """
-
-    prefix: str
-    tag: str
-    started: str
-
-    @property
-    def stem(self) -> str:
-        """What every shard name of this write starts with: ``data-`` or ``data-1a2b3c4d-``."""
-        return f"{self.prefix}-{self.tag}-" if self.tag else f"{self.prefix}-"
-
-    @property
-    def pattern(self) -> str:
-        """A glob of this write's shards, for messages."""
-        return f"{self.stem}*.tar*"
-
-    def owns(self, path: str) -> bool:
-        """Whether ``path`` is one of this write's shards or their layout sidecars."""
-        return _names(self.prefix, self.tag).match(path) is not None
-
-
-def _names(prefix: str, tag: str) -> re.Pattern[str]:
-    stem = re.escape(f"{prefix}-{tag}-" if tag else f"{prefix}-")
-    return re.compile(rf"^(?:_layout/)?{stem}[0-9]{{6,}}\.tar(?:\.zst)?(?:\.bin)?$")
 
 
 @dataclass(frozen=True)
@@ -106,32 +67,6 @@ class Previous:
 
     version: str | None
     paths: tuple[str, ...]
-
-
-def read_marker(store: Store) -> Generation | None:
-    """The write a prefix's marker records, or None without one.
-
-    Raises:
-        IndexFormatError: a marker that is not one this streamio wrote (it is then not trusted
-            for any cleanup).
-    """
-    try:
-        data = store.read(WRITING_NAME, max_bytes=_MAX_MARKER_BYTES)
-    except FileNotFoundError:
-        return None
-    except ObjectTooLargeError as exc:
-        raise IndexFormatError(f"the write marker {exc}") from exc
-    doc = load_json(data, what=store.url(WRITING_NAME), error=IndexFormatError, max_bytes=_MAX_MARKER_BYTES)
-    fields = doc if isinstance(doc, dict) else {}
-    found = Generation(fields.get("prefix"), fields.get("tag"), str(fields.get("started", "?")))  # type: ignore[arg-type]
-    if (
-        fields.get("format") != _MARKER_FORMAT or not isinstance(found.prefix, str) or "/" in found.prefix
-        or not isinstance(found.tag, str) or not re.fullmatch(r"(?:[0-9a-f]{8})?", found.tag)
-    ):
-        raise IndexFormatError(
-            f"{store.url(WRITING_NAME)} is not a {_MARKER_FORMAT} marker: remove it by hand once you know what wrote it"
-        )
-    return found
 
 
 def occupied(store: Store) -> str | None:
@@ -167,11 +102,10 @@ def begin(
         _remove_leftovers(store, stale, listing - set(previous.paths))
         store.delete(WRITING_NAME)
         listing = {o.path for o in store.list()}
-    tag = "" if not any(_names(prefix, "").match(p) for p in listing) else _fresh_tag(listing, prefix)
+    tag = "" if not any(Generation(prefix, "", "").owns(p) for p in listing) else _fresh_tag(listing, prefix)
     generation = Generation(prefix, tag, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(clock())))
-    doc = {"format": _MARKER_FORMAT, "prefix": prefix, "tag": tag, "started": generation.started}
     try:
-        store.put(WRITING_NAME, json.dumps(doc).encode(), mode="create")
+        store.put(WRITING_NAME, encode_marker(generation), mode="create")
     except WriteConflictError as exc:
         raise DatasetError(
             f"another write into {store.root_url} started meanwhile ({store.url(WRITING_NAME)} appeared): only one "

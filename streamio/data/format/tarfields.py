@@ -25,7 +25,7 @@ Limits (sizes are checked against them *before* anything is read on their word):
 
 * :data:`MAX_META_BYTES`: pax extended headers, GNU long names and long link names together, per
   member (1 MiB, the bound Go's ``archive/tar`` uses for the same records).
-* :data:`streamio.data.format.MAX_SAMPLE_BYTES`: the largest sample a reader accepts when no
+* :data:`streamio.data.format.layout.MAX_SAMPLE_BYTES`: the largest sample a reader accepts when no
   index declares sizes (scanning foreign shards with ``streamio index``, reading them without an
   index as ``streamio shard`` does, and decompressing samples of an index written before it
   recorded ``max_sample_bytes``): the bytes of its tar records (headers, data, padding), after

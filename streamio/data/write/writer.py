@@ -4,7 +4,7 @@
 WebDataset tar shards named ``{prefix}-{i:06d}.tar`` (``.tar.zst`` with ``compression="zstd"``)
 and, when closed, writes ``index.json`` last. How shards are cut, named and compressed is one
 frozen :class:`ShardSpec` value; the samples of ``streamio shard SRC`` come from
-:mod:`streamio.data.sources`.
+:mod:`streamio.data.write.sources`.
 
 Design and reasons:
 
@@ -12,12 +12,12 @@ Design and reasons:
   (0644); fields are written in sorted extension order; so the same samples give identical
   shards on any machine, at any time (reproducible datasets, content-addressed caching).
 * **One pass, one copy.** Each sample's records are written straight into the shard being filled
-  (:mod:`streamio.data.shardbuf`) and its offset and CRC32C, the shard's CRC32C, size and count are
+  (:mod:`streamio.data.write.shardbuf`) and its offset and CRC32C, the shard's CRC32C, size and count are
   recorded as the bytes pass; nothing is re-read. A member given as a
-  :class:`~streamio.data.localfiles.LocalFile` (what ``streamio shard`` reads from disk) is
+  :class:`~streamio.data.write.localfiles.LocalFile` (what ``streamio shard`` reads from disk) is
   streamed in pieces of a few MiB, never held whole outside the shard.
 * **Bounded samples.** A sample whose tar records exceed ``ShardSpec.max_sample_bytes`` (default
-  :data:`~streamio.data.format.MAX_SAMPLE_BYTES`, 1 GiB: what readers of unindexed shards accept)
+  :data:`~streamio.data.format.layout.MAX_SAMPLE_BYTES`, 1 GiB: what readers of unindexed shards accept)
   is refused before any of it is read: its size is known from its members' sizes.
 * **Overlap.** A finished shard is handed to a background upload (``Store.put``, one atomic PUT)
   while the next one is filled. At most ``max_pending`` shards wait or upload at once, each in a
@@ -29,7 +29,7 @@ Design and reasons:
   one; a writer that fails, is interrupted or is left through an exception writes no index and the
   old dataset stays readable. New shards never take a name the prefix holds, a marker written first
   claims them, and the old dataset's shards are deleted only after the commit
-  (:mod:`streamio.data.publish`). Writing where a dataset or an unfinished write's leftovers are
+  (:mod:`streamio.data.write.publish`). Writing where a dataset or an unfinished write's leftovers are
   requires ``overwrite=True``.
 * **Compression** (``zstd``): each sample is compressed as its own zstd frame (content size in the
   frame header) and the end-of-archive blocks form a last frame, so the shard is one valid zstd
@@ -55,12 +55,12 @@ from typing import Any
 import zstandard
 
 from streamio.checksum import format_checksum
-from streamio.data import publish
-from streamio.data.format import MAX_SAMPLE_BYTES, SampleLayout, ShardInfo, unsafe_reason
-from streamio.data.index import INLINE_LIMIT, DatasetIndex, make_index
-from streamio.data.localfiles import LocalFile
-from streamio.data.shardbuf import Member, ShardBuffer, compressed, record_size, records
-from streamio.data.tar import END_OF_ARCHIVE
+from streamio.data.format.index import INLINE_LIMIT, DatasetIndex, make_index
+from streamio.data.format.layout import MAX_SAMPLE_BYTES, SampleLayout, ShardInfo, unsafe_reason
+from streamio.data.format.tar import END_OF_ARCHIVE
+from streamio.data.write import publish
+from streamio.data.write.localfiles import LocalFile
+from streamio.data.write.shardbuf import Member, ShardBuffer, compressed, record_size, records
 from streamio.deprecation import fold_moved
 from streamio.errors import ConfigError, DatasetError
 from streamio.storage import Store
@@ -295,7 +295,7 @@ class DatasetWriter:
         """Finish the last shard, wait for every upload, commit ``index.json``; return the index.
 
         The index replaces the one that was at ``dest`` (if any) in one conditional PUT; then the
-        old dataset's shards are deleted (:mod:`streamio.data.publish`).
+        old dataset's shards are deleted (:mod:`streamio.data.write.publish`).
 
         Raises:
             DatasetError: no sample was written (an empty source makes no dataset), or the index
