@@ -4,16 +4,15 @@ The 0.2.0 restructure grouped rarely changed settings into frozen values (and ma
 ``CheckpointManager.restore``'s ``step`` keyword-only: :func:`keyword_only`):
 ``StreamingDataset(policy=, cache=, prefetch=, handler=)`` became
 ``options=DatasetOptions(...)``, and ``write_dataset`` / ``DatasetWriter``'s ``max_bytes=``,
-``max_count=``, ``compression=``, ``level=`` and ``prefix=`` became ``spec=ShardSpec(...)``; in
-0.3.0 ``StreamingDataset(epoch_samples=)`` and ``iter_samples(start_offset=, first_sample=,
+``max_count=``, ``compression=``, ``level=`` and ``prefix=`` became ``spec=ShardSpec(...)``, and
+``StreamingDataset(epoch_samples=)`` and ``iter_samples(start_offset=, first_sample=,
 num_samples=)`` followed (into ``DatasetOptions`` and ``SampleSpan``). Code written for the release
 before keeps working for one release: :func:`fold_moved` builds the new value from the old
 keywords and warns (``DeprecationWarning``, pointing at the caller) with the new spelling. A
 keyword that never existed is an :class:`~streamio.errors.ArgumentError` (a ``TypeError``, as
 Python's own for a wrong keyword), and so is the old and the new spelling together where the new
-one came with the move (0.1 had no ``options=``); where it existed before (0.2.0's
-``options=`` beside ``epoch_samples=``), the old keyword is folded into the value given unless that
-value sets it too.
+one came with the move (0.1 had no ``options=``); where it existed before (``options=`` beside
+``epoch_samples=``), the old keyword is folded into the value given unless that value sets it too.
 """
 
 from __future__ import annotations

@@ -158,7 +158,7 @@ class StreamingDataset(IterableDataset):
         options = fold_moved("StreamingDataset", moved, into="options", given=options, make=DatasetOptions,
                              fields=("policy", "cache", "prefetch", "handler"))
         options = fold_moved("StreamingDataset", later, into="options", given=options, make=DatasetOptions,
-                             fields=("epoch_samples",), since="0.3.0", alongside=True)
+                             fields=("epoch_samples",), alongside=True)
         self.options = options if options is not None else DatasetOptions()
         self.sources = load_streams(url, storage_options)
         self.store: Store = self.sources[0].store

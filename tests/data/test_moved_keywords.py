@@ -65,10 +65,10 @@ def test_a_keyword_that_never_existed_is_still_a_type_error(url: str) -> None:
 
 
 def test_epoch_samples_of_0_2_warns_and_sets_the_samples_of_an_epoch(url: str) -> None:
-    """0.2's ``epoch_samples=`` moved into ``options`` in 0.3.0, where ``options=`` already existed."""
+    """``epoch_samples=`` moved into ``options`` in 0.2.0, where ``options=`` already existed."""
     weighted = streamio.Stream(url, weight=1)
     with pytest.warns(DeprecationWarning, match=r"StreamingDataset\(epoch_samples=\.\.\.\) is deprecated since "
-                                                r"streamio 0\.3\.0 and will be removed in 0\.4\.0: pass "
+                                                r"streamio 0\.2\.0 and will be removed in 0\.3\.0: pass "
                                                 r"options=DatasetOptions\(epoch_samples=\.\.\.\)") as caught:
         ds = streamio.StreamingDataset([weighted], epoch_samples=25)
     assert caught[0].filename == __file__
@@ -81,9 +81,9 @@ def test_epoch_samples_beside_options_is_folded_into_them_unless_they_set_it(url
         ds = streamio.StreamingDataset([weighted], epoch_samples=25, options=streamio.DatasetOptions(policy="drop"))
     assert ds.options == streamio.DatasetOptions(policy="drop", epoch_samples=25) and ds.contributions == (25,)
     with pytest.raises(ArgumentError, match=r"got epoch_samples= and options= together: epoch_samples= moved into "
-                                            r"options= in streamio 0\.3\.0; pass options=DatasetOptions\("):
+                                            r"options= in streamio 0\.2\.0; pass options=DatasetOptions\("):
         streamio.StreamingDataset([weighted], epoch_samples=25, options=streamio.DatasetOptions(epoch_samples=30))
-    with pytest.warns(DeprecationWarning) as caught:  # a 0.1 and a 0.2 keyword: one value, both named
+    with pytest.warns(DeprecationWarning) as caught:  # two moved keywords: one value, both named
         ds = streamio.StreamingDataset([weighted], policy="drop", epoch_samples=25)
     assert [str(w.message).split(")")[0] for w in caught] == [
         "StreamingDataset(policy=...", "StreamingDataset(epoch_samples=...",
@@ -91,8 +91,8 @@ def test_epoch_samples_beside_options_is_folded_into_them_unless_they_set_it(url
     assert ds.options == streamio.DatasetOptions(policy="drop", epoch_samples=25)
 
 
-def test_iter_samples_keywords_of_0_2_warn_and_read_the_same_span(url: str) -> None:
-    """0.2's ``start_offset=``, ``first_sample=``, ``num_samples=`` moved into ``span=SampleSpan(...)`` in 0.3.0."""
+def test_iter_samples_moved_keywords_warn_and_read_the_same_span(url: str) -> None:
+    """``start_offset=``, ``first_sample=``, ``num_samples=`` moved into ``span=SampleSpan(...)`` in 0.2.0."""
     store = streamio.Store(url)
     index = streamio.load_index(store)
     shard, layout = index.shards[0], index.layout(0, store)
@@ -101,14 +101,14 @@ def test_iter_samples_keywords_of_0_2_warn_and_read_the_same_span(url: str) -> N
     expected = list(iter_samples([store.read(shard.path, start, end)], url=shard.path, span=span, layout=layout))
     assert [s["__key__"] for s in expected] == ["002", "003", "004"]
     with pytest.warns(DeprecationWarning, match=r"iter_samples\(start_offset=, first_sample=, num_samples=\.\.\.\) is "
-                                                r"deprecated since streamio 0\.3\.0 and will be removed in 0\.4\.0: "
+                                                r"deprecated since streamio 0\.2\.0 and will be removed in 0\.3\.0: "
                                                 r"pass span=SampleSpan\(start_offset=\.\.\., first_sample=\.\.\., "
                                                 r"num_samples=\.\.\.\)") as caught:
         samples = iter_samples([store.read(shard.path, start, end)], url=shard.path, start_offset=start,
                                first_sample=2, num_samples=3, layout=layout)
     assert caught[0].filename == __file__ and list(samples) == expected
     with pytest.raises(ArgumentError, match=r"got first_sample= and span= together: first_sample= moved into span= in "
-                                            r"streamio 0\.3\.0; pass span=SampleSpan\(first_sample=\.\.\.\) only"):
+                                            r"streamio 0\.2\.0; pass span=SampleSpan\(first_sample=\.\.\.\) only"):
         iter_samples([], url=shard.path, span=span, first_sample=2)
     with pytest.raises(TypeError, match=r"iter_samples\(\) got an unexpected keyword argument 'start'"):
         iter_samples([], url=shard.path, start=start)  # at the call, as before: not when first iterated

@@ -164,7 +164,7 @@ def iter_samples(
         ArgumentError: an unknown keyword, or a moved one given together with ``span``.
     """
     span = fold_moved("iter_samples", moved, into="span", given=span, make=SampleSpan,
-                      fields=("start_offset", "first_sample", "num_samples"), since="0.3.0")
+                      fields=("start_offset", "first_sample", "num_samples"))
     return _iter_samples(chunks, url, span or SampleSpan(), layout, compression, handler, max_sample_bytes)
 
 
