@@ -68,6 +68,7 @@ from streamio.checksum import checksum_bytes
 from streamio.errors import CheckpointConflictError, CheckpointError, ObjectNotFoundError, WriteConflictError
 from streamio.pool import gather, run_parallel
 from streamio.storage import Store
+from streamio.version import __version__
 
 __all__ = ["PHASES", "Committer", "part_size_for", "software_stack"]
 
@@ -105,11 +106,9 @@ def part_size_for(total: int, options: SaveOptions, *, local: bool = False) -> i
 
 def software_stack() -> dict[str, Any]:
     """Versions recorded in each manifest, so a resume on another stack is visible."""
-    import streamio
-
     cuda = torch.version.cuda
     return {
-        "streamio": streamio.__version__,
+        "streamio": __version__,
         "torch": torch.__version__,
         "cuda": cuda,
         "cuda_device": torch.cuda.get_device_name(0) if cuda and torch.cuda.is_available() else None,
