@@ -139,9 +139,10 @@ def verify_cmd(store: Store, step: int | None, all_steps: bool, as_json: bool) -
     Exits 1 naming each bad object, 3 when there is nothing to check (no checkpoint under ROOT,
     no such STEP) or storage could not be read.
     """
-    from streamio.checkpoint import manifest as mf
     from streamio.checkpoint.admin import check_pointer, verify_checkpoint
     from streamio.checkpoint.catalog import committed_saves
+    from streamio.checkpoint.format import layout
+    from streamio.checkpoint.format import pointer as ptr
     from streamio.errors import CheckpointNotFoundError
 
     problems: list[str] = []
@@ -152,7 +153,7 @@ def verify_cmd(store: Store, step: int | None, all_steps: bool, as_json: bool) -
     else:
         pointed, problems = check_pointer(store)
         committed = committed_saves(store) if all_steps or pointed is None else []
-        if pointed is None and not committed and not store.exists(mf.LATEST):
+        if pointed is None and not committed and not store.exists(ptr.LATEST):
             raise CheckpointNotFoundError(f"no checkpoint under {store.root_url}: {'; '.join(problems)}")
         todo = ([(c.step, c.path) for c in committed] if all_steps
                 else [(pointed, None)] if pointed is not None and not problems else [])
@@ -160,9 +161,9 @@ def verify_cmd(store: Store, step: int | None, all_steps: bool, as_json: bool) -
     for s, path in todo:
         with Progress(f"ckpt verify step {s}", unit="file") as progress:
             found = verify_checkpoint(store, s, path=path, progress=progress.report)
-        steps.append({"step": s, "path": path or mf.step_dir(s), "ok": not found, "problems": found})
+        steps.append({"step": s, "path": path or layout.step_dir(s), "ok": not found, "problems": found})
         if not as_json:
-            where = f" ({path})" if path and path != mf.step_dir(s) else ""
+            where = f" ({path})" if path and path != layout.step_dir(s) else ""
             click.echo(f"step {s}{where}: {'OK' if not found else plural(len(found), 'problem')}")
         problems += found
     if as_json:
@@ -176,11 +177,11 @@ def verify_cmd(store: Store, step: int | None, all_steps: bool, as_json: bool) -
 
 def _require_step(store: Store, step: int) -> None:
     """Raise CheckpointNotFoundError when ``step`` has no manifest: then there is nothing to check."""
-    from streamio.checkpoint import manifest as mf
     from streamio.checkpoint.catalog import committed_saves
+    from streamio.checkpoint.format import layout
     from streamio.errors import CheckpointNotFoundError
 
-    path = mf.manifest_path(step)
+    path = layout.manifest_path(step)
     if not store.exists(path) and not any(s.step == step for s in committed_saves(store)):
         raise CheckpointNotFoundError(
             f"{store.url(path)} does not exist: step {step} was never committed under {store.root_url} or was "
@@ -237,7 +238,7 @@ def rm_cmd(store: Store, step: int, force: bool, dry_run: bool, as_json: bool) -
     never names a removed checkpoint. Do not force it on a root a job is writing: that job's
     next save stops with a conflict.
     """
-    from streamio.checkpoint import manifest as mf
+    from streamio.checkpoint.format import pointer as ptr
     from streamio.checkpoint.removal import plan_removal, remove
 
     removal = plan_removal(store, step, force=force)
@@ -255,7 +256,7 @@ def rm_cmd(store: Store, step: int, force: bool, dry_run: bool, as_json: bool) -
         return
     if pointer is not None:
         moved = "would move" if dry_run else "moved"
-        click.echo(f"{moved} {store.url(mf.LATEST)} to step {pointer.step} ({store.url(pointer.path)})")
+        click.echo(f"{moved} {store.url(ptr.LATEST)} to step {pointer.step} ({store.url(pointer.path)})")
     for path in removal.objects:
         click.echo(f"{'would delete' if dry_run else 'deleted'} {store.url(path)}")
     click.echo(f"{'would remove' if dry_run else 'removed'} step {step}: {plural(len(removal.dirs), 'save')}, "

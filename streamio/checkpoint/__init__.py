@@ -43,9 +43,9 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from streamio.checkpoint.format.retention import KeepAll, KeepBest, KeepEvery, KeepLast, RetentionPolicy
     from streamio.checkpoint.manager import CheckpointManager
     from streamio.checkpoint.options import SaveOptions, SaveStats
-    from streamio.checkpoint.retention import KeepAll, KeepBest, KeepEvery, KeepLast, RetentionPolicy
     from streamio.checkpoint.rng import RNGState
     from streamio.checkpoint.sharded import StreamioReader, StreamioWriter
     from streamio.checkpoint.sharded.app_state import ShardedModelState
@@ -54,12 +54,12 @@ if TYPE_CHECKING:
 #: DCP pair torch DCP, a second more), which `streamio ckpt ls / inspect / rm` and `--help` do not need
 _EXPORTS = {
     "CheckpointManager": "streamio.checkpoint.manager",
-    "KeepAll": "streamio.checkpoint.retention",
-    "KeepBest": "streamio.checkpoint.retention",
-    "KeepEvery": "streamio.checkpoint.retention",
-    "KeepLast": "streamio.checkpoint.retention",
+    "KeepAll": "streamio.checkpoint.format.retention",
+    "KeepBest": "streamio.checkpoint.format.retention",
+    "KeepEvery": "streamio.checkpoint.format.retention",
+    "KeepLast": "streamio.checkpoint.format.retention",
     "RNGState": "streamio.checkpoint.rng",
-    "RetentionPolicy": "streamio.checkpoint.retention",
+    "RetentionPolicy": "streamio.checkpoint.format.retention",
     "SaveOptions": "streamio.checkpoint.options",
     "SaveStats": "streamio.checkpoint.options",
     "ShardedModelState": "streamio.checkpoint.sharded.app_state",

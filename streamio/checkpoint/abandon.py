@@ -24,8 +24,8 @@ import errno
 import logging
 from collections.abc import Iterator
 
-from streamio.checkpoint import layout
 from streamio.checkpoint.catalog import read_manifest, remove_empty_dirs
+from streamio.checkpoint.format import layout
 from streamio.errors import CheckpointError, CheckpointNotFoundError
 from streamio.storage import Store
 

@@ -25,8 +25,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from streamio.checkpoint import layout
-from streamio.checkpoint import manifest as mf
 from streamio.checkpoint.catalog import (
     SaveRef,
     committed_saves,
@@ -39,9 +37,11 @@ from streamio.checkpoint.catalog import (
 )
 from streamio.checkpoint.catalog import delete_step as delete_step  # re-exported: catalog.py
 from streamio.checkpoint.catalog import detect_foreign as detect_foreign
-from streamio.checkpoint.records import Manifest
-from streamio.checkpoint.timeline import Tip, classify
-from streamio.checkpoint.validate import ManifestError
+from streamio.checkpoint.format import layout
+from streamio.checkpoint.format import pointer as ptr
+from streamio.checkpoint.format.checks import ManifestError
+from streamio.checkpoint.format.manifest import Manifest
+from streamio.checkpoint.format.timeline import Tip, classify
 from streamio.checksum import checksum_bytes
 from streamio.errors import CheckpointError, CheckpointFormatError, CorruptDataError, StorageError, StreamioError
 from streamio.storage import Store
@@ -116,10 +116,10 @@ def verify_checkpoint(
 
 def check_pointer(store: Store) -> tuple[int | None, list[str]]:
     """The step ``latest.json`` names and what is wrong with the pointer itself (if anything)."""
-    url = store.url(layout.LATEST)
+    url = store.url(ptr.LATEST)
     try:
-        data = read_document(store, layout.LATEST, mf.MAX_POINTER_BYTES)
-        pointer = mf.pointer_from_bytes(data)
+        data = read_document(store, ptr.LATEST, ptr.MAX_POINTER_BYTES)
+        pointer = ptr.pointer_from_bytes(data)
     except FileNotFoundError:
         return None, [f"{url} does not exist: no checkpoint was ever committed here (or it was deleted)"]
     except ManifestError as exc:
@@ -184,7 +184,7 @@ def collect_garbage(
     saves = committed_saves(store, listing)
     manifests = read_manifests(store, saves)
     try:
-        pointer = mf.pointer_from_bytes(read_document(store, layout.LATEST, mf.MAX_POINTER_BYTES))
+        pointer = ptr.pointer_from_bytes(read_document(store, ptr.LATEST, ptr.MAX_POINTER_BYTES))
     except (FileNotFoundError, ManifestError):
         pointer = None
     tip = None if pointer is None else Tip(pointer.timeline, pointer.step)
@@ -199,7 +199,7 @@ def collect_garbage(
         if verdict == "whole":
             whole.add(ref.path)
         elif verdict == "kept":
-            kept.append(f"{store.url(ref.path)} (step {ref.step}) was rejected by a restore but {layout.LATEST} names "
+            kept.append(f"{store.url(ref.path)} (step {ref.step}) was rejected by a restore but {ptr.LATEST} names "
                         f"it: the next save supersedes it, or `streamio ckpt rm --force` moves the pointer back")
         if isinstance(m, Manifest):
             markers = {layout.marker_path(r, m.save_id) for r in range(m.world_size)}

@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from streamio.checkpoint import layout
 from streamio.checkpoint.catalog import (
     SaveRef,
     committed_saves,
@@ -27,9 +26,12 @@ from streamio.checkpoint.catalog import (
     read_pointer,
     resolve_save,
 )
-from streamio.checkpoint.records import Manifest, Pointer
-from streamio.checkpoint.timeline import Tip, classify
-from streamio.checkpoint.validate import ManifestError
+from streamio.checkpoint.format import layout
+from streamio.checkpoint.format import pointer as ptr
+from streamio.checkpoint.format.checks import ManifestError
+from streamio.checkpoint.format.manifest import Manifest
+from streamio.checkpoint.format.pointer import Pointer
+from streamio.checkpoint.format.timeline import Tip, classify
 from streamio.errors import CheckpointFormatError, StreamioError
 from streamio.storage import Store
 
@@ -71,7 +73,7 @@ def walk(store: Store, *, full: bool) -> list[Candidate]:
         CheckpointFormatError: the pointer is of a newer format (no walk past what this
             streamio cannot read), or the root holds another tool's checkpoint.
     """
-    latest = store.url(layout.LATEST)
+    latest = store.url(ptr.LATEST)
     pointer: Pointer | None = None
     try:
         pointer = read_pointer(store)

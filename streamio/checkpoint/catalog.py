@@ -23,12 +23,14 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from streamio.checkpoint import layout
-from streamio.checkpoint import manifest as mf
-from streamio.checkpoint.records import Manifest, Pointer
-from streamio.checkpoint.root_records import MAX_RECORD_BYTES, BadRecord, bad_from_bytes, bad_to_bytes
-from streamio.checkpoint.timeline import Tip, classify
-from streamio.checkpoint.validate import ManifestError
+from streamio.checkpoint.format import layout
+from streamio.checkpoint.format import manifest as mf
+from streamio.checkpoint.format import pointer as ptr
+from streamio.checkpoint.format.checks import ManifestError
+from streamio.checkpoint.format.manifest import Manifest
+from streamio.checkpoint.format.notes import MAX_RECORD_BYTES, BadRecord, bad_from_bytes, bad_to_bytes
+from streamio.checkpoint.format.pointer import Pointer
+from streamio.checkpoint.format.timeline import Tip, classify
 from streamio.errors import CheckpointNotFoundError, ObjectTooLargeError, StreamioError
 from streamio.limits import MAX_JSON_BYTES
 from streamio.pool import run_parallel
@@ -130,10 +132,10 @@ def read_pointer(store: Store) -> Pointer | None:
         ManifestError: it exists but is not a valid pointer (``unknown_version``: newer format).
     """
     try:
-        data = read_document(store, layout.LATEST, mf.MAX_POINTER_BYTES)
+        data = read_document(store, ptr.LATEST, ptr.MAX_POINTER_BYTES)
     except FileNotFoundError:
         return None
-    return mf.pointer_from_bytes(data)
+    return ptr.pointer_from_bytes(data)
 
 
 def pointer_version(store: Store) -> str | None:
@@ -141,7 +143,7 @@ def pointer_version(store: Store) -> str | None:
     :data:`ABSENT` (no pointer). Read before the pointer itself, it is what a later
     compare-and-swap must find, so a pointer written in between makes that swap fail."""
     try:
-        return store.info(layout.LATEST).version
+        return store.info(ptr.LATEST).version
     except FileNotFoundError:
         return ABSENT
 
@@ -151,7 +153,7 @@ def pointed_step(store: Store) -> int | None:
     try:
         pointer = read_pointer(store)
     except ManifestError as exc:
-        log.warning("%s is unusable: %s", store.url(layout.LATEST), exc)
+        log.warning("%s is unusable: %s", store.url(ptr.LATEST), exc)
         return None
     return None if pointer is None else pointer.step
 

@@ -51,19 +51,22 @@ from typing import Any
 
 import torch
 
-from streamio.checkpoint import layout
-from streamio.checkpoint import manifest as mf
 from streamio.checkpoint.abandon import FailedShares, uncommitted, writing
 from streamio.checkpoint.catalog import ABSENT, PhaseHook, pointer_version, read_document, read_pointer
 from streamio.checkpoint.comm import Comm
+from streamio.checkpoint.format import layout
+from streamio.checkpoint.format import manifest as mf
+from streamio.checkpoint.format import pointer as ptr
+from streamio.checkpoint.format.checks import ManifestError
+from streamio.checkpoint.format.entries import FileEntry, Section
+from streamio.checkpoint.format.manifest import DoneMarker, Manifest
+from streamio.checkpoint.format.pointer import Pointer
+from streamio.checkpoint.format.retention import RetentionPolicy
+from streamio.checkpoint.format.timeline import Point, Timeline, Tip, branch
 from streamio.checkpoint.options import SaveOptions, SaveStats
 from streamio.checkpoint.pruning import Pruner
-from streamio.checkpoint.records import DoneMarker, FileEntry, Manifest, Pointer, Section
-from streamio.checkpoint.retention import RetentionPolicy
 from streamio.checkpoint.serialize import block_checksums, encode_part
 from streamio.checkpoint.snapshot import Snapshot
-from streamio.checkpoint.timeline import Point, Timeline, Tip, branch
-from streamio.checkpoint.validate import ManifestError
 from streamio.checksum import checksum_bytes
 from streamio.errors import CheckpointConflictError, CheckpointError, ObjectNotFoundError, WriteConflictError
 from streamio.pool import gather, run_parallel
@@ -330,25 +333,25 @@ class Committer:
         self._phase("manifest")
         pointer = Pointer(step=job.step, path=sdir, manifest_checksum=checksum_bytes(data), save_id=save_id,
                           created=manifest.created, timeline=plan.timeline)
-        with writing(store.url(layout.LATEST)):
+        with writing(store.url(ptr.LATEST)):
             self._swap_pointer(pointer)
         self._phase("pointer")
         return manifest
 
     def _swap_pointer(self, pointer: Pointer) -> None:
         """Replace ``latest.json`` only if it is still the version this job last read or wrote."""
-        store, expected, data = self.store, self._pointer_version, mf.pointer_to_bytes(pointer)
+        store, expected, data = self.store, self._pointer_version, ptr.pointer_to_bytes(pointer)
         try:
             if expected is ABSENT:
-                version = store.put(layout.LATEST, data, mode="create")
+                version = store.put(ptr.LATEST, data, mode="create")
             elif expected is None:  # the store reports no versions: nothing to compare against
-                version = store.put(layout.LATEST, data)
+                version = store.put(ptr.LATEST, data)
             else:
-                version = store.put(layout.LATEST, data, if_match=expected)
+                version = store.put(ptr.LATEST, data, if_match=expected)
         except (WriteConflictError, ObjectNotFoundError) as exc:
             was = "no pointer" if expected is ABSENT else f"version {expected!r}"
             raise CheckpointConflictError(
-                f"{store.url(layout.LATEST)} changed since this job last read it (expected {was}): another job "
+                f"{store.url(ptr.LATEST)} changed since this job last read it (expected {was}): another job "
                 f"writes the same checkpoint root; step {pointer.step} is complete but not current. "
                 f"Give each job its own root"
             ) from exc
@@ -380,7 +383,7 @@ def _pointed_start(store: Store, step: int, *, strict: bool) -> Point | None:
         pointer = read_pointer(store)
     except ManifestError as exc:
         raise CheckpointError(
-            f"{store.url(layout.LATEST)} is unusable ({exc}) and this job did not restore: call restore() "
+            f"{store.url(ptr.LATEST)} is unusable ({exc}) and this job did not restore: call restore() "
             f"first (it walks back to the newest complete checkpoint), then save"
         ) from exc
     if pointer is None:

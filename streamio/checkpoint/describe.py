@@ -15,8 +15,9 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from streamio.checkpoint.records import Manifest, ShardedEntry
-from streamio.checkpoint.timeline import timeline_to_json
+from streamio.checkpoint.format.entries import ShardedEntry
+from streamio.checkpoint.format.manifest import Manifest
+from streamio.checkpoint.format.timeline import timeline_to_json
 
 __all__ = ["describe", "readable", "sharding"]
 

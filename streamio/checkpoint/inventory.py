@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from streamio.checkpoint import layout
 from streamio.checkpoint.catalog import (
     committed_saves,
     places,
@@ -23,10 +22,11 @@ from streamio.checkpoint.catalog import (
     resolve_save,
 )
 from streamio.checkpoint.describe import describe
-from streamio.checkpoint.records import Manifest
-from streamio.checkpoint.root_records import MAX_RECORD_BYTES, retention_from_bytes
-from streamio.checkpoint.timeline import Tip, classify
-from streamio.checkpoint.validate import ManifestError
+from streamio.checkpoint.format import layout
+from streamio.checkpoint.format.checks import ManifestError
+from streamio.checkpoint.format.manifest import Manifest
+from streamio.checkpoint.format.notes import MAX_RECORD_BYTES, retention_from_bytes
+from streamio.checkpoint.format.timeline import Tip, classify
 from streamio.errors import CheckpointNotFoundError
 from streamio.storage import Store
 

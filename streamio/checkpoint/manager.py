@@ -25,7 +25,7 @@ import time
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
-from streamio.checkpoint import inflight, layout
+from streamio.checkpoint import inflight
 from streamio.checkpoint.admin import GarbageReport as GarbageReport  # re-exported: admin.py
 from streamio.checkpoint.admin import check_pointer as check_pointer
 from streamio.checkpoint.admin import collect_garbage as collect_garbage
@@ -38,10 +38,11 @@ from streamio.checkpoint.comm import Comm
 from streamio.checkpoint.commit import Committer
 from streamio.checkpoint.commit import part_size_for as part_size_for  # re-exported: commit.py
 from streamio.checkpoint.commit import software_stack as software_stack
+from streamio.checkpoint.format import layout
+from streamio.checkpoint.format.retention import RetentionPolicy
 from streamio.checkpoint.options import SaveOptions, SaveStats
 from streamio.checkpoint.restore import Restorer
 from streamio.checkpoint.restore import load_tensors as load_tensors  # re-exported: restore.py
-from streamio.checkpoint.retention import RetentionPolicy
 from streamio.checkpoint.serialize import HostBuffer
 from streamio.checkpoint.snapshot import Snapshot, take_snapshot
 from streamio.deprecation import keyword_only

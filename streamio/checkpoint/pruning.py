@@ -26,7 +26,6 @@ from __future__ import annotations
 import logging
 from datetime import datetime, timezone
 
-from streamio.checkpoint import layout
 from streamio.checkpoint.catalog import (
     PhaseHook,
     SaveRef,
@@ -35,8 +34,11 @@ from streamio.checkpoint.catalog import (
     read_document,
     read_manifests,
 )
-from streamio.checkpoint.records import Manifest
-from streamio.checkpoint.retention import (
+from streamio.checkpoint.format import layout
+from streamio.checkpoint.format.checks import ManifestError
+from streamio.checkpoint.format.manifest import Manifest
+from streamio.checkpoint.format.notes import MAX_RECORD_BYTES, RetentionRecord, retention_from_bytes, retention_to_bytes
+from streamio.checkpoint.format.retention import (
     CheckpointRecord,
     KeepAll,
     KeepLast,
@@ -44,14 +46,7 @@ from streamio.checkpoint.retention import (
     policy_to_json,
     steps_to_delete,
 )
-from streamio.checkpoint.root_records import (
-    MAX_RECORD_BYTES,
-    RetentionRecord,
-    retention_from_bytes,
-    retention_to_bytes,
-)
-from streamio.checkpoint.timeline import Timeline, Tip, classify, compact
-from streamio.checkpoint.validate import ManifestError
+from streamio.checkpoint.format.timeline import Timeline, Tip, classify, compact
 from streamio.errors import StreamioError
 from streamio.storage import Store
 

@@ -22,8 +22,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from streamio.checkpoint import layout
-from streamio.checkpoint import manifest as mf
 from streamio.checkpoint.catalog import (
     ABSENT,
     SaveRef,
@@ -33,9 +31,12 @@ from streamio.checkpoint.catalog import (
     read_pointer,
     remove_empty_dirs,
 )
-from streamio.checkpoint.records import Pointer
-from streamio.checkpoint.timeline import Tip, contains, retreat
-from streamio.checkpoint.validate import ManifestError
+from streamio.checkpoint.format import layout
+from streamio.checkpoint.format import manifest as mf
+from streamio.checkpoint.format import pointer as ptr
+from streamio.checkpoint.format.checks import ManifestError
+from streamio.checkpoint.format.pointer import Pointer
+from streamio.checkpoint.format.timeline import Tip, contains, retreat
 from streamio.checksum import checksum_bytes
 from streamio.errors import CheckpointConflictError, CheckpointNotFoundError, ConfigError, WriteConflictError
 from streamio.storage import ObjectInfo, Store
@@ -87,7 +88,7 @@ def plan_removal(store: Store, step: int, *, force: bool = False) -> Removal:
         pointer = None  # names nothing that could dangle
     if pointer is None or pointer.path not in dirs:
         return removal
-    latest = store.url(layout.LATEST)
+    latest = store.url(ptr.LATEST)
     if not force:
         return _refuse(removal, f"{latest} names step {step}: pass --force to move the pointer back to the newest "
                                 f"complete checkpoint of the current timeline first")
@@ -109,17 +110,17 @@ def remove(store: Store, removal: Removal) -> None:
     if removal.refusal:
         raise ConfigError(removal.refusal)
     if removal.pointer is not None:
-        data = mf.pointer_to_bytes(removal.pointer)
+        data = ptr.pointer_to_bytes(removal.pointer)
         try:
             if removal.version == ABSENT:
-                store.put(layout.LATEST, data, mode="create")
+                store.put(ptr.LATEST, data, mode="create")
             elif removal.version is None:
-                store.put(layout.LATEST, data)
+                store.put(ptr.LATEST, data)
             else:
-                store.put(layout.LATEST, data, if_match=removal.version)
+                store.put(ptr.LATEST, data, if_match=removal.version)
         except (WriteConflictError, FileNotFoundError) as exc:
             raise CheckpointConflictError(
-                f"{store.url(layout.LATEST)} changed while removing step {removal.step}: a job is writing this root; "
+                f"{store.url(ptr.LATEST)} changed while removing step {removal.step}: a job is writing this root; "
                 f"nothing was removed"
             ) from exc
     for path in removal.objects:

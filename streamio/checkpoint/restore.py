@@ -28,16 +28,19 @@ import logging
 from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any
 
-from streamio.checkpoint import candidates, layout
+from streamio.checkpoint import candidates
 from streamio.checkpoint.candidates import Candidate
 from streamio.checkpoint.catalog import pointer_version, read_manifest, record_bad
 from streamio.checkpoint.comm import Comm
-from streamio.checkpoint.records import Manifest, TensorEntry
+from streamio.checkpoint.format import layout
+from streamio.checkpoint.format import pointer as ptr
+from streamio.checkpoint.format.entries import TensorEntry
+from streamio.checkpoint.format.manifest import Manifest
+from streamio.checkpoint.format.timeline import Point
 from streamio.checkpoint.restore_plan import RestorePlan, apply, decode_state, mismatches
 from streamio.checkpoint.serialize import StreamReader
 from streamio.checkpoint.sharded.fetch import Span, fetch_spans
 from streamio.checkpoint.sharded.loading import read_pending, sources_for
-from streamio.checkpoint.timeline import Point
 from streamio.checkpoint.tree import VerifiedTensor
 from streamio.errors import CheckpointError, CheckpointNotFoundError, CorruptDataError
 from streamio.pool import gather
@@ -177,7 +180,7 @@ class Restorer:
             url = self.store.url(layout.manifest_at(c.path))
             if not explicit:
                 raise _Unverified(
-                    f"{url} carries no checksum of its own (written by an older streamio) and {layout.LATEST} does "
+                    f"{url} carries no checksum of its own (written by an older streamio) and {ptr.LATEST} does "
                     f"not name it, so its JSON cannot be verified; restore it explicitly with step={step} "
                     f"if you trust it"
                 )

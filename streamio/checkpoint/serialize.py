@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from streamio.checkpoint.records import FileEntry, TensorEntry
+from streamio.checkpoint.format.entries import FileEntry, TensorEntry
 from streamio.checkpoint.tree import TAG as TAG
 from streamio.checkpoint.tree import TreeEncoder as TreeEncoder
 from streamio.checkpoint.tree import VerifiedTensor as VerifiedTensor

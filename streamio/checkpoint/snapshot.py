@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from streamio.checkpoint.comm import Comm
-from streamio.checkpoint.records import ShardedEntry, TensorEntry
+from streamio.checkpoint.format.entries import ShardedEntry, TensorEntry
 from streamio.checkpoint.serialize import HostBuffer, Layout, assign_shares, plan_layout, tensor_entries
 from streamio.checkpoint.sharded.saving import local_shards, sharded_entries, written
 from streamio.checkpoint.tree import TreeEncoder

@@ -22,9 +22,13 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from streamio.checkpoint import manifest as mf
-from streamio.checkpoint import validate
-from streamio.checkpoint.manifest import DoneMarker, FileEntry, Manifest, Pointer, Section, TensorEntry
+from streamio.checkpoint.format import checks as validate
+from streamio.checkpoint.format import layout
+from streamio.checkpoint.format import manifest as mf
+from streamio.checkpoint.format import pointer as ptr
+from streamio.checkpoint.format.entries import FileEntry, Section, TensorEntry
+from streamio.checkpoint.format.manifest import DoneMarker, Manifest
+from streamio.checkpoint.format.pointer import Pointer
 from streamio.checkpoint.tree import TAG, TreeEncoder, decode_tree
 from streamio.checksum import checksum_bytes
 from streamio.errors import CheckpointFormatError
@@ -61,7 +65,7 @@ def _manifest() -> Manifest:
 MANIFEST = mf.manifest_to_bytes(_manifest())
 MARKER = mf.marker_to_bytes(DoneMarker(0, "abc", _manifest().files[:2], {"model/w": _tensor(0, 0, 128)},
                                        Section({"rng": 1}, {"rng": _tensor(0, 128, 64)}), {"model": {"w": 1}}))
-POINTER = mf.pointer_to_bytes(Pointer(7, mf.step_dir(7), "crc32c:0123abcd", "abc", "2026-01-01T00:00:00+00:00"))
+POINTER = ptr.pointer_to_bytes(Pointer(7, layout.step_dir(7), "crc32c:0123abcd", "abc", "2026-01-01T00:00:00+00:00"))
 
 
 def _nested(depth: int) -> Any:
@@ -177,16 +181,16 @@ def test_marker_parser_under_mutation(data: bytes) -> None:
 @FUZZ
 @given(mutated(POINTER))
 def test_pointer_parser_under_mutation(data: bytes) -> None:
-    pointer = _parse_within_budget(mf.pointer_from_bytes, data)
+    pointer = _parse_within_budget(ptr.pointer_from_bytes, data)
     if pointer is None:
         return
-    assert isinstance(pointer, Pointer) and pointer.path == mf.step_dir(pointer.step)
+    assert isinstance(pointer, Pointer) and pointer.path == layout.step_dir(pointer.step)
     assert validate.checksum({"c": pointer.manifest_checksum}, "c", "re-check")
 
 
 @given(st.binary(max_size=512))
 def test_parsers_on_arbitrary_bytes(data: bytes) -> None:
-    for parse in (mf.manifest_from_bytes, mf.marker_from_bytes, mf.pointer_from_bytes):
+    for parse in (mf.manifest_from_bytes, mf.marker_from_bytes, ptr.pointer_from_bytes):
         assert _parse_within_budget(parse, data) is None
 
 
@@ -198,7 +202,7 @@ def test_documents_beyond_the_limits_are_refused_quickly() -> None:
             parse(deep)
         assert time.perf_counter() - t0 < TIME_BUDGET_S
     with pytest.raises(CheckpointFormatError, match="over the 65536-byte limit"):
-        mf.pointer_from_bytes(b" " * (65 << 10))
+        ptr.pointer_from_bytes(b" " * (65 << 10))
 
 
 @pytest.mark.parametrize(("field", "value", "match"), [

@@ -22,10 +22,12 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 from test_fuzz_manifest import FUZZ, MANIFEST, MARKER, POINTER, _parse_within_budget, _places
 
-from streamio.checkpoint import manifest as mf
-from streamio.checkpoint import validate
-from streamio.checkpoint.entries import DTYPE_SIZES
-from streamio.checkpoint.records import ChunkEntry, FileEntry, Manifest, Section, ShardedEntry, TensorEntry
+from streamio.checkpoint.format import checks as validate
+from streamio.checkpoint.format import layout
+from streamio.checkpoint.format import manifest as mf
+from streamio.checkpoint.format import pointer as ptr
+from streamio.checkpoint.format.entries import DTYPE_SIZES, ChunkEntry, FileEntry, Section, ShardedEntry, TensorEntry
+from streamio.checkpoint.format.manifest import Manifest
 from streamio.checkpoint.sharded.dcp_format import MAX_LIST_INDEX, metadata_of
 from streamio.checkpoint.tree import TAG, decode_tree, dtype_from_name
 from streamio.errors import CheckpointFormatError
@@ -178,9 +180,9 @@ def test_numbers_of_a_done_marker_are_in_range_or_refused(data: bytes) -> None:
 @FUZZ
 @given(renumbered(POINTER))
 def test_numbers_of_the_pointer_are_in_range_or_refused(data: bytes) -> None:
-    pointer = _parse_within_budget(mf.pointer_from_bytes, data)
+    pointer = _parse_within_budget(ptr.pointer_from_bytes, data)
     if pointer is not None:
-        assert _in_range(pointer.step) and pointer.path == mf.step_dir(pointer.step)
+        assert _in_range(pointer.step) and pointer.path == layout.step_dir(pointer.step)
         assert all(_in_range(step) for _, step in pointer.timeline.history)
 
 

@@ -25,8 +25,8 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadIte
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from streamio.checkpoint import CheckpointManager, SaveOptions
-from streamio.checkpoint import manifest as mf
 from streamio.checkpoint.admin import verify_checkpoint
+from streamio.checkpoint.format import manifest as mf
 from streamio.checkpoint.sharded import StreamioReader, StreamioWriter
 from streamio.cli.main import cli
 from streamio.errors import CheckpointError, CheckpointFormatError, CheckpointNotFoundError

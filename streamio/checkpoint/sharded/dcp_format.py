@@ -27,10 +27,10 @@ from typing import Any
 
 import torch
 
-from streamio.checkpoint.layout import parse_step_dir
-from streamio.checkpoint.records import Manifest
+from streamio.checkpoint.format.checks import short
+from streamio.checkpoint.format.layout import parse_step_dir
+from streamio.checkpoint.format.manifest import Manifest
 from streamio.checkpoint.tree import dtype_from_name
-from streamio.checkpoint.validate import short
 from streamio.errors import CheckpointFormatError, ConfigError
 from streamio.limits import MAX_JSON_DEPTH
 

@@ -51,10 +51,10 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
-from streamio.checkpoint import layout
 from streamio.checkpoint.catalog import read_manifest, read_pointer, resolve_save
 from streamio.checkpoint.comm import Comm
-from streamio.checkpoint.records import Manifest
+from streamio.checkpoint.format import pointer as ptr
+from streamio.checkpoint.format.manifest import Manifest
 from streamio.checkpoint.restore import load_tensors
 from streamio.checkpoint.serialize import StreamReader
 from streamio.checkpoint.sharded.boxes import BoxSource, byte_span
@@ -162,7 +162,7 @@ class StreamioReader(StepCheckpointId, StorageReader):
                 return self.step, resolve_save(self.store, self.step), None
             pointer = read_pointer(self.store)
             if pointer is None:
-                raise CheckpointNotFoundError(f"no checkpoint under {self.store.root_url}: {layout.LATEST} is missing")
+                raise CheckpointNotFoundError(f"no checkpoint under {self.store.root_url}: {ptr.LATEST} is missing")
             return pointer.step, pointer.path, pointer.manifest_checksum
         except Exception as exc:  # raised on every rank
             return exc

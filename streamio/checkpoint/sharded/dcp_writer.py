@@ -39,9 +39,9 @@ from torch.futures import Future
 
 from streamio.checkpoint.comm import Comm
 from streamio.checkpoint.commit import Committer, PhaseHook
+from streamio.checkpoint.format.entries import ChunkEntry, ShardedEntry, TensorEntry
+from streamio.checkpoint.format.retention import RetentionPolicy
 from streamio.checkpoint.options import SaveOptions, SaveStats
-from streamio.checkpoint.records import ChunkEntry, ShardedEntry, TensorEntry
-from streamio.checkpoint.retention import RetentionPolicy
 from streamio.checkpoint.serialize import HostBuffer, Layout, plan_layout, tensor_entries
 from streamio.checkpoint.sharded.dcp_format import DCP_KEY, StepCheckpointId, planner_data_to_json
 from streamio.checkpoint.sharded.saving import describe_layout

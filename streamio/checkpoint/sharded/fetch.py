@@ -20,7 +20,7 @@ import bisect
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from streamio.checkpoint.records import FileEntry
+from streamio.checkpoint.format.entries import FileEntry
 from streamio.checkpoint.serialize import decode_part, verify_file
 from streamio.checksum import crc32c, format_checksum
 from streamio.errors import CorruptDataError

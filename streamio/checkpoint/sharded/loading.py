@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from streamio.checkpoint.records import ChunkEntry, FileEntry, ShardedEntry
+from streamio.checkpoint.format.entries import ChunkEntry, FileEntry, ShardedEntry
 from streamio.checkpoint.serialize import StreamReader
 from streamio.checkpoint.sharded.boxes import BoxSource, byte_span, narrow
 from streamio.checkpoint.sharded.fetch import Span, fetch_spans

@@ -3,7 +3,7 @@
 A DTensor of the state (FSDP2's parameters and optimizer moments, a tensor-parallel module's
 weights) is saved as *chunks*: this rank's local tensor is one box of the global tensor
 (:func:`~.boxes.local_box`, DCP's own geometry), written into this rank's byte stream and
-recorded with its offsets and sizes (:class:`~streamio.checkpoint.records.ChunkEntry`). Nothing
+recorded with its offsets and sizes (:class:`~streamio.checkpoint.format.entries.ChunkEntry`). Nothing
 is gathered and no rank ever holds more than its own shard.
 
 **Who writes a box.** Along the mesh dimensions where the tensor is sharded every rank holds
@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from streamio.checkpoint.records import ChunkEntry, ShardedEntry
+from streamio.checkpoint.format.entries import ChunkEntry, ShardedEntry
 from streamio.checkpoint.serialize import Layout
 from streamio.checkpoint.sharded.boxes import local_box
 from streamio.checkpoint.tree import dtype_name

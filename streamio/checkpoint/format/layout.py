@@ -2,7 +2,7 @@
 
 Layout of a checkpoint root::
 
-    ROOT/latest.json                         the only mutable object (the pointer), replaced last
+    ROOT/latest.json                         the only mutable object (the pointer, :mod:`.pointer`), replaced last
     ROOT/retention.json                      the retention policy the root's jobs apply
     ROOT/step-000045000/manifest.json        written last of the save, create-only: the checkpoint
     ROOT/step-000045000/rank-00003/part-<save id>-00000.bin   rank 3's raw tensor bytes
@@ -39,7 +39,6 @@ from streamio.errors import ConfigError
 
 __all__ = [
     "BAD",
-    "LATEST",
     "MANIFEST",
     "RETENTION",
     "bad_path",
@@ -58,7 +57,6 @@ __all__ = [
     "step_dir",
 ]
 
-LATEST = "latest.json"
 MANIFEST = "manifest.json"
 BAD = "bad.json"
 RETENTION = "retention.json"

@@ -41,7 +41,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from streamio.checkpoint.validate import ManifestError, integer, short
+from streamio.checkpoint.format.checks import ManifestError, integer, short
 from streamio.errors import CheckpointError
 
 __all__ = [

@@ -19,9 +19,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from streamio.checkpoint import validate as vd
-from streamio.checkpoint.retention import RetentionPolicy, policy_from_json, policy_to_json
-from streamio.checkpoint.validate import ManifestError
+from streamio.checkpoint.format import checks as vd
+from streamio.checkpoint.format.checks import ManifestError
+from streamio.checkpoint.format.retention import RetentionPolicy, policy_from_json, policy_to_json
 from streamio.limits import MAX_JSON_DEPTH, load_json
 
 __all__ = ["BadRecord", "RetentionRecord", "bad_from_bytes", "bad_to_bytes", "retention_from_bytes",

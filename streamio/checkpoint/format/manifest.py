@@ -1,11 +1,11 @@
-"""The ``manifest.json`` / done-marker / ``latest.json`` schemas: to and from bytes (PURE).
+"""The ``manifest.json`` and done-marker documents: their records, to and from bytes (PURE).
 
 This module is plain data: it imports neither torch nor fsspec nor the storage layer (an
 import-linter contract checks it), so the format can be read, validated and reasoned about by
-the CLI, by tests and by other tools without a training stack.
-
-The records (:mod:`.records`), the paths (:mod:`.layout`) and the retention policies
-(:mod:`.retention`) are re-exported here for callers that import them from this module.
+the CLI, by tests and by other tools without a training stack. The entries the documents hold
+(parts, tensors, sections, sharded tensors) are :mod:`.entries`; the pointer that names the
+current manifest is :mod:`.pointer`; the one module that reads and writes them in a root is
+:mod:`streamio.checkpoint.root`.
 
 Files carry the size and CRC32C of the stored bytes (after optional zstd), tensors the CRC32C of
 their raw bytes, so a reader verifies everything before loading anything. A checkpoint is
@@ -13,72 +13,114 @@ their raw bytes, so a reader verifies everything before loading anything. A chec
 checksum. The manifest is written only after every rank's done marker exists; the pointer only
 after the manifest; retention deletes only after the pointer naming a newer checkpoint is
 written, and deletes a step's manifest first so that a half-deleted step is never mistaken for a
-complete one (:mod:`.commit`).
+complete one (docs/design.md "Commit protocol").
 
 Format 2 (timelines, docs/checkpoint-lifecycle.md) adds to the manifest the ``timeline`` of the
-job that wrote it and its ``parent`` save, and to the pointer the current ``timeline`` and a
-``path`` that may name a suffixed save directory (:func:`~.layout.save_dir`). Format 3
-(docs/sharded-checkpoints.md) is format 2 plus a ``sharded`` section (DTensors saved as chunks by
-the ranks that held them) and block checksums on the parts; it is written only when the state
-held sharded tensors, so other saves stay readable by older streamio. Format 1 and 2 documents
-are still read (format 1's timeline is ``""``); a newer format is refused with "upgrade streamio".
-The JSON of the entries (parts, tensors, sections, sharded tensors) is :mod:`.entries`.
+job that wrote it and its ``parent`` save. Format 3 (docs/sharded-checkpoints.md) is format 2 plus
+a ``sharded`` section (DTensors saved as chunks by the ranks that held them) and block checksums
+on the parts; it is written only when the state held sharded tensors, so other saves stay
+readable by older streamio. Format 1 and 2 documents are still read (format 1's timeline is
+``""``); a newer format is refused with "upgrade streamio".
 
 These documents are read back from storage that others can write, so the parsers here trust
 nothing: size and nesting are bounded (:mod:`streamio.limits`), every field is checked, paths
-must stay below the step directory and sizes must add up (:mod:`.validate`), and a manifest
+must stay below the step directory and sizes must add up (:mod:`.checks`), and a manifest
 carries its own checksum as its last field, which the parser verifies, so the JSON half of a
 checkpoint is verified even for a step that ``latest.json`` does not name.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from streamio.checkpoint import entries as ent
-from streamio.checkpoint import validate as vd
-from streamio.checkpoint.layout import LATEST as LATEST  # re-exported: layout.py
-from streamio.checkpoint.layout import MANIFEST as MANIFEST
-from streamio.checkpoint.layout import manifest_path as manifest_path
-from streamio.checkpoint.layout import marker_path as marker_path
-from streamio.checkpoint.layout import parse_save_dir
-from streamio.checkpoint.layout import parse_step_dir as parse_step_dir
-from streamio.checkpoint.layout import part_path as part_path
-from streamio.checkpoint.layout import rank_dir as rank_dir
-from streamio.checkpoint.layout import save_dir as save_dir
-from streamio.checkpoint.layout import split_ranges as split_ranges
-from streamio.checkpoint.layout import step_dir as step_dir
-from streamio.checkpoint.records import DoneMarker, FileEntry, Manifest, Pointer, Section, ShardedEntry, TensorEntry
-from streamio.checkpoint.retention import CheckpointRecord as CheckpointRecord  # re-exported: retention.py
-from streamio.checkpoint.retention import KeepAll as KeepAll
-from streamio.checkpoint.retention import KeepAny as KeepAny
-from streamio.checkpoint.retention import KeepBest as KeepBest
-from streamio.checkpoint.retention import KeepEvery as KeepEvery
-from streamio.checkpoint.retention import KeepLast as KeepLast
-from streamio.checkpoint.retention import RetentionPolicy as RetentionPolicy
-from streamio.checkpoint.retention import steps_to_delete as steps_to_delete
-from streamio.checkpoint.timeline import Timeline, timeline_from_json, timeline_to_json
-from streamio.checkpoint.validate import ManifestError  # defined beside the checks that raise it
+from streamio.checkpoint.format import checks as vd
+from streamio.checkpoint.format import entries as ent
+from streamio.checkpoint.format.checks import ManifestError
+from streamio.checkpoint.format.entries import FileEntry, Section, ShardedEntry, TensorEntry
+from streamio.checkpoint.format.layout import parse_save_dir
+from streamio.checkpoint.format.timeline import Timeline, timeline_from_json, timeline_to_json
 from streamio.checksum import checksum_bytes
 from streamio.limits import MAX_JSON_BYTES
 
+__all__ = [
+    "FORMAT", "MARKER_FORMAT", "SHARDED_FORMAT", "DoneMarker", "Manifest", "build_manifest", "manifest_from_bytes",
+    "manifest_to_bytes", "marker_from_bytes", "marker_to_bytes",
+]
+
 FORMAT = "streamio.checkpoint/2"
 SHARDED_FORMAT = "streamio.checkpoint/3"  # a manifest with sharded tensors (else FORMAT)
-POINTER_FORMAT = "streamio.checkpoint.latest/2"
 _FORMAT_V1 = "streamio.checkpoint/1"
-_POINTER_FORMAT_V1 = "streamio.checkpoint.latest/1"
 MARKER_FORMAT = "streamio.checkpoint.done/1"
 _FORMAT_FAMILY = "streamio.checkpoint/"
-_POINTER_FAMILY = "streamio.checkpoint.latest/"
 
 _MAX_WORLD = 1 << 20
-#: the most ``latest.json`` may be (a pointer is a few hundred bytes; its timeline, a few KiB)
-MAX_POINTER_BYTES = 64 << 10
 
 
-# Every parser below checks every field before it returns (see validate.py, entries.py): a
+@dataclass(frozen=True)
+class Manifest:
+    """The checkpoint of one step: written last, create-only.
+
+    Attributes:
+        step: the training step.
+        save_id: random id of the save that wrote it (names its parts and markers).
+        world_size: ranks that wrote it.
+        replicated: the state that was identical on every rank (tensors spread over ranks).
+        per_rank: one section per rank (RNG, data position ...), index = rank.
+        files: every object of the checkpoint other than the manifest itself.
+        metrics: user metrics (what ``KeepBest`` ranks by).
+        software: versions of streamio / torch / CUDA / Python that wrote it.
+        created: ISO-8601 UTC time of the commit.
+        checksum: the seal the stored manifest carried (verified when parsed); ``""`` when it
+            was built here or written before manifests sealed themselves.
+        timeline: the timeline of the job that wrote it (:mod:`.timeline`); ``None`` when
+            written before timelines (format 1: the timeline ``""``).
+        parent: the save directory of the save it follows (the previous save of its job, or the
+            one the job restored); ``""`` if none or not recorded.
+        sharded: key -> tensor saved as chunks (format 3; the trees refer to them with
+            ``{"$t": "dtensor", "k": key}``); empty when the state held no sharded tensor.
+    """
+
+    step: int
+    save_id: str
+    world_size: int
+    replicated: Section
+    per_rank: tuple[Section, ...]
+    files: tuple[FileEntry, ...]
+    metrics: Mapping[str, Any] = field(default_factory=dict)
+    software: Mapping[str, Any] = field(default_factory=dict)
+    created: str = ""
+    checksum: str = field(default="", compare=False)
+    timeline: Timeline | None = None
+    parent: str = ""
+    sharded: Mapping[str, ShardedEntry] = field(default_factory=dict)
+
+    @property
+    def line(self) -> Timeline:
+        """Its timeline (``Timeline()``, the timeline ``""``, for format 1)."""
+        return self.timeline if self.timeline is not None else Timeline()
+
+    @property
+    def total_bytes(self) -> int:
+        """Stored bytes of all files."""
+        return sum(f.size for f in self.files)
+
+
+@dataclass(frozen=True)
+class DoneMarker:
+    """What a rank uploaded, written create-only after its parts are verified in the store."""
+
+    rank: int
+    save_id: str
+    files: tuple[FileEntry, ...]
+    replicated_tensors: Mapping[str, TensorEntry]
+    per_rank: Section
+    replicated_tree: Any = None  # rank 0 only
+    sharded: Mapping[str, ShardedEntry] = field(default_factory=dict)  # the chunks this rank wrote
+
+
+# Every parser below checks every field before it returns (see checks.py, entries.py): a
 # document that parses names only confined paths, consistent sizes and well-formed checksums.
 
 
@@ -104,7 +146,7 @@ def manifest_to_bytes(m: Manifest) -> bytes:
 
 
 def manifest_from_bytes(data: bytes, *, step: int | None = None, checksum: str | None = None) -> Manifest:
-    """Parse and validate a manifest (bounded: size, nesting, every field; see validate.py).
+    """Parse and validate a manifest (bounded: size, nesting, every field; see checks.py).
 
     Args:
         data: the manifest's bytes.
@@ -123,7 +165,7 @@ def manifest_from_bytes(data: bytes, *, step: int | None = None, checksum: str |
     fmt = ent.check_format(doc, (SHARDED_FORMAT, FORMAT, _FORMAT_V1), _FORMAT_FAMILY, what)
     if checksum is not None and checksum_bytes(data) != checksum:
         raise ManifestError(
-            f"{what} has checksum {checksum_bytes(data)}, but {LATEST} recorded {checksum} when it was committed: "
+            f"{what} has checksum {checksum_bytes(data)}, but latest.json recorded {checksum} when it was committed: "
             f"the manifest was modified or replaced after commit"
         )
     found = vd.integer(doc, "step", what)
@@ -264,37 +306,6 @@ def build_manifest(
         software=dict(software),
         created=created,
     )
-
-
-def pointer_to_bytes(p: Pointer) -> bytes:
-    doc = {"format": POINTER_FORMAT, "step": p.step, "path": p.path, "manifest_checksum": p.manifest_checksum,
-           "save_id": p.save_id, "created": p.created, "timeline": timeline_to_json(p.timeline)}
-    return json.dumps(doc, separators=(",", ":")).encode()
-
-
-def pointer_from_bytes(data: bytes) -> Pointer:
-    """Parse and validate ``latest.json`` (format 1 or 2).
-
-    ``path`` must be the step's directory, or (format 2) that directory suffixed with the
-    pointer's save id; a format-1 pointer is on the timeline ``""``.
-
-    Raises:
-        ManifestError: it is not a valid pointer (``unknown_version``: a newer format).
-    """
-    what = LATEST
-    doc = _load_json(data, what, max_bytes=MAX_POINTER_BYTES)
-    fmt = ent.check_format(doc, (POINTER_FORMAT, _POINTER_FORMAT_V1), _POINTER_FAMILY, what)
-    step = vd.integer(doc, "step", what)
-    path = vd.string(doc, "path", what)
-    save_id = vd.save_id(doc, "save_id", what, optional=True)
-    allowed = [step_dir(step)] + ([save_dir(step, save_id)] if fmt == POINTER_FORMAT and save_id else [])
-    if path not in allowed:
-        raise ManifestError(
-            f"{what} names path {vd.short(path)} for step {step}; expected {' or '.join(map(repr, allowed))}"
-        )
-    timeline = timeline_from_json(doc.get("timeline"), what) if fmt == POINTER_FORMAT else Timeline()
-    return Pointer(step=step, path=path, manifest_checksum=vd.checksum(doc, "manifest_checksum", what),
-                   save_id=save_id, created=ent.optional_str(doc, "created", what), timeline=timeline)
 
 
 def _load_json(data: bytes, what: str, *, max_bytes: int = MAX_JSON_BYTES) -> dict[str, Any]:

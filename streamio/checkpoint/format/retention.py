@@ -1,4 +1,4 @@
-"""Retention policies: which committed checkpoints to keep (PURE, like :mod:`.manifest`).
+"""Retention policies: which committed checkpoints to keep (PURE).
 
 A policy sees what retention knows of each checkpoint of the *current timeline*
 (:class:`CheckpointRecord`: its step and metrics), in commit order, oldest first, and returns the

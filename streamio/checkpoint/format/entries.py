@@ -1,7 +1,7 @@
-"""JSON codecs of the entries of a checkpoint document: parts, tensors, sections, sharded tensors (PURE).
+"""The entries of a checkpoint document: parts, tensors, sections, sharded tensors; their records and JSON (PURE).
 
-:mod:`.manifest` assembles its documents (manifest, done marker, pointer) from these. Every parser
-here checks every field before it returns (:mod:`.validate`), because the documents are read back
+:mod:`.manifest` assembles its documents (manifest, done marker) from these. Every parser
+here checks every field before it returns (:mod:`.checks`), because the documents are read back
 from storage that others can write: a parsed entry names only confined paths, well-formed checksums,
 a dtype torch has, and numbers that are integers in ``[0, 2**63)`` and agree with each other
 before anything is allocated on their word: a tensor's (and a chunk's) ``nbytes`` is the product
@@ -21,18 +21,17 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from streamio.checkpoint import validate as vd
-from streamio.checkpoint.records import ChunkEntry, FileEntry, Section, ShardedEntry, TensorEntry
-from streamio.checkpoint.validate import ManifestError
+from streamio.checkpoint.format import checks as vd
+from streamio.checkpoint.format.checks import ManifestError
 from streamio.limits import MAX_JSON_BYTES, MAX_JSON_DEPTH, json_depth, load_json
 
 __all__ = [
-    "DTYPE_SIZES", "check_format", "dump", "file_from_json", "file_to_json", "files_field", "list_field", "load_doc",
-    "optional_str", "section_from_json", "section_to_json", "sharded_from_json", "sharded_to_json",
-    "tensor_from_json", "tensor_to_json",
+    "DTYPE_SIZES", "ChunkEntry", "FileEntry", "Section", "ShardedEntry", "TensorEntry", "check_format", "dump",
+    "file_from_json", "file_to_json", "files_field", "list_field", "load_doc", "optional_str", "section_from_json",
+    "section_to_json", "sharded_from_json", "sharded_to_json", "tensor_from_json", "tensor_to_json",
 ]
 
 #: bytes per element of each dtype torch has (its name without ``torch.``; a test compares this
@@ -50,6 +49,108 @@ DTYPE_SIZES: Mapping[str, int] = {
 }
 COMPRESSIONS = (None, "zstd")
 MAX_DIMS = 64
+
+
+# ------------------------------------------------------------------------------------ records
+@dataclass(frozen=True)
+class FileEntry:
+    """One stored object of a checkpoint.
+
+    Attributes:
+        path: relative to the step directory.
+        rank: the rank whose stream this part belongs to (who uploaded it).
+        start: offset of the part's first raw byte in that rank's stream.
+        raw_size: raw (uncompressed) bytes of the part.
+        size: stored bytes (``raw_size`` unless compressed).
+        checksum: ``"crc32c:..."`` of the stored bytes.
+        compression: ``None`` or ``"zstd"``.
+        block_size: raw bytes per checksummed block (``0``: none); set on the parts of a save
+            with sharded state, so that a restore can read a byte range of a part and verify it.
+        blocks: ``"crc32c:..."`` of each block of the raw part, in order (the last one may be
+            shorter); only on uncompressed parts.
+    """
+
+    path: str
+    rank: int
+    start: int
+    raw_size: int
+    size: int
+    checksum: str
+    compression: str | None = None
+    block_size: int = 0
+    blocks: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    """Where a tensor's raw bytes live and what they are.
+
+    Attributes:
+        rank: whose stream holds the bytes.
+        offset: offset in that stream (may span consecutive parts).
+        nbytes: raw size.
+        dtype: torch dtype name without the ``torch.`` prefix (``"float32"``, ``"bfloat16"``).
+        shape: sizes.
+        checksum: ``"crc32c:..."`` of the raw bytes.
+    """
+
+    rank: int
+    offset: int
+    nbytes: int
+    dtype: str
+    shape: tuple[int, ...]
+    checksum: str
+
+
+@dataclass(frozen=True)
+class ChunkEntry:
+    """One saved piece of a sharded tensor: a box of the global tensor, row-major in a rank's stream.
+
+    Attributes:
+        offsets: where the box starts in the global tensor, per dimension.
+        sizes: its extent per dimension.
+        rank: whose stream holds its bytes.
+        offset: where they start in that stream (may span consecutive parts).
+        nbytes: ``prod(sizes)`` times the element size.
+    """
+
+    offsets: tuple[int, ...]
+    sizes: tuple[int, ...]
+    rank: int
+    offset: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class ShardedEntry:
+    """A tensor saved as chunks by the ranks that held them (a DTensor, or any tensor written
+    through the DCP storage writer), restorable onto any other sharding.
+
+    Attributes:
+        dtype: torch dtype name (``"float32"``).
+        shape: the global shape.
+        chunks: the saved boxes; together they cover the global tensor exactly once.
+        layout: how it was sharded when saved, for people (``{"mesh": [2], "dims": ["dp"],
+            "placements": ["Shard(dim=0)"]}``); ``{}`` when not known. Restore never needs it.
+    """
+
+    dtype: str
+    shape: tuple[int, ...]
+    chunks: tuple[ChunkEntry, ...]
+    layout: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Section:
+    """One group of state: a JSON tree whose tensors are referenced by key.
+
+    Attributes:
+        tree: JSON-able tree (tagged encoding; tensors as references to ``tensors`` keys).
+        tensors: key -> :class:`TensorEntry`.
+    """
+
+    tree: Any
+    tensors: Mapping[str, TensorEntry] = field(default_factory=dict)
 
 
 # ------------------------------------------------------------------------------------ parts
