@@ -218,7 +218,7 @@ class Rank:
     def _part_sizes(self) -> list[int]:
         """The sizes of this rank's parts in streamio's latest save (the ceiling moves the same bytes)."""
         if self._parts is None:
-            from streamio.checkpoint.catalog import read_manifest
+            from streamio.checkpoint.root import read_manifest
             from streamio.storage import Store
 
             m = read_manifest(Store(f"{self.root}/streamio", self.storage), self.step)

@@ -140,9 +140,9 @@ def verify_cmd(store: Store, step: int | None, all_steps: bool, as_json: bool) -
     no such STEP) or storage could not be read.
     """
     from streamio.checkpoint.admin import check_pointer, verify_checkpoint
-    from streamio.checkpoint.catalog import committed_saves
     from streamio.checkpoint.format import layout
     from streamio.checkpoint.format import pointer as ptr
+    from streamio.checkpoint.root import committed_saves
     from streamio.errors import CheckpointNotFoundError
 
     problems: list[str] = []
@@ -177,8 +177,8 @@ def verify_cmd(store: Store, step: int | None, all_steps: bool, as_json: bool) -
 
 def _require_step(store: Store, step: int) -> None:
     """Raise CheckpointNotFoundError when ``step`` has no manifest: then there is nothing to check."""
-    from streamio.checkpoint.catalog import committed_saves
     from streamio.checkpoint.format import layout
+    from streamio.checkpoint.root import committed_saves
     from streamio.errors import CheckpointNotFoundError
 
     path = layout.manifest_path(step)

@@ -24,8 +24,7 @@ import errno
 import logging
 from collections.abc import Iterator
 
-from streamio.checkpoint.catalog import read_manifest, remove_empty_dirs
-from streamio.checkpoint.format import layout
+from streamio.checkpoint.root import delete_share, read_manifest
 from streamio.errors import CheckpointError, CheckpointNotFoundError
 from streamio.storage import Store
 
@@ -73,19 +72,8 @@ def discard_share(store: Store, sdir: str, save_id: str, rank: int) -> bool:
     Returns:
         Whether everything went (else logged; the caller tries again later).
     """
-    prefix = f"{sdir}/{layout.rank_dir(rank)}/"
-
-    def ours(path: str) -> bool:
-        return layout.object_save_id(path[len(sdir) + 1:]) == save_id
-
     try:
-        for o in store.list(prefix):
-            if ours(o.path):
-                store.delete(o.path)
-        for upload in store.incomplete_uploads(prefix):
-            if ours(upload.path):
-                store.abort_upload(upload)
-        remove_empty_dirs(store, [prefix.rstrip("/"), sdir])
+        delete_share(store, sdir, save_id, rank)
     except Exception as exc:  # noqa: BLE001 - the save's own error is the one raised; this is housekeeping
         log.warning("could not remove rank %d's share of the failed save %s at %s (%s: %s): the next save tries "
                     "again; `streamio ckpt gc` removes it too", rank, save_id, store.url(sdir), type(exc).__name__,

@@ -12,50 +12,36 @@ save or restore. They read storage fresh and report what they find by object URL
   objects, and on S3 old incomplete multipart uploads. What a live job may still be writing is
   kept until it is ``min_age_s`` old.
 
-``streamio ckpt rm`` is :mod:`.removal`. The root's catalog (:func:`committed_steps`,
-:func:`read_manifest`, :func:`delete_step`, :func:`detect_foreign`) lives in :mod:`.catalog`
-and is re-exported here.
+``streamio ckpt rm`` is :mod:`.removal`. Every document is read and every object deleted
+through :mod:`.root`.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from streamio.checkpoint.catalog import (
-    SaveRef,
-    committed_saves,
-    committed_steps,
-    read_document,
-    read_manifest,
-    read_manifests,
-    remove_empty_dirs,
-    resolve_save,
-)
-from streamio.checkpoint.catalog import delete_step as delete_step  # re-exported: catalog.py
-from streamio.checkpoint.catalog import detect_foreign as detect_foreign
+from streamio.checkpoint import root
 from streamio.checkpoint.format import layout
-from streamio.checkpoint.format import pointer as ptr
 from streamio.checkpoint.format.checks import ManifestError
 from streamio.checkpoint.format.manifest import Manifest
 from streamio.checkpoint.format.timeline import Tip, classify
-from streamio.checksum import checksum_bytes
+from streamio.checkpoint.root import (
+    SaveRef,
+    committed_saves,
+    read_manifest,
+    read_manifests,
+    read_pointer,
+    resolve_save,
+)
 from streamio.errors import CheckpointError, CheckpointFormatError, CorruptDataError, StorageError, StreamioError
 from streamio.storage import Store
 
-__all__ = [
-    "GarbageReport",
-    "check_pointer",
-    "collect_garbage",
-    "committed_steps",
-    "delete_step",
-    "detect_foreign",
-    "read_manifest",
-    "verify_checkpoint",
-]
+__all__ = ["GarbageReport", "check_pointer", "collect_garbage", "verify_checkpoint"]
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +57,7 @@ def verify_checkpoint(
     Files are read one after another: ``concurrency`` is not used yet (kept for its callers).
 
     Args:
-        path: the save directory; default: the one :func:`~.catalog.resolve_save` picks.
+        path: the save directory; default: the one :func:`~.root.resolve_save` picks.
         progress: ``progress(done, total, nbytes)``: files read of ``total`` and their bytes so far.
     """
     # torch (for the tensors' checks) is imported here, not at module level: `ckpt ls/gc/rm` and
@@ -116,24 +102,23 @@ def verify_checkpoint(
 
 def check_pointer(store: Store) -> tuple[int | None, list[str]]:
     """The step ``latest.json`` names and what is wrong with the pointer itself (if anything)."""
-    url = store.url(ptr.LATEST)
+    url = root.pointer_url(store)
     try:
-        data = read_document(store, ptr.LATEST, ptr.MAX_POINTER_BYTES)
-        pointer = ptr.pointer_from_bytes(data)
-    except FileNotFoundError:
-        return None, [f"{url} does not exist: no checkpoint was ever committed here (or it was deleted)"]
+        pointer = read_pointer(store)
     except ManifestError as exc:
         return None, [f"{url} is corrupt: {exc}"]
+    if pointer is None:
+        return None, [f"{url} does not exist: no checkpoint was ever committed here (or it was deleted)"]
     manifest_url = store.url(layout.manifest_at(pointer.path))
     try:
-        manifest_data = read_document(store, layout.manifest_at(pointer.path))
+        digest = root.manifest_digest(store, pointer.path)
     except FileNotFoundError:
         return pointer.step, [f"{url} names step {pointer.step} but {manifest_url} does not exist"]
     except ManifestError as exc:
         return pointer.step, [f"{url} names step {pointer.step} but its manifest is unusable: {exc}"]
-    if checksum_bytes(manifest_data) != pointer.manifest_checksum:
+    if digest != pointer.manifest_checksum:
         return pointer.step, [f"{url} names step {pointer.step} with manifest checksum {pointer.manifest_checksum}, "
-                              f"but {manifest_url} has {checksum_bytes(manifest_data)}"]
+                              f"but {manifest_url} has {digest}"]
     return pointer.step, []
 
 
@@ -180,12 +165,12 @@ def collect_garbage(
     ``progress(done, total, nbytes)`` is called after each deletion (objects deleted of ``total``).
     """
     now = time.time() if now is None else now
-    listing = store.list()
+    listing = root.objects(store)
     saves = committed_saves(store, listing)
     manifests = read_manifests(store, saves)
     try:
-        pointer = ptr.pointer_from_bytes(read_document(store, ptr.LATEST, ptr.MAX_POINTER_BYTES))
-    except (FileNotFoundError, ManifestError):
+        pointer = read_pointer(store)
+    except ManifestError:
         pointer = None
     tip = None if pointer is None else Tip(pointer.timeline, pointer.step)
     newest = max((s.step for s in saves), default=None)
@@ -199,7 +184,7 @@ def collect_garbage(
         if verdict == "whole":
             whole.add(ref.path)
         elif verdict == "kept":
-            kept.append(f"{store.url(ref.path)} (step {ref.step}) was rejected by a restore but {ptr.LATEST} names "
+            kept.append(f"{store.url(ref.path)} (step {ref.step}) was rejected by a restore but latest.json names "
                         f"it: the next save supersedes it, or `streamio ckpt rm --force` moves the pointer back")
         if isinstance(m, Manifest):
             markers = {layout.marker_path(r, m.save_id) for r in range(m.world_size)}
@@ -211,19 +196,10 @@ def collect_garbage(
     doomed.sort(key=lambda o: (o.path.rsplit("/", 1)[-1] != layout.MANIFEST, o.path))
     if not dry_run:
         report = progress or (lambda done, total, nbytes: None)
-        deleted = 0
-        for n, o in enumerate(doomed, 1):
-            store.delete(o.path)
-            deleted += o.size
-            report(n, len(doomed), deleted)
-        remove_empty_dirs(store, _parents(o.path for o in doomed))
+        sizes = [0, *itertools.accumulate(o.size for o in doomed)]
+        root.delete_objects(store, [o.path for o in doomed], on_deleted=lambda n: report(n, len(doomed), sizes[n]))
     uploads = _abandoned_uploads(store, dry_run=dry_run, min_age_s=min_age_s)
     return GarbageReport(tuple(o.path for o in doomed), sum(o.size for o in doomed), uploads, tuple(kept))
-
-
-def _parents(paths: Iterable[str]) -> set[str]:
-    """Every directory above ``paths`` (below the root)."""
-    return {"/".join(parts[:i]) for p in paths for parts in [p.split("/")] for i in range(1, len(parts))}
 
 
 def _doomed(

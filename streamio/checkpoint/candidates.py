@@ -9,7 +9,7 @@
   timelines are never candidates, saves recorded bad (``bad.json``) are named but not tried,
   and a save whose manifest does not parse is tried (and named) when its step is not past the
   current one, so every damaged checkpoint appears in the final error.
-* An explicit ``step=`` is the save :func:`~.catalog.resolve_save` picks, never a walk.
+* An explicit ``step=`` is the save :func:`~.root.resolve_save` picks, never a walk.
 """
 
 from __future__ import annotations
@@ -17,27 +17,28 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from streamio.checkpoint.catalog import (
-    SaveRef,
-    committed_saves,
-    detect_foreign,
-    read_bad,
-    read_manifests,
-    read_pointer,
-    resolve_save,
-)
+from streamio.checkpoint import root
 from streamio.checkpoint.format import layout
-from streamio.checkpoint.format import pointer as ptr
 from streamio.checkpoint.format.checks import ManifestError
 from streamio.checkpoint.format.manifest import Manifest
 from streamio.checkpoint.format.pointer import Pointer
 from streamio.checkpoint.format.timeline import Tip, classify
+from streamio.checkpoint.root import SaveRef, committed_saves, read_bad, read_manifests, read_pointer, resolve_save
 from streamio.errors import CheckpointFormatError, StreamioError
 from streamio.storage import Store
 
-__all__ = ["Candidate", "explicit", "walk"]
+__all__ = ["Candidate", "detect_foreign", "explicit", "walk"]
 
 log = logging.getLogger(__name__)
+
+_FOREIGN = {
+    ".metadata": "a torch.distributed.checkpoint directory: load it with torch.distributed.checkpoint",
+    ".pt": "a torch.save file: load it with torch.load(weights_only=True)",
+    ".pth": "a torch.save file: load it with torch.load(weights_only=True)",
+    ".ckpt": "a Lightning/torch.save checkpoint: load it with its own tool",
+    ".safetensors": "a safetensors file: load it with safetensors",
+    "latest": "a DeepSpeed checkpoint directory: load it with DeepSpeed",
+}
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,7 @@ def walk(store: Store, *, full: bool) -> list[Candidate]:
         CheckpointFormatError: the pointer is of a newer format (no walk past what this
             streamio cannot read), or the root holds another tool's checkpoint.
     """
-    latest = store.url(ptr.LATEST)
+    latest = root.pointer_url(store)
     pointer: Pointer | None = None
     try:
         pointer = read_pointer(store)
@@ -110,6 +111,24 @@ def walk(store: Store, *, full: bool) -> list[Candidate]:
         if foreign:
             raise CheckpointFormatError(f"{store.root_url} holds {foreign}; it is not a streamio checkpoint root")
     return order
+
+
+def detect_foreign(store: Store) -> str | None:
+    """What another tool's checkpoint under ``store`` looks like, or ``None``."""
+    url = store.root_url.lower()
+    for suffix, what in _FOREIGN.items():
+        if suffix.startswith(".") and url.endswith(suffix):
+            return what
+    try:
+        listing = root.objects(store)
+    except FileNotFoundError:
+        return None
+    for o in listing:
+        name = o.path.rsplit("/", 1)[-1]
+        for suffix, what in _FOREIGN.items():
+            if name == suffix or (suffix.startswith(".") and name.endswith(suffix)):
+                return what
+    return None
 
 
 def _on(tip: Tip, ref: SaveRef, m: Manifest | StreamioError | None) -> bool:

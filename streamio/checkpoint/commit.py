@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import functools
 import logging
 import platform
 import time
@@ -51,12 +50,11 @@ from typing import Any
 
 import torch
 
+from streamio.checkpoint import root
 from streamio.checkpoint.abandon import FailedShares, uncommitted, writing
-from streamio.checkpoint.catalog import ABSENT, PhaseHook, pointer_version, read_document, read_pointer
 from streamio.checkpoint.comm import Comm
 from streamio.checkpoint.format import layout
 from streamio.checkpoint.format import manifest as mf
-from streamio.checkpoint.format import pointer as ptr
 from streamio.checkpoint.format.checks import ManifestError
 from streamio.checkpoint.format.entries import FileEntry, Section
 from streamio.checkpoint.format.manifest import DoneMarker, Manifest
@@ -65,11 +63,11 @@ from streamio.checkpoint.format.retention import RetentionPolicy
 from streamio.checkpoint.format.timeline import Point, Timeline, Tip, branch
 from streamio.checkpoint.options import SaveOptions, SaveStats
 from streamio.checkpoint.pruning import Pruner
+from streamio.checkpoint.root import ABSENT, PhaseHook, pointer_version, read_pointer
 from streamio.checkpoint.serialize import block_checksums, encode_part
 from streamio.checkpoint.snapshot import Snapshot
-from streamio.checksum import checksum_bytes
 from streamio.errors import CheckpointConflictError, CheckpointError, ObjectNotFoundError, WriteConflictError
-from streamio.pool import gather, run_parallel
+from streamio.pool import gather
 from streamio.storage import Store
 from streamio.version import __version__
 
@@ -265,7 +263,7 @@ class Committer:
                 raise CheckpointError(f"cannot save step {step} under {store.root_url}: {exc}") from exc
             parent = start.path if start else ""
         save_id = layout.new_save_id(time.time(), uuid.uuid4().hex)
-        taken = store.exists(layout.manifest_path(step))
+        taken = root.has_manifest(store, layout.step_dir(step))
         return _Plan(save_id, layout.save_dir(step, save_id if taken else ""), timeline, parent)
 
     def _abandon_timeline(self) -> None:
@@ -305,53 +303,43 @@ class Committer:
             per_rank=Section(tree=job.per_rank_tree, tensors=rank_entries), replicated_tree=job.replicated_tree,
             sharded=job.sharded,
         )
-        at = f"{sdir}/{layout.marker_path(comm.rank, save_id)}"
-        with writing(store.url(at)):
-            store.put(at, mf.marker_to_bytes(marker), mode="create")
+        with writing(store.url(f"{sdir}/{layout.marker_path(comm.rank, save_id)}")):
+            root.write_marker(store, sdir, marker)
         self._phase("markers")
         return files
 
     def _publish(self, job: Snapshot, plan: _Plan) -> Manifest:
         """Rank 0: markers -> manifest (create-only) -> latest.json (compare-and-swap)."""
         store, sdir, save_id = self.store, plan.sdir, plan.save_id
-        markers_at = [f"{sdir}/{layout.marker_path(r, save_id)}" for r in range(self.comm.world)]
-        read = functools.partial(read_document, store)
-        found = run_parallel(read, markers_at, concurrency=self.options.concurrency, name="streamio-markers")
-        markers = [mf.marker_from_bytes(b) for b in found]
+        markers = root.read_markers(store, sdir, save_id, self.comm.world, concurrency=self.options.concurrency)
         created = datetime.now(timezone.utc).isoformat(timespec="seconds")
         manifest = mf.build_manifest(job.step, markers, metrics=job.metrics, software=software_stack(), created=created)
         manifest = dataclasses.replace(manifest, timeline=plan.timeline, parent=plan.parent)
-        data = mf.manifest_to_bytes(manifest)
         try:
             with writing(store.url(layout.manifest_at(sdir))):
-                store.put(layout.manifest_at(sdir), data, mode="create")
+                digest = root.create_manifest(store, sdir, manifest)
         except WriteConflictError as exc:
             raise CheckpointConflictError(
                 f"{store.url(layout.manifest_at(sdir))} was created by someone else while this job saved "
                 f"step {job.step}: another job writes the same checkpoint root; give each job its own root"
             ) from exc
         self._phase("manifest")
-        pointer = Pointer(step=job.step, path=sdir, manifest_checksum=checksum_bytes(data), save_id=save_id,
+        pointer = Pointer(step=job.step, path=sdir, manifest_checksum=digest, save_id=save_id,
                           created=manifest.created, timeline=plan.timeline)
-        with writing(store.url(ptr.LATEST)):
+        with writing(root.pointer_url(store)):
             self._swap_pointer(pointer)
         self._phase("pointer")
         return manifest
 
     def _swap_pointer(self, pointer: Pointer) -> None:
         """Replace ``latest.json`` only if it is still the version this job last read or wrote."""
-        store, expected, data = self.store, self._pointer_version, ptr.pointer_to_bytes(pointer)
+        store, expected = self.store, self._pointer_version
         try:
-            if expected is ABSENT:
-                version = store.put(ptr.LATEST, data, mode="create")
-            elif expected is None:  # the store reports no versions: nothing to compare against
-                version = store.put(ptr.LATEST, data)
-            else:
-                version = store.put(ptr.LATEST, data, if_match=expected)
+            version = root.swap_pointer(store, pointer, expected)
         except (WriteConflictError, ObjectNotFoundError) as exc:
             was = "no pointer" if expected is ABSENT else f"version {expected!r}"
             raise CheckpointConflictError(
-                f"{store.url(ptr.LATEST)} changed since this job last read it (expected {was}): another job "
+                f"{root.pointer_url(store)} changed since this job last read it (expected {was}): another job "
                 f"writes the same checkpoint root; step {pointer.step} is complete but not current. "
                 f"Give each job its own root"
             ) from exc
@@ -383,12 +371,12 @@ def _pointed_start(store: Store, step: int, *, strict: bool) -> Point | None:
         pointer = read_pointer(store)
     except ManifestError as exc:
         raise CheckpointError(
-            f"{store.url(ptr.LATEST)} is unusable ({exc}) and this job did not restore: call restore() "
+            f"{root.pointer_url(store)} is unusable ({exc}) and this job did not restore: call restore() "
             f"first (it walks back to the newest complete checkpoint), then save"
         ) from exc
     if pointer is None:
         return None
-    if strict and (step <= pointer.step or store.exists(layout.manifest_path(step))):
+    if strict and (step <= pointer.step or root.has_manifest(store, layout.step_dir(step))):
         raise CheckpointConflictError(
             f"step {step} is already committed under {store.root_url} (latest.json names step "
             f"{pointer.step}): another job writes this root, or this job did not call restore() "

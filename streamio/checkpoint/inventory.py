@@ -9,25 +9,23 @@ root's recorded retention policy.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from streamio.checkpoint.catalog import (
+from streamio.checkpoint.describe import describe
+from streamio.checkpoint.format.checks import ManifestError
+from streamio.checkpoint.format.manifest import Manifest
+from streamio.checkpoint.format.timeline import Tip, classify
+from streamio.checkpoint.root import (
     committed_saves,
-    places,
     read_bad,
-    read_document,
     read_manifest,
     read_manifests,
     read_pointer,
+    read_retention,
     resolve_save,
 )
-from streamio.checkpoint.describe import describe
-from streamio.checkpoint.format import layout
-from streamio.checkpoint.format.checks import ManifestError
-from streamio.checkpoint.format.manifest import Manifest
-from streamio.checkpoint.format.notes import MAX_RECORD_BYTES, retention_from_bytes
-from streamio.checkpoint.format.timeline import Tip, classify
-from streamio.errors import CheckpointNotFoundError
+from streamio.errors import CheckpointNotFoundError, StreamioError
 from streamio.storage import Store
 
 __all__ = ["default_step", "inspect_save", "list_saves"]
@@ -40,6 +38,15 @@ def _tip(store: Store) -> tuple[Tip | None, str | None]:
     except ManifestError:
         return None, None
     return (None, None) if pointer is None else (Tip(pointer.timeline, pointer.step), pointer.path)
+
+
+def places(tip: Tip | None, manifests: Mapping[str, Manifest | StreamioError]) -> dict[str, str]:
+    """Save directory -> ``"current"``, ``"ahead"``, ``"abandoned"`` (:mod:`~.format.timeline`), or
+    ``"unknown"`` (no tip, or the manifest could not be read)."""
+    out: dict[str, str] = {}
+    for path, m in manifests.items():
+        out[path] = classify(tip, m.line, m.step) if tip is not None and isinstance(m, Manifest) else "unknown"
+    return out
 
 
 def list_saves(store: Store) -> list[dict[str, Any]]:
@@ -97,8 +104,7 @@ def inspect_save(store: Store, step: int | None) -> dict[str, Any]:
     m = read_manifest(store, step, path=sdir)
     bad = read_bad(store, sdir)
     try:
-        data = read_document(store, layout.RETENTION, MAX_RECORD_BYTES)
-        retention = retention_from_bytes(data, store.url(layout.RETENTION)).doc
+        retention = read_retention(store).doc
     except (FileNotFoundError, ManifestError):
         retention = None
     place = classify(tip, m.line, m.step) if tip is not None else "unknown"

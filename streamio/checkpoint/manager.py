@@ -10,8 +10,6 @@ run in; the protocol itself lives in modules of its own (docs/design.md "Checkpo
   most one save in flight (the next ``save`` waits for it).
 * ``restore`` walks from the pointer back to the newest checkpoint that verifies and loads it
   all or nothing (:mod:`.restore`).
-* The CLI's maintenance functions (verify, gc, pointer check) are :mod:`.admin`; their names are
-  re-exported here for callers that import them from this module.
 
 Under ``torch.distributed`` every rank constructs the manager; state named in
 ``SaveOptions.per_rank`` (default ``"rng"``, ``"data"``) is saved by every rank, everything else
@@ -26,45 +24,20 @@ from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 from streamio.checkpoint import inflight
-from streamio.checkpoint.admin import GarbageReport as GarbageReport  # re-exported: admin.py
-from streamio.checkpoint.admin import check_pointer as check_pointer
-from streamio.checkpoint.admin import collect_garbage as collect_garbage
-from streamio.checkpoint.admin import verify_checkpoint as verify_checkpoint
-from streamio.checkpoint.catalog import PhaseHook, committed_steps, pointed_step
-from streamio.checkpoint.catalog import delete_step as delete_step  # re-exported: catalog.py
-from streamio.checkpoint.catalog import detect_foreign as detect_foreign
-from streamio.checkpoint.catalog import read_manifest as read_manifest
 from streamio.checkpoint.comm import Comm
 from streamio.checkpoint.commit import Committer
-from streamio.checkpoint.commit import part_size_for as part_size_for  # re-exported: commit.py
-from streamio.checkpoint.commit import software_stack as software_stack
 from streamio.checkpoint.format import layout
 from streamio.checkpoint.format.retention import RetentionPolicy
 from streamio.checkpoint.options import SaveOptions, SaveStats
 from streamio.checkpoint.restore import Restorer
-from streamio.checkpoint.restore import load_tensors as load_tensors  # re-exported: restore.py
+from streamio.checkpoint.root import PhaseHook, committed_steps, pointed_step
 from streamio.checkpoint.serialize import HostBuffer
 from streamio.checkpoint.snapshot import Snapshot, take_snapshot
 from streamio.deprecation import keyword_only
 from streamio.errors import CheckpointError
 from streamio.storage import RetryPolicy, Store
 
-__all__ = [
-    "CheckpointManager",
-    "GarbageReport",
-    "SaveOptions",
-    "SaveStats",
-    "check_pointer",
-    "collect_garbage",
-    "committed_steps",
-    "delete_step",
-    "detect_foreign",
-    "load_tensors",
-    "part_size_for",
-    "read_manifest",
-    "software_stack",
-    "verify_checkpoint",
-]
+__all__ = ["CheckpointManager"]
 
 
 class CheckpointManager:

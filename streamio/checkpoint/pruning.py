@@ -12,7 +12,7 @@ Against the new pointer's timeline (:mod:`.timeline`) every other save of the ro
   it drops them;
 * **ahead** (a save another job is committing on top of this one): left alone.
 
-Deleting a save removes its manifest first (:func:`~.catalog.delete_save`).
+Deleting a save removes its manifest first (:func:`~.root.delete_save`).
 
 The policy belongs to the root: it is recorded in ``retention.json``. A manager given no policy
 applies the recorded one (``KeepLast(2)`` if none is, recorded then); one given another policy
@@ -26,18 +26,10 @@ from __future__ import annotations
 import logging
 from datetime import datetime, timezone
 
-from streamio.checkpoint.catalog import (
-    PhaseHook,
-    SaveRef,
-    committed_saves,
-    delete_save,
-    read_document,
-    read_manifests,
-)
 from streamio.checkpoint.format import layout
 from streamio.checkpoint.format.checks import ManifestError
 from streamio.checkpoint.format.manifest import Manifest
-from streamio.checkpoint.format.notes import MAX_RECORD_BYTES, RetentionRecord, retention_from_bytes, retention_to_bytes
+from streamio.checkpoint.format.notes import RetentionRecord
 from streamio.checkpoint.format.retention import (
     CheckpointRecord,
     KeepAll,
@@ -47,6 +39,15 @@ from streamio.checkpoint.format.retention import (
     steps_to_delete,
 )
 from streamio.checkpoint.format.timeline import Timeline, Tip, classify, compact
+from streamio.checkpoint.root import (
+    PhaseHook,
+    SaveRef,
+    committed_saves,
+    delete_save,
+    read_manifests,
+    read_retention,
+    record_retention,
+)
 from streamio.errors import StreamioError
 from streamio.storage import Store
 
@@ -164,7 +165,7 @@ class Pruner:
         url = self.store.url(layout.RETENTION)
         record: RetentionRecord | None
         try:
-            record = retention_from_bytes(read_document(self.store, layout.RETENTION, MAX_RECORD_BYTES), url)
+            record = read_retention(self.store)
         except FileNotFoundError:
             record = None
         except ManifestError as exc:
@@ -190,6 +191,6 @@ class Pruner:
             log.warning("retention under %s changes: the root recorded %s, this manager applies %s (recorded now)",
                         self.store.root_url, record.doc, doc)
         recorded = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        self.store.put(layout.RETENTION, retention_to_bytes(policy, recorded))
+        record_retention(self.store, policy, recorded)
         self._recorded = RetentionRecord(policy, doc, recorded)
         return policy

@@ -22,22 +22,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from streamio.checkpoint.catalog import (
-    ABSENT,
-    SaveRef,
-    committed_saves,
-    pointer_version,
-    read_document,
-    read_pointer,
-    remove_empty_dirs,
-)
+from streamio.checkpoint import root
 from streamio.checkpoint.format import layout
-from streamio.checkpoint.format import manifest as mf
-from streamio.checkpoint.format import pointer as ptr
 from streamio.checkpoint.format.checks import ManifestError
 from streamio.checkpoint.format.pointer import Pointer
 from streamio.checkpoint.format.timeline import Tip, contains, retreat
-from streamio.checksum import checksum_bytes
+from streamio.checkpoint.root import SaveRef, committed_saves, pointer_version, read_manifest_digest, read_pointer
 from streamio.errors import CheckpointConflictError, CheckpointNotFoundError, ConfigError, WriteConflictError
 from streamio.storage import ObjectInfo, Store
 
@@ -72,7 +62,7 @@ def plan_removal(store: Store, step: int, *, force: bool = False) -> Removal:
         CheckpointNotFoundError: the root holds no object of ``step``.
     """
     version = pointer_version(store)  # before the pointer itself
-    listing = store.list()
+    listing = root.objects(store)
     dirs = sorted({o.path.split("/", 1)[0] for o in listing if _step_of(o) == step})
     if not dirs:
         raise CheckpointNotFoundError(
@@ -88,7 +78,7 @@ def plan_removal(store: Store, step: int, *, force: bool = False) -> Removal:
         pointer = None  # names nothing that could dangle
     if pointer is None or pointer.path not in dirs:
         return removal
-    latest = store.url(ptr.LATEST)
+    latest = root.pointer_url(store)
     if not force:
         return _refuse(removal, f"{latest} names step {step}: pass --force to move the pointer back to the newest "
                                 f"complete checkpoint of the current timeline first")
@@ -110,22 +100,14 @@ def remove(store: Store, removal: Removal) -> None:
     if removal.refusal:
         raise ConfigError(removal.refusal)
     if removal.pointer is not None:
-        data = ptr.pointer_to_bytes(removal.pointer)
         try:
-            if removal.version == ABSENT:
-                store.put(ptr.LATEST, data, mode="create")
-            elif removal.version is None:
-                store.put(ptr.LATEST, data)
-            else:
-                store.put(ptr.LATEST, data, if_match=removal.version)
+            root.swap_pointer(store, removal.pointer, removal.version)
         except (WriteConflictError, FileNotFoundError) as exc:
             raise CheckpointConflictError(
-                f"{store.url(ptr.LATEST)} changed while removing step {removal.step}: a job is writing this root; "
+                f"{root.pointer_url(store)} changed while removing step {removal.step}: a job is writing this root; "
                 f"nothing was removed"
             ) from exc
-    for path in removal.objects:
-        store.delete(path)
-    remove_empty_dirs(store, {p.rsplit("/", 1)[0] for p in removal.objects} | set(removal.dirs))
+    root.delete_objects(store, removal.objects, dirs=removal.dirs)
 
 
 def _refuse(removal: Removal, why: str) -> Removal:
@@ -152,8 +134,7 @@ def _fallback(store: Store, tip: Tip, listing: list[ObjectInfo], removed: set[st
 
 def _complete(store: Store, ref: SaveRef, sizes: dict[str, int], tip: Tip) -> Pointer | None:
     try:
-        data = read_document(store, layout.manifest_at(ref.path))
-        m = mf.manifest_from_bytes(data, step=ref.step)
+        m, digest = read_manifest_digest(store, ref.step, ref.path)
     except (FileNotFoundError, ManifestError):
         return None
     if not contains(tip, m.line.id, m.step):
@@ -161,4 +142,4 @@ def _complete(store: Store, ref: SaveRef, sizes: dict[str, int], tip: Tip) -> Po
     if any(sizes.get(f"{ref.path}/{f.path}") != f.size for f in m.files):
         return None
     at = retreat(tip, m.line.id, m.step)
-    return Pointer(m.step, ref.path, checksum_bytes(data), m.save_id, m.created, at.timeline)
+    return Pointer(m.step, ref.path, digest, m.save_id, m.created, at.timeline)

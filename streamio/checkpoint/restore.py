@@ -9,7 +9,7 @@ a checkpoint that fails any of this, it walks back to the newest complete checkp
 current timeline* that verifies (:mod:`.candidates`) and logs why (explicit ``step=`` never
 walks back); a checkpoint that verifies but does not fit the live objects (another model)
 raises, with nothing loaded. A save the walk rejected is recorded as bad in the root
-(:func:`~.catalog.record_bad`, rank 0), so ``streamio ckpt ls`` flags it, later restores skip it
+(:func:`~.root.record_bad`, rank 0), so ``streamio ckpt ls`` flags it, later restores skip it
 and retention and ``gc`` remove it.
 
 Sharded tensors (DTensors) are bound to the live tensors while the state decodes, and then just
@@ -30,14 +30,13 @@ from typing import Any
 
 from streamio.checkpoint import candidates
 from streamio.checkpoint.candidates import Candidate
-from streamio.checkpoint.catalog import pointer_version, read_manifest, record_bad
 from streamio.checkpoint.comm import Comm
 from streamio.checkpoint.format import layout
-from streamio.checkpoint.format import pointer as ptr
 from streamio.checkpoint.format.entries import TensorEntry
 from streamio.checkpoint.format.manifest import Manifest
 from streamio.checkpoint.format.timeline import Point
 from streamio.checkpoint.restore_plan import RestorePlan, apply, decode_state, mismatches
+from streamio.checkpoint.root import pointer_version, read_manifest, record_bad
 from streamio.checkpoint.serialize import StreamReader
 from streamio.checkpoint.sharded.fetch import Span, fetch_spans
 from streamio.checkpoint.sharded.loading import read_pending, sources_for
@@ -180,7 +179,7 @@ class Restorer:
             url = self.store.url(layout.manifest_at(c.path))
             if not explicit:
                 raise _Unverified(
-                    f"{url} carries no checksum of its own (written by an older streamio) and {ptr.LATEST} does "
+                    f"{url} carries no checksum of its own (written by an older streamio) and latest.json does "
                     f"not name it, so its JSON cannot be verified; restore it explicitly with step={step} "
                     f"if you trust it"
                 )

@@ -33,7 +33,7 @@ import pytest
 
 from streamio.checkpoint import CheckpointManager, inflight
 from streamio.checkpoint.admin import check_pointer, collect_garbage, verify_checkpoint
-from streamio.checkpoint.catalog import committed_steps, read_pointer
+from streamio.checkpoint.root import committed_steps, read_pointer
 from streamio.errors import CheckpointError
 from streamio.storage import Store
 from streamio.testing import S3Endpoint

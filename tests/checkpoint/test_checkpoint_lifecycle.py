@@ -25,11 +25,11 @@ from hypothesis import strategies as st
 
 from streamio.checkpoint import CheckpointManager, KeepBest, KeepLast, RetentionPolicy, SaveOptions
 from streamio.checkpoint.admin import check_pointer, collect_garbage, verify_checkpoint
-from streamio.checkpoint.catalog import committed_steps, read_manifest, read_pointer, resolve_save
 from streamio.checkpoint.format import checks, layout
 from streamio.checkpoint.format import pointer as ptr
 from streamio.checkpoint.format.retention import CheckpointRecord, policy_from_json, policy_to_json
 from streamio.checkpoint.format.timeline import Timeline, Tip, branch, classify, compact, retreat
+from streamio.checkpoint.root import committed_steps, read_manifest, read_pointer, resolve_save
 from streamio.checksum import checksum_bytes
 from streamio.cli.main import cli
 from streamio.errors import CheckpointConflictError

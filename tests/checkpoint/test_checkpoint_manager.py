@@ -19,10 +19,11 @@ import torch
 from click.testing import CliRunner
 
 from streamio.checkpoint import CheckpointManager, KeepBest, KeepEvery, KeepLast, SaveOptions
-from streamio.checkpoint.admin import check_pointer, committed_steps, read_manifest, verify_checkpoint
+from streamio.checkpoint.admin import check_pointer, verify_checkpoint
 from streamio.checkpoint.format import layout
 from streamio.checkpoint.format import manifest as mf
 from streamio.checkpoint.format import pointer as ptr
+from streamio.checkpoint.root import committed_steps, read_manifest
 from streamio.cli.main import cli
 from streamio.errors import (
     CheckpointConflictError,

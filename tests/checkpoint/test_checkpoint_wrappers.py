@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from streamio.checkpoint import CheckpointManager, SaveOptions
-from streamio.checkpoint.catalog import read_manifest
+from streamio.checkpoint.root import read_manifest
 from streamio.checkpoint.wrappers import ModuleKeys
 from streamio.storage import Store
 from streamio.testing import S3Endpoint

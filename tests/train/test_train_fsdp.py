@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from streamio.checkpoint import CheckpointManager
-from streamio.checkpoint.catalog import read_manifest
+from streamio.checkpoint.root import read_manifest
 from streamio.checkpoint.sharded import ShardedModelState
 from streamio.data.writer import ShardSpec, write_dataset
 from streamio.storage import Store

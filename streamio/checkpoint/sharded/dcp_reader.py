@@ -51,11 +51,10 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
-from streamio.checkpoint.catalog import read_manifest, read_pointer, resolve_save
 from streamio.checkpoint.comm import Comm
-from streamio.checkpoint.format import pointer as ptr
 from streamio.checkpoint.format.manifest import Manifest
 from streamio.checkpoint.restore import load_tensors
+from streamio.checkpoint.root import read_manifest, read_pointer, resolve_save
 from streamio.checkpoint.serialize import StreamReader
 from streamio.checkpoint.sharded.boxes import BoxSource, byte_span
 from streamio.checkpoint.sharded.dcp_format import StepCheckpointId, metadata_of, values_by_rank
@@ -162,7 +161,7 @@ class StreamioReader(StepCheckpointId, StorageReader):
                 return self.step, resolve_save(self.store, self.step), None
             pointer = read_pointer(self.store)
             if pointer is None:
-                raise CheckpointNotFoundError(f"no checkpoint under {self.store.root_url}: {ptr.LATEST} is missing")
+                raise CheckpointNotFoundError(f"no checkpoint under {self.store.root_url}: latest.json is missing")
             return pointer.step, pointer.path, pointer.manifest_checksum
         except Exception as exc:  # raised on every rank
             return exc
