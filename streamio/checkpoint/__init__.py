@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from streamio.checkpoint.options import SaveOptions, SaveStats
     from streamio.checkpoint.rng import RNGState
     from streamio.checkpoint.sharded import StreamioReader, StreamioWriter
-    from streamio.checkpoint.sharded.app_state import ShardedModelState
+    from streamio.checkpoint.tensors.app_state import ShardedModelState
 
 #: public name -> the module defining it, imported on first use: the manager imports torch (and the
 #: DCP pair torch DCP, a second more), which `streamio ckpt ls / inspect / rm` and `--help` do not need
@@ -62,7 +62,7 @@ _EXPORTS = {
     "RetentionPolicy": "streamio.checkpoint.format.retention",
     "SaveOptions": "streamio.checkpoint.options",
     "SaveStats": "streamio.checkpoint.options",
-    "ShardedModelState": "streamio.checkpoint.sharded.app_state",
+    "ShardedModelState": "streamio.checkpoint.tensors.app_state",
     "StreamioReader": "streamio.checkpoint.sharded",
     "StreamioWriter": "streamio.checkpoint.sharded",
 }

@@ -62,8 +62,8 @@ def verify_checkpoint(
     """
     # torch (for the tensors' checks) is imported here, not at module level: `ckpt ls/gc/rm` and
     # the CLI's start-up stay free of it
-    from streamio.checkpoint.serialize import StreamReader, decode_part, verify_file
-    from streamio.checkpoint.sharded.fetch import verify_blocks
+    from streamio.checkpoint.tensors.fetch import verify_blocks
+    from streamio.checkpoint.tensors.serialize import StreamReader, decode_part, verify_file
 
     sdir = path if path is not None else resolve_save(store, step)
     try:

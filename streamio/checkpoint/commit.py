@@ -64,8 +64,8 @@ from streamio.checkpoint.format.timeline import Point, Timeline, Tip, branch
 from streamio.checkpoint.options import SaveOptions, SaveStats
 from streamio.checkpoint.pruning import Pruner
 from streamio.checkpoint.root import ABSENT, PhaseHook, pointer_version, read_pointer
-from streamio.checkpoint.serialize import block_checksums, encode_part
 from streamio.checkpoint.snapshot import Snapshot
+from streamio.checkpoint.tensors.serialize import block_checksums, encode_part
 from streamio.errors import CheckpointConflictError, CheckpointError, ObjectNotFoundError, WriteConflictError
 from streamio.pool import gather
 from streamio.storage import Store

@@ -31,8 +31,8 @@ from streamio.checkpoint.format.retention import RetentionPolicy
 from streamio.checkpoint.options import SaveOptions, SaveStats
 from streamio.checkpoint.restore import Restorer
 from streamio.checkpoint.root import PhaseHook, committed_steps, pointed_step
-from streamio.checkpoint.serialize import HostBuffer
 from streamio.checkpoint.snapshot import Snapshot, take_snapshot
+from streamio.checkpoint.tensors.serialize import HostBuffer
 from streamio.deprecation import keyword_only
 from streamio.errors import CheckpointError
 from streamio.storage import RetryPolicy, Store

@@ -3,7 +3,7 @@
 :meth:`Restorer.restore` reads the pointer fresh (never a cached listing), checks the manifest
 against the checksum the pointer recorded and against its own seal and step, reads every part
 this rank needs with concurrent GETs, verifies sizes and CRC32C of files and tensors
-(:func:`load_tensors`), decodes the whole state and checks it against the live objects
+(:func:`~.tensors.fetch.load_tensors`), decodes the whole state and checks it against the live objects
 (:mod:`.restore_plan`), and only then loads anything. If the pointer is missing, corrupt or names
 a checkpoint that fails any of this, it walks back to the newest complete checkpoint *of the
 current timeline* that verifies (:mod:`.candidates`) and logs why (explicit ``step=`` never
@@ -14,7 +14,7 @@ and retention and ``gc`` remove it.
 
 Sharded tensors (DTensors) are bound to the live tensors while the state decodes, and then just
 the boxes this rank holds now, in whatever sharding, are read with ranged, block-verified GETs
-(:mod:`.sharded.loading`), before anything is loaded, like every other part.
+(:mod:`.tensors.resharding`), before anything is loaded, like every other part.
 
 Under ``torch.distributed`` every step of the walk is agreed on: rank 0 reads the candidates and
 broadcasts them, and every rank reports its outcome for each candidate, so all ranks load the
@@ -23,7 +23,6 @@ same step or all raise.
 
 from __future__ import annotations
 
-import concurrent.futures
 import logging
 from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any
@@ -32,20 +31,16 @@ from streamio.checkpoint import candidates
 from streamio.checkpoint.candidates import Candidate
 from streamio.checkpoint.comm import Comm
 from streamio.checkpoint.format import layout
-from streamio.checkpoint.format.entries import TensorEntry
 from streamio.checkpoint.format.manifest import Manifest
 from streamio.checkpoint.format.timeline import Point
 from streamio.checkpoint.restore_plan import RestorePlan, apply, decode_state, mismatches
 from streamio.checkpoint.root import pointer_version, read_manifest, record_bad
-from streamio.checkpoint.serialize import StreamReader
-from streamio.checkpoint.sharded.fetch import Span, fetch_spans
-from streamio.checkpoint.sharded.loading import read_pending, sources_for
-from streamio.checkpoint.tree import VerifiedTensor
+from streamio.checkpoint.tensors.fetch import load_tensors
+from streamio.checkpoint.tensors.resharding import read_pending, sources_for
 from streamio.errors import CheckpointError, CheckpointNotFoundError, CorruptDataError
-from streamio.pool import gather
 from streamio.storage import Store
 
-__all__ = ["Restorer", "load_tensors"]
+__all__ = ["Restorer"]
 
 log = logging.getLogger(__name__)
 
@@ -216,45 +211,3 @@ def _classify(exc: BaseException, explicit: bool) -> str:
     if isinstance(exc, FileNotFoundError):
         return "bad"
     return "fatal"
-
-
-def load_tensors(
-    store: Store, manifest: Manifest, wanted: Mapping[str, TensorEntry], *, concurrency: int = 8,
-    sdir: str | None = None,
-) -> dict[str, VerifiedTensor]:
-    """Read the parts holding ``wanted`` concurrently, verify every size and CRC32C.
-
-    Nothing is returned unless every file and tensor verified; the bytes are copied into tensors
-    only when loaded (``decode_tree``).
-
-    Args:
-        sdir: the save directory (default: the step's own directory).
-    """
-    sdir = sdir if sdir is not None else layout.step_dir(manifest.step)
-    # verified in the reading threads: checksums overlap the other GETs (CRC32C drops the GIL);
-    # whole parts (local: mapped, verified and copied from the page cache), or with block
-    # checksums (saves with sharded state) only the blocks holding ``wanted``
-    spans = [Span(e.rank, e.offset, e.offset + e.nbytes) for e in wanted.values() if e.nbytes]
-    parts = fetch_spans(store, manifest.files, spans, sdir=sdir, concurrency=concurrency)
-    readers = {r: StreamReader(p, r, store.url(sdir)) for r, p in parts.items()}
-
-    def check(item: tuple[str, TensorEntry]) -> VerifiedTensor:
-        key, e = item
-        if e.nbytes == 0:
-            return StreamReader({}, e.rank, store.url(sdir)).tensor(key, e)
-        if e.rank not in readers:
-            raise CorruptDataError(
-                f"tensor {key!r} of step {manifest.step} lives in rank {e.rank}'s parts, "
-                f"which the manifest does not list"
-            )
-        # Every part holding this tensor passed its size and CRC32C check in fetch(), and the
-        # tensor checksums were taken from the same snapshot bytes as the part checksums, so a
-        # second pass over the bytes here would only re-prove it (it cost ~10% of a local
-        # restore). The tensor's span is still checked against the parts (segments());
-        # verify_checkpoint (``streamio ckpt verify``) checks both levels.
-        return readers[e.rank].tensor(key, e, check=False)
-
-    items = list(wanted.items())
-    with concurrent.futures.ThreadPoolExecutor(max(1, concurrency), thread_name_prefix="streamio-ckpt-crc") as pool:
-        verified = gather(pool, check, items)
-    return {key: v for (key, _), v in zip(items, verified, strict=True)}

@@ -28,9 +28,10 @@ from typing import Any
 
 import torch
 
-from streamio.checkpoint.sharded.app_state import ShardedModelState
-from streamio.checkpoint.tree import CopySource, decode_tree, run_copies
-from streamio.checkpoint.wrappers import ModuleKeys
+from streamio.checkpoint.tensors.app_state import ShardedModelState
+from streamio.checkpoint.tensors.copies import CopySource, run_copies
+from streamio.checkpoint.tensors.tree import decode_tree
+from streamio.checkpoint.tensors.wrappers import ModuleKeys
 from streamio.errors import CheckpointError
 
 
@@ -65,7 +66,7 @@ def decode_state(
         replicated: the manifest's replicated tree (name -> encoded state).
         per_rank: this rank's per-rank tree.
         tensors: the verified tensors the trees refer to, and a source per sharded tensor
-            (:class:`~.sharded.loading.ShardedSource`: bound to the live tensor at its place).
+            (:class:`~.tensors.resharding.ShardedSource`: bound to the live tensor at its place).
 
     Raises:
         CheckpointFormatError: a tree does not decode (the checkpoint is damaged or foreign).
@@ -100,7 +101,7 @@ def mismatches(plan: RestorePlan) -> str | None:
 
     Checked: every name was saved; a module's state keys are the saved ones and each tensor has
     the saved shape and dtype; an optimizer has as many parameter groups and parameters per
-    group (both also inside a :class:`~.sharded.app_state.ShardedModelState`); elsewhere, a
+    group (both also inside a :class:`~.tensors.app_state.ShardedModelState`); elsewhere, a
     live tensor has the shape and dtype of the saved tensor at its place.
     Plain values are replaced whatever they were, so they are not compared.
     """
@@ -159,7 +160,7 @@ def _module_keys(template: Any, value: Any) -> str | None:
 
 
 def _model_state(template: Any, value: Any) -> str | None:
-    """A :class:`~.sharded.app_state.ShardedModelState`: the model's keys, the optimizer's groups."""
+    """A :class:`~.tensors.app_state.ShardedModelState`: the model's keys, the optimizer's groups."""
     if not isinstance(value, Mapping) or not isinstance(value.get("model"), Mapping):
         return "the checkpoint holds no model state for it"
     problem = _module_keys(template["model"], value["model"])

@@ -11,7 +11,7 @@ which DDP re-broadcasts from rank 0 at each forward), is always taken from rank 
 (non-tensor) replicated state is rank 0's.
 
 Sharded tensors (DTensors: FSDP2 parameters and optimizer state, tensor-parallel weights) are
-neither: each rank writes the local box it alone is responsible for (:mod:`.sharded.saving`), no
+neither: each rank writes the local box it alone is responsible for (:mod:`.tensors.shards`), no
 gather, and the parts of such a save carry block checksums (``SaveOptions.block_size``) so that a
 restore onto another sharding can read just the rows it needs.
 
@@ -32,10 +32,10 @@ import torch
 
 from streamio.checkpoint.comm import Comm
 from streamio.checkpoint.format.entries import ShardedEntry, TensorEntry
-from streamio.checkpoint.serialize import HostBuffer, Layout, assign_shares, plan_layout, tensor_entries
-from streamio.checkpoint.sharded.saving import local_shards, sharded_entries, written
-from streamio.checkpoint.tree import TreeEncoder
-from streamio.checkpoint.wrappers import ModuleKeys
+from streamio.checkpoint.tensors.serialize import HostBuffer, Layout, assign_shares, plan_layout, tensor_entries
+from streamio.checkpoint.tensors.shards import local_shards, sharded_entries, written
+from streamio.checkpoint.tensors.tree import TreeEncoder
+from streamio.checkpoint.tensors.wrappers import ModuleKeys
 from streamio.errors import CheckpointError
 
 __all__ = ["Snapshot", "take_snapshot"]

@@ -31,7 +31,7 @@ from streamio.checkpoint.format import entries as ent
 from streamio.checkpoint.format import layout
 from streamio.checkpoint.format import manifest as mf
 from streamio.checkpoint.format import pointer as ptr
-from streamio.checkpoint.serialize import decode_part
+from streamio.checkpoint.tensors.serialize import decode_part
 from streamio.checksum import checksum_bytes
 from streamio.cli.main import cli
 from streamio.errors import (

@@ -27,7 +27,8 @@ from streamio.checkpoint.format.retention import (
     KeepLast,
     steps_to_delete,
 )
-from streamio.checkpoint.serialize import HostBuffer, TreeEncoder, assign_shares, decode_tree, plan_layout
+from streamio.checkpoint.tensors.serialize import HostBuffer, assign_shares, plan_layout
+from streamio.checkpoint.tensors.tree import TreeEncoder, decode_tree
 from streamio.errors import CheckpointError
 
 # ------------------------------------------------------------------------------ retention

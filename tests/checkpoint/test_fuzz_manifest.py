@@ -29,7 +29,7 @@ from streamio.checkpoint.format import pointer as ptr
 from streamio.checkpoint.format.entries import FileEntry, Section, TensorEntry
 from streamio.checkpoint.format.manifest import DoneMarker, Manifest
 from streamio.checkpoint.format.pointer import Pointer
-from streamio.checkpoint.tree import TAG, TreeEncoder, decode_tree
+from streamio.checkpoint.tensors.tree import TAG, TreeEncoder, decode_tree
 from streamio.checksum import checksum_bytes
 from streamio.errors import CheckpointFormatError
 

@@ -29,7 +29,7 @@ from streamio.checkpoint.format import pointer as ptr
 from streamio.checkpoint.format.entries import DTYPE_SIZES, ChunkEntry, FileEntry, Section, ShardedEntry, TensorEntry
 from streamio.checkpoint.format.manifest import Manifest
 from streamio.checkpoint.sharded.dcp_format import MAX_LIST_INDEX, metadata_of
-from streamio.checkpoint.tree import TAG, decode_tree, dtype_from_name
+from streamio.checkpoint.tensors.tree import TAG, decode_tree, dtype_from_name
 from streamio.errors import CheckpointFormatError
 
 BLOCK = 16

@@ -21,10 +21,10 @@ from streamio.checkpoint.format import manifest as mf
 from streamio.checkpoint.format.checks import ManifestError
 from streamio.checkpoint.format.entries import ChunkEntry, FileEntry, Section, ShardedEntry
 from streamio.checkpoint.format.manifest import Manifest
-from streamio.checkpoint.serialize import StreamReader, block_checksums
-from streamio.checkpoint.sharded.boxes import BoxSource, byte_span, narrow
-from streamio.checkpoint.sharded.fetch import Span, fetch_spans, plan_reads
-from streamio.checkpoint.sharded.loading import plan_boxes
+from streamio.checkpoint.tensors.boxes import BoxSource, byte_span, narrow
+from streamio.checkpoint.tensors.fetch import Span, fetch_spans, plan_reads
+from streamio.checkpoint.tensors.resharding import plan_boxes
+from streamio.checkpoint.tensors.serialize import StreamReader, block_checksums
 from streamio.checksum import checksum_bytes
 from streamio.errors import CheckpointFormatError, CorruptDataError
 from streamio.storage import Store
@@ -211,8 +211,8 @@ def test_malformed_sharded_entries_are_refused(edit, detail: str) -> None:  # ty
 
 
 def test_tree_references_to_sharded_tensors_are_checked() -> None:
-    from streamio.checkpoint.sharded.loading import sources_for
-    from streamio.checkpoint.tree import decode_tree
+    from streamio.checkpoint.tensors.resharding import sources_for
+    from streamio.checkpoint.tensors.tree import decode_tree
 
     with pytest.raises(CheckpointFormatError, match="sharded tensor 'x' which the manifest does not list"):
         decode_tree({"$t": "dtensor", "k": "x"}, {})

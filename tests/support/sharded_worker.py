@@ -44,8 +44,8 @@ def global_value(name: str, shape: tuple[int, ...], dtype: torch.dtype, salt: in
 
 def _local(t: torch.Tensor) -> tuple[torch.Tensor, Any]:
     """The local tensor of ``t`` and its box in the global tensor (``None``: the whole of it)."""
-    from streamio.checkpoint.sharded.boxes import local_box
-    from streamio.checkpoint.tree import is_dtensor
+    from streamio.checkpoint.tensors.boxes import local_box
+    from streamio.checkpoint.tensors.tree import is_dtensor
 
     return (t.to_local(), local_box(t)) if is_dtensor(t) else (t, None)
 
@@ -55,7 +55,7 @@ def _expected(name: str, t: torch.Tensor, salt: int) -> torch.Tensor:
     whole = global_value(name, tuple(t.shape), t.dtype, salt).to(t.dtype)
     if box is None:
         return whole
-    from streamio.checkpoint.sharded.boxes import narrow
+    from streamio.checkpoint.tensors.boxes import narrow
 
     return narrow(whole, *box)
 

@@ -24,7 +24,7 @@ __all__ = ["ShardedModelState", "StreamioReader", "StreamioWriter"]
 _LAZY = {
     "StreamioWriter": "streamio.checkpoint.sharded.dcp_writer",
     "StreamioReader": "streamio.checkpoint.sharded.dcp_reader",
-    "ShardedModelState": "streamio.checkpoint.sharded.app_state",
+    "ShardedModelState": "streamio.checkpoint.tensors.app_state",
 }
 
 

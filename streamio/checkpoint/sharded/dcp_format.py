@@ -8,7 +8,7 @@ onto it like this:
   chunk of the manifest's ``sharded`` entry of its flattened key (``"model.0.weight"``), with the
   global shape and dtype DCP's planner recorded;
 * every non-tensor item (``BYTE_IO``: hyper-parameters, step counters, lists) is stored as
-  tagged JSON (:mod:`~streamio.checkpoint.tree`) under its key in the per-rank tree of the rank
+  tagged JSON (:mod:`~streamio.checkpoint.tensors.tree`) under its key in the per-rank tree of the rank
   DCP's planner gave it to, never as DCP's ``torch.save`` pickle; tensors nested in such a value
   go to that rank's stream as plain tensors;
 * DCP's ``planner_data`` (each flattened key's path in the nested state dict) is kept, as JSON,
@@ -30,7 +30,7 @@ import torch
 from streamio.checkpoint.format.checks import short
 from streamio.checkpoint.format.layout import parse_step_dir
 from streamio.checkpoint.format.manifest import Manifest
-from streamio.checkpoint.tree import dtype_from_name
+from streamio.checkpoint.tensors.tree import dtype_from_name
 from streamio.errors import CheckpointFormatError, ConfigError
 from streamio.limits import MAX_JSON_DEPTH
 

@@ -53,14 +53,13 @@ from torch.futures import Future
 
 from streamio.checkpoint.comm import Comm
 from streamio.checkpoint.format.manifest import Manifest
-from streamio.checkpoint.restore import load_tensors
 from streamio.checkpoint.root import read_manifest, read_pointer, resolve_save
-from streamio.checkpoint.serialize import StreamReader
-from streamio.checkpoint.sharded.boxes import BoxSource, byte_span
 from streamio.checkpoint.sharded.dcp_format import StepCheckpointId, metadata_of, values_by_rank
-from streamio.checkpoint.sharded.fetch import Span, fetch_spans
-from streamio.checkpoint.sharded.loading import check_chunks, check_cover
-from streamio.checkpoint.tree import decode_tree, dtype_from_name, is_dtensor
+from streamio.checkpoint.tensors.boxes import BoxSource, byte_span
+from streamio.checkpoint.tensors.fetch import Span, fetch_spans, load_tensors
+from streamio.checkpoint.tensors.resharding import check_chunks, check_cover
+from streamio.checkpoint.tensors.serialize import StreamReader
+from streamio.checkpoint.tensors.tree import decode_tree, dtype_from_name, is_dtensor
 from streamio.errors import CheckpointError, CheckpointFormatError, CheckpointNotFoundError, StreamioError
 from streamio.storage import RetryPolicy, Store
 

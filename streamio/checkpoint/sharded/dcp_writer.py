@@ -42,11 +42,11 @@ from streamio.checkpoint.commit import Committer, PhaseHook
 from streamio.checkpoint.format.entries import ChunkEntry, ShardedEntry, TensorEntry
 from streamio.checkpoint.format.retention import RetentionPolicy
 from streamio.checkpoint.options import SaveOptions, SaveStats
-from streamio.checkpoint.serialize import HostBuffer, Layout, plan_layout, tensor_entries
 from streamio.checkpoint.sharded.dcp_format import DCP_KEY, StepCheckpointId, planner_data_to_json
-from streamio.checkpoint.sharded.saving import describe_layout
 from streamio.checkpoint.snapshot import Snapshot
-from streamio.checkpoint.tree import TreeEncoder, dtype_name, is_dtensor
+from streamio.checkpoint.tensors.serialize import HostBuffer, Layout, plan_layout, tensor_entries
+from streamio.checkpoint.tensors.shards import describe_layout
+from streamio.checkpoint.tensors.tree import TreeEncoder, dtype_name, is_dtensor
 from streamio.errors import CheckpointError
 from streamio.storage import RetryPolicy, Store
 

@@ -5,10 +5,9 @@ when any tensor lives on CUDA), laid out 64-byte aligned; that copy is all the t
 waits for. The buffer is then cut into parts (optionally zstd-compressed) by the uploader. On
 restore every part is checked against its recorded size and CRC32C (:func:`verify_file`),
 decompressed into at most the raw size the manifest declares (:func:`decode_part`), and tensors
-are read out of the parts as :class:`~.tree.VerifiedTensor` views (:class:`StreamReader`).
+are read out of the parts as :class:`~.copies.VerifiedTensor` views (:class:`StreamReader`).
 
-The JSON half of a state (trees with tensor references) is :mod:`.tree`; its names are
-re-exported here for callers that import them from this module.
+The JSON half of a state (trees with tensor references) is :mod:`.tree`.
 """
 
 from __future__ import annotations
@@ -21,13 +20,8 @@ import numpy as np
 import torch
 
 from streamio.checkpoint.format.entries import FileEntry, TensorEntry
-from streamio.checkpoint.tree import TAG as TAG
-from streamio.checkpoint.tree import TreeEncoder as TreeEncoder
-from streamio.checkpoint.tree import VerifiedTensor as VerifiedTensor
-from streamio.checkpoint.tree import decode_tree as decode_tree
-from streamio.checkpoint.tree import dtype_from_name as dtype_from_name
-from streamio.checkpoint.tree import dtype_name as dtype_name
-from streamio.checkpoint.tree import run_copies as run_copies
+from streamio.checkpoint.tensors.copies import VerifiedTensor
+from streamio.checkpoint.tensors.tree import dtype_from_name, dtype_name
 from streamio.checksum import crc32c, format_checksum
 from streamio.errors import CheckpointFormatError, ConfigError, CorruptDataError
 from streamio.limits import zstd_decompress
@@ -145,7 +139,7 @@ def tensor_entries(layout: Layout, stream: np.ndarray, rank: int) -> dict[str, T
 
 def block_checksums(raw: np.ndarray, block_size: int) -> tuple[str, ...]:
     """CRC32C of each ``block_size`` bytes of a raw part (the last block may be shorter): what a
-    ranged read of a few rows of the part is verified against (:mod:`.sharded.fetch`)."""
+    ranged read of a few rows of the part is verified against (:mod:`.fetch`)."""
     view = readonly(raw)
     return tuple(format_checksum(crc32c(view[i : i + block_size])) for i in range(0, len(view), block_size))  # type: ignore[arg-type]
 

@@ -15,22 +15,20 @@ the arithmetic and the copy:
 * :class:`BoxSource`: those bytes, verified, copied into the destination's box through strided
   NumPy views (no temporary when the destination is on the CPU with rows contiguous, the usual
   case), else through one temporary tensor and ``copy_`` (CUDA, scalars);
-* :class:`LocalFill`: a tensor saved whole (by a plain module, or replicated), loaded into a
-  DTensor: this rank's box of it.
+and a tensor saved whole, loaded into a DTensor, is copied through :func:`local_box` and
+:func:`narrow` (:class:`~.copies.LocalFill`).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import numpy as np
 import torch
 
-from streamio.checkpoint.tree import VerifiedTensor
 from streamio.errors import CheckpointError
 
-__all__ = ["BoxSource", "LocalFill", "byte_span", "local_box", "narrow", "row_strides"]
+__all__ = ["BoxSource", "byte_span", "local_box", "narrow", "row_strides"]
 
 Box = tuple[tuple[int, ...], tuple[int, ...]]  # (offsets, sizes)
 
@@ -120,21 +118,3 @@ class BoxSource:
         np.copyto(tmp.reshape(-1).view(torch.uint8).numpy().reshape(src.shape), src)
         with torch.no_grad():
             target.copy_(tmp)
-
-
-class LocalFill:
-    """A tensor saved whole, copied into the local tensor of a live DTensor of the same shape:
-    this rank's box of it (a plain module's checkpoint restored into an FSDP one)."""
-
-    __slots__ = ("source", "box")
-
-    def __init__(self, source: VerifiedTensor, live: torch.Tensor) -> None:
-        self.source = source
-        self.box = local_box(live)
-
-    def copy_into(self, target: torch.Tensor) -> None:
-        if self.box is None or math.prod(self.box[1]) == 0:
-            return
-        whole = self.source.materialize()
-        with torch.no_grad():
-            target.copy_(narrow(whole, *self.box))

@@ -12,7 +12,7 @@ checked against their CRC32C. A value that fits none of these raises
 Restore decodes trees against a *template*, the live object's current ``state_dict()``: where
 the template holds a tensor of the same shape and dtype the bytes are copied into it in place,
 so e.g. a model's parameters and an optimizer's existing moments are overwritten, not replaced.
-Those copies can be deferred (``defer=``) so that decoding touches nothing live: a tree read
+Those copies can be deferred (``defer=``, :mod:`.copies`) so that decoding touches nothing live: a tree read
 from storage is checked field by field and fails as one
 :class:`~streamio.errors.CheckpointFormatError` naming the place, before any copy is made.
 """
@@ -23,12 +23,13 @@ import base64
 import math
 import sys
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import torch
 
+from streamio.checkpoint.tensors.copies import CopySource, LocalFill, VerifiedTensor
 from streamio.errors import CheckpointError, CheckpointFormatError
 
 TAG = "$t"
@@ -222,8 +223,7 @@ def _decode_tensor(tree: Any, tensors: Mapping[str, Any], template: Any, path: s
     if tree[TAG] == "ndarray":
         return loaded.materialize().numpy()
     if is_dtensor(template) and template.shape == loaded.shape and template.dtype == loaded.dtype:
-        from streamio.checkpoint.sharded.boxes import LocalFill  # a tensor saved whole, loaded sharded
-
+        # a tensor saved whole (a plain module's), loaded into a DTensor: this rank's box of it
         fill, local = LocalFill(loaded, template), template.to_local().detach()
         if defer is not None:
             defer.append((fill, local))
@@ -245,7 +245,7 @@ def _decode_tensor(tree: Any, tensors: Mapping[str, Any], template: Any, path: s
 
 
 def _decode_dtensor(tree: Any, tensors: Mapping[str, Any], template: Any, path: str, defer: Any) -> Any:
-    """A sharded tensor: its source (restore's, :mod:`.sharded.loading`) binds it to the live value
+    """A sharded tensor: its source (restore's, :mod:`.resharding`) binds it to the live value
     at its place and plans the reads of the chunks this rank needs; the bytes come later."""
     key = _field(tree, "k", str)
     bind = getattr(tensors.get(key), "bind", None)
@@ -325,58 +325,3 @@ def _hashable(k: Any) -> bool:
     except TypeError:
         return False
     return True
-
-
-class VerifiedTensor:
-    """Verified raw bytes of one tensor, copied out only when loaded.
-
-    Loading copies the bytes straight into the live tensor that receives them (one copy, no
-    temporary), or into a fresh CPU tensor when there is none.
-    """
-
-    __slots__ = ("dtype", "shape", "_segs")
-
-    def __init__(self, dtype: torch.dtype, shape: tuple[int, ...], segs: list[np.ndarray]) -> None:
-        self.dtype, self.shape, self._segs = dtype, torch.Size(shape), segs
-
-    def materialize(self) -> torch.Tensor:
-        """A fresh CPU tensor holding the bytes."""
-        out = torch.empty(self.shape, dtype=self.dtype)
-        self._fill(out)
-        return out
-
-    def copy_into(self, target: torch.Tensor) -> None:
-        """Overwrite ``target`` (same shape and dtype, any device) with the bytes."""
-        if target.device.type == "cpu" and target.is_contiguous() and not target.requires_grad:
-            self._fill(target)
-        else:
-            with torch.no_grad():
-                target.copy_(self.materialize())
-
-    def _fill(self, out: torch.Tensor) -> None:
-        if out.numel() == 0:
-            return
-        flat = out.view(-1).view(torch.uint8).numpy()
-        pos = 0
-        for s in self._segs:
-            flat[pos : pos + len(s)] = s
-            pos += len(s)
-
-
-class CopySource(Protocol):
-    """Verified bytes that can be copied into a live tensor (:class:`VerifiedTensor`, or a box of
-    a sharded tensor's chunk: :class:`~.sharded.boxes.BoxSource`)."""
-
-    def copy_into(self, target: torch.Tensor) -> None: ...
-
-
-def run_copies(copies: Sequence[tuple[CopySource, torch.Tensor]], workers: int = 8) -> None:
-    """Make deferred in-place copies on a few threads (NumPy's copy releases the GIL)."""
-    if len(copies) < 2 or workers < 2:
-        for src, dst in copies:
-            src.copy_into(dst)
-        return
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(min(workers, len(copies)), thread_name_prefix="streamio-ckpt-copy") as pool:
-        list(pool.map(lambda c: c[0].copy_into(c[1]), copies))

@@ -31,10 +31,10 @@ from typing import Any
 import torch
 
 from streamio.checkpoint.format.entries import ChunkEntry, FileEntry, ShardedEntry
-from streamio.checkpoint.serialize import StreamReader
-from streamio.checkpoint.sharded.boxes import BoxSource, byte_span, narrow
-from streamio.checkpoint.sharded.fetch import Span, fetch_spans
-from streamio.checkpoint.tree import dtype_from_name, is_dtensor
+from streamio.checkpoint.tensors.boxes import BoxSource, byte_span, narrow
+from streamio.checkpoint.tensors.fetch import Span, fetch_spans
+from streamio.checkpoint.tensors.serialize import StreamReader
+from streamio.checkpoint.tensors.tree import dtype_from_name, is_dtensor
 from streamio.errors import CheckpointFormatError
 from streamio.storage import Store
 
@@ -61,7 +61,7 @@ class BoxRead:
 
 
 class ShardedSource:
-    """The manifest's sharded tensor ``key``, as :func:`~streamio.checkpoint.tree.decode_tree` sees it.
+    """The manifest's sharded tensor ``key``, as :func:`~.tree.decode_tree` sees it.
 
     Args:
         key: its key in the manifest's ``sharded`` section.

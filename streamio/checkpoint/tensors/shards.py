@@ -26,9 +26,9 @@ from typing import Any
 import torch
 
 from streamio.checkpoint.format.entries import ChunkEntry, ShardedEntry
-from streamio.checkpoint.serialize import Layout
-from streamio.checkpoint.sharded.boxes import local_box
-from streamio.checkpoint.tree import dtype_name
+from streamio.checkpoint.tensors.boxes import local_box
+from streamio.checkpoint.tensors.serialize import Layout
+from streamio.checkpoint.tensors.tree import dtype_name
 from streamio.errors import CheckpointError
 
 __all__ = ["LocalShard", "describe_layout", "local_shards", "sharded_entries", "written"]
