@@ -23,15 +23,15 @@ import time
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
-from streamio.checkpoint import inflight
 from streamio.checkpoint.comm import Comm
-from streamio.checkpoint.commit import Committer
 from streamio.checkpoint.format import layout
 from streamio.checkpoint.format.retention import RetentionPolicy
 from streamio.checkpoint.options import SaveOptions, SaveStats
 from streamio.checkpoint.restore import Restorer
 from streamio.checkpoint.root import PhaseHook, committed_steps, pointed_step
-from streamio.checkpoint.snapshot import Snapshot, take_snapshot
+from streamio.checkpoint.save import inflight
+from streamio.checkpoint.save.commit import Committer
+from streamio.checkpoint.save.snapshot import Snapshot, take_snapshot
 from streamio.checkpoint.tensors.serialize import HostBuffer
 from streamio.deprecation import keyword_only
 from streamio.errors import CheckpointError

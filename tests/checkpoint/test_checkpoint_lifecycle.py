@@ -268,7 +268,7 @@ def test_a_reopened_root_keeps_its_recorded_retention(root: Store, caplog: pytes
     for step in (5, 6):
         reopened.save(step, _small(step), metrics={"loss": 0.9})
     assert committed_steps(root) == [1, 6]
-    with caplog.at_level(logging.WARNING, logger="streamio.checkpoint.pruning"):
+    with caplog.at_level(logging.WARNING, logger="streamio.checkpoint.save.pruning"):
         _manager(root, retention=KeepLast(2)).save(7, _small(7))
     assert "retention under" in caplog.text and "keep_best" in caplog.text and "keep_last" in caplog.text
     assert committed_steps(root) == [6, 7]
@@ -287,7 +287,7 @@ def test_a_policy_that_cannot_be_rebuilt_keeps_everything(tmp_path: Path, caplog
         for step in (1, 2, 3, 4):
             job.save(step, _small(step))
     assert committed_steps(store) == [1, 3, 4]
-    with caplog.at_level(logging.WARNING, logger="streamio.checkpoint.pruning"):
+    with caplog.at_level(logging.WARNING, logger="streamio.checkpoint.save.pruning"):
         _manager(store).save(6, _small(6))
     assert "cannot be rebuilt" in caplog.text and committed_steps(store) == [1, 3, 4, 6]
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from streamio.checkpoint import CheckpointManager, KeepLast
-from streamio.checkpoint.commit import PHASES
 from streamio.checkpoint.rng import RNGState
+from streamio.checkpoint.save.commit import PHASES
 from streamio.errors import CheckpointFormatError
 from streamio.train.early_stopping import EarlyStopping
 from streamio.train.loop import Progress

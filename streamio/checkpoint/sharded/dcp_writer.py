@@ -3,7 +3,7 @@
 ``torch.distributed.checkpoint.save(state, storage_writer=StreamioWriter(root, step=100))`` keeps
 DCP's planning (flattening, deduplication of replicated items, the global plan) and replaces its
 storage: each rank's items are laid out in one host buffer and committed by the same
-:class:`~streamio.checkpoint.commit.Committer` as ``CheckpointManager.save``: parts uploaded in
+:class:`~streamio.checkpoint.save.commit.Committer` as ``CheckpointManager.save``: parts uploaded in
 parallel under streamio's retry policy with a CRC32C per part and per block, create-only done
 markers, the barrier, a sealed create-only manifest, the compare-and-swap of ``latest.json``,
 then retention and timelines. What DCP calls the checkpoint is therefore only visible once the
@@ -38,12 +38,12 @@ from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
 from streamio.checkpoint.comm import Comm
-from streamio.checkpoint.commit import Committer, PhaseHook
 from streamio.checkpoint.format.entries import ChunkEntry, ShardedEntry, TensorEntry
 from streamio.checkpoint.format.retention import RetentionPolicy
 from streamio.checkpoint.options import SaveOptions, SaveStats
+from streamio.checkpoint.save.commit import Committer, PhaseHook
+from streamio.checkpoint.save.snapshot import Snapshot
 from streamio.checkpoint.sharded.dcp_format import DCP_KEY, StepCheckpointId, planner_data_to_json
-from streamio.checkpoint.snapshot import Snapshot
 from streamio.checkpoint.tensors.serialize import HostBuffer, Layout, plan_layout, tensor_entries
 from streamio.checkpoint.tensors.shards import describe_layout
 from streamio.checkpoint.tensors.tree import TreeEncoder, dtype_name, is_dtensor

@@ -51,7 +51,6 @@ from typing import Any
 import torch
 
 from streamio.checkpoint import root
-from streamio.checkpoint.abandon import FailedShares, uncommitted, writing
 from streamio.checkpoint.comm import Comm
 from streamio.checkpoint.format import layout
 from streamio.checkpoint.format import manifest as mf
@@ -62,9 +61,10 @@ from streamio.checkpoint.format.pointer import Pointer
 from streamio.checkpoint.format.retention import RetentionPolicy
 from streamio.checkpoint.format.timeline import Point, Timeline, Tip, branch
 from streamio.checkpoint.options import SaveOptions, SaveStats
-from streamio.checkpoint.pruning import Pruner
 from streamio.checkpoint.root import ABSENT, PhaseHook, pointer_version, read_pointer
-from streamio.checkpoint.snapshot import Snapshot
+from streamio.checkpoint.save.abandon import FailedShares, uncommitted, writing
+from streamio.checkpoint.save.pruning import Pruner
+from streamio.checkpoint.save.snapshot import Snapshot
 from streamio.checkpoint.tensors.serialize import block_checksums, encode_part
 from streamio.errors import CheckpointConflictError, CheckpointError, ObjectNotFoundError, WriteConflictError
 from streamio.pool import gather
