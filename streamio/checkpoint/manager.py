@@ -27,7 +27,7 @@ from streamio.checkpoint.comm import Comm
 from streamio.checkpoint.format import layout
 from streamio.checkpoint.format.retention import RetentionPolicy
 from streamio.checkpoint.options import SaveOptions, SaveStats
-from streamio.checkpoint.restore import Restorer
+from streamio.checkpoint.restore.walk import Restorer
 from streamio.checkpoint.root import PhaseHook, committed_steps, pointed_step
 from streamio.checkpoint.save import inflight
 from streamio.checkpoint.save.commit import Committer
@@ -203,7 +203,7 @@ class CheckpointManager:
         ones where shapes match); plain values are replaced in ``state``. All or nothing: the
         manifest (against the pointer's checksum and its own), every part this rank needs, the
         decoding of the whole state and its fit with the live objects are all checked before
-        the first live object changes (:mod:`.restore_plan`).
+        the first live object changes (:mod:`.restore.plan`).
 
         Args:
             state: the same names as were saved.

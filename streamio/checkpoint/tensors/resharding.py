@@ -1,6 +1,6 @@
 """Restoring sharded tensors onto whatever sharding the live state has: plan, read, verify, copy.
 
-Restore decodes a state tree against the live objects (:mod:`~streamio.checkpoint.restore_plan`).
+Restore decodes a state tree against the live objects (:mod:`~streamio.checkpoint.restore.plan`).
 A ``{"$t": "dtensor"}`` reference there is a :class:`ShardedSource`: it *binds* to the live value
 at its place and records a :class:`PendingRead`, touching nothing:
 

@@ -1,6 +1,6 @@
 """Restore in two phases: decode and check everything first, then touch the live objects.
 
-A restore must never leave a job half-loaded (DESIGN.md invariant 11). So once the manifest and
+A restore must never leave a job half-loaded (docs/design.md "Restore"). So once the manifest and
 every part have verified, the whole state is decoded *against* the live objects before any of
 them changes (:func:`decode_state`): every tree is decoded (a malformed one raises
 :class:`~streamio.errors.CheckpointFormatError`, and the caller walks back to the previous

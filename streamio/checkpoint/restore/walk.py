@@ -4,7 +4,7 @@
 against the checksum the pointer recorded and against its own seal and step, reads every part
 this rank needs with concurrent GETs, verifies sizes and CRC32C of files and tensors
 (:func:`~.tensors.fetch.load_tensors`), decodes the whole state and checks it against the live objects
-(:mod:`.restore_plan`), and only then loads anything. If the pointer is missing, corrupt or names
+(:mod:`.plan`), and only then loads anything. If the pointer is missing, corrupt or names
 a checkpoint that fails any of this, it walks back to the newest complete checkpoint *of the
 current timeline* that verifies (:mod:`.candidates`) and logs why (explicit ``step=`` never
 walks back); a checkpoint that verifies but does not fit the live objects (another model)
@@ -27,13 +27,13 @@ import logging
 from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any
 
-from streamio.checkpoint import candidates
-from streamio.checkpoint.candidates import Candidate
 from streamio.checkpoint.comm import Comm
 from streamio.checkpoint.format import layout
 from streamio.checkpoint.format.manifest import Manifest
 from streamio.checkpoint.format.timeline import Point
-from streamio.checkpoint.restore_plan import RestorePlan, apply, decode_state, mismatches
+from streamio.checkpoint.restore import candidates
+from streamio.checkpoint.restore.candidates import Candidate
+from streamio.checkpoint.restore.plan import RestorePlan, apply, decode_state, mismatches
 from streamio.checkpoint.root import pointer_version, read_manifest, record_bad
 from streamio.checkpoint.tensors.fetch import load_tensors
 from streamio.checkpoint.tensors.resharding import read_pending, sources_for
