@@ -107,7 +107,7 @@ class Rank:
         n = self.fresh[kind] = self.fresh[kind] + 1
         if self.rank == 0 and n > 2:
             if kind == "streamio-dcp":
-                from streamio.checkpoint.removal import plan_removal, remove
+                from streamio.checkpoint.admin import plan_removal, remove
                 from streamio.storage import Store
 
                 store = Store(f"{self.root}/streamio-dcp", self.storage)

@@ -56,7 +56,7 @@ from streamio.storage import ObjectInfo, Store
 
 __all__ = [
     "ABSENT", "PhaseHook", "SaveRef", "committed_saves", "committed_steps", "create_manifest", "delete_objects",
-    "delete_save", "delete_share", "has_manifest", "manifest_digest", "objects", "pointed_step",
+    "delete_save", "delete_share", "has_manifest", "has_pointer", "manifest_digest", "objects", "pointed_step",
     "pointer_url", "pointer_version", "read_bad", "read_manifest", "read_manifest_digest", "read_manifests",
     "read_markers", "read_pointer", "read_retention", "record_bad", "record_retention", "remove_empty_dirs",
     "resolve_save", "swap_pointer", "write_marker",
@@ -126,6 +126,11 @@ def _read(store: Store, path: str, max_bytes: int = MAX_JSON_BYTES) -> bytes:
 def pointer_url(store: Store) -> str:
     """The pointer's URL (what messages name)."""
     return store.url(ptr.LATEST)
+
+
+def has_pointer(store: Store) -> bool:
+    """Whether the root holds a pointer, valid or not (one HEAD)."""
+    return store.exists(ptr.LATEST)
 
 
 def read_pointer(store: Store) -> Pointer | None:

@@ -28,8 +28,7 @@ import pytest
 import torch
 
 from streamio.checkpoint import CheckpointManager, KeepLast, SaveOptions
-from streamio.checkpoint.admin import check_pointer, collect_garbage, verify_checkpoint
-from streamio.checkpoint.removal import plan_removal, remove
+from streamio.checkpoint.admin import check_pointer, collect_garbage, plan_removal, remove, verify_checkpoint
 from streamio.checkpoint.root import remove_empty_dirs
 from streamio.checkpoint.save.abandon import room_problem, writing
 from streamio.errors import CheckpointConflictError, CheckpointError, StoragePermissionError

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from streamio.checkpoint.describe import describe
+from streamio.checkpoint.admin.describe import describe
 from streamio.checkpoint.format import manifest as mf
 from streamio.checkpoint.format.checks import ManifestError
 from streamio.checkpoint.format.entries import ChunkEntry, FileEntry, Section, ShardedEntry

@@ -1,19 +1,10 @@
-"""Maintenance of a checkpoint root, as the CLI runs it: verify, check the pointer, collect garbage.
+"""``streamio ckpt gc``: delete what no current checkpoint needs (docs/checkpoint-lifecycle.md).
 
-``streamio ckpt ls | inspect | verify | gc`` (cli/ckpt.py) call these; none of them is needed to
-save or restore. They read storage fresh and report what they find by object URL:
-
-* :func:`verify_checkpoint` reads every file a manifest lists and checks every size and CRC32C,
-  of the files and of every tensor (a restore checks files and tensor spans only);
-* :func:`check_pointer` checks ``latest.json`` against the manifest it names;
-* :func:`collect_garbage` deletes what no current checkpoint needs (docs/checkpoint-lifecycle.md):
-  saves a restore rejected (``bad.json``) unless the pointer names them, committed saves of
-  abandoned timelines, objects of saves that never committed, a losing concurrent save's
-  objects, and on S3 old incomplete multipart uploads. What a live job may still be writing is
-  kept until it is ``min_age_s`` old.
-
-``streamio ckpt rm`` is :mod:`.removal`. Every document is read and every object deleted
-through :mod:`.root`.
+:func:`collect_garbage` deletes saves a restore rejected (``bad.json``) unless the pointer names
+them, committed saves of abandoned timelines, objects of saves that never committed, a losing
+concurrent save's objects, and on S3 old incomplete multipart uploads. What a live job may still
+be writing is kept until it is ``min_age_s`` old. It reads the root fresh and deletes through
+:mod:`..root` (manifests first).
 """
 
 from __future__ import annotations
@@ -33,93 +24,15 @@ from streamio.checkpoint.format.timeline import Tip, classify
 from streamio.checkpoint.root import (
     SaveRef,
     committed_saves,
-    read_manifest,
     read_manifests,
     read_pointer,
-    resolve_save,
 )
-from streamio.errors import CheckpointError, CheckpointFormatError, CorruptDataError, StorageError, StreamioError
+from streamio.errors import StorageError, StreamioError
 from streamio.storage import Store
 
-__all__ = ["GarbageReport", "check_pointer", "collect_garbage", "verify_checkpoint"]
+__all__ = ["GarbageReport", "collect_garbage"]
 
 log = logging.getLogger(__name__)
-
-
-def verify_checkpoint(
-    store: Store, step: int, *, path: str | None = None, concurrency: int = 8,
-    progress: Callable[[int, int, int], None] | None = None,
-) -> list[str]:
-    """Every problem with a save of ``step`` (each naming the object at fault); empty when it verifies.
-
-    Reads every file the manifest lists, checks sizes and CRC32C (and each block's, where parts
-    carry block checksums: saves with sharded state), and every tensor's CRC32C.
-    Files are read one after another: ``concurrency`` is not used yet (kept for its callers).
-
-    Args:
-        path: the save directory; default: the one :func:`~.root.resolve_save` picks.
-        progress: ``progress(done, total, nbytes)``: files read of ``total`` and their bytes so far.
-    """
-    # torch (for the tensors' checks) is imported here, not at module level: `ckpt ls/gc/rm` and
-    # the CLI's start-up stay free of it
-    from streamio.checkpoint.tensors.fetch import verify_blocks
-    from streamio.checkpoint.tensors.serialize import StreamReader, decode_part, verify_file
-
-    sdir = path if path is not None else resolve_save(store, step)
-    try:
-        manifest = read_manifest(store, step, path=sdir)
-    except CheckpointError as exc:
-        return [str(exc)]
-    problems: list[str] = []
-    parts: dict[int, dict[int, bytes | memoryview]] = {}
-    report = progress or (lambda done, total, nbytes: None)
-    report(0, len(manifest.files), 0)
-    nbytes = 0
-    for done, f in enumerate(manifest.files, 1):
-        url = store.url(f"{sdir}/{f.path}")
-        try:
-            data = store.read_view(f"{sdir}/{f.path}")
-            verify_file(data, f, url)
-            parts.setdefault(f.rank, {})[f.start] = raw = decode_part(data, f, url)
-            if f.blocks:  # what ranged reads of sharded state are verified against
-                verify_blocks(raw, f, 0, url)
-        except FileNotFoundError:
-            problems.append(f"{url} is missing")
-        except CorruptDataError as exc:
-            problems.append(str(exc))
-        nbytes += f.size
-        report(done, len(manifest.files), nbytes)
-    if problems:
-        return problems
-    for section in [manifest.replicated, *manifest.per_rank]:
-        for key, e in section.tensors.items():
-            try:
-                StreamReader(parts.get(e.rank, {}), e.rank, store.url(sdir)).tensor(key, e)
-            except (CorruptDataError, CheckpointFormatError) as exc:
-                problems.append(str(exc))
-    return problems
-
-
-def check_pointer(store: Store) -> tuple[int | None, list[str]]:
-    """The step ``latest.json`` names and what is wrong with the pointer itself (if anything)."""
-    url = root.pointer_url(store)
-    try:
-        pointer = read_pointer(store)
-    except ManifestError as exc:
-        return None, [f"{url} is corrupt: {exc}"]
-    if pointer is None:
-        return None, [f"{url} does not exist: no checkpoint was ever committed here (or it was deleted)"]
-    manifest_url = store.url(layout.manifest_at(pointer.path))
-    try:
-        digest = root.manifest_digest(store, pointer.path)
-    except FileNotFoundError:
-        return pointer.step, [f"{url} names step {pointer.step} but {manifest_url} does not exist"]
-    except ManifestError as exc:
-        return pointer.step, [f"{url} names step {pointer.step} but its manifest is unusable: {exc}"]
-    if digest != pointer.manifest_checksum:
-        return pointer.step, [f"{url} names step {pointer.step} with manifest checksum {pointer.manifest_checksum}, "
-                              f"but {manifest_url} has {digest}"]
-    return pointer.step, []
 
 
 @dataclass(frozen=True)
