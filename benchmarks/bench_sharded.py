@@ -170,8 +170,7 @@ class Rank:
     def _streamio_dcp_io(self, write: bool) -> Any:
         """streamio's DCP writer / reader, made once (each makes its commit's gloo groups), as a job would;
         ``KeepAll``: old steps are removed by :meth:`_next`, untimed, like DCP's directories."""
-        from streamio.checkpoint import KeepAll
-        from streamio.checkpoint.sharded import StreamioReader, StreamioWriter
+        from streamio.checkpoint import KeepAll, StreamioReader, StreamioWriter
 
         root = f"{self.root}/streamio-dcp"
         if write:

@@ -43,11 +43,12 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from streamio.checkpoint.dcp.reader import StreamioReader
+    from streamio.checkpoint.dcp.writer import StreamioWriter
     from streamio.checkpoint.format.retention import KeepAll, KeepBest, KeepEvery, KeepLast, RetentionPolicy
     from streamio.checkpoint.manager import CheckpointManager
     from streamio.checkpoint.options import SaveOptions, SaveStats
     from streamio.checkpoint.rng import RNGState
-    from streamio.checkpoint.sharded import StreamioReader, StreamioWriter
     from streamio.checkpoint.tensors.app_state import ShardedModelState
 
 #: public name -> the module defining it, imported on first use: the manager imports torch (and the
@@ -63,8 +64,8 @@ _EXPORTS = {
     "SaveOptions": "streamio.checkpoint.options",
     "SaveStats": "streamio.checkpoint.options",
     "ShardedModelState": "streamio.checkpoint.tensors.app_state",
-    "StreamioReader": "streamio.checkpoint.sharded",
-    "StreamioWriter": "streamio.checkpoint.sharded",
+    "StreamioReader": "streamio.checkpoint.dcp.reader",
+    "StreamioWriter": "streamio.checkpoint.dcp.writer",
 }
 
 __all__ = [

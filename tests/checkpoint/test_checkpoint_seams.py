@@ -55,12 +55,6 @@ def test_without_a_process_group_the_manager_is_one_process_whatever_torchrun_se
     assert torch.equal(got["w"], torch.full((4,), 3.0)) and got["meta"] == {"step": 3}
 
 
-def test_rng_state_is_reexported_from_its_old_home() -> None:
-    from streamio.state import RNGState as Old
-
-    assert Old is RNGState
-
-
 @pytest.mark.parametrize(
     ("load", "message"),
     [

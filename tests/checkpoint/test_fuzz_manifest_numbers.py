@@ -22,13 +22,13 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 from test_fuzz_manifest import FUZZ, MANIFEST, MARKER, POINTER, _parse_within_budget, _places
 
+from streamio.checkpoint.dcp.metadata import MAX_LIST_INDEX, metadata_of
 from streamio.checkpoint.format import checks as validate
 from streamio.checkpoint.format import layout
 from streamio.checkpoint.format import manifest as mf
 from streamio.checkpoint.format import pointer as ptr
 from streamio.checkpoint.format.entries import DTYPE_SIZES, ChunkEntry, FileEntry, Section, ShardedEntry, TensorEntry
 from streamio.checkpoint.format.manifest import Manifest
-from streamio.checkpoint.sharded.dcp_format import MAX_LIST_INDEX, metadata_of
 from streamio.checkpoint.tensors.tree import TAG, decode_tree, dtype_from_name
 from streamio.errors import CheckpointFormatError
 

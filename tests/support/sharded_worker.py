@@ -75,7 +75,7 @@ def build(kind: str, salt: int, *, tp_mesh: str = "1d") -> dict[str, Any]:
     per-rank ``data`` and plain ``progress``, every tensor at its expected value for ``salt``."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    from streamio.checkpoint.sharded import ShardedModelState
+    from streamio.checkpoint import ShardedModelState
 
     torch.manual_seed(0)
     model = MLP()
@@ -179,8 +179,7 @@ def save(args: dict[str, Any]) -> dict[str, Any]:
     """Save ``args["steps"]`` (manager, async) and/or one DCP save to ``args["dcp_root"]``."""
     import torch.distributed.checkpoint as dcp
 
-    from streamio.checkpoint import CheckpointManager, KeepLast, SaveOptions
-    from streamio.checkpoint.sharded import StreamioWriter
+    from streamio.checkpoint import CheckpointManager, KeepLast, SaveOptions, StreamioWriter
 
     options = SaveOptions(part_size=32 << 10, block_size=1024, concurrency=4)
     out: dict[str, Any] = {"stats": []}
@@ -212,8 +211,7 @@ def restore(args: dict[str, Any]) -> dict[str, Any]:
     """Restore into fresh objects of ``args["kind"]`` on this group; check every element."""
     import torch.distributed.checkpoint as dcp
 
-    from streamio.checkpoint import CheckpointManager
-    from streamio.checkpoint.sharded import StreamioReader
+    from streamio.checkpoint import CheckpointManager, StreamioReader
 
     counter = _ReadCounter()
     out: dict[str, Any] = {}

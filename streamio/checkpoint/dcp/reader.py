@@ -11,7 +11,7 @@ The interface's call order, and what happens at each step:
 2. ``read_metadata`` (every rank): rank 0 reads the pointer fresh and broadcasts which save to
    load, so all ranks load the same one; each rank reads that manifest (verified against the
    pointer's checksum and its own seal, every field checked, JSON only) and DCP's ``Metadata``
-   is rebuilt from it (:func:`~.dcp_format.metadata_of`). A ``.metadata`` pickle is never read;
+   is rebuilt from it (:func:`~.metadata.metadata_of`). A ``.metadata`` pickle is never read;
 3. ``prepare_local_plan`` / ``prepare_global_plan``: unchanged;
 4. ``read_data`` (every rank): the byte spans of every tensor item are read with concurrent
    ranged GETs and verified block by block (:mod:`.fetch`), and every non-tensor value is
@@ -30,7 +30,7 @@ and raises streamio's error itself: the one this reader raised on this rank, els
 streamio error, else a :class:`~streamio.errors.CheckpointError` naming the checkpoint and what
 torch's planner said (a state that does not fit the checkpoint). Everything a hostile manifest
 can declare is refused as a :class:`~streamio.errors.CheckpointFormatError` before torch's
-planner sees it (the manifest's checks, and the planner data's: :mod:`.dcp_format`), and the
+planner sees it (the manifest's checks, and the planner data's: :mod:`.metadata`), and the
 reads planned for each tensor must fill it exactly once (:func:`~.loading.check_cover`).
 
 What ``CheckpointManager.restore`` adds and this reader does not: walking back past a damaged
@@ -52,9 +52,9 @@ from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
 from streamio.checkpoint.comm import Comm
+from streamio.checkpoint.dcp.metadata import StepCheckpointId, metadata_of, values_by_rank
 from streamio.checkpoint.format.manifest import Manifest
 from streamio.checkpoint.root import read_manifest, read_pointer, resolve_save
-from streamio.checkpoint.sharded.dcp_format import StepCheckpointId, metadata_of, values_by_rank
 from streamio.checkpoint.tensors.boxes import BoxSource, byte_span
 from streamio.checkpoint.tensors.fetch import Span, fetch_spans, load_tensors
 from streamio.checkpoint.tensors.resharding import check_chunks, check_cover

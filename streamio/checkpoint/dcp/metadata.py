@@ -107,7 +107,7 @@ def values_by_rank(m: Manifest) -> dict[str, int]:
 
 
 def metadata_of(m: Manifest, what: str) -> Any:
-    """torch DCP's ``Metadata`` of a checkpoint written by :class:`~.dcp_writer.StreamioWriter`.
+    """torch DCP's ``Metadata`` of a checkpoint written by :class:`~.writer.StreamioWriter`.
 
     Raises:
         CheckpointFormatError: the save was not written through DCP (a ``CheckpointManager``

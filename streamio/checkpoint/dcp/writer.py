@@ -19,7 +19,7 @@ Where DCP's sequence of calls meets the protocol (the interface's call order):
    through ``resolve_data``, which would ``torch.save`` them), then the whole commit, collective
    over streamio's own gloo groups; a failure on any rank fails it on every rank;
 4. ``finish`` (coordinator): nothing left to do; DCP's ``Metadata`` is rebuilt from the manifest
-   on load (:mod:`.dcp_format`).
+   on load (:mod:`.metadata`).
 
 Every rank constructs the writer (it makes the gloo groups of the commit, as a manager does) and
 DCP must run over the default process group.
@@ -38,12 +38,12 @@ from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
 from streamio.checkpoint.comm import Comm
+from streamio.checkpoint.dcp.metadata import DCP_KEY, StepCheckpointId, planner_data_to_json
 from streamio.checkpoint.format.entries import ChunkEntry, ShardedEntry, TensorEntry
 from streamio.checkpoint.format.retention import RetentionPolicy
 from streamio.checkpoint.options import SaveOptions, SaveStats
 from streamio.checkpoint.save.commit import Committer, PhaseHook
 from streamio.checkpoint.save.snapshot import Snapshot
-from streamio.checkpoint.sharded.dcp_format import DCP_KEY, StepCheckpointId, planner_data_to_json
 from streamio.checkpoint.tensors.serialize import HostBuffer, Layout, plan_layout, tensor_entries
 from streamio.checkpoint.tensors.shards import describe_layout
 from streamio.checkpoint.tensors.tree import TreeEncoder, dtype_name, is_dtensor
