@@ -1,19 +1,14 @@
 """``CheckpointManager``: parallel save/restore of a training state behind an atomic pointer.
 
-The facade users hold. It owns the host buffer a save is copied into and the one thread saves
-run in; the protocol itself lives in modules of its own (docs/design.md "Checkpoints"):
-
-* ``save`` encodes each state object's ``state_dict()`` (JSON tree + tensors) and copies the
-  tensors this rank writes into a reused host buffer (:mod:`.snapshot`). That copy is all the
-  caller waits for (``SaveStats.blocked_s``); the commit (:mod:`.commit`: parts, markers,
-  barrier, manifest, pointer compare-and-swap, retention) runs in one background thread, at
-  most one save in flight (the next ``save`` waits for it).
-* ``restore`` walks from the pointer back to the newest checkpoint that verifies and loads it
-  all or nothing (:mod:`.restore`).
+The facade users hold. It owns the host buffer a save is copied into and the one thread saves run
+in; ``save`` blocks only for that copy (``SaveStats.blocked_s``) and the commit runs in the
+background, at most one save in flight (the next ``save`` waits for it); ``restore`` walks from
+the pointer back to the newest checkpoint that verifies and loads it all or nothing. The protocol
+lives in :mod:`.save` and :mod:`.restore` (docs/design.md "Checkpoints").
 
 Under ``torch.distributed`` every rank constructs the manager; state named in
 ``SaveOptions.per_rank`` (default ``"rng"``, ``"data"``) is saved by every rank, everything else
-is taken as replicated and divided among ranks for upload (:mod:`.snapshot`).
+is taken as replicated and divided among ranks for upload (:mod:`.save.snapshot`).
 """
 
 from __future__ import annotations
@@ -53,11 +48,11 @@ class CheckpointManager:
         options: part size, concurrency, compression, per-rank state names.
         retry: retry policy for transient storage errors.
         on_phase: called with the name of each commit phase as it completes
-            (:data:`~.commit.PHASES`); the fault tests kill the process there.
+            (:data:`~.save.commit.PHASES`); the fault tests kill the process there.
 
     Call order: ``save``... (each waits for the previous), ``wait()`` to make the last one
     durable, ``close()``; ``restore`` at start. A save still in flight when the interpreter exits
-    is waited for there, with a warning (and exit status 1 if it fails: :mod:`.inflight`). Under
+    is waited for there, with a warning (and exit status 1 if it fails: :mod:`.save.inflight`). Under
     ``torch.distributed`` every rank constructs the manager and calls ``save``/``restore`` with the
     same steps (they are collective: a rank that calls them alone gets a ``CheckpointError``
     naming the missing ranks after ``SaveOptions.collective_timeout_s``, see :mod:`.comm`).

@@ -1,6 +1,6 @@
 """What ``streamio ckpt inspect`` shows of a checkpoint: everything but the tensor bytes (PURE).
 
-A manifest holds the whole non-tensor state as tagged JSON (:mod:`.tree`): the step and epoch,
+A manifest holds the whole non-tensor state as tagged JSON (:mod:`~..tensors.tree`): the step and epoch,
 the data position (each rank's), the scheduler, counters and early stopping, optimizer
 hyper-parameters, RNG positions. :func:`describe` turns it into plain JSON for a reader: tensors
 are left out of the state (they are listed with their global shapes and dtypes, and sharded ones
@@ -75,7 +75,7 @@ def describe(
 
     Args:
         place: where it stands on the root's timeline (``"current"``, ``"ahead"``,
-            ``"abandoned"``, ``"unknown"``: see :mod:`.timeline`).
+            ``"abandoned"``, ``"unknown"``: see :mod:`~..format.timeline`).
         bad: why a restore rejected it, if one did.
         retention: the root's recorded retention policy (JSON), if any.
     """

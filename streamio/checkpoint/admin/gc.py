@@ -63,7 +63,7 @@ def collect_garbage(
     * every object of a committed save that a restore rejected (``bad.json``), unless
       ``latest.json`` names it (then kept and named in ``kept``: the next save supersedes it,
       or ``streamio ckpt rm --force`` moves the pointer back first);
-    * every object of a committed save of an abandoned timeline (:mod:`.timeline`), committed
+    * every object of a committed save of an abandoned timeline (:mod:`~..format.timeline`), committed
       at least ``min_age_s`` ago (younger: a job that restored may be about to swap the pointer
       to it). Not judged without a usable pointer;
     * objects in a save directory without a manifest (a save that never committed) whose save

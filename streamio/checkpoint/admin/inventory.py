@@ -1,7 +1,7 @@
 """What ``streamio ckpt ls`` and ``inspect`` show: every save with its place and flags.
 
 Each committed save of a root is listed with where it stands against the pointer's timeline
-(:mod:`.timeline`: ``current``, ``ahead``, ``abandoned``; ``unknown`` without a usable pointer
+(:mod:`~..format.timeline`: ``current``, ``ahead``, ``abandoned``; ``unknown`` without a usable pointer
 or a readable manifest), whether ``latest.json`` names it, and why a restore rejected it if one
 did (``bad.json``). ``inspect`` adds the whole non-tensor state (:mod:`.describe`) and the
 root's recorded retention policy.

@@ -6,7 +6,7 @@ and decides; :func:`remove` carries it out.
 * A step ``latest.json`` names is refused unless forced. Forced, the pointer is first moved
   back (compare-and-swap on the version read before the pointer itself, so a job that commits
   meanwhile makes the move fail instead of being overwritten) to the newest *complete* save of
-  the current timeline (:mod:`.timeline`): its manifest parses, every file it lists is there
+  the current timeline (:mod:`~..format.timeline`): its manifest parses, every file it lists is there
   with its size, and no restore rejected it. Without one the removal is refused: a root whose
   pointer names nothing is worse than a root with a bad checkpoint. The pointer is the new
   tip's: saves after it on its timeline become abandoned, superseded by the next save.

@@ -14,7 +14,7 @@ The interface's call order, and what happens at each step:
    is rebuilt from it (:func:`~.metadata.metadata_of`). A ``.metadata`` pickle is never read;
 3. ``prepare_local_plan`` / ``prepare_global_plan``: unchanged;
 4. ``read_data`` (every rank): the byte spans of every tensor item are read with concurrent
-   ranged GETs and verified block by block (:mod:`.fetch`), and every non-tensor value is
+   ranged GETs and verified block by block (:mod:`~..tensors.fetch`), and every non-tensor value is
    decoded from JSON; only when all of this rank's reads verified are they copied into the
    destinations DCP's planner resolves, and the values handed to it.
 
@@ -31,7 +31,7 @@ streamio error, else a :class:`~streamio.errors.CheckpointError` naming the chec
 torch's planner said (a state that does not fit the checkpoint). Everything a hostile manifest
 can declare is refused as a :class:`~streamio.errors.CheckpointFormatError` before torch's
 planner sees it (the manifest's checks, and the planner data's: :mod:`.metadata`), and the
-reads planned for each tensor must fill it exactly once (:func:`~.loading.check_cover`).
+reads planned for each tensor must fill it exactly once (:func:`~..tensors.resharding.check_cover`).
 
 What ``CheckpointManager.restore`` adds and this reader does not: walking back past a damaged
 checkpoint (here its error is raised: DCP's load has no second choice), and all-or-nothing across

@@ -136,7 +136,7 @@ def streams(
     """Check that parts and tensors describe consistent per-rank byte streams.
 
     Args:
-        files: :class:`~.manifest.FileEntry` objects (``path``, ``rank``, ``start``, ``raw_size``).
+        files: :class:`~.entries.FileEntry` objects (``path``, ``rank``, ``start``, ``raw_size``).
         tensors: ``(key, TensorEntry)`` pairs (``rank``, ``offset``, ``nbytes``).
         world_size: ranks are ``0 .. world_size - 1``.
         what: names the document in messages.

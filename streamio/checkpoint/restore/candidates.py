@@ -3,7 +3,7 @@
 * The pointer's save first, with the manifest checksum the pointer recorded, and nothing else
   read: the common case costs one GET of ``latest.json`` and a HEAD for a bad-save record.
 * Only if that fails (or the pointer is missing, unusable, or names a save recorded bad), the
-  root is listed and every committed save **of the current timeline** (:mod:`.timeline`) is a
+  root is listed and every committed save **of the current timeline** (:mod:`~..format.timeline`) is a
   candidate, newest first. The current timeline is the pointer's; without a usable pointer it
   is the timeline of the newest manifest (by commit time) that parses. Saves of abandoned
   timelines are never candidates, saves recorded bad (``bad.json``) are named but not tried,

@@ -11,7 +11,7 @@ means the checkpoint belongs to another model, and restore raises naming the ent
 nothing loaded. Only then :func:`apply` runs the planned copies, the ``load_state_dict`` calls
 and the replacements of plain values.
 
-A module is compared and decoded under wrapper-independent keys (:mod:`.wrappers`), and its
+A module is compared and decoded under wrapper-independent keys (:mod:`~..tensors.wrappers`), and its
 ``load_state_dict`` gets them mapped back onto its own: a checkpoint of ``DDP(model)`` loads into
 ``model`` and into ``torch.compile(model)``, and the other way round.
 

@@ -16,16 +16,16 @@ one :class:`~.snapshot.Snapshot` (a step's bytes on this rank, in host memory):
    can never interleave their pointers. Backends without conditional writes cannot detect this
    (the store's ``put`` documents which do: S3 ``If-Match``, GCS generation match, local/memory).
 5. Only then pruning runs (rank 0, :mod:`.pruning`): saves of abandoned timelines and bad saves
-   are retired, then the policy (:mod:`.retention`) says which checkpoints of the current
+   are retired, then the policy (:mod:`~..format.retention`) says which checkpoints of the current
    timeline to keep; deleted saves lose their manifest first, then their parts. The save the
    pointer names is never deleted, so there is always a complete checkpoint.
 
 A save that fails before its manifest exists removes what each rank wrote (:mod:`.abandon`).
 
-Timelines (:mod:`.timeline`, docs/checkpoint-lifecycle.md): every job saves on a timeline of its
+Timelines (:mod:`~..format.timeline`, docs/checkpoint-lifecycle.md): every job saves on a timeline of its
 own, continuing the save it restored (or, if it did not restore, the one the pointer names), so
 a step saved again after a restore went back past it does not collide with the old save: it
-gets a save directory of its own (:func:`~.layout.save_dir`) and supersedes it. The pointer and
+gets a save directory of its own (:func:`~..format.layout.save_dir`) and supersedes it. The pointer and
 the manifest record the timeline. Two live jobs on one root are still stopped by the fencing
 above: whichever swaps the pointer second finds it changed. Refused before anything is
 uploaded: a step this job already saved (or one before it) on its timeline, and, for a job that

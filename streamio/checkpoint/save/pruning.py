@@ -3,12 +3,12 @@
 Runs on rank 0 after the pointer names the new checkpoint (docs/checkpoint-lifecycle.md), so
 nothing is deleted before the pointer that supersedes it is committed, the checkpoint the
 pointer names is never deleted, and a failure here costs only disk: it is logged, never raised.
-Against the new pointer's timeline (:mod:`.timeline`) every other save of the root is:
+Against the new pointer's timeline (:mod:`~..format.timeline`) every other save of the root is:
 
 * **abandoned** (a step past the one a restore went back to, a save whose job died before its
   pointer swap, a loser of a race) or **bad** (a restore rejected it; its manifest is damaged):
   *retired*, whatever the policy says, and logged;
-* **current**: ranked by the policy (:mod:`.retention`, pure), in commit order, and deleted if
+* **current**: ranked by the policy (:mod:`~..format.retention`, pure), in commit order, and deleted if
   it drops them;
 * **ahead** (a save another job is committing on top of this one): left alone.
 
@@ -101,7 +101,7 @@ class Pruner:
 
         Returns:
             ``tip``'s timeline without the history entries no save is left of
-            (:func:`~.timeline.compact`), or ``None`` if pruning failed (logged).
+            (:func:`~..format.timeline.compact`), or ``None`` if pruning failed (logged).
         """
         try:
             policy = self._settle_policy()

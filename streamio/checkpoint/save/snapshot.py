@@ -1,11 +1,11 @@
 """What ``save`` blocks on: the state encoded, split per rank / replicated, copied to host memory.
 
 Each state object's ``state_dict()`` (or the plain value) becomes a JSON tree with references to
-tensors (:class:`~.tree.TreeEncoder`, never pickle); a module's is taken under wrapper-independent
-keys (:mod:`.wrappers`: ``DDP(model)`` and ``torch.compile(model)`` save what ``model`` saves).
+tensors (:class:`~..tensors.tree.TreeEncoder`, never pickle); a module's is taken under wrapper-independent
+keys (:mod:`~..tensors.wrappers`: ``DDP(model)`` and ``torch.compile(model)`` save what ``model`` saves).
 State named in ``SaveOptions.per_rank`` (RNG, data position) is this rank's own; everything else
 is replicated (DDP model, optimizer) and its tensors are divided among ranks so each uploads a
-disjoint share of about equal bytes (:func:`~.serialize.assign_shares`). Replicated state must
+disjoint share of about equal bytes (:func:`~..tensors.serialize.assign_shares`). Replicated state must
 really be equal on every rank; the one known exception, module buffers (BatchNorm statistics,
 which DDP re-broadcasts from rank 0 at each forward), is always taken from rank 0, and JSON
 (non-tensor) replicated state is rank 0's.
@@ -16,7 +16,7 @@ gather, and the parts of such a save carry block checksums (``SaveOptions.block_
 restore onto another sharding can read just the rows it needs.
 
 The tensors this rank writes are then copied into the manager's reused host buffer
-(:class:`~.serialize.HostBuffer`): after that copy training may change them, and the commit
+(:class:`~..tensors.serialize.HostBuffer`): after that copy training may change them, and the commit
 (:mod:`.commit`) uploads from the buffer in the background. That copy (device to host, of this
 rank's own share and shards) is all ``save`` blocks on.
 """

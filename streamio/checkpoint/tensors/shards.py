@@ -14,7 +14,7 @@ itself from its coordinate), so the snapshot ``save`` blocks on copies only this
 boxes to host memory. ``Partial()`` placements hold pending sums, not values: refused.
 
 Each rank's entries travel in its done marker; rank 0 merges them into the manifest's ``sharded``
-section, which must then cover every tensor exactly (:func:`~..manifest.build_manifest`).
+section, which must then cover every tensor exactly (:func:`~..format.manifest.build_manifest`).
 """
 
 from __future__ import annotations
