@@ -399,10 +399,8 @@ def test_a_format_1_root_is_read_and_continued(tmp_path: Path) -> None:
 
 
 def _reseal(store: Store, step: int, doc: dict[str, Any]) -> None:
-    from streamio.checkpoint.format import checks as validate
-
-    body = {k: v for k, v in doc.items() if k != validate.SEAL_KEY}
-    store.put(layout.manifest_path(step), validate.seal(json.dumps(body, separators=(",", ":")).encode()))
+    body = {k: v for k, v in doc.items() if k != checks.SEAL_KEY}
+    store.put(layout.manifest_path(step), checks.seal(json.dumps(body, separators=(",", ":")).encode()))
 
 
 def test_pointer_format_2_path_must_be_the_step_or_its_save() -> None:

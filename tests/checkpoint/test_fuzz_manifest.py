@@ -22,8 +22,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from streamio.checkpoint.format import checks as validate
-from streamio.checkpoint.format import layout
+from streamio.checkpoint.format import checks, layout
 from streamio.checkpoint.format import manifest as mf
 from streamio.checkpoint.format import pointer as ptr
 from streamio.checkpoint.format.entries import FileEntry, Section, TensorEntry
@@ -117,9 +116,9 @@ def mutated(draw: st.DrawFn, original: bytes) -> bytes:
             st.sampled_from(HOSTILE_VALUES), st.integers(-(2**70), 2**70), st.text(max_size=12),
             st.integers(1, 400).map(_nested),
         ))
-    body = json.dumps({k: v for k, v in doc.items() if k != validate.SEAL_KEY}, separators=(",", ":"))
+    body = json.dumps({k: v for k, v in doc.items() if k != checks.SEAL_KEY}, separators=(",", ":"))
     if how == "path" or draw(st.booleans()):  # re-sealed: the checks behind the seal see it
-        return validate.seal(body.encode())
+        return checks.seal(body.encode())
     return json.dumps(doc, separators=(",", ":")).encode()
 
 
@@ -160,7 +159,7 @@ def test_manifest_parser_under_mutation(data: bytes, step: int | None) -> None:
     assert isinstance(m, Manifest) and (step is None or m.step == step)
     _assert_confined(m.files)
     assert m.world_size == len(m.per_rank) >= 1
-    validate.streams(m.files, [*m.replicated.tensors.items(), *(i for s in m.per_rank for i in s.tensors.items())],
+    checks.streams(m.files, [*m.replicated.tensors.items(), *(i for s in m.per_rank for i in s.tensors.items())],
                      world_size=m.world_size, what="re-check")
     for section in (m.replicated, *m.per_rank):
         assert section.tree is None or isinstance(section.tree, dict)
@@ -185,7 +184,7 @@ def test_pointer_parser_under_mutation(data: bytes) -> None:
     if pointer is None:
         return
     assert isinstance(pointer, Pointer) and pointer.path == layout.step_dir(pointer.step)
-    assert validate.checksum({"c": pointer.manifest_checksum}, "c", "re-check")
+    assert checks.checksum({"c": pointer.manifest_checksum}, "c", "re-check")
 
 
 @given(st.binary(max_size=512))
@@ -216,9 +215,9 @@ def test_documents_beyond_the_limits_are_refused_quickly() -> None:
 def test_declared_sizes_are_validated(field: str, value: Any, match: str) -> None:
     doc = json.loads(MANIFEST)
     doc["files"][0][field] = value
-    body = json.dumps({k: v for k, v in doc.items() if k != validate.SEAL_KEY}, separators=(",", ":"))
+    body = json.dumps({k: v for k, v in doc.items() if k != checks.SEAL_KEY}, separators=(",", ":"))
     with pytest.raises(CheckpointFormatError, match=match):
-        mf.manifest_from_bytes(validate.seal(body.encode()))
+        mf.manifest_from_bytes(checks.seal(body.encode()))
 
 
 def test_parts_must_add_up_and_hold_every_tensor() -> None:
@@ -227,10 +226,10 @@ def test_parts_must_add_up_and_hold_every_tensor() -> None:
     doc["replicated"]["tensors"]["model/w"]["offset"] = 10**6
     for edit, match in [({"files": doc["files"]}, "starts at byte 128 of rank 0's stream, expected 100"),
                         ({"replicated": doc["replicated"]}, r"spans bytes \[1000000, 1000128\) of rank 0's stream")]:
-        fresh = {k: v for k, v in json.loads(MANIFEST).items() if k != validate.SEAL_KEY}
+        fresh = {k: v for k, v in json.loads(MANIFEST).items() if k != checks.SEAL_KEY}
         fresh.update(edit)
         with pytest.raises(CheckpointFormatError, match=match):
-            mf.manifest_from_bytes(validate.seal(json.dumps(fresh, separators=(",", ":")).encode()))
+            mf.manifest_from_bytes(checks.seal(json.dumps(fresh, separators=(",", ":")).encode()))
 
 
 def test_a_valid_manifest_round_trips_sealed() -> None:

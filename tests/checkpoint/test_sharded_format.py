@@ -58,10 +58,10 @@ def _doc(m: Manifest) -> dict:
 
 
 def _reparse(doc: dict) -> Manifest:
-    from streamio.checkpoint.format import checks as validate
+    from streamio.checkpoint.format import checks
 
-    body = {k: v for k, v in doc.items() if k != validate.SEAL_KEY}
-    return mf.manifest_from_bytes(validate.seal(json.dumps(body, separators=(",", ":")).encode()))
+    body = {k: v for k, v in doc.items() if k != checks.SEAL_KEY}
+    return mf.manifest_from_bytes(checks.seal(json.dumps(body, separators=(",", ":")).encode()))
 
 
 # ------------------------------------------------------------------------------------ format

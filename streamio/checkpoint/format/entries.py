@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from streamio.checkpoint.format import checks as vd
+from streamio.checkpoint.format import checks
 from streamio.checkpoint.format.checks import ManifestError
 from streamio.limits import MAX_JSON_BYTES, MAX_JSON_DEPTH, json_depth, load_json
 
@@ -168,17 +168,17 @@ def file_from_json(d: Any, what: str) -> FileEntry:
         raise ManifestError(f"{what}: must be an object, got {type(d).__name__}")
     compression = d.get("compression")
     if compression not in COMPRESSIONS:
-        raise ManifestError(f"{what}: compression {vd.short(compression)} is not 'zstd' or null")
+        raise ManifestError(f"{what}: compression {checks.short(compression)} is not 'zstd' or null")
     entry = FileEntry(
-        path=vd.relative_path(d.get("path"), what),
-        rank=vd.integer(d, "rank", what),
-        start=vd.integer(d, "start", what),
-        raw_size=vd.integer(d, "raw_size", what),
-        size=vd.integer(d, "size", what),
-        checksum=vd.checksum(d, "checksum", what),
+        path=checks.relative_path(d.get("path"), what),
+        rank=checks.integer(d, "rank", what),
+        start=checks.integer(d, "start", what),
+        raw_size=checks.integer(d, "raw_size", what),
+        size=checks.integer(d, "size", what),
+        checksum=checks.checksum(d, "checksum", what),
         compression=compression,
     )
-    if entry.start + entry.raw_size > vd.MAX_INT:
+    if entry.start + entry.raw_size > checks.MAX_INT:
         raise ManifestError(f"{what}: part {entry.path!r} ends at byte {entry.start + entry.raw_size} of its rank's "
                             f"stream, past 2**63 - 1")
     if compression is None and entry.size != entry.raw_size:
@@ -192,7 +192,7 @@ def file_from_json(d: Any, what: str) -> FileEntry:
 
 def _with_blocks(d: Mapping[str, Any], entry: FileEntry, what: str) -> FileEntry:
     """``entry`` with the block checksums ``d`` declares, checked against its raw size."""
-    size = vd.integer(d, "block_size", what)
+    size = checks.integer(d, "block_size", what)
     blocks = d.get("blocks")
     if size == 0 or entry.compression is not None or not isinstance(blocks, list):
         raise ManifestError(f"{what}: block checksums need a positive block_size, a list of blocks and no compression")
@@ -202,7 +202,7 @@ def _with_blocks(d: Mapping[str, Any], entry: FileEntry, what: str) -> FileEntry
             f"{what}: {len(blocks)} block checksums for {entry.raw_size} raw bytes in blocks of {size}; "
             f"expected {expected}"
         )
-    checked = tuple(vd.checksum({"b": b}, "b", f"{what}, block {i}") for i, b in enumerate(blocks))
+    checked = tuple(checks.checksum({"b": b}, "b", f"{what}, block {i}") for i, b in enumerate(blocks))
     return FileEntry(entry.path, entry.rank, entry.start, entry.raw_size, entry.size, entry.checksum,
                      entry.compression, size, checked)
 
@@ -220,22 +220,24 @@ def tensor_to_json(t: TensorEntry) -> dict[str, Any]:
 def _shape(value: Any, what: str, name: str = "shape") -> tuple[int, ...]:
     if (
         not isinstance(value, list) or len(value) > MAX_DIMS
-        or not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s <= vd.MAX_INT for s in value)
+        or not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s <= checks.MAX_INT for s in value)
     ):
-        raise ManifestError(f"{what}: invalid {name} {vd.short(value)} (at most {MAX_DIMS} non-negative integers)")
+        raise ManifestError(f"{what}: invalid {name} {checks.short(value)} (at most {MAX_DIMS} non-negative integers)")
     return tuple(value)
 
 
 def _dtype(d: Mapping[str, Any], what: str) -> str:
-    dtype = vd.string(d, "dtype", what)
+    dtype = checks.string(d, "dtype", what)
     if dtype not in DTYPE_SIZES:
-        raise ManifestError(f"{what}: unknown tensor dtype {vd.short(dtype)}: written by a newer torch or streamio?")
+        raise ManifestError(
+            f"{what}: unknown tensor dtype {checks.short(dtype)}: written by a newer torch or streamio?"
+        )
     return dtype
 
 
 def _nbytes(d: Mapping[str, Any], shape: tuple[int, ...], dtype: str, what: str) -> int:
     """``d["nbytes"]`` if it is what ``shape`` of ``dtype`` holds."""
-    nbytes, holds = vd.integer(d, "nbytes", what), math.prod(shape) * DTYPE_SIZES[dtype]
+    nbytes, holds = checks.integer(d, "nbytes", what), math.prod(shape) * DTYPE_SIZES[dtype]
     if nbytes != holds:
         raise ManifestError(f"{what}: {dtype}{list(shape)} is {holds} bytes, but nbytes says {nbytes}")
     return nbytes
@@ -246,8 +248,9 @@ def tensor_from_json(d: Any, what: str) -> TensorEntry:
         raise ManifestError(f"{what}: must be an object, got {type(d).__name__}")
     dtype, shape = _dtype(d, what), _shape(d.get("shape"), what)
     return TensorEntry(
-        rank=vd.integer(d, "rank", what), offset=vd.integer(d, "offset", what), nbytes=_nbytes(d, shape, dtype, what),
-        dtype=dtype, shape=shape, checksum=vd.checksum(d, "checksum", what),
+        rank=checks.integer(d, "rank", what), offset=checks.integer(d, "offset", what),
+        nbytes=_nbytes(d, shape, dtype, what),
+        dtype=dtype, shape=shape, checksum=checks.checksum(d, "checksum", what),
     )
 
 
@@ -261,7 +264,7 @@ def section_from_json(d: Any, what: str) -> Section:
     tree = d.get("tree")
     if tree is not None and not isinstance(tree, dict):
         raise ManifestError(f"{what}: 'tree' must be an object of state names, got {type(tree).__name__}")
-    tensors = vd.mapping(d, "tensors", what)
+    tensors = checks.mapping(d, "tensors", what)
     return Section(tree=tree, tensors={k: tensor_from_json(v, f"{what}, tensor {k!r}") for k, v in tensors.items()})
 
 
@@ -284,16 +287,16 @@ def sharded_from_json(d: Any, what: str, *, complete: bool = True) -> dict[str, 
     """
     if not isinstance(d, dict):
         raise ManifestError(f"{what}: 'sharded' must be an object, got {type(d).__name__}")
-    return {key: _sharded_entry(v, f"{what}, sharded tensor {vd.short(key)}", complete) for key, v in d.items()}
+    return {key: _sharded_entry(v, f"{what}, sharded tensor {checks.short(key)}", complete) for key, v in d.items()}
 
 
 def _sharded_entry(d: Any, what: str, complete: bool) -> ShardedEntry:
     if not isinstance(d, dict):
         raise ManifestError(f"{what}: must be an object, got {type(d).__name__}")
     shape, dtype = _shape(d.get("shape"), what), _dtype(d, what)
-    if math.prod(shape) * DTYPE_SIZES[dtype] > vd.MAX_INT:
+    if math.prod(shape) * DTYPE_SIZES[dtype] > checks.MAX_INT:
         raise ManifestError(f"{what}: its global shape {list(shape)} of {dtype} holds 2**63 bytes or more")
-    layout = vd.mapping(d, "layout", what)
+    layout = checks.mapping(d, "layout", what)
     chunks = tuple(_chunk(c, shape, dtype, f"{what}, chunk {i}") for i, c in enumerate(list_field(d, "chunks", what)))
     if complete:
         volume = sum(math.prod(c.sizes) for c in chunks)
@@ -315,8 +318,8 @@ def _chunk(d: Any, shape: tuple[int, ...], dtype: str, what: str) -> ChunkEntry:
     if any(o + s > n for o, s, n in zip(offsets, sizes, shape, strict=True)):
         raise ManifestError(f"{what}: the box at {list(offsets)} of sizes {list(sizes)} reaches outside "
                             f"the global shape {list(shape)}")
-    return ChunkEntry(offsets=offsets, sizes=sizes, rank=vd.integer(d, "rank", what),
-                      offset=vd.integer(d, "offset", what), nbytes=_nbytes(d, sizes, dtype, what))
+    return ChunkEntry(offsets=offsets, sizes=sizes, rank=checks.integer(d, "rank", what),
+                      offset=checks.integer(d, "offset", what), nbytes=_nbytes(d, sizes, dtype, what))
 
 
 # ------------------------------------------------------------------------------------ documents
@@ -346,16 +349,16 @@ def check_format(doc: Mapping[str, Any], readable: tuple[str, ...], family: str,
     names = " or ".join(map(repr, readable))
     if isinstance(fmt, str) and fmt.startswith(family):
         raise ManifestError(
-            f"{what} has format {vd.short(fmt)}; this streamio reads {names}: upgrade streamio to read it",
+            f"{what} has format {checks.short(fmt)}; this streamio reads {names}: upgrade streamio to read it",
             unknown_version=True,
         )
     raise ManifestError(
-        f"{what} has format {vd.short(fmt)}, not {names}: not written by streamio", unknown_version=True
+        f"{what} has format {checks.short(fmt)}, not {names}: not written by streamio", unknown_version=True
     )
 
 
 def optional_str(d: Mapping[str, Any], key: str, what: str) -> str:
-    return vd.string(d, key, what) if d.get(key) is not None else ""
+    return checks.string(d, key, what) if d.get(key) is not None else ""
 
 
 def list_field(d: Mapping[str, Any], key: str, what: str) -> list[Any]:

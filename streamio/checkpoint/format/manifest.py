@@ -35,7 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from streamio.checkpoint.format import checks as vd
+from streamio.checkpoint.format import checks
 from streamio.checkpoint.format import entries as ent
 from streamio.checkpoint.format.checks import ManifestError
 from streamio.checkpoint.format.entries import FileEntry, Section, ShardedEntry, TensorEntry
@@ -142,7 +142,7 @@ def manifest_to_bytes(m: Manifest) -> bytes:
     }
     if m.sharded:
         doc["sharded"] = ent.sharded_to_json(m.sharded)
-    return vd.seal(ent.dump(doc, f"manifest of step {m.step}"))
+    return checks.seal(ent.dump(doc, f"manifest of step {m.step}"))
 
 
 def manifest_from_bytes(data: bytes, *, step: int | None = None, checksum: str | None = None) -> Manifest:
@@ -168,12 +168,12 @@ def manifest_from_bytes(data: bytes, *, step: int | None = None, checksum: str |
             f"{what} has checksum {checksum_bytes(data)}, but latest.json recorded {checksum} when it was committed: "
             f"the manifest was modified or replaced after commit"
         )
-    found = vd.integer(doc, "step", what)
+    found = checks.integer(doc, "step", what)
     if step is not None and found != step:
         raise ManifestError(f"{what} says it is step {found}: it was copied from another step")
     what = f"manifest of step {found}"
-    sealed = vd.unseal(data, doc, what)
-    world = vd.integer(doc, "world_size", what)
+    sealed = checks.unseal(data, doc, what)
+    world = checks.integer(doc, "world_size", what)
     per_rank_docs = ent.list_field(doc, "per_rank", what)
     if not 1 <= world <= _MAX_WORLD or len(per_rank_docs) != world:
         raise ManifestError(f"{what} has world_size {world} but {len(per_rank_docs)} per-rank sections")
@@ -186,17 +186,17 @@ def manifest_from_bytes(data: bytes, *, step: int | None = None, checksum: str |
             if t.rank != r:
                 raise ManifestError(f"{what}: rank {r}'s tensor {key!r} claims to live in rank {t.rank}'s stream")
     tensors = [*replicated.tensors.items(), *(item for s in per_rank for item in s.tensors.items()), *_chunks(sharded)]
-    vd.streams(files, tensors, world_size=world, what=what)
+    checks.streams(files, tensors, world_size=world, what=what)
     timeline, parent = _lineage(doc, what) if fmt != _FORMAT_V1 else (None, "")
     return Manifest(
         step=found,
-        save_id=vd.save_id(doc, "save_id", what),
+        save_id=checks.save_id(doc, "save_id", what),
         world_size=world,
         replicated=replicated,
         per_rank=per_rank,
         files=files,
-        metrics=vd.mapping(doc, "metrics", what),
-        software=vd.mapping(doc, "software", what),
+        metrics=checks.mapping(doc, "metrics", what),
+        software=checks.mapping(doc, "software", what),
         created=ent.optional_str(doc, "created", what),
         checksum=sealed,
         timeline=timeline,
@@ -216,7 +216,7 @@ def _lineage(doc: Mapping[str, Any], what: str) -> tuple[Timeline | None, str]:
     timeline = None if raw is None else timeline_from_json(raw, what)
     parent = doc.get("parent")
     if parent is not None and (not isinstance(parent, str) or parse_save_dir(parent) is None):
-        raise ManifestError(f"{what}: 'parent' must be a save directory name or null, got {vd.short(parent)}")
+        raise ManifestError(f"{what}: 'parent' must be a save directory name or null, got {checks.short(parent)}")
     return timeline, parent or ""
 
 
@@ -240,12 +240,12 @@ def marker_from_bytes(data: bytes) -> DoneMarker:
     what = "done marker"
     doc = _load_json(data, what)
     ent.check_format(doc, (MARKER_FORMAT,), "streamio.checkpoint.done/", what)
-    rank = vd.integer(doc, "rank", what)
+    rank = checks.integer(doc, "rank", what)
     if rank >= _MAX_WORLD:
         raise ManifestError(f"{what}: rank {rank} is past the {_MAX_WORLD} ranks a checkpoint may have")
     what = f"rank {rank}'s done marker"
     files = ent.files_field(doc, what)
-    rep_docs = vd.mapping(doc, "replicated_tensors", what)
+    rep_docs = checks.mapping(doc, "replicated_tensors", what)
     rep = {k: ent.tensor_from_json(v, f"{what}, tensor {k!r}") for k, v in rep_docs.items()}
     per_rank = ent.section_from_json(doc.get("per_rank"), f"{what}, per-rank section")
     sharded = ent.sharded_from_json(doc.get("sharded", {}), what, complete=False)
@@ -259,8 +259,8 @@ def marker_from_bytes(data: bytes) -> DoneMarker:
     for key, t in tensors:
         if t.rank != rank:
             raise ManifestError(f"{what} lists tensor {key!r} in rank {t.rank}'s stream")
-    vd.streams(files, tensors, world_size=rank + 1, what=what)
-    return DoneMarker(rank=rank, save_id=vd.save_id(doc, "save_id", what), files=files,
+    checks.streams(files, tensors, world_size=rank + 1, what=what)
+    return DoneMarker(rank=rank, save_id=checks.save_id(doc, "save_id", what), files=files,
                       replicated_tensors=rep, per_rank=per_rank, replicated_tree=tree, sharded=sharded)
 
 

@@ -19,7 +19,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from streamio.checkpoint.format import checks as vd
+from streamio.checkpoint.format import checks
 from streamio.checkpoint.format.checks import ManifestError
 from streamio.checkpoint.format.retention import RetentionPolicy, policy_from_json, policy_to_json
 from streamio.limits import MAX_JSON_DEPTH, load_json
@@ -73,8 +73,8 @@ def bad_to_bytes(r: BadRecord) -> bytes:
 def bad_from_bytes(data: bytes, what: str) -> BadRecord:
     """Parse a bad-save record; :class:`ManifestError` if it is not one."""
     doc = _load(data, what, BAD_FORMAT)
-    return BadRecord(step=vd.integer(doc, "step", what), reason=vd.string(doc, "reason", what)[:_MAX_REASON],
-                     recorded=vd.string(doc, "recorded", what) if "recorded" in doc else "")
+    return BadRecord(step=checks.integer(doc, "step", what), reason=checks.string(doc, "reason", what)[:_MAX_REASON],
+                     recorded=checks.string(doc, "recorded", what) if "recorded" in doc else "")
 
 
 def retention_to_bytes(policy: RetentionPolicy, recorded: str) -> bytes:
@@ -90,7 +90,7 @@ def retention_from_bytes(data: bytes, what: str) -> RetentionRecord:
         policy = policy_from_json(raw)
     except ValueError as exc:
         raise ManifestError(f"{what}: {exc}") from exc
-    recorded = vd.string(doc, "recorded", what) if "recorded" in doc else ""
+    recorded = checks.string(doc, "recorded", what) if "recorded" in doc else ""
     return RetentionRecord(policy, raw, recorded)
 
 
@@ -102,5 +102,5 @@ def _load(data: bytes, what: str, fmt: str) -> dict[str, Any]:
     if found != fmt:
         newer = isinstance(found, str) and found.startswith(fmt.rsplit("/", 1)[0] + "/")
         hint = "upgrade streamio to read it" if newer else "not written by streamio"
-        raise ManifestError(f"{what} has format {vd.short(found)}, not {fmt!r}: {hint}", unknown_version=True)
+        raise ManifestError(f"{what} has format {checks.short(found)}, not {fmt!r}: {hint}", unknown_version=True)
     return doc

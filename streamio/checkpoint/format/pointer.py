@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from streamio.checkpoint.format import checks as vd
+from streamio.checkpoint.format import checks
 from streamio.checkpoint.format import entries as ent
 from streamio.checkpoint.format.checks import ManifestError
 from streamio.checkpoint.format.layout import save_dir, step_dir
@@ -76,14 +76,14 @@ def pointer_from_bytes(data: bytes) -> Pointer:
     what = LATEST
     doc = ent.load_doc(data, what, max_bytes=MAX_POINTER_BYTES)
     fmt = ent.check_format(doc, (POINTER_FORMAT, _POINTER_FORMAT_V1), _POINTER_FAMILY, what)
-    step = vd.integer(doc, "step", what)
-    path = vd.string(doc, "path", what)
-    save_id = vd.save_id(doc, "save_id", what, optional=True)
+    step = checks.integer(doc, "step", what)
+    path = checks.string(doc, "path", what)
+    save_id = checks.save_id(doc, "save_id", what, optional=True)
     allowed = [step_dir(step)] + ([save_dir(step, save_id)] if fmt == POINTER_FORMAT and save_id else [])
     if path not in allowed:
         raise ManifestError(
-            f"{what} names path {vd.short(path)} for step {step}; expected {' or '.join(map(repr, allowed))}"
+            f"{what} names path {checks.short(path)} for step {step}; expected {' or '.join(map(repr, allowed))}"
         )
     timeline = timeline_from_json(doc.get("timeline"), what) if fmt == POINTER_FORMAT else Timeline()
-    return Pointer(step=step, path=path, manifest_checksum=vd.checksum(doc, "manifest_checksum", what),
+    return Pointer(step=step, path=path, manifest_checksum=checks.checksum(doc, "manifest_checksum", what),
                    save_id=save_id, created=ent.optional_str(doc, "created", what), timeline=timeline)
