@@ -107,7 +107,7 @@ class Rank:
         n = self.fresh[kind] = self.fresh[kind] + 1
         if self.rank == 0 and n > 2:
             if kind == "streamio-dcp":
-                from streamio.checkpoint.removal import plan_removal, remove
+                from streamio.checkpoint.admin import plan_removal, remove
                 from streamio.storage import Store
 
                 store = Store(f"{self.root}/streamio-dcp", self.storage)
@@ -170,8 +170,7 @@ class Rank:
     def _streamio_dcp_io(self, write: bool) -> Any:
         """streamio's DCP writer / reader, made once (each makes its commit's gloo groups), as a job would;
         ``KeepAll``: old steps are removed by :meth:`_next`, untimed, like DCP's directories."""
-        from streamio.checkpoint import KeepAll
-        from streamio.checkpoint.sharded import StreamioReader, StreamioWriter
+        from streamio.checkpoint import KeepAll, StreamioReader, StreamioWriter
 
         root = f"{self.root}/streamio-dcp"
         if write:
@@ -218,7 +217,7 @@ class Rank:
     def _part_sizes(self) -> list[int]:
         """The sizes of this rank's parts in streamio's latest save (the ceiling moves the same bytes)."""
         if self._parts is None:
-            from streamio.checkpoint.catalog import read_manifest
+            from streamio.checkpoint.root import read_manifest
             from streamio.storage import Store
 
             m = read_manifest(Store(f"{self.root}/streamio", self.storage), self.step)

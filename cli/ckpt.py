@@ -66,7 +66,7 @@ def ls_cmd(store: Store, as_json: bool) -> None:
     one a restore went back to: the next save retires it), ahead (past the pointer: a save in
     flight, or one whose job died before its pointer swap).
     """
-    from streamio.checkpoint.inventory import list_saves
+    from streamio.checkpoint.admin import list_saves
 
     rows = list_saves(store)
     if as_json:
@@ -97,7 +97,7 @@ def inspect_cmd(store: Store, step: int | None, as_json: bool) -> None:
     """Show a checkpoint (default: latest): its non-tensor state (epoch, data position, scheduler,
     counters, each rank's own), metrics, timeline, retention, software, and every tensor's
     global shape and dtype (sharded ones with the placements and mesh they were saved with)."""
-    from streamio.checkpoint.inventory import inspect_save
+    from streamio.checkpoint.admin import inspect_save
 
     d = inspect_save(store, step)
     if as_json:
@@ -139,31 +139,17 @@ def verify_cmd(store: Store, step: int | None, all_steps: bool, as_json: bool) -
     Exits 1 naming each bad object, 3 when there is nothing to check (no checkpoint under ROOT,
     no such STEP) or storage could not be read.
     """
-    from streamio.checkpoint import manifest as mf
-    from streamio.checkpoint.admin import check_pointer, verify_checkpoint
-    from streamio.checkpoint.catalog import committed_saves
-    from streamio.errors import CheckpointNotFoundError
+    from streamio.checkpoint.admin import verify_checkpoint, verify_targets
 
-    problems: list[str] = []
-    todo: list[tuple[int, str | None]]
-    if step is not None and not all_steps:
-        _require_step(store, step)
-        todo = [(step, None)]
-    else:
-        pointed, problems = check_pointer(store)
-        committed = committed_saves(store) if all_steps or pointed is None else []
-        if pointed is None and not committed and not store.exists(mf.LATEST):
-            raise CheckpointNotFoundError(f"no checkpoint under {store.root_url}: {'; '.join(problems)}")
-        todo = ([(c.step, c.path) for c in committed] if all_steps
-                else [(pointed, None)] if pointed is not None and not problems else [])
+    todo, problems = verify_targets(store, step, all_steps=all_steps)
     steps = []
-    for s, path in todo:
-        with Progress(f"ckpt verify step {s}", unit="file") as progress:
-            found = verify_checkpoint(store, s, path=path, progress=progress.report)
-        steps.append({"step": s, "path": path or mf.step_dir(s), "ok": not found, "problems": found})
+    for t in todo:
+        with Progress(f"ckpt verify step {t.step}", unit="file") as progress:
+            found = verify_checkpoint(store, t.step, path=t.path, progress=progress.report)
+        steps.append({"step": t.step, "path": t.directory, "ok": not found, "problems": found})
         if not as_json:
-            where = f" ({path})" if path and path != mf.step_dir(s) else ""
-            click.echo(f"step {s}{where}: {'OK' if not found else plural(len(found), 'problem')}")
+            where = f" ({t.path})" if t.suffixed else ""
+            click.echo(f"step {t.step}{where}: {'OK' if not found else plural(len(found), 'problem')}")
         problems += found
     if as_json:
         click.echo(json.dumps({"root": store.root_url, "ok": not problems, "steps": steps, "problems": problems}))
@@ -172,20 +158,6 @@ def verify_cmd(store: Store, step: int | None, all_steps: bool, as_json: bool) -
             click.echo(f"BAD {p}", err=True)
     if problems:
         raise click.exceptions.Exit(ExitCode.BAD)
-
-
-def _require_step(store: Store, step: int) -> None:
-    """Raise CheckpointNotFoundError when ``step`` has no manifest: then there is nothing to check."""
-    from streamio.checkpoint import manifest as mf
-    from streamio.checkpoint.catalog import committed_saves
-    from streamio.errors import CheckpointNotFoundError
-
-    path = mf.manifest_path(step)
-    if not store.exists(path) and not any(s.step == step for s in committed_saves(store)):
-        raise CheckpointNotFoundError(
-            f"{store.url(path)} does not exist: step {step} was never committed under {store.root_url} or was "
-            f"deleted; `streamio ckpt ls {store.root_url}` lists the committed steps"
-        )
 
 
 @ckpt.command("gc", epilog=_epilog("ckpt gc", exit_codes_short()))
@@ -237,8 +209,7 @@ def rm_cmd(store: Store, step: int, force: bool, dry_run: bool, as_json: bool) -
     never names a removed checkpoint. Do not force it on a root a job is writing: that job's
     next save stops with a conflict.
     """
-    from streamio.checkpoint import manifest as mf
-    from streamio.checkpoint.removal import plan_removal, remove
+    from streamio.checkpoint.admin import plan_removal, pointer_url, remove
 
     removal = plan_removal(store, step, force=force)
     if removal.refusal:
@@ -255,7 +226,7 @@ def rm_cmd(store: Store, step: int, force: bool, dry_run: bool, as_json: bool) -
         return
     if pointer is not None:
         moved = "would move" if dry_run else "moved"
-        click.echo(f"{moved} {store.url(mf.LATEST)} to step {pointer.step} ({store.url(pointer.path)})")
+        click.echo(f"{moved} {pointer_url(store)} to step {pointer.step} ({store.url(pointer.path)})")
     for path in removal.objects:
         click.echo(f"{'would delete' if dry_run else 'deleted'} {store.url(path)}")
     click.echo(f"{'would remove' if dry_run else 'removed'} step {step}: {plural(len(removal.dirs), 'save')}, "

@@ -11,8 +11,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from streamio import errors  # the error tree imports nothing else: cheap, and a submodule __getattr__ would miss
-
-__version__ = "0.2.0"  # the same as pyproject.toml and CHANGELOG.md (tests/core/test_version.py)
+from streamio.version import __version__  # the same as pyproject.toml and CHANGELOG.md (tests/core/test_version.py)
 
 #: public name -> the module that defines it
 _EXPORTS = {

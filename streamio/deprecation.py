@@ -1,4 +1,4 @@
-"""Keywords that moved into option objects, still accepted for one minor release.
+"""Keywords that moved into option objects, and names that moved, still accepted for one minor release.
 
 The 0.2.0 restructure grouped rarely changed settings into frozen values (and made
 ``CheckpointManager.restore``'s ``step`` keyword-only: :func:`keyword_only`):
@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 from streamio.errors import ArgumentError
 
-__all__ = ["REMOVED_IN", "fold_moved", "keyword_only"]
+__all__ = ["REMOVED_IN", "fold_moved", "keyword_only", "moved_name"]
 
 REMOVED_IN = "0.3.0"
 _SINCE = "0.2.0"
@@ -112,3 +112,16 @@ def keyword_only(owner: str, name: str, args: tuple[Any, ...], given: T | None) 
         stacklevel=3,
     )
     return args[0]  # type: ignore[no-any-return]
+
+
+def moved_name(old: str, new: str, value: T) -> T:
+    """``value`` (the object a public name ``old`` gives now), with a ``DeprecationWarning`` naming
+    where it lives (``new``); for a module's ``__getattr__`` (PEP 562), so each use warns, pointing at
+    the user's line."""
+    warnings.warn(
+        f"{old} is deprecated and will be removed in {REMOVED_IN}: import {new}",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return value
+

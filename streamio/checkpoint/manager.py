@@ -1,21 +1,14 @@
 """``CheckpointManager``: parallel save/restore of a training state behind an atomic pointer.
 
-The facade users hold. It owns the host buffer a save is copied into and the one thread saves
-run in; the protocol itself lives in modules of its own (docs/design.md "Checkpoints"):
-
-* ``save`` encodes each state object's ``state_dict()`` (JSON tree + tensors) and copies the
-  tensors this rank writes into a reused host buffer (:mod:`.snapshot`). That copy is all the
-  caller waits for (``SaveStats.blocked_s``); the commit (:mod:`.commit`: parts, markers,
-  barrier, manifest, pointer compare-and-swap, retention) runs in one background thread, at
-  most one save in flight (the next ``save`` waits for it).
-* ``restore`` walks from the pointer back to the newest checkpoint that verifies and loads it
-  all or nothing (:mod:`.restore`).
-* The CLI's maintenance functions (verify, gc, pointer check) are :mod:`.admin`; their names are
-  re-exported here for callers that import them from this module.
+The facade users hold. It owns the host buffer a save is copied into and the one thread saves run
+in; ``save`` blocks only for that copy (``SaveStats.blocked_s``) and the commit runs in the
+background, at most one save in flight (the next ``save`` waits for it); ``restore`` walks from
+the pointer back to the newest checkpoint that verifies and loads it all or nothing. The protocol
+lives in :mod:`.save` and :mod:`.restore` (docs/design.md "Checkpoints").
 
 Under ``torch.distributed`` every rank constructs the manager; state named in
 ``SaveOptions.per_rank`` (default ``"rng"``, ``"data"``) is saved by every rank, everything else
-is taken as replicated and divided among ranks for upload (:mod:`.snapshot`).
+is taken as replicated and divided among ranks for upload (:mod:`.save.snapshot`).
 """
 
 from __future__ import annotations
@@ -25,45 +18,21 @@ import time
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
-from streamio.checkpoint import inflight, layout
-from streamio.checkpoint.admin import GarbageReport as GarbageReport  # re-exported: admin.py
-from streamio.checkpoint.admin import check_pointer as check_pointer
-from streamio.checkpoint.admin import collect_garbage as collect_garbage
-from streamio.checkpoint.admin import verify_checkpoint as verify_checkpoint
-from streamio.checkpoint.catalog import PhaseHook, committed_steps, pointed_step
-from streamio.checkpoint.catalog import delete_step as delete_step  # re-exported: catalog.py
-from streamio.checkpoint.catalog import detect_foreign as detect_foreign
-from streamio.checkpoint.catalog import read_manifest as read_manifest
 from streamio.checkpoint.comm import Comm
-from streamio.checkpoint.commit import Committer
-from streamio.checkpoint.commit import part_size_for as part_size_for  # re-exported: commit.py
-from streamio.checkpoint.commit import software_stack as software_stack
+from streamio.checkpoint.format import layout
+from streamio.checkpoint.format.retention import RetentionPolicy
 from streamio.checkpoint.options import SaveOptions, SaveStats
-from streamio.checkpoint.restore import Restorer
-from streamio.checkpoint.restore import load_tensors as load_tensors  # re-exported: restore.py
-from streamio.checkpoint.retention import RetentionPolicy
-from streamio.checkpoint.serialize import HostBuffer
-from streamio.checkpoint.snapshot import Snapshot, take_snapshot
+from streamio.checkpoint.restore.walk import Restorer
+from streamio.checkpoint.root import PhaseHook, committed_steps, pointed_step
+from streamio.checkpoint.save import inflight
+from streamio.checkpoint.save.commit import Committer
+from streamio.checkpoint.save.snapshot import Snapshot, take_snapshot
+from streamio.checkpoint.tensors.serialize import HostBuffer
 from streamio.deprecation import keyword_only
 from streamio.errors import CheckpointError
 from streamio.storage import RetryPolicy, Store
 
-__all__ = [
-    "CheckpointManager",
-    "GarbageReport",
-    "SaveOptions",
-    "SaveStats",
-    "check_pointer",
-    "collect_garbage",
-    "committed_steps",
-    "delete_step",
-    "detect_foreign",
-    "load_tensors",
-    "part_size_for",
-    "read_manifest",
-    "software_stack",
-    "verify_checkpoint",
-]
+__all__ = ["CheckpointManager"]
 
 
 class CheckpointManager:
@@ -79,11 +48,11 @@ class CheckpointManager:
         options: part size, concurrency, compression, per-rank state names.
         retry: retry policy for transient storage errors.
         on_phase: called with the name of each commit phase as it completes
-            (:data:`~.commit.PHASES`); the fault tests kill the process there.
+            (:data:`~.save.commit.PHASES`); the fault tests kill the process there.
 
     Call order: ``save``... (each waits for the previous), ``wait()`` to make the last one
     durable, ``close()``; ``restore`` at start. A save still in flight when the interpreter exits
-    is waited for there, with a warning (and exit status 1 if it fails: :mod:`.inflight`). Under
+    is waited for there, with a warning (and exit status 1 if it fails: :mod:`.save.inflight`). Under
     ``torch.distributed`` every rank constructs the manager and calls ``save``/``restore`` with the
     same steps (they are collective: a rank that calls them alone gets a ``CheckpointError``
     naming the missing ranks after ``SaveOptions.collective_timeout_s``, see :mod:`.comm`).
@@ -229,7 +198,7 @@ class CheckpointManager:
         ones where shapes match); plain values are replaced in ``state``. All or nothing: the
         manifest (against the pointer's checksum and its own), every part this rank needs, the
         decoding of the whole state and its fit with the live objects are all checked before
-        the first live object changes (:mod:`.restore_plan`).
+        the first live object changes (:mod:`.restore.plan`).
 
         Args:
             state: the same names as were saved.

@@ -1,7 +1,7 @@
 """How checkpoints are cut and uploaded (:class:`SaveOptions`) and what one save cost (:class:`SaveStats`).
 
 Plain frozen values (PURE: no torch, fsspec or storage), shared by the facade
-(:mod:`.manager`), the commit protocol (:mod:`.commit`) and the restore walk (:mod:`.restore`).
+(:mod:`.manager`), the commit protocol (:mod:`.save.commit`) and the restore walk (:mod:`.restore.walk`).
 """
 
 from __future__ import annotations

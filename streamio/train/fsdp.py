@@ -70,7 +70,7 @@ def shard_model(net: nn.Module, device: torch.device, world_size: int) -> nn.Mod
 
 def model_state(net: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """The model and optimizer entries of the trainer's state under ``--fsdp``: ``{"app": ...}``."""
-    from streamio.checkpoint.sharded import ShardedModelState
+    from streamio.checkpoint import ShardedModelState
 
     return {"app": ShardedModelState(net, optimizer)}
 

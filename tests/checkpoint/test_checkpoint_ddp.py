@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from streamio.checkpoint.catalog import read_manifest
+from streamio.checkpoint.root import read_manifest
 from streamio.storage import Store
 from streamio.testing import S3Endpoint
 

@@ -31,9 +31,10 @@ from typing import Any
 
 import pytest
 
-from streamio.checkpoint import CheckpointManager, inflight
+from streamio.checkpoint import CheckpointManager
 from streamio.checkpoint.admin import check_pointer, collect_garbage, verify_checkpoint
-from streamio.checkpoint.catalog import committed_steps, read_pointer
+from streamio.checkpoint.root import committed_steps, read_pointer
+from streamio.checkpoint.save import inflight
 from streamio.errors import CheckpointError
 from streamio.storage import Store
 from streamio.testing import S3Endpoint

@@ -28,10 +28,9 @@ import pytest
 import torch
 
 from streamio.checkpoint import CheckpointManager, KeepLast, SaveOptions
-from streamio.checkpoint.abandon import room_problem, writing
-from streamio.checkpoint.admin import check_pointer, collect_garbage, verify_checkpoint
-from streamio.checkpoint.catalog import remove_empty_dirs
-from streamio.checkpoint.removal import plan_removal, remove
+from streamio.checkpoint.admin import check_pointer, collect_garbage, plan_removal, remove, verify_checkpoint
+from streamio.checkpoint.root import remove_empty_dirs
+from streamio.checkpoint.save.abandon import room_problem, writing
 from streamio.errors import CheckpointConflictError, CheckpointError, StoragePermissionError
 from streamio.storage import Store
 from streamio.testing import S3Endpoint

@@ -26,9 +26,12 @@ import zstandard
 from click.testing import CliRunner
 
 from streamio.checkpoint import CheckpointManager, KeepLast, SaveOptions
-from streamio.checkpoint import manifest as mf
 from streamio.checkpoint.admin import verify_checkpoint
-from streamio.checkpoint.serialize import decode_part
+from streamio.checkpoint.format import entries as ent
+from streamio.checkpoint.format import layout
+from streamio.checkpoint.format import manifest as mf
+from streamio.checkpoint.format import pointer as ptr
+from streamio.checkpoint.tensors.serialize import decode_part
 from streamio.checksum import checksum_bytes
 from streamio.cli.main import cli
 from streamio.errors import (
@@ -59,7 +62,7 @@ def _two(store: Store, options: SaveOptions = OPTS) -> None:
 
 
 def _doc(store: Store, step: int) -> dict[str, Any]:
-    return json.loads(store.read(mf.manifest_path(step)))
+    return json.loads(store.read(layout.manifest_path(step)))
 
 
 @pytest.fixture(params=["file", "s3"])
@@ -124,10 +127,10 @@ def _find_lr(tree: Any) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- zstd (class 4)
 def test_part_whose_zstd_frame_declares_64_gib_is_corrupt_in_bounded_memory() -> None:
-    entry = mf.FileEntry("rank-00000/part-a-00000.bin", 0, 0, 4096, len(BOMB), checksum_bytes(BOMB), "zstd")
+    entry = ent.FileEntry("rank-00000/part-a-00000.bin", 0, 0, 4096, len(BOMB), checksum_bytes(BOMB), "zstd")
     inflating = zstandard.ZstdCompressor(write_content_size=False).compress(bytes(64 << 20))  # declares no size
-    inflating_entry = mf.FileEntry("rank-00000/part-a-00000.bin", 0, 0, 4096, len(inflating), checksum_bytes(inflating),
-                                   "zstd")
+    inflating_entry = ent.FileEntry("rank-00000/part-a-00000.bin", 0, 0, 4096, len(inflating),
+                                    checksum_bytes(inflating), "zstd")
     assert zstandard.frame_content_size(BOMB) == 64 << 30 and zstandard.frame_content_size(inflating) == -1
     tracemalloc.start()
     try:
@@ -146,7 +149,7 @@ def test_restore_walks_back_past_a_zstd_bomb_part(tmp_path: Path, caplog: pytest
     _two(store, SaveOptions(part_size=PART_SIZE, concurrency=4, compression="zstd"))
     doc = _doc(store, 2)
     part = doc["files"][0]
-    store.put(f"{mf.step_dir(2)}/{part['path']}", BOMB)
+    store.put(f"{layout.step_dir(2)}/{part['path']}", BOMB)
     part["size"], part["checksum"] = len(BOMB), checksum_bytes(BOMB)  # raw_size stays what the save wrote
     rewrite_manifest(store, 2, doc, repoint=True)
     got = fresh_state()
@@ -164,12 +167,12 @@ HOSTILE_PATHS = ["../../x", "/etc/hostname", "s3://other/x", "a\\..\\b", "rank-0
 
 @pytest.mark.parametrize("hostile", HOSTILE_PATHS)
 def test_part_path_outside_the_step_directory_is_refused_when_parsed(hostile: str) -> None:
-    m = mf.Manifest(7, "abc", 1, mf.Section({}), (mf.Section({}),),
-                    (mf.FileEntry(hostile, 0, 0, 64, 64, "crc32c:0000000a"),))
+    m = mf.Manifest(7, "abc", 1, ent.Section({}), (ent.Section({}),),
+                    (ent.FileEntry(hostile, 0, 0, 64, 64, "crc32c:0000000a"),))
     with pytest.raises(CheckpointFormatError, match=r"manifest of step 7, file 0: path .* is not a plain") as info:
         mf.manifest_from_bytes(mf.manifest_to_bytes(m))
     assert repr(hostile)[:40] in str(info.value)
-    marker = mf.DoneMarker(0, "abc", (mf.FileEntry(hostile, 0, 0, 64, 64, "crc32c:0000000a"),), {}, mf.Section({}))
+    marker = mf.DoneMarker(0, "abc", (ent.FileEntry(hostile, 0, 0, 64, 64, "crc32c:0000000a"),), {}, ent.Section({}))
     with pytest.raises(CheckpointFormatError, match="not a plain relative name"):
         mf.marker_from_bytes(mf.marker_to_bytes(marker))
 
@@ -179,11 +182,11 @@ def test_restore_and_verify_never_read_a_part_outside_the_root(
 ) -> None:
     _two(root)
     doc = _doc(root, 2)
-    original = f"{mf.step_dir(2)}/{doc['files'][0]['path']}"
+    original = f"{layout.step_dir(2)}/{doc['files'][0]['path']}"
     if root.protocol == "file":  # the part's exact bytes wait outside the root: reading them would "work"
         (tmp_path / "a" / "x").write_bytes(root.read(original))
     else:
-        root.put(f"{mf.step_dir(2)}/../../x", root.read(original))
+        root.put(f"{layout.step_dir(2)}/../../x", root.read(original))
     doc["files"][0]["path"] = "../../x"
     rewrite_manifest(root, 2, doc, repoint=True)
     got = fresh_state()
@@ -192,7 +195,7 @@ def test_restore_and_verify_never_read_a_part_outside_the_root(
     assert_same_state(got, state_for(1))
     assert "'../../x' is not a plain relative name" in caplog.text
     (problem,) = verify_checkpoint(root, 2)
-    assert root.url(mf.manifest_path(2)) in problem and "'../../x' is not a plain relative name" in problem
+    assert root.url(layout.manifest_path(2)) in problem and "'../../x' is not a plain relative name" in problem
     unusable = r"step-000000002/manifest.json is unusable: manifest of step 2, file 0: path '\.\./\.\./x'"
     with pytest.raises(CheckpointFormatError, match=unusable):
         _manager(root).restore(fresh_state(), step=2)
@@ -218,7 +221,7 @@ def test_manifest_edited_after_commit_is_not_restored(root: Store, edit: str, ca
     _find_lr(doc["replicated"]["tree"]["optim"])["lr"] = 123.0
     doc["replicated"]["tree"]["counters"]["step"] = 999
     if edit == "by-hand":
-        root.put(mf.manifest_path(2), json.dumps(doc, indent=1).encode())
+        root.put(layout.manifest_path(2), json.dumps(doc, indent=1).encode())
     else:  # consistent with its own seal, but not the manifest latest.json committed
         rewrite_manifest(root, 2, doc)
     got = fresh_state()
@@ -235,9 +238,9 @@ def test_an_older_step_is_verified_by_its_own_checksum(tmp_path: Path) -> None:
     _two(store)
     doc = _doc(store, 1)
     _find_lr(doc["replicated"]["tree"]["optim"])["lr"] = 123.0
-    store.put(mf.manifest_path(1), json.dumps(doc, separators=(",", ":")).encode())  # seal left as it was
-    store.put(mf.LATEST, b"{damaged")
-    part = f"{mf.step_dir(2)}/{_doc(store, 2)['files'][0]['path']}"
+    store.put(layout.manifest_path(1), json.dumps(doc, separators=(",", ":")).encode())  # seal left as it was
+    store.put(ptr.LATEST, b"{damaged")
+    part = f"{layout.step_dir(2)}/{_doc(store, 2)['files'][0]['path']}"
     store.put(part, store.read(part)[:-1] + b"!")  # and step 2 is damaged: restore walks back to step 1
     live = _live()
     before = _snapshot(live)
@@ -253,11 +256,11 @@ def test_an_older_step_is_verified_by_its_own_checksum(tmp_path: Path) -> None:
 def test_manifest_copied_from_another_step_is_refused(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     store = Store(str(tmp_path))
     _two(store)
-    data = store.read(mf.manifest_path(1))
-    store.put(mf.manifest_path(2), data)  # step 2 now "holds" step 1's checkpoint ...
-    pointer = json.loads(store.read(mf.LATEST))
+    data = store.read(layout.manifest_path(1))
+    store.put(layout.manifest_path(2), data)  # step 2 now "holds" step 1's checkpoint ...
+    pointer = json.loads(store.read(ptr.LATEST))
     pointer["manifest_checksum"] = checksum_bytes(data)  # ... and the pointer agrees
-    store.put(mf.LATEST, json.dumps(pointer).encode())
+    store.put(ptr.LATEST, json.dumps(pointer).encode())
     got = fresh_state()
     with caplog.at_level(logging.WARNING, logger="streamio.checkpoint.restore"):
         assert _manager(store).restore(got) == 1  # never step 1's content reported as step 2
@@ -275,14 +278,14 @@ def test_unsealed_manifest_of_an_older_streamio(tmp_path: Path, caplog: pytest.L
     for step in (1, 2):
         doc = _doc(store, step)
         del doc["checksum"]
-        store.put(mf.manifest_path(step), json.dumps(doc).encode())
-    pointer = json.loads(store.read(mf.LATEST))
-    pointer["manifest_checksum"] = checksum_bytes(store.read(mf.manifest_path(2)))
-    store.put(mf.LATEST, json.dumps(pointer).encode())
+        store.put(layout.manifest_path(step), json.dumps(doc).encode())
+    pointer = json.loads(store.read(ptr.LATEST))
+    pointer["manifest_checksum"] = checksum_bytes(store.read(layout.manifest_path(2)))
+    store.put(ptr.LATEST, json.dumps(pointer).encode())
     got = fresh_state()
     assert _manager(store).restore(got) == 2
     assert_same_state(got, state_for(2))
-    store.put(mf.LATEST, b"{damaged")
+    store.put(ptr.LATEST, b"{damaged")
     with pytest.raises(CheckpointError, match=r"carries no checksum of its own .* restore it explicitly with step=2"):
         _manager(store).restore(fresh_state())
     got = fresh_state()
@@ -340,10 +343,10 @@ def test_deeply_nested_manifest_walks_back(tmp_path: Path, caplog: pytest.LogCap
     doc["replicated"]["tree"]["counters"]["deep"] = "DEEP"
     body = json.dumps({k: v for k, v in doc.items() if k != "checksum"}, separators=(",", ":"))
     data = body.replace('"DEEP"', "[" * 100_000 + "]" * 100_000).encode()
-    store.put(mf.manifest_path(2), data)
-    pointer = json.loads(store.read(mf.LATEST))
+    store.put(layout.manifest_path(2), data)
+    pointer = json.loads(store.read(ptr.LATEST))
     pointer["manifest_checksum"] = checksum_bytes(data)
-    store.put(mf.LATEST, json.dumps(pointer).encode())
+    store.put(ptr.LATEST, json.dumps(pointer).encode())
     live = _live()
     with caplog.at_level(logging.WARNING, logger="streamio.checkpoint.restore"):
         assert _manager(store).restore(live) == 1
@@ -439,7 +442,7 @@ def test_nothing_to_restore_is_still_not_found(tmp_path: Path) -> None:
 def test_every_restore_failure_is_a_streamio_error(tmp_path: Path) -> None:
     store = Store(str(tmp_path))
     _two(store)
-    store.put(mf.manifest_path(1), b"[" * 5000)
-    store.put(mf.manifest_path(2), b'{"format": "streamio.checkpoint/1", "step": 2, "files": "x"}')
+    store.put(layout.manifest_path(1), b"[" * 5000)
+    store.put(layout.manifest_path(2), b'{"format": "streamio.checkpoint/1", "step": 2, "files": "x"}')
     with pytest.raises(StreamioError, match="no checkpoint under .* verifies"):
         _manager(store).restore(fresh_state())

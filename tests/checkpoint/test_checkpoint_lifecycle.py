@@ -23,12 +23,13 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamio.checkpoint import CheckpointManager, KeepBest, KeepLast, RetentionPolicy, SaveOptions, layout
-from streamio.checkpoint import manifest as mf
+from streamio.checkpoint import CheckpointManager, KeepBest, KeepLast, RetentionPolicy, SaveOptions
 from streamio.checkpoint.admin import check_pointer, collect_garbage, verify_checkpoint
-from streamio.checkpoint.catalog import committed_steps, read_manifest, read_pointer, resolve_save
-from streamio.checkpoint.retention import CheckpointRecord, policy_from_json, policy_to_json
-from streamio.checkpoint.timeline import Timeline, Tip, branch, classify, compact, retreat
+from streamio.checkpoint.format import checks, layout
+from streamio.checkpoint.format import pointer as ptr
+from streamio.checkpoint.format.retention import CheckpointRecord, policy_from_json, policy_to_json
+from streamio.checkpoint.format.timeline import Timeline, Tip, branch, classify, compact, retreat
+from streamio.checkpoint.root import committed_steps, read_manifest, read_pointer, resolve_save
 from streamio.checksum import checksum_bytes
 from streamio.cli.main import cli
 from streamio.errors import CheckpointConflictError
@@ -97,7 +98,7 @@ def test_fallback_then_the_same_step_is_saved_again(root: Store, caplog: pytest.
     # gc keeps what the pointer names, and says why
     gc = _cli(root, "gc", "--min-age", "0")
     assert gc.exit_code == 0 and "kept" in gc.output and "rm --force" in gc.output
-    assert root.exists(mf.manifest_path(180))
+    assert root.exists(layout.manifest_path(180))
     # a later restore does not read the bad step's parts again
     with caplog.at_level(logging.WARNING, logger="streamio.checkpoint"):
         assert _manager(root).restore(fresh_state()) == 170
@@ -122,8 +123,8 @@ def test_a_bad_save_the_pointer_does_not_name_is_removed_by_gc(tmp_path: Path) -
     _flip_part(store, 2)
     assert _value(store) == (1, 1.0)  # 3 and 2 rejected, both recorded
     report = collect_garbage(store, min_age_s=0)
-    assert any(p.startswith(mf.step_dir(2) + "/") for p in report.objects)
-    assert not any(p.startswith(mf.step_dir(3) + "/") for p in report.objects) and len(report.kept) == 1
+    assert any(p.startswith(layout.step_dir(2) + "/") for p in report.objects)
+    assert not any(p.startswith(layout.step_dir(3) + "/") for p in report.objects) and len(report.kept) == 1
     assert committed_steps(store) == [1, 3]
 
 
@@ -140,7 +141,7 @@ def test_a_save_that_died_before_its_pointer_swap_is_ahead_until_the_next_commit
     with pytest.raises(RuntimeError, match="killed"):
         job.save(2, _small(2))
     assert [(r["step"], r["place"], r["latest"]) for r in _rows(root)] == [(1, "current", True), (2, "ahead", False)]
-    assert not any(p.startswith(mf.step_dir(2)) for p in collect_garbage(root, min_age_s=0, dry_run=True).objects)
+    assert not any(p.startswith(layout.step_dir(2)) for p in collect_garbage(root, min_age_s=0, dry_run=True).objects)
     resumed = _manager(root)
     assert resumed.restore({"w": torch.zeros(4), "counters": None}) == 1
     resumed.save(2, _small(22))  # saves the step again, and retires the dead save's manifest
@@ -158,8 +159,8 @@ def test_gc_judges_unfinished_saves_by_the_start_time_in_their_save_id(tmp_path:
     now = time.time()
     old = layout.new_save_id(now - 7200, "00000000")
     young = layout.new_save_id(now - 60, "11111111")
-    dead = f"{mf.step_dir(9)}/rank-00000/part-{old}-00000.bin"  # past the newest step: the old rule kept it
-    flying = f"{mf.step_dir(3)}-{young}/rank-00000/part-{young}-00000.bin"  # a save in flight after a rollback
+    dead = f"{layout.step_dir(9)}/rank-00000/part-{old}-00000.bin"  # past the newest step: the old rule kept it
+    flying = f"{layout.step_dir(3)}-{young}/rank-00000/part-{young}-00000.bin"  # a save in flight after a rollback
     for path in (dead, flying):
         store.put(path, b"x" * 10)
     assert collect_garbage(store).objects == (dead,)
@@ -209,7 +210,7 @@ def test_the_walk_never_picks_a_step_of_an_abandoned_timeline(root: Store) -> No
     assert not any("step-000000006" in p for p in collect_garbage(root, dry_run=True).objects)
     # ... and removes them once old enough
     report = collect_garbage(root, min_age_s=0)
-    assert any(p.startswith(mf.step_dir(6) + "/") for p in report.objects)
+    assert any(p.startswith(layout.step_dir(6) + "/") for p in report.objects)
     assert committed_steps(root) == [1, 2, 3] and _value(root) == (2, 2.0)
 
 
@@ -267,7 +268,7 @@ def test_a_reopened_root_keeps_its_recorded_retention(root: Store, caplog: pytes
     for step in (5, 6):
         reopened.save(step, _small(step), metrics={"loss": 0.9})
     assert committed_steps(root) == [1, 6]
-    with caplog.at_level(logging.WARNING, logger="streamio.checkpoint.pruning"):
+    with caplog.at_level(logging.WARNING, logger="streamio.checkpoint.save.pruning"):
         _manager(root, retention=KeepLast(2)).save(7, _small(7))
     assert "retention under" in caplog.text and "keep_best" in caplog.text and "keep_last" in caplog.text
     assert committed_steps(root) == [6, 7]
@@ -286,7 +287,7 @@ def test_a_policy_that_cannot_be_rebuilt_keeps_everything(tmp_path: Path, caplog
         for step in (1, 2, 3, 4):
             job.save(step, _small(step))
     assert committed_steps(store) == [1, 3, 4]
-    with caplog.at_level(logging.WARNING, logger="streamio.checkpoint.pruning"):
+    with caplog.at_level(logging.WARNING, logger="streamio.checkpoint.save.pruning"):
         _manager(store).save(6, _small(6))
     assert "cannot be rebuilt" in caplog.text and committed_steps(store) == [1, 3, 4, 6]
 
@@ -352,7 +353,7 @@ def test_rm_refuses_the_pointer_step_unless_forced_and_never_dangles(root: Store
     assert _cli(root, "rm", "9").exit_code == 3
     done = _cli(root, "rm", "2")
     assert done.exit_code == 0, done.output
-    assert committed_steps(root) == [1, 3] and not any(o.path.startswith(mf.step_dir(2)) for o in root.list())
+    assert committed_steps(root) == [1, 3] and not any(o.path.startswith(layout.step_dir(2)) for o in root.list())
     forced = _cli(root, "rm", "3", "--force")
     assert forced.exit_code == 0 and "to step 1" in forced.output, forced.output
     assert check_pointer(root) == (1, []) and committed_steps(root) == [1] and _value(root) == (1, 1.0)
@@ -367,7 +368,7 @@ def test_rm_force_skips_saves_that_are_not_complete(tmp_path: Path) -> None:
     with _manager(store, retention=KeepLast(5)) as job:
         for step in (1, 2, 3):
             job.save(step, _small(step))
-    store.delete(f"{mf.step_dir(2)}/{read_manifest(store, 2).files[0].path}")
+    store.delete(f"{layout.step_dir(2)}/{read_manifest(store, 2).files[0].path}")
     assert _cli(store, "rm", "3", "--force").exit_code == 0
     assert check_pointer(store) == (1, [])
 
@@ -380,41 +381,39 @@ def test_a_format_1_root_is_read_and_continued(tmp_path: Path) -> None:
         for step in (1, 2, 3):
             job.save(step, _small(step))
     for step in (1, 2, 3):
-        doc = json.loads(store.read(mf.manifest_path(step)))
+        doc = json.loads(store.read(layout.manifest_path(step)))
         doc.pop("timeline"), doc.pop("parent")
         doc["format"] = "streamio.checkpoint/1"
         _reseal(store, step, doc)
-    pointer = json.loads(store.read(mf.LATEST))
+    pointer = json.loads(store.read(ptr.LATEST))
     del pointer["timeline"]
     pointer["format"] = "streamio.checkpoint.latest/1"
-    pointer["manifest_checksum"] = checksum_bytes(store.read(mf.manifest_path(3)))
-    store.put(mf.LATEST, json.dumps(pointer).encode())
+    pointer["manifest_checksum"] = checksum_bytes(store.read(layout.manifest_path(3)))
+    store.put(ptr.LATEST, json.dumps(pointer).encode())
     assert read_manifest(store, 3).timeline is None and read_pointer(store).timeline == Timeline()  # type: ignore[union-attr]
     job = _manager(store)
     job.restore({"w": torch.zeros(4), "counters": None}, step=2)
     job.save(3, _small(30))
     assert _value(store) == (3, 30.0) and committed_steps(store) == [1, 2, 3]
-    assert json.loads(store.read(mf.LATEST))["format"] == mf.POINTER_FORMAT
+    assert json.loads(store.read(ptr.LATEST))["format"] == ptr.POINTER_FORMAT
 
 
 def _reseal(store: Store, step: int, doc: dict[str, Any]) -> None:
-    from streamio.checkpoint import validate
-
-    body = {k: v for k, v in doc.items() if k != validate.SEAL_KEY}
-    store.put(mf.manifest_path(step), validate.seal(json.dumps(body, separators=(",", ":")).encode()))
+    body = {k: v for k, v in doc.items() if k != checks.SEAL_KEY}
+    store.put(layout.manifest_path(step), checks.seal(json.dumps(body, separators=(",", ":")).encode()))
 
 
 def test_pointer_format_2_path_must_be_the_step_or_its_save() -> None:
-    p = mf.Pointer(5, mf.save_dir(5, "abc"), "crc32c:00000000", "abc", "t", Timeline("f00", (("", 3),)))
-    assert mf.pointer_from_bytes(mf.pointer_to_bytes(p)) == p
-    doc = json.loads(mf.pointer_to_bytes(p))
+    p = ptr.Pointer(5, layout.save_dir(5, "abc"), "crc32c:00000000", "abc", "t", Timeline("f00", (("", 3),)))
+    assert ptr.pointer_from_bytes(ptr.pointer_to_bytes(p)) == p
+    doc = json.loads(ptr.pointer_to_bytes(p))
     for path in ["step-000000005-other", "step-000000006-abc", "../x"]:
-        with pytest.raises(mf.ManifestError, match="expected 'step-000000005' or 'step-000000005-abc'"):
-            mf.pointer_from_bytes(json.dumps({**doc, "path": path}).encode())
+        with pytest.raises(checks.ManifestError, match="expected 'step-000000005' or 'step-000000005-abc'"):
+            ptr.pointer_from_bytes(json.dumps({**doc, "path": path}).encode())
     for timeline in [{"id": "X!", "history": []}, {"id": "a", "history": [["b", 3], ["c", 3]]},
                      {"id": "a", "history": [["a", 1]]}, {"id": "a", "history": [["b", -1]]}, None]:
-        with pytest.raises(mf.ManifestError, match="timeline"):
-            mf.pointer_from_bytes(json.dumps({**doc, "timeline": timeline}).encode())
+        with pytest.raises(checks.ManifestError, match="timeline"):
+            ptr.pointer_from_bytes(json.dumps({**doc, "timeline": timeline}).encode())
 
 
 # --------------------------------------------------------------------------- the timeline logic

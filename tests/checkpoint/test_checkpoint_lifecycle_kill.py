@@ -26,8 +26,8 @@ from test_checkpoint_faults import Zygote, _wait_gone
 
 from streamio.checkpoint import CheckpointManager
 from streamio.checkpoint.admin import check_pointer, verify_checkpoint
-from streamio.checkpoint.catalog import committed_saves, read_manifest, read_pointer
-from streamio.checkpoint.timeline import Tip, classify
+from streamio.checkpoint.format.timeline import Tip, classify
+from streamio.checkpoint.root import committed_saves, read_manifest, read_pointer
 from streamio.storage import Store
 from streamio.testing import S3Endpoint
 from support.ckpt import light_state_for

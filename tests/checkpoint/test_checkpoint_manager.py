@@ -19,8 +19,11 @@ import torch
 from click.testing import CliRunner
 
 from streamio.checkpoint import CheckpointManager, KeepBest, KeepEvery, KeepLast, SaveOptions
-from streamio.checkpoint import manifest as mf
-from streamio.checkpoint.admin import check_pointer, committed_steps, read_manifest, verify_checkpoint
+from streamio.checkpoint.admin import check_pointer, verify_checkpoint
+from streamio.checkpoint.format import layout
+from streamio.checkpoint.format import manifest as mf
+from streamio.checkpoint.format import pointer as ptr
+from streamio.checkpoint.root import committed_steps, read_manifest
 from streamio.cli.main import cli
 from streamio.errors import (
     CheckpointConflictError,
@@ -165,9 +168,9 @@ def test_a_save_that_died_before_its_pointer_swap_does_not_block_the_resumed_job
 ) -> None:
     with _manager(store, retention=KeepLast(5), async_save=False) as crashed:
         crashed.save(1, state_for(1))
-        pointer_at_1 = store.read(mf.LATEST)
+        pointer_at_1 = store.read(ptr.LATEST)
         crashed.save(2, state_for(2))
-    store.put(mf.LATEST, pointer_at_1)  # step 2's manifest landed, the job died before the swap
+    store.put(ptr.LATEST, pointer_at_1)  # step 2's manifest landed, the job died before the swap
     with pytest.raises(CheckpointConflictError, match="already committed"):
         _manager(store, async_save=False).save(2, state_for(2))  # no restore: nothing says it resumed
     resumed = _manager(store, async_save=False)
@@ -200,7 +203,7 @@ def _verify_cli(store: Store, *args: str) -> Any:
 
 def _damage(store: Store, m2: mf.Manifest, how: str) -> str:
     """Damage step 2 (or the pointer) the way ``how`` says; returns what verify must name."""
-    part = f"{mf.step_dir(2)}/{m2.files[1].path}"
+    part = f"{layout.step_dir(2)}/{m2.files[1].path}"
     if how == "flip-byte":
         data = bytearray(store.read(part))
         data[len(data) // 2] ^= 0xFF
@@ -213,15 +216,15 @@ def _damage(store: Store, m2: mf.Manifest, how: str) -> str:
         store.put(part, store.read(part)[:-10])
         return part
     if how == "corrupt-latest":
-        store.put(mf.LATEST, b'{"format": "streamio.checkpoint.latest/1", "step": ')
-        return mf.LATEST
+        store.put(ptr.LATEST, b'{"format": "streamio.checkpoint.latest/1", "step": ')
+        return ptr.LATEST
     if how == "latest-to-deleted":
-        for o in store.list(mf.step_dir(2)):
+        for o in store.list(layout.step_dir(2)):
             store.delete(o.path)
-        return mf.LATEST
+        return ptr.LATEST
     if how == "corrupt-manifest":
-        store.put(mf.manifest_path(2), b"{not json")
-        return mf.manifest_path(2)
+        store.put(layout.manifest_path(2), b"{not json")
+        return layout.manifest_path(2)
     raise AssertionError(how)
 
 
@@ -286,14 +289,14 @@ def test_unknown_format_version_is_a_clear_error(tmp_path) -> None:  # type: ign
     store = Store(str(tmp_path))
     with CheckpointManager(str(tmp_path)) as mgr:
         mgr.save(1, {"a": 1})
-    doc = json.loads(store.read(mf.manifest_path(1)))
+    doc = json.loads(store.read(layout.manifest_path(1)))
     doc["format"] = "streamio.checkpoint/99"
-    store.put(mf.manifest_path(1), json.dumps(doc).encode())
+    store.put(layout.manifest_path(1), json.dumps(doc).encode())
     with pytest.raises(CheckpointFormatError, match="upgrade streamio"):
         CheckpointManager(str(tmp_path)).restore({"a": None})
-    doc = json.loads(store.read(mf.LATEST))
+    doc = json.loads(store.read(ptr.LATEST))
     doc["format"] = "streamio.checkpoint.latest/0"
-    store.put(mf.LATEST, json.dumps(doc).encode())
+    store.put(ptr.LATEST, json.dumps(doc).encode())
     with pytest.raises(CheckpointFormatError, match="latest.json"):
         CheckpointManager(str(tmp_path)).restore({"a": None})
 
@@ -316,7 +319,7 @@ def test_manifest_with_unknown_tag_is_rejected(tmp_path) -> None:  # type: ignor
     store = Store(str(tmp_path))
     with CheckpointManager(str(tmp_path)) as mgr:
         mgr.save(1, {"a": {"b": 1}})
-    doc = json.loads(store.read(mf.manifest_path(1)))
+    doc = json.loads(store.read(layout.manifest_path(1)))
     doc["replicated"]["tree"]["a"] = {"$t": "pickle", "v": "gASVAAAA"}
     rewrite_manifest(store, 1, doc)  # sealed again: the tag check behind the seal is what is tested
     with pytest.raises(CheckpointFormatError, match="unknown tag 'pickle'"):
@@ -386,7 +389,7 @@ def test_retention_union_of_policies(tmp_path) -> None:  # type: ignore[no-untyp
         for step, loss in losses.items():
             mgr.save(step, {"w": torch.full((4,), float(step))}, metrics={"loss": loss})
     assert committed_steps(Store(str(tmp_path))) == [20, 30, 50, 60]
-    assert not any(o.path.startswith(mf.step_dir(10)) for o in Store(str(tmp_path)).list())
+    assert not any(o.path.startswith(layout.step_dir(10)) for o in Store(str(tmp_path)).list())
 
 
 def test_async_retention_never_leaves_no_complete_checkpoint(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -427,8 +430,8 @@ def test_gc_removes_orphans_only(s3_store: Store, s3: S3Endpoint) -> None:
     m1 = read_manifest(s3_store, 1)
     orphans = [
         "step-000000000/rank-00000/part-dead-00000.bin",  # abandoned save older than the newest commit
-        f"{mf.step_dir(1)}/rank-00000/part-loser-00000.bin",  # a losing concurrent save of step 1
-        f"{mf.step_dir(1)}/rank-00000/done-loser.json",
+        f"{layout.step_dir(1)}/rank-00000/part-loser-00000.bin",  # a losing concurrent save of step 1
+        f"{layout.step_dir(1)}/rank-00000/done-loser.json",
     ]
     in_progress = "step-000000009/rank-00000/part-new-00000.bin"  # newer than every commit: a save in flight
     for path in [*orphans, in_progress]:
@@ -446,5 +449,5 @@ def test_gc_removes_orphans_only(s3_store: Store, s3: S3Endpoint) -> None:
     assert done.exit_code == 0, done.output
     assert not any(s3_store.exists(p) for p in orphans) and s3_store.exists(in_progress)
     assert client.list_multipart_uploads(Bucket=s3.bucket).get("Uploads", []) == []
-    assert {f.path for f in m1.files} <= {o.path.split("/", 1)[1] for o in s3_store.list(mf.step_dir(1))}
+    assert {f.path for f in m1.files} <= {o.path.split("/", 1)[1] for o in s3_store.list(layout.step_dir(1))}
     assert verify_checkpoint(s3_store, 1) == [] and verify_checkpoint(s3_store, 2) == []

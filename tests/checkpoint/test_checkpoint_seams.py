@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from streamio.checkpoint import CheckpointManager, KeepLast
-from streamio.checkpoint.commit import PHASES
 from streamio.checkpoint.rng import RNGState
+from streamio.checkpoint.save.commit import PHASES
 from streamio.errors import CheckpointFormatError
 from streamio.train.early_stopping import EarlyStopping
 from streamio.train.loop import Progress
@@ -53,12 +53,6 @@ def test_without_a_process_group_the_manager_is_one_process_whatever_torchrun_se
         got = {"w": torch.zeros(4), "meta": None}
         assert mgr.restore(got) == 3
     assert torch.equal(got["w"], torch.full((4,), 3.0)) and got["meta"] == {"step": 3}
-
-
-def test_rng_state_is_reexported_from_its_old_home() -> None:
-    from streamio.state import RNGState as Old
-
-    assert Old is RNGState
 
 
 @pytest.mark.parametrize(

@@ -27,7 +27,7 @@ import pytest
 from click.testing import CliRunner
 
 from streamio.checkpoint.admin import check_pointer, verify_checkpoint
-from streamio.checkpoint.catalog import read_bad, read_manifest
+from streamio.checkpoint.root import read_bad, read_manifest
 from streamio.cli.main import cli
 from streamio.storage import Store
 from streamio.testing import S3Endpoint

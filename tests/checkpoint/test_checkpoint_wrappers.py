@@ -20,8 +20,8 @@ import pytest
 import torch
 
 from streamio.checkpoint import CheckpointManager, SaveOptions
-from streamio.checkpoint.catalog import read_manifest
-from streamio.checkpoint.wrappers import ModuleKeys
+from streamio.checkpoint.root import read_manifest
+from streamio.checkpoint.tensors.wrappers import ModuleKeys
 from streamio.storage import Store
 from streamio.testing import S3Endpoint
 from support.ckpt_collective import wrapper_model

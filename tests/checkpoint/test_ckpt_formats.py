@@ -12,22 +12,23 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from streamio.checkpoint import manifest as mf
-from streamio.checkpoint.manifest import (
+from streamio.checkpoint.format import layout
+from streamio.checkpoint.format import manifest as mf
+from streamio.checkpoint.format import pointer as ptr
+from streamio.checkpoint.format.checks import ManifestError
+from streamio.checkpoint.format.entries import FileEntry, Section, TensorEntry
+from streamio.checkpoint.format.manifest import DoneMarker
+from streamio.checkpoint.format.pointer import Pointer
+from streamio.checkpoint.format.retention import (
     CheckpointRecord,
-    DoneMarker,
-    FileEntry,
     KeepAll,
     KeepBest,
     KeepEvery,
     KeepLast,
-    ManifestError,
-    Pointer,
-    Section,
-    TensorEntry,
     steps_to_delete,
 )
-from streamio.checkpoint.serialize import HostBuffer, TreeEncoder, assign_shares, decode_tree, plan_layout
+from streamio.checkpoint.tensors.serialize import HostBuffer, assign_shares, plan_layout
+from streamio.checkpoint.tensors.tree import TreeEncoder, decode_tree
 from streamio.errors import CheckpointError
 
 # ------------------------------------------------------------------------------ retention
@@ -150,25 +151,25 @@ def test_manifest_validation(doc: bytes, unknown: bool, match: str) -> None:
 
 
 def test_pointer_round_trip_and_path_check() -> None:
-    p = Pointer(12, mf.step_dir(12), "crc32c:00000000", "abc", "t")
-    assert mf.pointer_from_bytes(mf.pointer_to_bytes(p)) == p
-    bad = json.loads(mf.pointer_to_bytes(p))
+    p = Pointer(12, layout.step_dir(12), "crc32c:00000000", "abc", "t")
+    assert ptr.pointer_from_bytes(ptr.pointer_to_bytes(p)) == p
+    bad = json.loads(ptr.pointer_to_bytes(p))
     bad["path"] = "../elsewhere"
     with pytest.raises(ManifestError, match="expected 'step-000000012'"):
-        mf.pointer_from_bytes(json.dumps(bad).encode())
+        ptr.pointer_from_bytes(json.dumps(bad).encode())
 
 
 def test_paths() -> None:
-    assert mf.step_dir(45000) == "step-000045000" and mf.parse_step_dir("step-000045000") == 45000
-    assert mf.parse_step_dir("step-12") is None and mf.parse_step_dir("latest.json") is None
-    assert mf.part_path(3, "abc", 2) == "rank-00003/part-abc-00002.bin"
+    assert layout.step_dir(45000) == "step-000045000" and layout.parse_step_dir("step-000045000") == 45000
+    assert layout.parse_step_dir("step-12") is None and layout.parse_step_dir("latest.json") is None
+    assert layout.part_path(3, "abc", 2) == "rank-00003/part-abc-00002.bin"
     with pytest.raises(ValueError):
-        mf.step_dir(-1)
+        layout.step_dir(-1)
 
 
 @given(st.integers(0, 10_000), st.integers(1, 3000))
 def test_split_ranges_cover_exactly(total: int, part: int) -> None:
-    ranges = mf.split_ranges(total, part)
+    ranges = layout.split_ranges(total, part)
     assert [a for a, _ in ranges] == list(range(0, total, part))
     assert all(0 < b - a <= part for a, b in ranges) and (ranges[-1][1] if ranges else 0) == total
 

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from streamio.checkpoint import CheckpointManager, KeepLast, SaveOptions
-from streamio.checkpoint import manifest as mf
-from streamio.checkpoint.catalog import read_manifest
-from streamio.checkpoint.commit import part_size_for
+from streamio.checkpoint.format import layout
+from streamio.checkpoint.root import read_manifest
+from streamio.checkpoint.save.commit import part_size_for
 from streamio.errors import CorruptDataError, ObjectNotFoundError
 from streamio.storage import Store
 
@@ -58,7 +58,7 @@ def _two_steps(root: Path) -> list[Path]:
     ) as mgr:
         mgr.save(1, _state(1))
         mgr.save(2, _state(2))
-    return [root / mf.step_dir(2) / f.path for f in read_manifest(Store(str(root)), 2).files]
+    return [root / layout.step_dir(2) / f.path for f in read_manifest(Store(str(root)), 2).files]
 
 
 def _restore_walks_back(root: Path, error: str) -> None:

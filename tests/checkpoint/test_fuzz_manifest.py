@@ -22,10 +22,13 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from streamio.checkpoint import manifest as mf
-from streamio.checkpoint import validate
-from streamio.checkpoint.manifest import DoneMarker, FileEntry, Manifest, Pointer, Section, TensorEntry
-from streamio.checkpoint.tree import TAG, TreeEncoder, decode_tree
+from streamio.checkpoint.format import checks, layout
+from streamio.checkpoint.format import manifest as mf
+from streamio.checkpoint.format import pointer as ptr
+from streamio.checkpoint.format.entries import FileEntry, Section, TensorEntry
+from streamio.checkpoint.format.manifest import DoneMarker, Manifest
+from streamio.checkpoint.format.pointer import Pointer
+from streamio.checkpoint.tensors.tree import TAG, TreeEncoder, decode_tree
 from streamio.checksum import checksum_bytes
 from streamio.errors import CheckpointFormatError
 
@@ -61,7 +64,7 @@ def _manifest() -> Manifest:
 MANIFEST = mf.manifest_to_bytes(_manifest())
 MARKER = mf.marker_to_bytes(DoneMarker(0, "abc", _manifest().files[:2], {"model/w": _tensor(0, 0, 128)},
                                        Section({"rng": 1}, {"rng": _tensor(0, 128, 64)}), {"model": {"w": 1}}))
-POINTER = mf.pointer_to_bytes(Pointer(7, mf.step_dir(7), "crc32c:0123abcd", "abc", "2026-01-01T00:00:00+00:00"))
+POINTER = ptr.pointer_to_bytes(Pointer(7, layout.step_dir(7), "crc32c:0123abcd", "abc", "2026-01-01T00:00:00+00:00"))
 
 
 def _nested(depth: int) -> Any:
@@ -113,9 +116,9 @@ def mutated(draw: st.DrawFn, original: bytes) -> bytes:
             st.sampled_from(HOSTILE_VALUES), st.integers(-(2**70), 2**70), st.text(max_size=12),
             st.integers(1, 400).map(_nested),
         ))
-    body = json.dumps({k: v for k, v in doc.items() if k != validate.SEAL_KEY}, separators=(",", ":"))
+    body = json.dumps({k: v for k, v in doc.items() if k != checks.SEAL_KEY}, separators=(",", ":"))
     if how == "path" or draw(st.booleans()):  # re-sealed: the checks behind the seal see it
-        return validate.seal(body.encode())
+        return checks.seal(body.encode())
     return json.dumps(doc, separators=(",", ":")).encode()
 
 
@@ -156,7 +159,7 @@ def test_manifest_parser_under_mutation(data: bytes, step: int | None) -> None:
     assert isinstance(m, Manifest) and (step is None or m.step == step)
     _assert_confined(m.files)
     assert m.world_size == len(m.per_rank) >= 1
-    validate.streams(m.files, [*m.replicated.tensors.items(), *(i for s in m.per_rank for i in s.tensors.items())],
+    checks.streams(m.files, [*m.replicated.tensors.items(), *(i for s in m.per_rank for i in s.tensors.items())],
                      world_size=m.world_size, what="re-check")
     for section in (m.replicated, *m.per_rank):
         assert section.tree is None or isinstance(section.tree, dict)
@@ -177,16 +180,16 @@ def test_marker_parser_under_mutation(data: bytes) -> None:
 @FUZZ
 @given(mutated(POINTER))
 def test_pointer_parser_under_mutation(data: bytes) -> None:
-    pointer = _parse_within_budget(mf.pointer_from_bytes, data)
+    pointer = _parse_within_budget(ptr.pointer_from_bytes, data)
     if pointer is None:
         return
-    assert isinstance(pointer, Pointer) and pointer.path == mf.step_dir(pointer.step)
-    assert validate.checksum({"c": pointer.manifest_checksum}, "c", "re-check")
+    assert isinstance(pointer, Pointer) and pointer.path == layout.step_dir(pointer.step)
+    assert checks.checksum({"c": pointer.manifest_checksum}, "c", "re-check")
 
 
 @given(st.binary(max_size=512))
 def test_parsers_on_arbitrary_bytes(data: bytes) -> None:
-    for parse in (mf.manifest_from_bytes, mf.marker_from_bytes, mf.pointer_from_bytes):
+    for parse in (mf.manifest_from_bytes, mf.marker_from_bytes, ptr.pointer_from_bytes):
         assert _parse_within_budget(parse, data) is None
 
 
@@ -198,7 +201,7 @@ def test_documents_beyond_the_limits_are_refused_quickly() -> None:
             parse(deep)
         assert time.perf_counter() - t0 < TIME_BUDGET_S
     with pytest.raises(CheckpointFormatError, match="over the 65536-byte limit"):
-        mf.pointer_from_bytes(b" " * (65 << 10))
+        ptr.pointer_from_bytes(b" " * (65 << 10))
 
 
 @pytest.mark.parametrize(("field", "value", "match"), [
@@ -212,9 +215,9 @@ def test_documents_beyond_the_limits_are_refused_quickly() -> None:
 def test_declared_sizes_are_validated(field: str, value: Any, match: str) -> None:
     doc = json.loads(MANIFEST)
     doc["files"][0][field] = value
-    body = json.dumps({k: v for k, v in doc.items() if k != validate.SEAL_KEY}, separators=(",", ":"))
+    body = json.dumps({k: v for k, v in doc.items() if k != checks.SEAL_KEY}, separators=(",", ":"))
     with pytest.raises(CheckpointFormatError, match=match):
-        mf.manifest_from_bytes(validate.seal(body.encode()))
+        mf.manifest_from_bytes(checks.seal(body.encode()))
 
 
 def test_parts_must_add_up_and_hold_every_tensor() -> None:
@@ -223,10 +226,10 @@ def test_parts_must_add_up_and_hold_every_tensor() -> None:
     doc["replicated"]["tensors"]["model/w"]["offset"] = 10**6
     for edit, match in [({"files": doc["files"]}, "starts at byte 128 of rank 0's stream, expected 100"),
                         ({"replicated": doc["replicated"]}, r"spans bytes \[1000000, 1000128\) of rank 0's stream")]:
-        fresh = {k: v for k, v in json.loads(MANIFEST).items() if k != validate.SEAL_KEY}
+        fresh = {k: v for k, v in json.loads(MANIFEST).items() if k != checks.SEAL_KEY}
         fresh.update(edit)
         with pytest.raises(CheckpointFormatError, match=match):
-            mf.manifest_from_bytes(validate.seal(json.dumps(fresh, separators=(",", ":")).encode()))
+            mf.manifest_from_bytes(checks.seal(json.dumps(fresh, separators=(",", ":")).encode()))
 
 
 def test_a_valid_manifest_round_trips_sealed() -> None:

@@ -22,12 +22,13 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 from test_fuzz_manifest import FUZZ, MANIFEST, MARKER, POINTER, _parse_within_budget, _places
 
-from streamio.checkpoint import manifest as mf
-from streamio.checkpoint import validate
-from streamio.checkpoint.entries import DTYPE_SIZES
-from streamio.checkpoint.records import ChunkEntry, FileEntry, Manifest, Section, ShardedEntry, TensorEntry
-from streamio.checkpoint.sharded.dcp_format import MAX_LIST_INDEX, metadata_of
-from streamio.checkpoint.tree import TAG, decode_tree, dtype_from_name
+from streamio.checkpoint.dcp.metadata import MAX_LIST_INDEX, metadata_of
+from streamio.checkpoint.format import checks, layout
+from streamio.checkpoint.format import manifest as mf
+from streamio.checkpoint.format import pointer as ptr
+from streamio.checkpoint.format.entries import DTYPE_SIZES, ChunkEntry, FileEntry, Section, ShardedEntry, TensorEntry
+from streamio.checkpoint.format.manifest import Manifest
+from streamio.checkpoint.tensors.tree import TAG, decode_tree, dtype_from_name
 from streamio.errors import CheckpointFormatError
 
 BLOCK = 16
@@ -88,8 +89,8 @@ def renumbered(draw: st.DrawFn, original: bytes) -> bytes:
 
 def _encoded(doc: dict[str, Any]) -> bytes:
     """A document's bytes, sealed if it was (a manifest)."""
-    body = json.dumps({k: v for k, v in doc.items() if k != validate.SEAL_KEY}, separators=(",", ":")).encode()
-    return validate.seal(body) if validate.SEAL_KEY in doc else body
+    body = json.dumps({k: v for k, v in doc.items() if k != checks.SEAL_KEY}, separators=(",", ":")).encode()
+    return checks.seal(body) if checks.SEAL_KEY in doc else body
 
 
 def _sharded_with(place: tuple[Any, ...], value: Any) -> bytes:
@@ -99,7 +100,7 @@ def _sharded_with(place: tuple[Any, ...], value: Any) -> bytes:
 
 
 def _in_range(*values: Any) -> bool:
-    return all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= validate.MAX_INT for v in values)
+    return all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= checks.MAX_INT for v in values)
 
 
 def _itemsize(dtype: str) -> int:
@@ -116,20 +117,20 @@ def _assert_usable(m: Manifest) -> None:
     """Every number in range and consistent, and what restore does with it works."""
     assert _in_range(m.step, m.world_size) and 1 <= m.world_size == len(m.per_rank)
     for f in m.files:
-        assert _in_range(f.rank, f.start, f.raw_size, f.size, f.block_size) and f.start + f.raw_size <= validate.MAX_INT
+        assert _in_range(f.rank, f.start, f.raw_size, f.size, f.block_size) and f.start + f.raw_size <= checks.MAX_INT
     entries = [*m.replicated.tensors.items(), *(i for s in m.per_rank for i in s.tensors.items())]
     for _, t in entries:
         assert _in_range(t.rank, t.offset)
         _usable_tensor(t.shape, t.dtype, t.nbytes)
     chunks = [(f"{k} {c.offsets}", c) for k, e in m.sharded.items() for c in e.chunks]
     for key, e in m.sharded.items():
-        assert math.prod(e.shape) * _itemsize(e.dtype) <= validate.MAX_INT, key
+        assert math.prod(e.shape) * _itemsize(e.dtype) <= checks.MAX_INT, key
         torch.empty(e.shape, dtype=dtype_from_name(e.dtype), device="meta")
         for c in e.chunks:
             assert _in_range(c.rank, c.offset, *c.offsets) and all(o + s <= n for o, s, n in
                                                                   zip(c.offsets, c.sizes, e.shape, strict=True))
             _usable_tensor(c.sizes, e.dtype, c.nbytes)
-    validate.streams(m.files, entries + chunks, world_size=m.world_size, what="re-check")  # inside, disjoint
+    checks.streams(m.files, entries + chunks, world_size=m.world_size, what="re-check")  # inside, disjoint
     assert mf.manifest_from_bytes(mf.manifest_to_bytes(m)) == m
 
 
@@ -159,7 +160,7 @@ def test_numbers_of_a_sharded_manifest_and_its_dcp_metadata_are_in_range_or_refu
         assert all(isinstance(p, str) or (_in_range(p) and p < MAX_LIST_INDEX) for p in path), path
     for key, tmd in md.state_dict_metadata.items():
         if hasattr(tmd, "chunks"):
-            assert all(math.prod(c.sizes) * tmd.properties.dtype.itemsize <= validate.MAX_INT for c in tmd.chunks), key
+            assert all(math.prod(c.sizes) * tmd.properties.dtype.itemsize <= checks.MAX_INT for c in tmd.chunks), key
 
 
 @FUZZ
@@ -170,7 +171,7 @@ def test_numbers_of_a_done_marker_are_in_range_or_refused(data: bytes) -> None:
         return
     assert _in_range(marker.rank)
     for f in marker.files:
-        assert _in_range(f.rank, f.start, f.raw_size, f.size) and f.start + f.raw_size <= validate.MAX_INT
+        assert _in_range(f.rank, f.start, f.raw_size, f.size) and f.start + f.raw_size <= checks.MAX_INT
     for t in [*marker.replicated_tensors.values(), *marker.per_rank.tensors.values()]:
         _usable_tensor(t.shape, t.dtype, t.nbytes)
 
@@ -178,9 +179,9 @@ def test_numbers_of_a_done_marker_are_in_range_or_refused(data: bytes) -> None:
 @FUZZ
 @given(renumbered(POINTER))
 def test_numbers_of_the_pointer_are_in_range_or_refused(data: bytes) -> None:
-    pointer = _parse_within_budget(mf.pointer_from_bytes, data)
+    pointer = _parse_within_budget(ptr.pointer_from_bytes, data)
     if pointer is not None:
-        assert _in_range(pointer.step) and pointer.path == mf.step_dir(pointer.step)
+        assert _in_range(pointer.step) and pointer.path == layout.step_dir(pointer.step)
         assert all(_in_range(step) for _, step in pointer.timeline.history)
 
 

@@ -24,10 +24,9 @@ from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadItem, SavePlan, WriteItem, WriteItemType
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from streamio.checkpoint import CheckpointManager, SaveOptions
-from streamio.checkpoint import manifest as mf
+from streamio.checkpoint import CheckpointManager, SaveOptions, StreamioReader, StreamioWriter
 from streamio.checkpoint.admin import verify_checkpoint
-from streamio.checkpoint.sharded import StreamioReader, StreamioWriter
+from streamio.checkpoint.format import manifest as mf
 from streamio.cli.main import cli
 from streamio.errors import CheckpointError, CheckpointFormatError, CheckpointNotFoundError
 from streamio.storage import Store
@@ -217,7 +216,7 @@ def test_verify_checks_every_block_and_inspect_lists_the_chunks(tmp_path: Path) 
 
 def test_reader_and_writer_refuse_calls_out_of_order_and_malformed_inputs(tmp_path: Path) -> None:
     from streamio.checkpoint import ShardedModelState
-    from streamio.checkpoint.sharded.dcp_format import planner_data_from_json
+    from streamio.checkpoint.dcp.metadata import planner_data_from_json
 
     store = Store(str(tmp_path))
     writer = _writer(store, 1)

@@ -24,9 +24,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
 
-from streamio.checkpoint import SaveOptions
-from streamio.checkpoint.sharded import StreamioReader, StreamioWriter
-from streamio.checkpoint.sharded.dcp_format import MAX_LIST_INDEX
+from streamio.checkpoint import SaveOptions, StreamioReader, StreamioWriter
+from streamio.checkpoint.dcp.metadata import MAX_LIST_INDEX
 from streamio.errors import CheckpointError, CheckpointFormatError, CheckpointNotFoundError, CorruptDataError
 from streamio.storage import Store
 from support.ckpt import rewrite_manifest

@@ -16,14 +16,15 @@ import numpy as np
 import pytest
 import torch
 
-from streamio.checkpoint import manifest as mf
-from streamio.checkpoint.describe import describe
-from streamio.checkpoint.records import ChunkEntry, FileEntry, Manifest, Section, ShardedEntry
-from streamio.checkpoint.serialize import StreamReader, block_checksums
-from streamio.checkpoint.sharded.boxes import BoxSource, byte_span, narrow
-from streamio.checkpoint.sharded.fetch import Span, fetch_spans, plan_reads
-from streamio.checkpoint.sharded.loading import plan_boxes
-from streamio.checkpoint.validate import ManifestError
+from streamio.checkpoint.admin.describe import describe
+from streamio.checkpoint.format import manifest as mf
+from streamio.checkpoint.format.checks import ManifestError
+from streamio.checkpoint.format.entries import ChunkEntry, FileEntry, Section, ShardedEntry
+from streamio.checkpoint.format.manifest import Manifest
+from streamio.checkpoint.tensors.boxes import BoxSource, byte_span, narrow
+from streamio.checkpoint.tensors.fetch import Span, fetch_spans, plan_reads
+from streamio.checkpoint.tensors.resharding import plan_boxes
+from streamio.checkpoint.tensors.serialize import StreamReader, block_checksums
 from streamio.checksum import checksum_bytes
 from streamio.errors import CheckpointFormatError, CorruptDataError
 from streamio.storage import Store
@@ -57,10 +58,10 @@ def _doc(m: Manifest) -> dict:
 
 
 def _reparse(doc: dict) -> Manifest:
-    from streamio.checkpoint import validate
+    from streamio.checkpoint.format import checks
 
-    body = {k: v for k, v in doc.items() if k != validate.SEAL_KEY}
-    return mf.manifest_from_bytes(validate.seal(json.dumps(body, separators=(",", ":")).encode()))
+    body = {k: v for k, v in doc.items() if k != checks.SEAL_KEY}
+    return mf.manifest_from_bytes(checks.seal(json.dumps(body, separators=(",", ":")).encode()))
 
 
 # ------------------------------------------------------------------------------------ format
@@ -99,7 +100,7 @@ def test_hostile_sharded_sections_and_blocks_are_refused_when_parsed(edit, detai
 
 
 def test_merging_markers_checks_the_chunks_cover_each_tensor() -> None:
-    from streamio.checkpoint.records import DoneMarker
+    from streamio.checkpoint.format.manifest import DoneMarker
 
     e = _sharded()["model/w"]
     first = DoneMarker(0, "abc", (), {}, Section(None), {}, {"model/w": dataclasses.replace(e, chunks=e.chunks[:1])})
@@ -210,8 +211,8 @@ def test_malformed_sharded_entries_are_refused(edit, detail: str) -> None:  # ty
 
 
 def test_tree_references_to_sharded_tensors_are_checked() -> None:
-    from streamio.checkpoint.sharded.loading import sources_for
-    from streamio.checkpoint.tree import decode_tree
+    from streamio.checkpoint.tensors.resharding import sources_for
+    from streamio.checkpoint.tensors.tree import decode_tree
 
     with pytest.raises(CheckpointFormatError, match="sharded tensor 'x' which the manifest does not list"):
         decode_tree({"$t": "dtensor", "k": "x"}, {})

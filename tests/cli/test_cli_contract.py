@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from streamio.checkpoint import manifest as mf
+from streamio.checkpoint.format import layout
+from streamio.checkpoint.format import pointer as ptr
 from streamio.cli.exits import EXIT_CODES, ExitCode, classify, one_line
 from streamio.cli.main import cli
 from streamio.data.write.writer import ShardSpec, write_dataset
@@ -242,9 +243,9 @@ def test_verify_that_cannot_read_a_shard_is_3_not_a_bad_shard(s3: S3Endpoint) ->
 def test_ckpt_verbs_on_a_root_without_a_checkpoint_are_3(tmp_path: Path) -> None:
     root = str(tmp_path / "runs")
     assert_one_line(run("ckpt", "verify", root), 3, f"no checkpoint under {root}")
-    assert_one_line(run("ckpt", "verify", root, "7"), 3, mf.manifest_path(7), "ckpt ls")
+    assert_one_line(run("ckpt", "verify", root, "7"), 3, layout.manifest_path(7), "ckpt ls")
     assert_one_line(run("ckpt", "inspect", root), 3, f"no checkpoint under {root}")
-    assert_one_line(run("ckpt", "inspect", root, "7"), 3, mf.manifest_path(7))
+    assert_one_line(run("ckpt", "inspect", root, "7"), 3, layout.manifest_path(7))
 
 
 # ----------------------------------------------------------------------------- the data is bad: 1
@@ -269,20 +270,21 @@ def test_deeply_nested_index_is_one_line_naming_it(tmp_path: Path) -> None:
 
 def test_deeply_nested_manifest_and_pointer_are_bad_checkpoints(tmp_path: Path) -> None:
     root = tmp_path / "runs"
-    (root / mf.step_dir(3)).mkdir(parents=True)
-    (root / mf.manifest_path(3)).write_text("[" * DEEP + "]" * DEEP)
-    assert_one_line(streamio("ckpt", "inspect", str(root), "3"), 1, mf.manifest_path(3))  # as users run it
+    (root / layout.step_dir(3)).mkdir(parents=True)
+    (root / layout.manifest_path(3)).write_text("[" * DEEP + "]" * DEEP)
+    assert_one_line(streamio("ckpt", "inspect", str(root), "3"), 1, layout.manifest_path(3))  # as users run it
     res = run("ckpt", "verify", str(root), "3")
-    assert res.returncode == 1 and "Traceback" not in res.stderr and f"BAD {root}/{mf.manifest_path(3)}" in res.stderr
-    (root / mf.LATEST).write_text("{" * DEEP)
+    assert res.returncode == 1 and "Traceback" not in res.stderr
+    assert f"BAD {root}/{layout.manifest_path(3)}" in res.stderr
+    (root / ptr.LATEST).write_text("{" * DEEP)
     res = run("ckpt", "verify", str(root))
-    assert res.returncode == 1 and "Traceback" not in res.stderr and f"BAD {root}/{mf.LATEST}" in res.stderr
+    assert res.returncode == 1 and "Traceback" not in res.stderr and f"BAD {root}/{ptr.LATEST}" in res.stderr
 
 
 def test_corrupt_pointer_without_steps_is_bad_not_missing(tmp_path: Path) -> None:
-    (tmp_path / mf.LATEST).write_text('{"format": "streamio.checkpoint.latest/1", "step": ')
+    (tmp_path / ptr.LATEST).write_text('{"format": "streamio.checkpoint.latest/1", "step": ')
     res = run("ckpt", "verify", str(tmp_path))
-    assert res.returncode == 1 and "Traceback" not in res.stderr and f"BAD {tmp_path}/{mf.LATEST}" in res.stderr
+    assert res.returncode == 1 and "Traceback" not in res.stderr and f"BAD {tmp_path}/{ptr.LATEST}" in res.stderr
 
 
 # ----------------------------------------------------------------------------- tracebacks, bugs, signals

@@ -110,17 +110,17 @@ def rewrite_manifest(store: Any, step: int, doc: dict[str, Any], *, repoint: boo
     """Store ``doc`` as ``step``'s manifest sealed the way streamio seals it (and, with
     ``repoint``, make ``latest.json`` record its checksum): a careful forger, for tests of the
     checks that lie behind the seal and the pointer's checksum."""
-    from streamio.checkpoint import manifest as mf
-    from streamio.checkpoint import validate
+    from streamio.checkpoint.format import checks, layout
+    from streamio.checkpoint.format import pointer as ptr
     from streamio.checksum import checksum_bytes
 
-    body = {k: v for k, v in doc.items() if k != validate.SEAL_KEY}
-    data = validate.seal(json.dumps(body, separators=(",", ":")).encode())
-    store.put(mf.manifest_path(step), data)
+    body = {k: v for k, v in doc.items() if k != checks.SEAL_KEY}
+    data = checks.seal(json.dumps(body, separators=(",", ":")).encode())
+    store.put(layout.manifest_path(step), data)
     if repoint:
-        pointer = json.loads(store.read(mf.LATEST))
+        pointer = json.loads(store.read(ptr.LATEST))
         pointer["manifest_checksum"] = checksum_bytes(data)
-        store.put(mf.LATEST, json.dumps(pointer).encode())
+        store.put(ptr.LATEST, json.dumps(pointer).encode())
     return data
 
 

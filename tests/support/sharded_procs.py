@@ -136,8 +136,8 @@ def _zygote() -> None:
     import torch.distributed.fsdp  # noqa: F401
 
     import streamio.checkpoint  # noqa: F401
-    import streamio.checkpoint.sharded.dcp_reader  # noqa: F401
-    import streamio.checkpoint.sharded.dcp_writer  # noqa: F401
+    import streamio.checkpoint.dcp.reader  # noqa: F401
+    import streamio.checkpoint.dcp.writer  # noqa: F401
     import support.sharded_worker
 
     torch.set_num_threads(1)

@@ -44,8 +44,8 @@ def global_value(name: str, shape: tuple[int, ...], dtype: torch.dtype, salt: in
 
 def _local(t: torch.Tensor) -> tuple[torch.Tensor, Any]:
     """The local tensor of ``t`` and its box in the global tensor (``None``: the whole of it)."""
-    from streamio.checkpoint.sharded.boxes import local_box
-    from streamio.checkpoint.tree import is_dtensor
+    from streamio.checkpoint.tensors.boxes import local_box
+    from streamio.checkpoint.tensors.tree import is_dtensor
 
     return (t.to_local(), local_box(t)) if is_dtensor(t) else (t, None)
 
@@ -55,7 +55,7 @@ def _expected(name: str, t: torch.Tensor, salt: int) -> torch.Tensor:
     whole = global_value(name, tuple(t.shape), t.dtype, salt).to(t.dtype)
     if box is None:
         return whole
-    from streamio.checkpoint.sharded.boxes import narrow
+    from streamio.checkpoint.tensors.boxes import narrow
 
     return narrow(whole, *box)
 
@@ -75,7 +75,7 @@ def build(kind: str, salt: int, *, tp_mesh: str = "1d") -> dict[str, Any]:
     per-rank ``data`` and plain ``progress``, every tensor at its expected value for ``salt``."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    from streamio.checkpoint.sharded import ShardedModelState
+    from streamio.checkpoint import ShardedModelState
 
     torch.manual_seed(0)
     model = MLP()
@@ -179,8 +179,7 @@ def save(args: dict[str, Any]) -> dict[str, Any]:
     """Save ``args["steps"]`` (manager, async) and/or one DCP save to ``args["dcp_root"]``."""
     import torch.distributed.checkpoint as dcp
 
-    from streamio.checkpoint import CheckpointManager, KeepLast, SaveOptions
-    from streamio.checkpoint.sharded import StreamioWriter
+    from streamio.checkpoint import CheckpointManager, KeepLast, SaveOptions, StreamioWriter
 
     options = SaveOptions(part_size=32 << 10, block_size=1024, concurrency=4)
     out: dict[str, Any] = {"stats": []}
@@ -212,8 +211,7 @@ def restore(args: dict[str, Any]) -> dict[str, Any]:
     """Restore into fresh objects of ``args["kind"]`` on this group; check every element."""
     import torch.distributed.checkpoint as dcp
 
-    from streamio.checkpoint import CheckpointManager
-    from streamio.checkpoint.sharded import StreamioReader
+    from streamio.checkpoint import CheckpointManager, StreamioReader
 
     counter = _ReadCounter()
     out: dict[str, Any] = {}

@@ -349,7 +349,7 @@ def test_fsdp_flag_and_validation_batches_in_lockstep() -> None:
 
 
 def test_fsdp_without_a_process_group_keeps_the_model_plain_and_checkpoints_it_as_app(tmp_path: Path) -> None:
-    from streamio.checkpoint.sharded import ShardedModelState
+    from streamio.checkpoint import ShardedModelState
 
     cfg = _cfg(tmp_path, fsdp=True, ckpt_url=str(tmp_path / "ckpt"), max_steps=4, ckpt_every=2, epochs=1)
     trainer = Trainer(cfg, ONE)

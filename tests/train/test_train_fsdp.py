@@ -25,9 +25,8 @@ from typing import Any
 import pytest
 import torch
 
-from streamio.checkpoint import CheckpointManager
-from streamio.checkpoint.catalog import read_manifest
-from streamio.checkpoint.sharded import ShardedModelState
+from streamio.checkpoint import CheckpointManager, ShardedModelState
+from streamio.checkpoint.root import read_manifest
 from streamio.data.write.writer import ShardSpec, write_dataset
 from streamio.storage import Store
 from streamio.train.config import TrainConfig

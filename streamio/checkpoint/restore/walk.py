@@ -1,0 +1,213 @@
+"""The restore walk: which checkpoint to load, verified in full before any live object changes.
+
+:meth:`Restorer.restore` reads the pointer fresh (never a cached listing), checks the manifest
+against the checksum the pointer recorded and against its own seal and step, reads every part
+this rank needs with concurrent GETs, verifies sizes and CRC32C of files and tensors
+(:func:`~.tensors.fetch.load_tensors`), decodes the whole state and checks it against the live objects
+(:mod:`.plan`), and only then loads anything. If the pointer is missing, corrupt or names
+a checkpoint that fails any of this, it walks back to the newest complete checkpoint *of the
+current timeline* that verifies (:mod:`.candidates`) and logs why (explicit ``step=`` never
+walks back); a checkpoint that verifies but does not fit the live objects (another model)
+raises, with nothing loaded. A save the walk rejected is recorded as bad in the root
+(:func:`~.root.record_bad`, rank 0), so ``streamio ckpt ls`` flags it, later restores skip it
+and retention and ``gc`` remove it.
+
+Sharded tensors (DTensors) are bound to the live tensors while the state decodes, and then just
+the boxes this rank holds now, in whatever sharding, are read with ranged, block-verified GETs
+(:mod:`.tensors.resharding`), before anything is loaded, like every other part.
+
+Under ``torch.distributed`` every step of the walk is agreed on: rank 0 reads the candidates and
+broadcasts them, and every rank reports its outcome for each candidate, so all ranks load the
+same step or all raise.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, MutableMapping
+from typing import Any
+
+from streamio.checkpoint.comm import Comm
+from streamio.checkpoint.format import layout
+from streamio.checkpoint.format.manifest import Manifest
+from streamio.checkpoint.format.timeline import Point
+from streamio.checkpoint.restore import candidates
+from streamio.checkpoint.restore.candidates import Candidate
+from streamio.checkpoint.restore.plan import RestorePlan, apply, decode_state, mismatches
+from streamio.checkpoint.root import pointer_version, read_manifest, record_bad
+from streamio.checkpoint.tensors.fetch import load_tensors
+from streamio.checkpoint.tensors.resharding import read_pending, sources_for
+from streamio.errors import CheckpointError, CheckpointNotFoundError, CorruptDataError
+from streamio.storage import Store
+
+__all__ = ["Restorer"]
+
+log = logging.getLogger(__name__)
+
+
+class _Unverified(CheckpointError):
+    """A manifest without a seal that the pointer does not name: walked past, but not damaged
+    (so not recorded bad)."""
+
+
+class Restorer:
+    """Finds, verifies and loads a checkpoint under one root; see the module docstring.
+
+    Args:
+        store: the checkpoint root (manifests and the pointer are read through it).
+        comm: the collectives (every rank calls :meth:`restore` alike).
+        concurrency: parallel GETs and checks.
+        part_store: the Store parts are read through (default ``store``; the manager passes
+            ``store.for_verified_reads()``: every part is size- and CRC32C-checked here).
+
+    Attributes:
+        outcome: after a restore, the save it loaded and (rank 0) the pointer's version read
+            before anything else (what the job's next pointer swap expects); ``None`` before.
+    """
+
+    def __init__(self, store: Store, comm: Comm, *, concurrency: int, part_store: Store | None = None) -> None:
+        self.store, self.comm, self.concurrency = store, comm, concurrency
+        self.part_store = part_store if part_store is not None else store
+        self.outcome: tuple[Point, Any] | None = None
+        self._loaded: Manifest | None = None
+
+    def restore(self, state: MutableMapping[str, Any], step: int | None = None) -> int:
+        """Load a checkpoint into ``state`` in place, all or nothing, and return its step.
+
+        See :meth:`~.manager.CheckpointManager.restore` (arguments, errors).
+        """
+        explicit, root = step is not None, self.store.root_url
+        self.outcome = None
+        version = pointer_version(self.store) if self.comm.rank == 0 else None  # before anything is read
+        # the pointer alone first (no listing); the full list only if it fails
+        todo = self._agreed(lambda: candidates.explicit(self.store, step) if step is not None
+                            else candidates.walk(self.store, full=False))
+        reasons: list[str] = []
+        tried: set[str] = set()
+        while todo:
+            c = todo.pop(0)
+            tried.add(c.path)
+            if c.skip:
+                reasons.append(f"step {c.step}: {c.skip}")
+                log.warning("checkpoint step %d under %s is skipped: %s", c.step, root, c.skip)
+            else:
+                plan, bad = self._try_step(state, c, explicit=explicit)
+                if plan is not None:
+                    apply(plan, state, concurrency=self.concurrency, where=f"step {c.step} under {root}")
+                    assert self._loaded is not None
+                    self.outcome = (Point(self._loaded.line, c.step, c.path), version)
+                    log.info("restored checkpoint step %d from %s", c.step, self.store.url(c.path))
+                    return c.step
+                reasons.append(f"step {c.step}: {bad}")
+                log.warning("checkpoint step %d under %s is unusable (%s); falling back to the previous complete "
+                            "checkpoint", c.step, root, bad)
+            if not todo and not explicit and len(tried) == 1:
+                todo = [c for c in self._agreed(lambda: candidates.walk(self.store, full=True)) if c.path not in tried]
+        if reasons:
+            raise CheckpointError(f"no checkpoint under {root} verifies: {'; '.join(reasons)}")
+        raise CheckpointNotFoundError(f"no checkpoint under {root}: nothing to restore (start from scratch)")
+
+    def _agreed(self, find: Callable[[], list[Candidate]]) -> list[Candidate]:
+        """Rank 0's ``find()`` on every rank (its error raised on every rank)."""
+        found: list[Candidate] | BaseException | None = None
+        if self.comm.rank == 0:
+            try:
+                found = find()
+            except Exception as exc:
+                found = exc
+        found = self.comm.broadcast(found)
+        if isinstance(found, BaseException):
+            raise found
+        assert found is not None
+        return found
+
+    def _try_step(
+        self, state: Mapping[str, Any], c: Candidate, *, explicit: bool
+    ) -> tuple[RestorePlan | None, str]:
+        """Prepare step ``s`` on every rank and agree on the outcome (a collective).
+
+        Returns:
+            ``(plan, "")`` to load, or ``(None, why)`` to walk past a damaged checkpoint.
+
+        Raises:
+            every rank raises alike: this rank its own error where the failure is fatal (see
+            :func:`_classify`), the others a ``CheckpointError`` naming it; ``CheckpointError``
+            when the checkpoint does not fit the live state.
+        """
+        root, s = self.store.root_url, c.step
+        plan: RestorePlan | None = None
+        own: BaseException | None = None
+        outcome: tuple[str, str] | None = None
+        try:
+            plan = self._prepare(state, c, explicit=explicit)
+            mismatch = mismatches(plan)
+            if mismatch is not None:
+                outcome = ("mismatch", f"checkpoint step {s} under {root} does not fit the live state: "
+                                       f"{mismatch}; nothing was loaded")
+        except Exception as exc:  # classified, agreed on by every rank, then raised or walked past
+            own, outcome = exc, (_classify(exc, explicit), str(exc))
+        # kind -> the first rank's message of that kind
+        outcomes = dict(reversed([o for o in self.comm.all_gather(outcome) if o is not None]))
+        if "fatal" in outcomes:
+            if own is None or outcome is None or outcome[0] != "fatal":
+                raise CheckpointError(f"restoring step {s} under {root} failed on another rank: {outcomes['fatal']}")
+            if explicit and isinstance(own, FileNotFoundError) and not isinstance(own, CheckpointError):
+                raise CheckpointNotFoundError(f"no complete checkpoint for step {s} under {root}: {own}") from own
+            raise own
+        if "unverified" in outcomes:
+            return None, outcomes["unverified"]
+        if "bad" in outcomes:  # walked past before its fit with the live state is judged
+            if self.comm.rank == 0:
+                record_bad(self.store, c.path, s, outcomes["bad"])
+            return None, outcomes["bad"]
+        if "mismatch" in outcomes:
+            raise CheckpointError(outcomes["mismatch"])
+        return plan, ""
+
+    def _prepare(self, state: Mapping[str, Any], c: Candidate, *, explicit: bool) -> RestorePlan:
+        """Everything of a restore that touches no live object: the manifest verified against
+        the pointer's checksum (if it names this save), its own seal and step; every part this
+        rank needs read and verified; the whole state decoded."""
+        step, expected = c.step, c.checksum
+        manifest = read_manifest(self.store, step, path=c.path, checksum=expected)
+        if not manifest.checksum and expected is None:
+            url = self.store.url(layout.manifest_at(c.path))
+            if not explicit:
+                raise _Unverified(
+                    f"{url} carries no checksum of its own (written by an older streamio) and latest.json does "
+                    f"not name it, so its JSON cannot be verified; restore it explicitly with step={step} "
+                    f"if you trust it"
+                )
+            log.warning("%s carries no checksum of its own (written by an older streamio): "
+                        "its JSON is restored unverified", url)
+        rank, world = self.comm.rank, self.comm.world
+        src_rank = rank % manifest.world_size
+        wanted = dict(manifest.replicated.tensors)
+        wanted.update(manifest.per_rank[src_rank].tensors)
+        tensors = load_tensors(self.part_store, manifest, wanted, concurrency=self.concurrency, sdir=c.path)
+        if world != manifest.world_size:
+            log.warning("checkpoint step %d was saved by %d ranks and is restored by %d: "
+                        "rank %d gets rank %d's per-rank state", step, manifest.world_size, world, rank, src_rank)
+        self._loaded = manifest
+        sources, pending = sources_for(manifest.sharded)  # DTensors: bound to the live ones while decoding
+        plan = decode_state(state, manifest.replicated.tree, manifest.per_rank[src_rank].tree, {**tensors, **sources})
+        if pending:  # read and verify just the boxes this rank holds now (any sharding), before loading
+            plan.copies.extend(read_pending(self.part_store, manifest.files, pending, sdir=c.path,
+                                            concurrency=self.concurrency))
+        return plan
+
+
+def _classify(exc: BaseException, explicit: bool) -> str:
+    """How restore treats a failure before any live object changed: ``"bad"`` walks back to the
+    previous checkpoint (damaged or missing objects, an invalid manifest or tree), ``"fatal"``
+    raises on every rank (an explicit ``step=``, a format this streamio cannot read, a storage
+    failure other than a missing object, anything unexpected)."""
+    if explicit or getattr(exc, "unknown_version", False):
+        return "fatal"
+    if isinstance(exc, _Unverified):
+        return "unverified"
+    if isinstance(exc, (CorruptDataError, CheckpointError)):
+        return "bad"
+    if isinstance(exc, FileNotFoundError):
+        return "bad"
+    return "fatal"

@@ -1,0 +1,398 @@
+"""A checkpoint root on storage: the one module that reads, writes, lists and deletes its documents.
+
+A root's documents are the pointer (``latest.json``), each save's manifest and done markers, and
+the root's notes (``bad.json`` beside a rejected save, ``retention.json``); their formats are
+:mod:`.format` (:mod:`~.format.pointer`, :mod:`~.format.manifest`, :mod:`~.format.notes`). The
+commit (:mod:`.save`), the restore walk (:mod:`.restore`), the DCP pair and ``streamio ckpt``
+(:mod:`.admin`) touch them through the functions here only (a test checks that no other module
+names the pointer). The parts (raw tensor bytes) are written by :mod:`.save.commit` and read by
+:mod:`.tensors.fetch`.
+
+Every read goes to storage fresh (a listing or a GET), never a cached view: another job, or an
+earlier run of this one, may have written the root since; a document is read whole within a bound
+(``Store.read(max_bytes=)``), and one larger is a :class:`~.format.checks.ManifestError`.
+
+A *save* is one save directory (:func:`~.format.layout.save_dir`); it is *committed* iff its
+``manifest.json`` exists. A step may have several saves, one per timeline that saved it
+(:mod:`.format.timeline`); the pointer names the current one and the current timeline, and is
+replaced by a compare-and-swap on the version read before it (:func:`swap_pointer`). Deleting a
+save removes its manifest first, so a half-deleted save is never taken for a complete one, then on
+a local root the directories it leaves empty (:func:`remove_empty_dirs`: only while empty, so what
+another writer has put there since stays; a local put whose directory vanished makes it again).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import posixpath
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from streamio.checkpoint.format import layout
+from streamio.checkpoint.format import manifest as mf
+from streamio.checkpoint.format import pointer as ptr
+from streamio.checkpoint.format.checks import ManifestError
+from streamio.checkpoint.format.manifest import DoneMarker, Manifest
+from streamio.checkpoint.format.notes import (
+    MAX_RECORD_BYTES,
+    BadRecord,
+    RetentionRecord,
+    bad_from_bytes,
+    bad_to_bytes,
+    retention_from_bytes,
+    retention_to_bytes,
+)
+from streamio.checkpoint.format.pointer import Pointer
+from streamio.checkpoint.format.retention import RetentionPolicy
+from streamio.checkpoint.format.timeline import Tip, classify
+from streamio.checksum import checksum_bytes
+from streamio.errors import CheckpointNotFoundError, ObjectTooLargeError, StreamioError
+from streamio.limits import MAX_JSON_BYTES
+from streamio.pool import run_parallel
+from streamio.storage import ObjectInfo, Store
+
+__all__ = [
+    "ABSENT", "PhaseHook", "SaveRef", "committed_saves", "committed_steps", "create_manifest", "delete_objects",
+    "delete_save", "delete_share", "has_manifest", "has_pointer", "manifest_digest", "objects", "pointed_step",
+    "pointer_url", "pointer_version", "read_bad", "read_manifest", "read_manifest_digest", "read_manifests",
+    "read_markers", "read_pointer", "read_retention", "record_bad", "record_retention", "remove_empty_dirs",
+    "resolve_save", "swap_pointer", "write_marker",
+]
+
+log = logging.getLogger(__name__)
+
+PhaseHook = Callable[[str], None]
+"""Called with the name of each commit phase as it completes (see :mod:`.save.commit`)."""
+
+ABSENT = "\0absent"
+"""What :func:`pointer_version` returns when there is no pointer (no store's version looks so)."""
+
+
+@dataclass(frozen=True)
+class SaveRef:
+    """One committed save, as a listing shows it.
+
+    Attributes:
+        step: its step.
+        path: its save directory, relative to the root.
+        bad: a restore rejected it (its directory holds ``bad.json``).
+    """
+
+    step: int
+    path: str
+    bad: bool = False
+
+
+# ------------------------------------------------------------------------------ listing
+def objects(store: Store) -> list[ObjectInfo]:
+    """Every object under the root, from one fresh listing (what ``gc`` and ``rm`` decide on)."""
+    return store.list()
+
+
+def committed_saves(store: Store, listing: Iterable[ObjectInfo] | None = None) -> list[SaveRef]:
+    """Saves under ``store`` that have a manifest, by step then path (one fresh listing unless
+    ``listing`` is given)."""
+    manifests: set[tuple[int, str]] = set()
+    bad: set[str] = set()
+    for o in store.list() if listing is None else listing:
+        head, _, tail = o.path.partition("/")
+        parsed = layout.parse_save_dir(head)
+        if parsed is None:
+            continue
+        if tail == layout.MANIFEST:
+            manifests.add((parsed[0], head))
+        elif tail == layout.BAD:
+            bad.add(head)
+    return [SaveRef(step, path, path in bad) for step, path in sorted(manifests)]
+
+
+def committed_steps(store: Store) -> list[int]:
+    """Steps under ``store`` that have at least one committed save, oldest first (one listing)."""
+    return sorted({s.step for s in committed_saves(store)})
+
+
+def _read(store: Store, path: str, max_bytes: int = MAX_JSON_BYTES) -> bytes:
+    """The document ``path`` of the root, read within ``max_bytes`` (larger: :class:`ManifestError`)."""
+    try:
+        return store.read(path, max_bytes=max_bytes)
+    except ObjectTooLargeError as exc:
+        raise ManifestError(str(exc)) from exc
+
+
+# ------------------------------------------------------------------------------ the pointer
+def pointer_url(store: Store) -> str:
+    """The pointer's URL (what messages name)."""
+    return store.url(ptr.LATEST)
+
+
+def has_pointer(store: Store) -> bool:
+    """Whether the root holds a pointer, valid or not (one HEAD)."""
+    return store.exists(ptr.LATEST)
+
+
+def read_pointer(store: Store) -> Pointer | None:
+    """``latest.json`` (read fresh), or ``None`` if there is none.
+
+    Raises:
+        ManifestError: it exists but is not a valid pointer (``unknown_version``: newer format).
+    """
+    try:
+        data = _read(store, ptr.LATEST, ptr.MAX_POINTER_BYTES)
+    except FileNotFoundError:
+        return None
+    return ptr.pointer_from_bytes(data)
+
+
+def pointer_version(store: Store) -> str | None:
+    """The pointer's version now: the store's token, ``None`` (the store keeps none) or
+    :data:`ABSENT` (no pointer). Read before the pointer itself, it is what a later
+    compare-and-swap must find, so a pointer written in between makes that swap fail."""
+    try:
+        return store.info(ptr.LATEST).version
+    except FileNotFoundError:
+        return ABSENT
+
+
+def pointed_step(store: Store) -> int | None:
+    """The step ``latest.json`` names (read fresh), or ``None`` if there is no valid pointer."""
+    try:
+        pointer = read_pointer(store)
+    except ManifestError as exc:
+        log.warning("%s is unusable: %s", pointer_url(store), exc)
+        return None
+    return None if pointer is None else pointer.step
+
+
+def swap_pointer(store: Store, pointer: Pointer, expected: Any) -> Any:
+    """Replace ``latest.json`` with ``pointer`` only if it is still at version ``expected`` (what
+    :func:`pointer_version` returned; :data:`ABSENT`: create it; ``None``: the store keeps no
+    versions, replace it) and return the new version. Raises the store's ``WriteConflictError`` or
+    ``ObjectNotFoundError`` when it changed since: the caller names the conflict."""
+    data = ptr.pointer_to_bytes(pointer)
+    if expected is ABSENT:
+        return store.put(ptr.LATEST, data, mode="create")
+    if expected is None:
+        return store.put(ptr.LATEST, data)
+    return store.put(ptr.LATEST, data, if_match=expected)
+
+
+# ------------------------------------------------------------------------------ manifests and markers
+def has_manifest(store: Store, sdir: str) -> bool:
+    """Whether the save directory ``sdir`` holds a manifest (one HEAD)."""
+    return store.exists(layout.manifest_at(sdir))
+
+
+def read_manifest(store: Store, step: int, *, path: str | None = None, checksum: str | None = None) -> Manifest:
+    """Read, verify and parse the manifest of a save of ``step``.
+
+    Args:
+        path: the save directory; default: the one :func:`resolve_save` picks.
+        checksum: what ``latest.json`` recorded for this manifest, when it names this save.
+
+    Raises:
+        CheckpointNotFoundError: no manifest (the step was never committed or was deleted).
+        ManifestError: (a :class:`CheckpointFormatError`) an unknown format version
+            (``unknown_version``), or a manifest that is invalid, claims another step, names a
+            path outside its save directory, or does not match its own or ``checksum``.
+    """
+    return _read_manifest(store, step, path if path is not None else resolve_save(store, step), checksum)[0]
+
+
+def read_manifest_digest(store: Store, step: int, path: str) -> tuple[Manifest, str]:
+    """The manifest of the save of ``step`` in ``path`` (as :func:`read_manifest`) and the
+    checksum of its stored bytes: what a pointer that names it records."""
+    return _read_manifest(store, step, path, None)
+
+
+def _read_manifest(store: Store, step: int, sdir: str, checksum: str | None) -> tuple[Manifest, str]:
+    manifest = layout.manifest_at(sdir)
+    try:
+        data = _read(store, manifest)
+    except FileNotFoundError as exc:
+        raise CheckpointNotFoundError(
+            f"{store.url(manifest)} does not exist: step {step} was never committed or was deleted"
+        ) from exc
+    try:
+        return mf.manifest_from_bytes(data, step=step, checksum=checksum), checksum_bytes(data)
+    except ManifestError as exc:
+        prefix = f"{store.url(manifest)}:" if exc.unknown_version else f"{store.url(manifest)} is unusable:"
+        raise ManifestError(f"{prefix} {exc}", unknown_version=exc.unknown_version) from exc
+
+
+def manifest_digest(store: Store, sdir: str) -> str:
+    """The checksum of the stored bytes of the manifest in ``sdir``, unparsed (what the pointer
+    records); ``FileNotFoundError`` if there is none."""
+    return checksum_bytes(_read(store, layout.manifest_at(sdir)))
+
+
+def read_manifests(
+    store: Store, saves: Iterable[SaveRef], *, concurrency: int = 8
+) -> dict[str, Manifest | StreamioError]:
+    """Every save's manifest, read concurrently: save directory -> manifest, or the error that
+    reading or parsing it raised (a save deleted meanwhile is a ``CheckpointNotFoundError``)."""
+    todo = list(saves)
+
+    def one(ref: SaveRef) -> Manifest | StreamioError:
+        try:
+            return read_manifest(store, ref.step, path=ref.path)
+        except (CheckpointNotFoundError, ManifestError) as exc:
+            return exc
+
+    return dict(zip([r.path for r in todo], run_parallel(one, todo, concurrency=concurrency,
+                                                         name="streamio-ckpt-manifests"), strict=True))
+
+
+def resolve_save(store: Store, step: int) -> str:
+    """The save directory meant by "step ``step``": the pointer's if it names that step, else
+    the step's save on the current timeline, else its newest; the step's own directory if it
+    has no committed save at all (reading it then says it does not exist)."""
+    try:
+        pointer = read_pointer(store)
+    except ManifestError:
+        pointer = None
+    if pointer is not None and pointer.step == step:
+        return pointer.path
+    saves = [s for s in committed_saves(store) if s.step == step]
+    if len(saves) <= 1:
+        return saves[0].path if saves else layout.step_dir(step)
+    found = read_manifests(store, saves)
+    tip = None if pointer is None else Tip(pointer.timeline, pointer.step)
+
+    def rank(ref: SaveRef) -> tuple[bool, str]:
+        m = found[ref.path]
+        if not isinstance(m, Manifest):
+            return False, ""
+        return tip is not None and classify(tip, m.line, m.step) == "current", m.created
+
+    return max(saves, key=rank).path
+
+
+def create_manifest(store: Store, sdir: str, manifest: Manifest) -> str:
+    """Write ``manifest`` into ``sdir``, create-only, and return the checksum of its bytes (the
+    store's ``WriteConflictError`` if one exists: the caller names the conflict)."""
+    data = mf.manifest_to_bytes(manifest)
+    store.put(layout.manifest_at(sdir), data, mode="create")
+    return checksum_bytes(data)
+
+
+def write_marker(store: Store, sdir: str, marker: DoneMarker) -> None:
+    """Write a rank's done marker into ``sdir``, create-only."""
+    store.put(f"{sdir}/{layout.marker_path(marker.rank, marker.save_id)}", mf.marker_to_bytes(marker), mode="create")
+
+
+def read_markers(store: Store, sdir: str, save_id: str, world: int, *, concurrency: int) -> list[DoneMarker]:
+    """Every rank's done marker of the save ``save_id`` in ``sdir``, parsed (index = rank)."""
+    paths = [f"{sdir}/{layout.marker_path(r, save_id)}" for r in range(world)]
+    found = run_parallel(functools.partial(_read, store), paths, concurrency=concurrency, name="streamio-markers")
+    return [mf.marker_from_bytes(b) for b in found]
+
+
+# ------------------------------------------------------------------------------ notes
+def record_bad(store: Store, sdir: str, step: int, reason: str) -> None:
+    """Note in ``sdir`` that a restore rejected its save (logged, never raised: a restore that
+    cannot write, e.g. with read-only credentials, still restores)."""
+    recorded = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    try:
+        if not has_manifest(store, sdir):
+            return  # nothing left to mark (the save was deleted)
+        store.put(layout.bad_path(sdir), bad_to_bytes(BadRecord(step, reason, recorded)))
+    except Exception as exc:  # a note for later runs; the restore goes on without it
+        log.warning("could not record %s as bad (%s): %s", store.url(sdir), reason, exc)
+        return
+    log.warning("recorded checkpoint step %d at %s as bad: `streamio ckpt ls` flags it, retention and "
+                "`streamio ckpt gc` remove it", step, store.url(sdir))
+
+
+def read_bad(store: Store, sdir: str) -> BadRecord | None:
+    """The bad-save record of ``sdir``, ``None`` if there is none (or it is unreadable)."""
+    try:
+        data = _read(store, layout.bad_path(sdir), MAX_RECORD_BYTES)
+        return bad_from_bytes(data, store.url(layout.bad_path(sdir)))
+    except FileNotFoundError:
+        return None
+    except ManifestError as exc:  # still a record that a restore rejected the save
+        parsed = layout.parse_save_dir(sdir)
+        return BadRecord(parsed[0] if parsed else 0, f"unreadable record ({exc})")
+
+
+def read_retention(store: Store) -> RetentionRecord:
+    """The root's recorded retention policy (``retention.json``); ``FileNotFoundError`` if none is
+    recorded, :class:`ManifestError` if the record is not valid."""
+    data = _read(store, layout.RETENTION, MAX_RECORD_BYTES)
+    return retention_from_bytes(data, store.url(layout.RETENTION))
+
+
+def record_retention(store: Store, policy: RetentionPolicy, recorded: str) -> None:
+    """Record ``policy`` as the root's retention policy (replacing the recorded one)."""
+    store.put(layout.RETENTION, retention_to_bytes(policy, recorded))
+
+
+# ------------------------------------------------------------------------------ deleting
+def delete_save(store: Store, sdir: str, *, save_id: str | None = None, on_phase: PhaseHook | None = None) -> None:
+    """Delete one save: its manifest first (so it is never seen half-deleted), then the rest.
+
+    In a step's own directory, which other saves of the step may share, only the objects of
+    ``save_id`` go (with the bad-save record); a suffixed directory is the save's alone.
+
+    Args:
+        save_id: the save's id; ``None`` (manifest unreadable): everything in the directory.
+        on_phase: called with ``"delete"`` between the manifest and the rest (a test hook).
+    """
+    store.delete(layout.manifest_at(sdir))
+    if on_phase is not None:
+        on_phase("delete")
+    parsed = layout.parse_save_dir(sdir)
+    shared = save_id is not None and parsed is not None and parsed[1] == ""
+    dirs = {sdir}
+    for o in store.list(sdir + "/"):
+        rest = o.path[len(sdir) + 1:]
+        if not shared or rest == layout.BAD or layout.object_save_id(rest) == save_id:
+            store.delete(o.path)
+            dirs.add(posixpath.dirname(o.path))
+    remove_empty_dirs(store, dirs)
+
+
+def delete_objects(
+    store: Store, paths: Sequence[str], *, dirs: Iterable[str] = (), on_deleted: Callable[[int], None] | None = None
+) -> None:
+    """Delete ``paths`` in their order (manifests first: the caller orders them), then the
+    directories above them and ``dirs`` that are left empty. ``on_deleted(n)`` after the n-th."""
+    for n, path in enumerate(paths, 1):
+        store.delete(path)
+        if on_deleted is not None:
+            on_deleted(n)
+    remove_empty_dirs(store, {"/".join(parts[:i]) for p in paths for parts in [p.split("/")]
+                              for i in range(1, len(parts))} | set(dirs))
+
+
+def delete_share(store: Store, sdir: str, save_id: str, rank: int) -> None:
+    """Delete ``rank``'s objects of the save ``save_id`` in ``sdir`` (parts, done marker: the names
+    carrying the save id below its rank directory) and its unfinished multipart uploads there,
+    then the directories left empty. Never another save's objects."""
+    prefix = f"{sdir}/{layout.rank_dir(rank)}/"
+
+    def ours(path: str) -> bool:
+        return layout.object_save_id(path[len(sdir) + 1:]) == save_id
+
+    for o in store.list(prefix):
+        if ours(o.path):
+            store.delete(o.path)
+    for upload in store.incomplete_uploads(prefix):
+        if ours(upload.path):
+            store.abort_upload(upload)
+    remove_empty_dirs(store, [prefix.rstrip("/"), sdir])
+
+
+def remove_empty_dirs(store: Store, paths: Iterable[str]) -> None:
+    """On a local root, remove those of the directories ``paths`` that are empty, deepest first
+    (elsewhere there are no directories). One that is not empty, or gone, is left as it is."""
+    if not store.is_local:
+        return
+    for path in sorted(set(paths), key=lambda p: (-p.count("/"), p)):
+        try:
+            store.fs.rmdir(store.url(path))
+        except OSError:  # not empty (another save's objects, a writer's temporary file) or gone
+            continue
