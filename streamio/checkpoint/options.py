@@ -1,4 +1,5 @@
-"""How checkpoints are cut and uploaded (:class:`SaveOptions`) and what one save cost (:class:`SaveStats`).
+"""How checkpoints are cut and uploaded (:class:`SaveOptions`), where the local tier is
+(:class:`LocalTier`), and what one save cost (:class:`SaveStats`).
 
 Plain frozen values (PURE: no torch, fsspec or storage), shared by the facade
 (:mod:`.manager`), the commit protocol (:mod:`.save.commit`) and the restore walk (:mod:`.restore.walk`).
@@ -6,11 +7,12 @@ Plain frozen values (PURE: no torch, fsspec or storage), shared by the facade
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from streamio.errors import ConfigError
 
-__all__ = ["SaveOptions", "SaveStats"]
+__all__ = ["LocalTier", "SaveOptions", "SaveStats"]
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,9 @@ class SaveOptions:
             (DTensor) state: the unit of a verified ranged read when a restore onto another
             sharding needs only some rows of a part. Smaller blocks read less around each
             needed span; each block costs one CRC32C string in the manifest.
+        durable_every: with a local tier, every ``durable_every``-th save also goes to the root
+            (``save(durable=True)`` whatever it says); 1 (the default) makes every save durable.
+            Without a local tier every save goes to the root.
     """
 
     part_size: int = 64 << 20
@@ -44,6 +49,7 @@ class SaveOptions:
     per_rank: frozenset[str] = frozenset({"rng", "data"})
     collective_timeout_s: float = 300.0
     block_size: int = 1 << 20
+    durable_every: int = 1
 
     def __post_init__(self) -> None:
         if self.part_size < 4096:
@@ -55,7 +61,39 @@ class SaveOptions:
                              f"{self.collective_timeout_s}")
         if self.block_size < 1024:
             raise ConfigError(f"block_size must be at least 1024 bytes, got {self.block_size}")
+        if isinstance(self.durable_every, bool) or not isinstance(self.durable_every, int) or self.durable_every < 1:
+            raise ConfigError(f"durable_every must be a whole number >= 1, got {self.durable_every!r}")
         object.__setattr__(self, "per_rank", frozenset(self.per_rank))
+
+
+@dataclass(frozen=True)
+class LocalTier:
+    """A checkpoint tier on node-local storage: saves commit here first, the root in the background.
+
+    Each rank keeps its copy in a directory of its own below ``path`` (``rank-00003/``), a
+    checkpoint root of the same layout as the durable one; ranks of one node may share ``path``
+    and read each other's copies. NVMe is the usual place; a ``/dev/shm/...`` path is a RAM tier
+    (lost with the node, not with the process). docs/design.md "Local tier".
+
+    Attributes:
+        path: a local directory (created if missing).
+        keep: the newest local saves each rank keeps (the root's retention is its own).
+    """
+
+    path: str
+    keep: int = 2
+
+    def __post_init__(self) -> None:
+        path = os.fspath(self.path)
+        if not path or "://" in path and not path.startswith("file://"):
+            raise ConfigError(f"LocalTier.path must be a local directory, got {self.path!r}")
+        if isinstance(self.keep, bool) or not isinstance(self.keep, int) or self.keep < 1:
+            raise ConfigError(f"LocalTier.keep must be a whole number >= 1, got {self.keep!r}")
+        object.__setattr__(self, "path", path)
+
+    def rank_root(self, rank: int) -> str:
+        """The local root of ``rank``'s copies."""
+        return f"{self.path.rstrip('/')}/rank-{rank:05d}"
 
 
 @dataclass(frozen=True)
@@ -68,10 +106,14 @@ class SaveStats:
         durable_s: seconds from the ``save`` call until the pointer named this step.
         bytes_written: stored bytes this rank uploaded.
         files: part objects this rank uploaded.
+        local_s: with a local tier, seconds from the ``save`` call until the local commit
+            (``None`` without one); ``durable_s`` is then ``None`` for a save that went to the
+            local tier alone.
     """
 
     step: int
     blocked_s: float
-    durable_s: float
+    durable_s: float | None
     bytes_written: int
     files: int
+    local_s: float | None = None

@@ -5,8 +5,8 @@ the root's notes (``bad.json`` beside a rejected save, ``retention.json``); thei
 :mod:`.format` (:mod:`~.format.pointer`, :mod:`~.format.manifest`, :mod:`~.format.notes`). The
 commit (:mod:`.save`), the restore walk (:mod:`.restore`), the DCP pair and ``streamio ckpt``
 (:mod:`.admin`) touch them through the functions here only (a test checks that no other module
-names the pointer). The parts (raw tensor bytes) are written by :mod:`.save.commit` and read by
-:mod:`.tensors.fetch`.
+names the pointer). Parts: :mod:`.save.parts` writes, :mod:`.tensors.fetch` reads. A local tier's
+root (docs/design.md "Local tier") is a root too; its one writer swaps its pointer unconditionally.
 
 Every read goes to storage fresh (a listing or a GET), never a cached view: another job, or an
 earlier run of this one, may have written the root since; a document is read whole within a bound
@@ -55,11 +55,11 @@ from streamio.pool import run_parallel
 from streamio.storage import ObjectInfo, Store
 
 __all__ = [
-    "ABSENT", "PhaseHook", "SaveRef", "committed_saves", "committed_steps", "create_manifest", "delete_objects",
-    "delete_save", "delete_share", "has_manifest", "has_pointer", "manifest_digest", "objects", "pointed_step",
-    "pointer_url", "pointer_version", "read_bad", "read_manifest", "read_manifest_digest", "read_manifests",
-    "read_markers", "read_pointer", "read_retention", "record_bad", "record_retention", "remove_empty_dirs",
-    "resolve_save", "swap_pointer", "write_marker",
+    "ABSENT", "UNREAD", "PhaseHook", "SaveRef", "committed_saves", "committed_steps", "create_manifest",
+    "delete_objects", "delete_save", "delete_share", "has_manifest", "has_pointer", "manifest_digest", "objects",
+    "pointed_step", "pointer_url", "pointer_version", "read_bad", "read_manifest", "read_manifest_digest",
+    "read_manifests", "read_markers", "read_pointer", "read_retention", "record_bad", "record_retention",
+    "remove_empty_dirs", "resolve_save", "swap_pointer", "write_marker",
 ]
 
 log = logging.getLogger(__name__)
@@ -69,6 +69,8 @@ PhaseHook = Callable[[str], None]
 
 ABSENT = "\0absent"
 """What :func:`pointer_version` returns when there is no pointer (no store's version looks so)."""
+
+UNREAD = "\0unread"  # a pointer version not read yet (the root did not answer): read before the next swap
 
 
 @dataclass(frozen=True)

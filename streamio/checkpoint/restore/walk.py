@@ -33,11 +33,12 @@ from streamio.checkpoint.format.manifest import Manifest
 from streamio.checkpoint.format.timeline import Point
 from streamio.checkpoint.restore import candidates
 from streamio.checkpoint.restore.candidates import Candidate
+from streamio.checkpoint.restore.local import LocalCopies, merge
 from streamio.checkpoint.restore.plan import RestorePlan, apply, decode_state, mismatches
-from streamio.checkpoint.root import pointer_version, read_manifest, record_bad
+from streamio.checkpoint.root import UNREAD, pointer_version, read_manifest, record_bad
 from streamio.checkpoint.tensors.fetch import load_tensors
 from streamio.checkpoint.tensors.resharding import read_pending, sources_for
-from streamio.errors import CheckpointError, CheckpointNotFoundError, CorruptDataError
+from streamio.errors import CheckpointError, CheckpointNotFoundError, CorruptDataError, StorageError
 from streamio.storage import Store
 
 __all__ = ["Restorer"]
@@ -65,11 +66,16 @@ class Restorer:
             before anything else (what the job's next pointer swap expects); ``None`` before.
     """
 
-    def __init__(self, store: Store, comm: Comm, *, concurrency: int, part_store: Store | None = None) -> None:
+    def __init__(
+        self, store: Store, comm: Comm, *, concurrency: int, part_store: Store | None = None,
+        local: LocalCopies | None = None,
+    ) -> None:
         self.store, self.comm, self.concurrency = store, comm, concurrency
         self.part_store = part_store if part_store is not None else store
+        self.local = local
         self.outcome: tuple[Point, Any] | None = None
         self._loaded: Manifest | None = None
+        self._from_local = False  # the manifest loaded came from this rank's local copy
 
     def restore(self, state: MutableMapping[str, Any], step: int | None = None) -> int:
         """Load a checkpoint into ``state`` in place, all or nothing, and return its step.
@@ -78,12 +84,12 @@ class Restorer:
         """
         explicit, root = step is not None, self.store.root_url
         self.outcome = None
-        version = pointer_version(self.store) if self.comm.rank == 0 else None  # before anything is read
+        version = self._version() if self.comm.rank == 0 else None  # before anything is read
         # the pointer alone first (no listing); the full list only if it fails
-        todo = self._agreed(lambda: candidates.explicit(self.store, step) if step is not None
-                            else candidates.walk(self.store, full=False))
+        todo = self._with_local(self._agreed(lambda: self._root_candidates(step, full=False)), step)
         reasons: list[str] = []
         tried: set[str] = set()
+        listed = explicit
         while todo:
             c = todo.pop(0)
             tried.add(c.path)
@@ -96,16 +102,51 @@ class Restorer:
                     apply(plan, state, concurrency=self.concurrency, where=f"step {c.step} under {root}")
                     assert self._loaded is not None
                     self.outcome = (Point(self._loaded.line, c.step, c.path), version)
-                    log.info("restored checkpoint step %d from %s", c.step, self.store.url(c.path))
+                    where = self.local.store if self._from_local else self.store
+                    log.info("restored checkpoint step %d from %s", c.step, where.url(c.path))
                     return c.step
                 reasons.append(f"step {c.step}: {bad}")
                 log.warning("checkpoint step %d under %s is unusable (%s); falling back to the previous complete "
                             "checkpoint", c.step, root, bad)
-            if not todo and not explicit and len(tried) == 1:
-                todo = [c for c in self._agreed(lambda: candidates.walk(self.store, full=True)) if c.path not in tried]
+            if not todo and not listed:
+                listed = True
+                todo = [c for c in self._agreed(lambda: self._root_candidates(None, full=True)) if c.path not in tried]
         if reasons:
             raise CheckpointError(f"no checkpoint under {root} verifies: {'; '.join(reasons)}")
         raise CheckpointNotFoundError(f"no checkpoint under {root}: nothing to restore (start from scratch)")
+
+    def _version(self) -> Any:
+        """The pointer's version (what the job's next swap expects); :data:`~.root.UNREAD` when the
+        root does not answer and a local tier can restore (the next swap reads it then)."""
+        try:
+            return pointer_version(self.store)
+        except StorageError:
+            if self.local is None:
+                raise
+            return UNREAD
+
+    def _root_candidates(self, step: int | None, *, full: bool) -> list[Candidate]:
+        """The root's candidates; none, with a warning, when it does not answer and a local tier can."""
+        try:
+            return candidates.explicit(self.store, step) if step is not None else candidates.walk(self.store, full=full)
+        except StorageError as exc:
+            if self.local is None:
+                raise
+            log.warning("the checkpoint root %s does not answer (%s); restoring from the local tier",
+                        self.store.root_url, exc)
+            return []
+        except CheckpointNotFoundError:
+            if self.local is None:
+                raise
+            return []
+
+    def _with_local(self, durable: list[Candidate], step: int | None) -> list[Candidate]:
+        """``durable`` and every rank's local candidates, newest first (:mod:`.local`)."""
+        if self.local is None:
+            return durable
+        found = self.comm.all_gather(self.local.candidates())
+        merged = merge(durable, found)
+        return [c for c in merged if c.step == step] if step is not None else merged
 
     def _agreed(self, find: Callable[[], list[Candidate]]) -> list[Candidate]:
         """Rank 0's ``find()`` on every rank (its error raised on every rank)."""
@@ -169,7 +210,9 @@ class Restorer:
         the pointer's checksum (if it names this save), its own seal and step; every part this
         rank needs read and verified; the whole state decoded."""
         step, expected = c.step, c.checksum
-        manifest = read_manifest(self.store, step, path=c.path, checksum=expected)
+        nearest = self.local.manifest(c) if self.local is not None else None
+        self._from_local = nearest is not None
+        manifest = nearest or read_manifest(self.store, step, path=c.path, checksum=expected)
         if not manifest.checksum and expected is None:
             url = self.store.url(layout.manifest_at(c.path))
             if not explicit:
@@ -184,7 +227,8 @@ class Restorer:
         src_rank = rank % manifest.world_size
         wanted = dict(manifest.replicated.tensors)
         wanted.update(manifest.per_rank[src_rank].tensors)
-        tensors = load_tensors(self.part_store, manifest, wanted, concurrency=self.concurrency, sdir=c.path)
+        parts = self.local.places(self.part_store) if self.local is not None else self.part_store
+        tensors = load_tensors(parts, manifest, wanted, concurrency=self.concurrency, sdir=c.path)
         if world != manifest.world_size:
             log.warning("checkpoint step %d was saved by %d ranks and is restored by %d: "
                         "rank %d gets rank %d's per-rank state", step, manifest.world_size, world, rank, src_rank)
@@ -192,8 +236,7 @@ class Restorer:
         sources, pending = sources_for(manifest.sharded)  # DTensors: bound to the live ones while decoding
         plan = decode_state(state, manifest.replicated.tree, manifest.per_rank[src_rank].tree, {**tensors, **sources})
         if pending:  # read and verify just the boxes this rank holds now (any sharding), before loading
-            plan.copies.extend(read_pending(self.part_store, manifest.files, pending, sdir=c.path,
-                                            concurrency=self.concurrency))
+            plan.copies.extend(read_pending(parts, manifest.files, pending, sdir=c.path, concurrency=self.concurrency))
         return plan
 
 

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import bisect
 import concurrent.futures
-from collections.abc import Iterable, Mapping, Sequence
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from streamio.checkpoint.format import layout
@@ -32,7 +33,37 @@ from streamio.errors import CorruptDataError
 from streamio.pool import gather, run_parallel
 from streamio.storage import Store
 
-__all__ = ["Span", "fetch_spans", "load_tensors", "plan_reads", "verify_blocks"]
+__all__ = ["Places", "Span", "fetch_spans", "load_tensors", "places_of", "plan_reads", "verify_blocks"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Places:
+    """The stores a save's parts may be read from, nearest first.
+
+    A part is read from the local tier's copy of the rank that wrote it when ``local`` has one
+    (that rank's local root: this rank's own, or a sibling's on the same node), else from
+    ``root``; a local copy that is missing or fails its checksum falls back to the root, never
+    loads (docs/design.md "Local tier").
+
+    Attributes:
+        root: the durable root (what messages name).
+        local: the local root holding ``rank``'s parts, or None (no tier, another node).
+    """
+
+    root: Store
+    local: Callable[[int], Store | None] | None = None
+
+    def of(self, file: FileEntry) -> list[Store]:
+        """Where ``file`` may be read, nearest first."""
+        near = self.local(file.rank) if self.local is not None else None
+        return [near, self.root] if near is not None else [self.root]
+
+
+def places_of(store: Store | Places) -> Places:
+    """``store`` as :class:`Places` (a plain store: its parts are read there alone)."""
+    return store if isinstance(store, Places) else Places(store)
 
 
 @dataclass(frozen=True)
@@ -130,12 +161,13 @@ def verify_blocks(data: bytes | memoryview, f: FileEntry, start: int, url: str) 
 
 
 def fetch_spans(
-    store: Store, files: Sequence[FileEntry], spans: Iterable[Span], *, sdir: str, concurrency: int = 8
+    store: Store | Places, files: Sequence[FileEntry], spans: Iterable[Span], *, sdir: str, concurrency: int = 8
 ) -> dict[int, dict[int, bytes | memoryview]]:
     """Read and verify what ``spans`` need; returns ``rank -> {stream offset: raw bytes}``.
 
     Args:
-        store: where the parts are (the save directory ``sdir`` below its root).
+        store: where the parts are (the save directory ``sdir`` below its root), or the
+            :class:`Places` they may be read from, nearest first.
         files: the manifest's parts.
         spans: the byte spans wanted.
         concurrency: parallel GETs (each verifies its own blocks, in its own thread).
@@ -144,17 +176,19 @@ def fetch_spans(
         CorruptDataError: a block or part differs from its checksum, or a span is not covered.
         ObjectNotFoundError: a part is missing (as for any read).
     """
+    places = places_of(store)
 
     def fetch(r: _Read) -> bytes | memoryview:
         path = f"{sdir}/{r.file.path}"
-        url = store.url(path)
-        if r.whole:
-            data = store.read_view(path)
-            verify_file(data, r.file, url)
-            return decode_part(data, r.file, url)
-        data = store.read(path, r.start, r.end)
-        verify_blocks(data, r.file, r.start, url)
-        return data
+        stores = places.of(r.file)
+        for near in stores[:-1]:
+            try:
+                return _fetch_one(near, path, r)
+            except FileNotFoundError:
+                continue
+            except CorruptDataError as exc:
+                log.warning("the local copy %s is damaged (%s); reading the root's", near.url(path), exc)
+        return _fetch_one(stores[-1], path, r)
 
     reads = plan_reads(files, spans)
     got = run_parallel(fetch, reads, concurrency=concurrency, name="streamio-ckpt-range")
@@ -165,8 +199,20 @@ def fetch_spans(
     return pieces
 
 
+def _fetch_one(store: Store, path: str, r: _Read) -> bytes | memoryview:
+    """One request of ``r`` from ``store``, verified."""
+    url = store.url(path)
+    if r.whole:
+        data = store.read_view(path)
+        verify_file(data, r.file, url)
+        return decode_part(data, r.file, url)
+    data = store.read(path, r.start, r.end)
+    verify_blocks(data, r.file, r.start, url)
+    return data
+
+
 def load_tensors(
-    store: Store, manifest: Manifest, wanted: Mapping[str, TensorEntry], *, concurrency: int = 8,
+    store: Store | Places, manifest: Manifest, wanted: Mapping[str, TensorEntry], *, concurrency: int = 8,
     sdir: str | None = None,
 ) -> dict[str, VerifiedTensor]:
     """Read the parts holding ``wanted`` concurrently, verify every size and CRC32C.
@@ -183,12 +229,13 @@ def load_tensors(
     # checksums (saves with sharded state) only the blocks holding ``wanted``
     spans = [Span(e.rank, e.offset, e.offset + e.nbytes) for e in wanted.values() if e.nbytes]
     parts = fetch_spans(store, manifest.files, spans, sdir=sdir, concurrency=concurrency)
-    readers = {r: StreamReader(p, r, store.url(sdir)) for r, p in parts.items()}
+    url = places_of(store).root.url(sdir)
+    readers = {r: StreamReader(p, r, url) for r, p in parts.items()}
 
     def check(item: tuple[str, TensorEntry]) -> VerifiedTensor:
         key, e = item
         if e.nbytes == 0:
-            return StreamReader({}, e.rank, store.url(sdir)).tensor(key, e)
+            return StreamReader({}, e.rank, url).tensor(key, e)
         if e.rank not in readers:
             raise CorruptDataError(
                 f"tensor {key!r} of step {manifest.step} lives in rank {e.rank}'s parts, "

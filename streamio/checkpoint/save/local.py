@@ -1,0 +1,154 @@
+"""The local tier's commit: every save lands on node-local disk first (docs/design.md "Local tier").
+
+Each rank's copies live in a checkpoint root of its own (:meth:`~..options.LocalTier.rank_root`),
+with the layout and documents of the durable root. :meth:`LocalCommitter.commit` runs, for one
+snapshot and the save's plan (the same save id, directory and timeline the root will get):
+
+1. the rank writes its parts from the host buffer (:func:`~.parts.write_share`: temp file, fsync,
+   link, as every local put) and its done marker;
+2. the markers are gathered over the process group (a rank cannot read another node's disk), and
+   rank 0 assembles the manifest exactly as the root's commit does, and broadcasts it;
+3. every rank writes ``manifest.json`` and then its own ``latest.json`` (the pointer document,
+   with the manifest's checksum): the local commit, atomic on its own;
+4. local retention keeps the ``keep`` newest saves of the rank's root (never one still to be
+   uploaded).
+
+A rank's local pointer names the newest save it committed; whether a save is usable for a restore
+is decided then, by every rank together (:mod:`~..restore.tiers`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from streamio.checkpoint import root
+from streamio.checkpoint.comm import Comm
+from streamio.checkpoint.format.manifest import Manifest
+from streamio.checkpoint.format.pointer import Pointer
+from streamio.checkpoint.options import LocalTier, SaveOptions
+from streamio.checkpoint.save.parts import Share, assemble_manifest, write_share
+from streamio.checkpoint.save.plan import SavePlan
+from streamio.checkpoint.save.snapshot import Snapshot
+from streamio.errors import CheckpointError
+from streamio.storage import Store
+
+__all__ = ["LocalCommitter", "LocalSave"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LocalSave:
+    """A save committed on the local tier, as this rank holds it.
+
+    Attributes:
+        plan: where it goes (its directory is the same on every tier).
+        store: this rank's local root.
+        share: this rank's parts and done marker.
+        manifest: the save's manifest (every rank's copy is the same).
+    """
+
+    plan: SavePlan
+    store: Store
+    share: Share
+    manifest: Manifest
+
+
+class LocalCommitter:
+    """Commits saves to this rank's local root (see the module docstring).
+
+    Args:
+        tier: where the local roots are and how many saves each keeps.
+        comm: the collectives (every rank commits alike).
+        options: part size, concurrency, compression (as for the root).
+        on_phase: called with ``"local-parts"``, ``"local-manifest"``, ``"local-pointer"`` as they
+            complete (the kill tests stop the process there).
+    """
+
+    def __init__(
+        self, tier: LocalTier, comm: Comm, *, options: SaveOptions, on_phase: Callable[[str], None] | None = None
+    ) -> None:
+        self.tier, self.comm, self.options = tier, comm, options
+        self.store = Store(tier.rank_root(comm.rank))
+        self._on_phase = on_phase
+
+    def commit(self, job: Snapshot, plan: SavePlan, *, keep_also: frozenset[str] = frozenset()) -> LocalSave:
+        """Commit ``job`` as ``plan`` on every rank's local root (collective), then prune.
+
+        Args:
+            keep_also: save directories local retention must keep (a save still to be uploaded).
+
+        Raises:
+            CheckpointError: a rank could not write its copy (every rank raises alike; what this
+                rank wrote of it is removed).
+        """
+        store, comm = self.store, self.comm
+        failure: str | None = None
+        share: Share | None = None
+        try:
+            share = write_share(store, job, plan, comm.rank, self.options)
+            root.write_marker(store, plan.sdir, share.marker)
+            self._phase("local-parts")
+        except Exception as exc:  # reported to every rank below
+            failure = f"rank {comm.rank}: {type(exc).__name__}: {exc}"
+            log.debug("local copy of step %d failed on rank %d", plan.step, comm.rank, exc_info=True)
+        markers = comm.all_gather(None if failure else share.marker)  # type: ignore[union-attr]
+        failures = [f"rank {r} could not write its copy" for r, m in enumerate(markers) if m is None]
+        if failures:
+            self._discard(plan)
+            raise CheckpointError(
+                f"the local copy of step {plan.step} under {self.tier.path} failed ({failure or failures[0]}); "
+                f"the save goes to the root only"
+            )
+        manifest = comm.broadcast(assemble_manifest(plan, markers, job) if comm.rank == 0 else None)
+        assert share is not None
+        try:
+            digest = root.create_manifest(store, plan.sdir, manifest)
+            self._phase("local-manifest")
+            pointer = Pointer(step=plan.step, path=plan.sdir, manifest_checksum=digest, save_id=plan.save_id,
+                              created=manifest.created, timeline=plan.timeline)
+            root.swap_pointer(store, pointer, None)  # this rank alone writes its local root
+            self._phase("local-pointer")
+        except Exception as exc:
+            self._discard(plan)
+            raise CheckpointError(
+                f"rank {comm.rank} could not commit the local copy of step {plan.step} under {store.root_url}: {exc}"
+            ) from exc
+        self.prune(keep_also | {plan.sdir})
+        return LocalSave(plan, store, share, manifest)
+
+    def prune(self, keep_also: frozenset[str] = frozenset()) -> None:
+        """Keep the ``tier.keep`` newest local saves of this rank, and ``keep_also``."""
+        try:
+            saves = root.committed_saves(self.store)
+        except FileNotFoundError:
+            return
+        newest = {s.path for s in sorted(saves, key=lambda s: (s.step, s.path))[-self.tier.keep:]}
+        for ref in saves:
+            if ref.path not in newest and ref.path not in keep_also:
+                try:
+                    root.delete_save(self.store, ref.path)
+                except OSError as exc:  # a note: the next save prunes again
+                    log.warning("could not delete the local copy of step %d at %s: %s",
+                                ref.step, self.store.url(ref.path), exc)
+
+    def drop(self, plan: SavePlan) -> None:
+        """Remove this rank's copy of ``plan``'s save (another rank's did not commit)."""
+        try:
+            root.delete_save(self.store, plan.sdir, save_id=plan.save_id)
+        except Exception as exc:  # noqa: BLE001 - the next save prunes it
+            log.debug("could not remove the local copy of step %d: %s", plan.step, exc)
+
+    def _discard(self, plan: SavePlan) -> None:
+        """Remove what this rank wrote of a local save that did not commit (never raises)."""
+        try:
+            root.delete_share(self.store, plan.sdir, plan.save_id, self.comm.rank)
+            root.remove_empty_dirs(self.store, [plan.sdir])
+        except Exception as exc:  # noqa: BLE001 - the disk may be what failed; the next save prunes
+            log.debug("could not remove the local leftovers of step %d: %s", plan.step, exc)
+
+    def _phase(self, name: str) -> None:
+        if self._on_phase is not None:
+            self._on_phase(name)
