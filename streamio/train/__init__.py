@@ -9,7 +9,7 @@ Modules, each one concept: :mod:`~streamio.train.config` (the flags), :mod:`~str
 :mod:`~streamio.train.loop` (``Trainer``: the step loop, save / resume),
 :mod:`~streamio.train.validation` (one ``all_reduce`` of sums, identical on every rank),
 :mod:`~streamio.train.telemetry` (log lines, ``rank-NNNNN.jsonl`` metrics, ``Summary``),
-:mod:`~streamio.train.model` and :mod:`~streamio.train.synthetic` (the demo task),
+:mod:`~streamio.train.model` (the demo model; its task is the synthetic data of ``data``),
 :mod:`~streamio.train.demo` (crash + resume vs uninterrupted).
 """
 

@@ -7,7 +7,7 @@ What it does, in order:
 
 1. Starts a local S3 server (moto, 127.0.0.1, from :mod:`streamio.testing`), unless ``--url``
    names a real bucket prefix (credentials then come the usual way: environment, profile, ...).
-2. Generates the bundled synthetic dataset (:mod:`streamio.train.synthetic`) and shards it into
+2. Generates the bundled synthetic dataset (:mod:`streamio.train.data`) and shards it into
    ``URL/data/{train,val}`` with ``streamio.data.write.writer.write_dataset``.
 3. Trains ``--nproc`` ranks (2 CPU ranks with gloo, or one per GPU with NCCL) three times with
    ``python -m torch.distributed.run``: a *reference* run without interruption; the same run
@@ -38,8 +38,8 @@ from typing import Any
 
 import torch
 
+from streamio.train.data import iter_samples
 from streamio.train.loop import FAIL_EXIT_CODE, read_metrics
-from streamio.train.synthetic import iter_samples
 
 log = logging.getLogger("streamio.train.demo")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from streamio.train.synthetic import DIM, NUM_CLASSES
+from streamio.train.data import DIM, NUM_CLASSES
 
 
 def make_model(*, hidden: int = 128, dropout: float = 0.1, in_dim: int = DIM, classes: int = NUM_CLASSES) -> nn.Module:

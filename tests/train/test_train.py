@@ -18,10 +18,9 @@ from streamio.errors import CheckpointError, ConfigError, StateMismatchError
 from streamio.testing import S3Endpoint
 from streamio.train.checkpointing import retention_policy
 from streamio.train.config import TrainConfig, parse_args
-from streamio.train.data import AugmentedArrays, InMemoryLoader
+from streamio.train.data import AugmentedArrays, InMemoryLoader, iter_samples, make_arrays
 from streamio.train.early_stopping import EarlyStopping
 from streamio.train.loop import Distributed, Trainer, _Meter, read_metrics, setup_distributed, warmup_cosine
-from streamio.train.synthetic import iter_samples, make_arrays
 
 ONE = Distributed(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), initialized=False)
 SCRIPT = [10.0, 8.0, 6.0] + [6.5] * 20  # the scripted validation losses
