@@ -4,12 +4,11 @@
 Modules, each one concept: :mod:`~streamio.train.config` (the flags), :mod:`~streamio.train.data`
 (``make_data``: StreamingDataset or in-memory synthetic data), :mod:`~streamio.train.checkpointing`
 (``make_checkpointer``: CheckpointManager), :mod:`~streamio.train.early_stopping`,
-:mod:`~streamio.train.process_group` (``setup_distributed``: NCCL / gloo or one plain process),
-:mod:`~streamio.train.components` (model, DDP wrapper, optimizer, LR schedule),
+:mod:`~streamio.train.distributed` (``setup_distributed``: NCCL / gloo or one plain process; FSDP2),
+:mod:`~streamio.train.model` (model, DDP wrapper, optimizer, LR schedule),
 :mod:`~streamio.train.loop` (``Trainer``: the step loop, save / resume),
 :mod:`~streamio.train.validation` (one ``all_reduce`` of sums, identical on every rank),
 :mod:`~streamio.train.telemetry` (log lines, ``rank-NNNNN.jsonl`` metrics, ``Summary``),
-:mod:`~streamio.train.model` (the demo model; its task is the synthetic data of ``data``),
 :mod:`~streamio.train.demo` (crash + resume vs uninterrupted).
 """
 

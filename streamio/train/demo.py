@@ -1,7 +1,7 @@
 """``make demo`` (``python -m streamio.train.demo``): crash a DDP job and prove the resume is exact.
 
 ``--fsdp`` runs the same demo with the model and optimizer sharded over the ranks by FSDP2 and
-checkpointed shard by shard (:mod:`streamio.train.fsdp`); the resume is exact in the same way.
+checkpointed shard by shard (:mod:`streamio.train.distributed`); the resume is exact in the same way.
 
 What it does, in order:
 

@@ -2,13 +2,13 @@
 
 What it shows, in the order a step runs:
 
-* **Process group** (:mod:`~streamio.train.process_group`): NCCL on GPUs, gloo on CPUs, with a
+* **Process group** (:mod:`~streamio.train.distributed`): NCCL on GPUs, gloo on CPUs, with a
   finite collective timeout so a lost rank fails the job instead of hanging it. Without torchrun's
   environment it runs as one plain process.
-* **Model, optimizer, schedule** (:mod:`~streamio.train.components`): the same initial weights on
+* **Model, optimizer, schedule** (:mod:`~streamio.train.model`): the same initial weights on
   every rank, each rank's own dropout stream, warmup then cosine decay. DDP by default; with
   ``--fsdp`` the model and optimizer state are sharded over the ranks with FSDP2 and checkpointed
-  shard by shard (:mod:`~streamio.train.fsdp` lists what that changes here).
+  shard by shard (:mod:`~streamio.train.distributed` lists what that changes here).
 * **Data**: a resumable loader (:mod:`streamio.train.data`); batches are copied to the GPU from
   pinned memory with ``non_blocking=True``; time spent waiting for the next batch is the *data stall*.
 * **Gradient accumulation**: ``grad_accum`` micro-batches per optimizer step, all but the last
@@ -53,12 +53,11 @@ from streamio.checkpoint.rng import RNGState
 from streamio.errors import CheckpointFormatError, CheckpointNotFoundError
 from streamio.state_version import check_version
 from streamio.train.checkpointing import Checkpointer, make_checkpointer
-from streamio.train.components import build_components, warmup_cosine
 from streamio.train.config import TrainConfig
 from streamio.train.data import Batch, TrainData, make_data
+from streamio.train.distributed import Distributed, full_weights, model_state, setup_distributed, teardown_distributed
 from streamio.train.early_stopping import EarlyStopping
-from streamio.train.fsdp import full_weights, model_state
-from streamio.train.process_group import Distributed, setup_distributed, teardown_distributed
+from streamio.train.model import build_components, warmup_cosine
 from streamio.train.telemetry import Meter, MetricsLog, Summary, read_metrics
 from streamio.train.validation import to_device, validate
 
@@ -155,7 +154,8 @@ class Trainer:
     def state(self) -> dict[str, Any]:
         """Everything a checkpoint holds, by name (all stateful objects).
 
-        With ``--fsdp`` the model and optimizer are one ``"app"`` entry (:func:`streamio.train.fsdp.model_state`).
+        With ``--fsdp`` the model and optimizer are one ``"app"`` entry
+        (:func:`streamio.train.distributed.model_state`).
         """
         model = model_state(self.net, self.optimizer) if self.cfg.fsdp else {
             "model": self.net, "optimizer": self.optimizer,
@@ -215,7 +215,7 @@ class Trainer:
             meter.stall_s += time.perf_counter() - t0
             meter.samples += len(y) * self.d.world_size
             last = micro == accum - 1
-            # DDP: one all-reduce per optimizer step; FSDP reduce-scatters each micro-batch (streamio.train.fsdp)
+            # DDP: one all-reduce per optimizer step; FSDP reduce-scatters each micro-batch (streamio.train.distributed)
             no_sync = self.d.initialized and not self.sharded and not last
             sync = self.model.no_sync() if no_sync else contextlib.nullcontext()
             with sync:

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from streamio.train.data import Batch
-from streamio.train.process_group import Distributed
+from streamio.train.distributed import Distributed
 
 
 def to_device(batch: Batch, device: torch.device) -> Batch:
