@@ -1,28 +1,8 @@
-"""The reference DDP trainer: ``python -m streamio.train`` under torchrun; ``make demo`` runs
-``python -m streamio.train.demo``.
+"""The reference trainer: DDP or FSDP2 over streamio's datasets and checkpoints, exact on resume.
 
-Modules, each one concept: :mod:`~streamio.train.config` (the flags), :mod:`~streamio.train.data`
-(``make_data``: StreamingDataset or in-memory synthetic data), :mod:`~streamio.train.checkpointing`
-(``make_checkpointer``: CheckpointManager), :mod:`~streamio.train.early_stopping`,
-:mod:`~streamio.train.distributed` (``setup_distributed``: NCCL / gloo or one plain process; FSDP2),
-:mod:`~streamio.train.model` (model, DDP wrapper, optimizer, LR schedule),
-:mod:`~streamio.train.loop` (``Trainer``: the step loop, save / resume),
-:mod:`~streamio.train.validation` (one ``all_reduce`` of sums, identical on every rank),
-:mod:`~streamio.train.telemetry` (log lines, ``rank-NNNNN.jsonl`` metrics, ``Summary``),
-:mod:`~streamio.train.demo` (crash + resume vs uninterrupted).
+``python -m streamio.train`` is one rank (launch several with torchrun); ``make demo`` runs
+``python -m streamio.train.demo``, which crashes a run and shows that its resume reproduces the
+uninterrupted run bit for bit. Not part of the library's public API: a worked example to read and
+copy. The map of its modules: docs/design.md "Layout and the direction of dependencies"; what it
+shows: docs/design.md "Bit-exact resume: what is captured".
 """
-
-from streamio.train.config import TrainConfig, parse_args
-from streamio.train.early_stopping import EarlyStopping
-from streamio.train.loop import Distributed, Summary, Trainer, setup_distributed, teardown_distributed
-
-__all__ = [
-    "Distributed",
-    "EarlyStopping",
-    "Summary",
-    "TrainConfig",
-    "Trainer",
-    "parse_args",
-    "setup_distributed",
-    "teardown_distributed",
-]

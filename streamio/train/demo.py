@@ -39,7 +39,8 @@ from typing import Any
 import torch
 
 from streamio.train.data import iter_samples
-from streamio.train.loop import FAIL_EXIT_CODE, read_metrics
+from streamio.train.loop import FAIL_EXIT_CODE
+from streamio.train.telemetry import read_metrics
 
 log = logging.getLogger("streamio.train.demo")
 

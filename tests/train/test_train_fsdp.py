@@ -31,8 +31,10 @@ from streamio.data.write.writer import ShardSpec, write_dataset
 from streamio.storage import Store
 from streamio.train.config import TrainConfig
 from streamio.train.data import iter_samples
-from streamio.train.loop import Distributed, Trainer, read_metrics
+from streamio.train.distributed import Distributed
+from streamio.train.loop import Trainer
 from streamio.train.model import make_model
+from streamio.train.telemetry import read_metrics
 
 pytestmark = pytest.mark.slow
 
