@@ -15,10 +15,9 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from .common import MAX_CONCURRENCY, bounded, storage_option
-from .dataset import echo_json, json_option, summary
 from .exits import ExitCode, exit_codes_help, exit_codes_short
 from .progress import Progress, plural
-from .schemas import json_help
+from .schemas import echo_json, json_help, json_option, summary
 
 if TYPE_CHECKING:
     from streamio.data.format.index import DatasetIndex
@@ -114,4 +113,7 @@ def verify_cmd(url: str, quick: bool, concurrency: int, as_json: bool, storage_o
         raise click.exceptions.Exit(ExitCode.BAD)
 
 
-COMMANDS = (ls_cmd, inspect_cmd, verify_cmd)
+def register(group: click.Group) -> None:
+    """Add this module's commands to the top-level group."""
+    for command in (ls_cmd, inspect_cmd, verify_cmd):
+        group.add_command(command)

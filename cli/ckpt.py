@@ -23,7 +23,7 @@ import click
 from .common import storage_option
 from .exits import ExitCode, exit_codes_help, exit_codes_short
 from .progress import Progress, human_bytes, plural
-from .schemas import json_help
+from .schemas import json_help, json_option
 
 if TYPE_CHECKING:  # the library is imported inside each verb: `streamio --help` does not load it
     from streamio.storage import Store
@@ -58,7 +58,7 @@ def ckpt() -> None:
 
 @ckpt.command("ls", epilog=_epilog("ckpt ls", exit_codes_short()))
 @_root_args
-@click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout (keys below).")
+@json_option
 def ls_cmd(store: Store, as_json: bool) -> None:
     """List the committed checkpoints under ROOT (* = the one latest.json names).
 
@@ -92,7 +92,7 @@ def ls_cmd(store: Store, as_json: bool) -> None:
 @ckpt.command("inspect", epilog=_epilog("ckpt inspect", exit_codes_short()))
 @_root_args
 @click.argument("step", type=click.IntRange(min=0), required=False)
-@click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout (keys below).")
+@json_option
 def inspect_cmd(store: Store, step: int | None, as_json: bool) -> None:
     """Show a checkpoint (default: latest): its non-tensor state (epoch, data position, scheduler,
     counters, each rank's own), metrics, timeline, retention, software, and every tensor's
@@ -125,14 +125,11 @@ def inspect_cmd(store: Store, step: int | None, as_json: bool) -> None:
                    f"{_size(t['nbytes']):>10}  ({where})")
 
 
-_JSON = click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout (keys below).")
-
-
 @ckpt.command("verify", epilog=_epilog("ckpt verify", exit_codes_help()))
 @_root_args
 @click.argument("step", type=click.IntRange(min=0), required=False)
 @click.option("--all", "all_steps", is_flag=True, help="Verify every committed checkpoint.")
-@_JSON
+@json_option
 def verify_cmd(store: Store, step: int | None, all_steps: bool, as_json: bool) -> None:
     """Check sizes and CRC32C of every object of a checkpoint (default: latest.json and its step).
 
@@ -166,7 +163,7 @@ def verify_cmd(store: Store, step: int | None, all_steps: bool, as_json: bool) -
 @click.option("--min-age", type=click.FloatRange(min=0), default=3600.0, show_default=True,
               help="Delete unfinished or abandoned saves and abort multipart uploads only when older than this "
                    "many seconds (longer than a save takes).")
-@_JSON
+@json_option
 def gc_cmd(store: Store, dry_run: bool, min_age: float, as_json: bool) -> None:
     """Delete what no current checkpoint needs: saves a restore rejected, saves of abandoned
     timelines, unfinished saves, losing saves' parts, stale multipart uploads.
@@ -200,7 +197,7 @@ def gc_cmd(store: Store, dry_run: bool, min_age: float, as_json: bool) -> None:
 @click.argument("step", type=click.IntRange(min=0))
 @click.option("--force", is_flag=True, help="Also the step latest.json names: move the pointer back first.")
 @click.option("--dry-run", is_flag=True, help="Only say what would be done.")
-@_JSON
+@json_option
 def rm_cmd(store: Store, step: int, force: bool, dry_run: bool, as_json: bool) -> None:
     """Remove every save of STEP under ROOT (manifests first, then their objects).
 

@@ -13,7 +13,6 @@ usage error (2) before any I/O. ``--json`` prints the verb's one JSON document
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import replace
@@ -24,12 +23,10 @@ import click
 from .common import MAX_CONCURRENCY, MAX_COUNT, MAX_SEED, bounded, storage_option
 from .exits import exit_codes_short
 from .progress import Progress, human_bytes, plural
-from .schemas import json_help
+from .schemas import echo_json, json_help, json_option, summary
 
 if TYPE_CHECKING:  # the library is imported inside each verb: `streamio --help` does not load it
-    from streamio.data.format.index import DatasetIndex
     from streamio.data.write.sources import Samples
-    from streamio.storage import Store
 
 #: The largest shard size limit: 5 TiB, the largest object S3 and GCS store.
 MAX_SHARD_BYTES = 5 << 40
@@ -77,31 +74,8 @@ def _plain_prefix(ctx: click.Context, param: click.Parameter, value: str) -> str
     return value
 
 
-json_option = click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout (keys below).")
-"""The ``--json`` flag; the verb's schema (schemas.py) is in its ``--help`` epilog."""
-
-
-def echo_json(doc: Any) -> None:
-    """Print ``doc`` as the verb's one line of JSON on stdout."""
-    click.echo(json.dumps(doc))
-
-
-def summary(store: Store, index: DatasetIndex, index_url: str) -> dict[str, Any]:
-    """The ``shard`` / ``index`` / ``inspect`` document (schemas.py): where, how much, what."""
-    return {
-        "url": store.root_url,
-        "index_url": index_url,
-        "shards": len(index.shards),
-        "samples": index.samples,
-        "bytes": sum(s.bytes for s in index.shards),
-        "keys": list(index.keys),
-        "compression": index.compression,
-        "fingerprint": index.fingerprint,
-    }
-
-
 def counts(doc: dict[str, Any]) -> str:
-    """``3 shards, 7 samples, 28.1 KB`` of a :func:`summary` (singular when one)."""
+    """``3 shards, 7 samples, 28.1 KB`` of a :func:`~.schemas.summary` (singular when one)."""
     return f"{plural(doc['shards'], 'shard')}, {plural(doc['samples'], 'sample')}, {human_bytes(doc['bytes'])}"
 
 
@@ -304,7 +278,5 @@ def _index_exists(url: str) -> str:
 
 def register(group: click.Group) -> None:
     """Add this module's commands to the top-level group."""
-    from . import browse
-
-    for command in (shard_cmd, index_cmd, *browse.COMMANDS):
+    for command in (shard_cmd, index_cmd):
         group.add_command(command)

@@ -51,9 +51,9 @@ def cli(verbose: int) -> None:
 
 
 def _register() -> None:
-    from . import ckpt, dataset, plan
+    from . import browse, ckpt, dataset, plan
 
-    for module in (dataset, plan, ckpt):
+    for module in (dataset, browse, plan, ckpt):
         module.register(cli)
 
 

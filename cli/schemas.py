@@ -1,7 +1,8 @@
-"""The ``--json`` output of every verb: one schema per verb, written down once.
+"""The ``--json`` output of every verb: the flag, one schema per verb written down once, the printing.
 
 Each verb prints one JSON document on stdout with ``--json`` (progress and errors stay on
-stderr), with the keys listed here. The same table feeds the verb's ``--help`` (the epilog) and
+stderr), with the keys listed here; the dataset verbs (``shard``, ``index``, ``inspect``) build
+theirs with :func:`summary`. The same table feeds the verb's ``--help`` (the epilog) and
 docs/cli.md, and the tests check every verb's output against it and the docs against it, so the
 three cannot drift apart. Keys may be added in later versions; none listed here is removed
 without a new major version. URLs in the output never hold a password (userinfo shows as
@@ -10,10 +11,18 @@ without a new major version. URLs in the output never hold a password (userinfo 
 
 from __future__ import annotations
 
+import json
 import textwrap
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["SCHEMAS", "Schema", "json_help"]
+import click
+
+if TYPE_CHECKING:  # the library is imported inside each verb: `streamio --help` does not load it
+    from streamio.data.format.index import DatasetIndex
+    from streamio.storage import Store
+
+__all__ = ["SCHEMAS", "Schema", "echo_json", "json_help", "json_option", "summary"]
 
 
 @dataclass(frozen=True)
@@ -154,3 +163,26 @@ def json_help(verb: str) -> str:
         for key, text in schema.keys.items()
     )
     return f"\b\n{head}\n{rows}"
+
+
+json_option = click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout (keys below).")
+"""The ``--json`` flag; the verb's schema (:func:`json_help`) is in its ``--help`` epilog."""
+
+
+def echo_json(doc: Any) -> None:
+    """Print ``doc`` as the verb's one line of JSON on stdout."""
+    click.echo(json.dumps(doc))
+
+
+def summary(store: Store, index: DatasetIndex, index_url: str) -> dict[str, Any]:
+    """The ``shard`` / ``index`` / ``inspect`` document (``SCHEMAS``): where, how much, what."""
+    return {
+        "url": store.root_url,
+        "index_url": index_url,
+        "shards": len(index.shards),
+        "samples": index.samples,
+        "bytes": sum(s.bytes for s in index.shards),
+        "keys": list(index.keys),
+        "compression": index.compression,
+        "fingerprint": index.fingerprint,
+    }

@@ -34,7 +34,7 @@ import torch
 from streamio.checkpoint.rng import RNGState
 from streamio.testing import local_s3
 from streamio.train.demo import Location, compare, shard_demo_data
-from streamio.train.loop import read_metrics
+from streamio.train.telemetry import read_metrics
 
 device = os.environ["GPU_CHECK_DEVICE"]
 steps, every = int(os.environ["STEPS"]), int(os.environ["CKPT_EVERY"])

@@ -2,7 +2,8 @@
 
 This module only re-exports the public API (``__all__`` is pinned by a test). The names resolve
 on first use (PEP 562 ``__getattr__``), so ``import streamio`` costs nothing until one is used:
-``streamio --help`` and every CLI verb that does not need torch start without loading it.
+``streamio --help`` and every CLI verb that does not need torch start without loading it. The map
+of the package's modules: docs/design.md "Layout and the direction of dependencies".
 """
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ from collections.abc import Sequence
 from streamio.distributed import leave, rank_and_world
 from streamio.storage.secrets import guard_handlers
 from streamio.train.config import parse_args
-from streamio.train.loop import Trainer, setup_distributed, teardown_distributed
+from streamio.train.distributed import setup_distributed, teardown_distributed
+from streamio.train.loop import Trainer
 
 log = logging.getLogger("streamio.train")
 

@@ -1,13 +1,13 @@
 """``make demo`` (``python -m streamio.train.demo``): crash a DDP job and prove the resume is exact.
 
 ``--fsdp`` runs the same demo with the model and optimizer sharded over the ranks by FSDP2 and
-checkpointed shard by shard (:mod:`streamio.train.fsdp`); the resume is exact in the same way.
+checkpointed shard by shard (:mod:`streamio.train.distributed`); the resume is exact in the same way.
 
 What it does, in order:
 
 1. Starts a local S3 server (moto, 127.0.0.1, from :mod:`streamio.testing`), unless ``--url``
    names a real bucket prefix (credentials then come the usual way: environment, profile, ...).
-2. Generates the bundled synthetic dataset (:mod:`streamio.train.synthetic`) and shards it into
+2. Generates the bundled synthetic dataset (:mod:`streamio.train.data`) and shards it into
    ``URL/data/{train,val}`` with ``streamio.data.write.writer.write_dataset``.
 3. Trains ``--nproc`` ranks (2 CPU ranks with gloo, or one per GPU with NCCL) three times with
    ``python -m torch.distributed.run``: a *reference* run without interruption; the same run
@@ -38,8 +38,9 @@ from typing import Any
 
 import torch
 
-from streamio.train.loop import FAIL_EXIT_CODE, read_metrics
-from streamio.train.synthetic import iter_samples
+from streamio.train.data import iter_samples
+from streamio.train.loop import FAIL_EXIT_CODE
+from streamio.train.telemetry import read_metrics
 
 log = logging.getLogger("streamio.train.demo")
 

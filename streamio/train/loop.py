@@ -2,35 +2,34 @@
 
 What it shows, in the order a step runs:
 
-* **Process group** (:mod:`~streamio.train.process_group`): NCCL on GPUs, gloo on CPUs, with a
+* **Process group** (:mod:`~streamio.train.distributed`): NCCL on GPUs, gloo on CPUs, with a
   finite collective timeout so a lost rank fails the job instead of hanging it. Without torchrun's
   environment it runs as one plain process.
-* **Model, optimizer, schedule** (:mod:`~streamio.train.components`): the same initial weights on
+* **Model, optimizer, schedule** (:mod:`~streamio.train.model`): the same initial weights on
   every rank, each rank's own dropout stream, warmup then cosine decay. DDP by default; with
   ``--fsdp`` the model and optimizer state are sharded over the ranks with FSDP2 and checkpointed
-  shard by shard (:mod:`~streamio.train.fsdp` lists what that changes here).
+  shard by shard (:mod:`~streamio.train.distributed` lists what that changes here).
 * **Data**: a resumable loader (:mod:`streamio.train.data`); batches are copied to the GPU from
   pinned memory with ``non_blocking=True``; time spent waiting for the next batch is the *data stall*.
 * **Gradient accumulation**: ``grad_accum`` micro-batches per optimizer step, all but the last
   under ``DDP.no_sync()`` (one all-reduce per optimizer step); the LR scheduler steps once per
   optimizer step, never per micro-batch. bf16 autocast on GPUs (no grad scaler needed for bf16).
-* **Validation** (:mod:`~streamio.train.validation`): each rank sums loss / correct / count over
-  its share, however many batches that is, then ONE ``all_reduce`` of those sums: every rank makes
-  the same collective calls even when the validation set does not divide evenly, so no rank waits
-  forever for another.
-* **Early stopping** (:class:`~streamio.train.early_stopping.EarlyStopping`) with its patience
+* **Validation** (:func:`validate`): each rank sums loss / correct / count over its share, however
+  many batches that is, then ONE ``all_reduce`` of those sums: every rank makes the same collective
+  calls even when the validation set does not divide evenly, so no rank waits forever for another,
+  and every rank gets the same result. The forward pass uses the bare module (not its DDP
+  wrapper), so it makes no collective call either.
+* **Early stopping** (:class:`~streamio.train.checkpointing.EarlyStopping`) with its patience
   counter and best value in every checkpoint.
-* **Checkpoints**: asynchronous every ``ckpt_every`` optimizer steps, automatic resume from
-  ``latest.json`` at start. Everything that decides the next loss is in the checkpoint: model,
-  optimizer, scheduler, every RNG (:class:`~streamio.checkpoint.rng.RNGState`), the data position,
-  progress counters and early stopping. So a crashed and resumed run reproduces the uninterrupted
-  run's losses and weights bit for bit on CPU.
+* **Checkpoints** (:mod:`~streamio.train.checkpointing`): asynchronous every ``ckpt_every``
+  optimizer steps, automatic resume from ``latest.json`` at start. Everything that decides the
+  next loss is in the checkpoint: model, optimizer, scheduler, every RNG
+  (:class:`~streamio.checkpoint.rng.RNGState`), the data position, progress counters and early
+  stopping. So a crashed and resumed run reproduces the uninterrupted run's losses and weights bit
+  for bit on CPU.
 * **Telemetry** (:mod:`~streamio.train.telemetry`): a log line every ``log_every`` steps
   (samples/s, data-stall fraction, checkpoint blocked ms), one JSON line per step and per
-  validation in ``out_dir/rank-NNNNN.jsonl``, and a final :class:`Summary`.
-
-The names that lived here before the split (``Distributed``, ``setup_distributed``, ``Summary``,
-``read_metrics``, ``warmup_cosine``, ...) are still importable from this module.
+  validation in ``out_dir/rank-NNNNN.jsonl``, and a final :class:`~streamio.train.telemetry.Summary`.
 """
 
 from __future__ import annotations
@@ -41,40 +40,24 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
+from torch import nn
 
 from streamio.checkpoint.rng import RNGState
-from streamio.errors import CheckpointFormatError, CheckpointNotFoundError
-from streamio.state_version import check_version
-from streamio.train.checkpointing import Checkpointer, make_checkpointer
-from streamio.train.components import build_components, warmup_cosine
+from streamio.errors import CheckpointNotFoundError
+from streamio.train.checkpointing import Checkpointer, EarlyStopping, Progress, make_checkpointer
 from streamio.train.config import TrainConfig
 from streamio.train.data import Batch, TrainData, make_data
-from streamio.train.early_stopping import EarlyStopping
-from streamio.train.fsdp import full_weights, model_state
-from streamio.train.process_group import Distributed, setup_distributed, teardown_distributed
-from streamio.train.telemetry import Meter, MetricsLog, Summary, read_metrics
-from streamio.train.validation import to_device, validate
-
-__all__ = [
-    "FAIL_EXIT_CODE",
-    "Distributed",
-    "Evaluate",
-    "MetricsLog",
-    "Progress",
-    "Summary",
-    "Trainer",
-    "read_metrics",
-    "setup_distributed",
-    "teardown_distributed",
-    "warmup_cosine",
-]
+from streamio.train.distributed import Distributed, full_weights, model_state
+from streamio.train.model import build_components
+from streamio.train.telemetry import Meter, MetricsLog, Summary
 
 log = logging.getLogger(__name__)
 
@@ -83,26 +66,31 @@ FAIL_EXIT_CODE = 17
 
 Evaluate = Callable[[int], Mapping[str, float]]
 
-_Meter = Meter  # its name here before the split (tests build one for train_step)
+
+def to_device(batch: Batch, device: torch.device) -> Batch:
+    """``(x, y)`` on ``device``, copied asynchronously (from pinned memory on GPUs)."""
+    x, y = batch
+    return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
 
 
-@dataclass
-class Progress:
-    """Counters that say where training is; saved in every checkpoint."""
-
-    epoch: int = 0
-    step: int = 0
-    epoch_step: int = 0
-    done: bool = False
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"version": 1, **asdict(self)}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        check_version(state, 1, what="progress state", error=CheckpointFormatError,
-                      fix="resume with the trainer that saved it")
-        self.epoch, self.step = int(state["epoch"]), int(state["step"])
-        self.epoch_step, self.done = int(state["epoch_step"]), bool(state["done"])
+@torch.no_grad()
+def validate(
+    net: nn.Module, batches: Iterable[Batch], d: Distributed, autocast: contextlib.AbstractContextManager[Any]
+) -> dict[str, float]:
+    """``val_loss``, ``val_accuracy`` and ``val_count`` over every rank's ``batches``, identical on every rank."""
+    net.eval()
+    totals = torch.zeros(3, dtype=torch.float64, device=d.device)
+    for batch in batches:
+        x, y = to_device(batch, d.device)
+        with autocast:
+            logits = net(x).float()
+        totals[0] += F.cross_entropy(logits, y, reduction="sum").double()
+        totals[1] += (logits.argmax(dim=1) == y).sum().double()
+        totals[2] += len(y)
+    if d.initialized:
+        dist.all_reduce(totals)
+    loss_sum, correct, count = totals.tolist()
+    return {"val_loss": loss_sum / max(count, 1), "val_accuracy": correct / max(count, 1), "val_count": count}
 
 
 def _hard_exit(step: int) -> None:
@@ -155,7 +143,8 @@ class Trainer:
     def state(self) -> dict[str, Any]:
         """Everything a checkpoint holds, by name (all stateful objects).
 
-        With ``--fsdp`` the model and optimizer are one ``"app"`` entry (:func:`streamio.train.fsdp.model_state`).
+        With ``--fsdp`` the model and optimizer are one ``"app"`` entry
+        (:func:`streamio.train.distributed.model_state`).
         """
         model = model_state(self.net, self.optimizer) if self.cfg.fsdp else {
             "model": self.net, "optimizer": self.optimizer,
@@ -215,7 +204,7 @@ class Trainer:
             meter.stall_s += time.perf_counter() - t0
             meter.samples += len(y) * self.d.world_size
             last = micro == accum - 1
-            # DDP: one all-reduce per optimizer step; FSDP reduce-scatters each micro-batch (streamio.train.fsdp)
+            # DDP: one all-reduce per optimizer step; FSDP reduce-scatters each micro-batch (streamio.train.distributed)
             no_sync = self.d.initialized and not self.sharded and not last
             sync = self.model.no_sync() if no_sync else contextlib.nullcontext()
             with sync:
@@ -233,7 +222,7 @@ class Trainer:
         """Loss and accuracy over the whole validation set, identical on every rank.
 
         Each rank sums over its own batches, then one ``all_reduce`` of the sums (see
-        :func:`streamio.train.validation.validate`). ``epoch`` names the epoch just trained, for an
+        :func:`validate`). ``epoch`` names the epoch just trained, for an
         injected ``evaluate`` that needs it; this default does not.
         """
         return validate(self.net, self.data.val, self.d, self.autocast)

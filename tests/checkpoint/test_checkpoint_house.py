@@ -1,17 +1,15 @@
-"""The checkpoint package keeps its house rules: one owner per document, one module map.
+"""The checkpoint package keeps its house rule: one owner per document.
 
 A root's documents (the pointer ``latest.json``, manifests, done markers, ``bad.json``,
 ``retention.json``) have their formats in ``streamio/checkpoint/format/`` and are read, written,
 listed and deleted by ``streamio/checkpoint/root.py`` alone (docs/design.md "Checkpoints"). These
 tests read the source (``ast``, docstrings excluded) so that a module that reaches around them
-fails here, not in a review. And docs/design.md "Layout and the direction of dependencies" is the
-one map of the package's modules: every module is on it, and nothing on it is gone.
+fails here, not in a review. (The one map of every module: tests/core/test_module_map.py.)
 """
 
 from __future__ import annotations
 
 import ast
-import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,8 +17,6 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "streamio"
-#: the packages whose every module the map in docs/design.md names (others summarise their folders)
-MAPPED = ("streamio/checkpoint",)
 ROOT_MODULE = "checkpoint/root.py"
 POINTER_MODULE = "checkpoint/format/pointer.py"
 
@@ -83,38 +79,3 @@ def test_only_root_encodes_and_decodes_a_document(codec: str) -> None:
              if rel != ROOT_MODULE and not rel.startswith("checkpoint/format/")
              for line, name in names(tree) if name == codec]
     assert not found, f"{codec} is called by streamio.checkpoint.root only: " + ", ".join(found)
-
-
-def design_map() -> set[str]:
-    """Every module path the code block of docs/design.md "Layout and the direction of dependencies"
-    names (``streamio/checkpoint/format/layout``; a package by its folder, ``__init__`` as the package)."""
-    text = (REPO / "docs" / "design.md").read_text(encoding="utf-8")
-    section = text[text.index("## Layout and the direction of dependencies"):]
-    block = section[section.index("```\n") + 4:]
-    block = block[: block.index("```")]
-    stack: list[tuple[int, str]] = []  # (indent, folder) of the entries above
-    named = set()
-    for line in block.splitlines():
-        # an entry: names at the start of its line, then two spaces (or nothing) and what it is for
-        m = re.match(r"^( *)([\w./]+(?:, [\w./]+)*)(?: {2,}|$)", line)
-        if not m:
-            continue  # a description's second line
-        indent = len(m.group(1))
-        while stack and stack[-1][0] >= indent:
-            stack.pop()
-        prefix = "/".join(folder for _, folder in stack)
-        for name in m.group(2).split(", "):
-            path = f"{prefix}/{name.rstrip('/')}" if prefix else name.rstrip("/")
-            named.add(path.removesuffix("/__init__"))
-        if m.group(2).endswith("/"):
-            stack.append((indent, m.group(2).rstrip("/")))
-    return named
-
-
-@pytest.mark.parametrize("package", MAPPED)
-def test_the_design_map_names_every_module_of_the_package_and_no_other(package: str) -> None:
-    modules = {f.relative_to(REPO).with_suffix("").as_posix().removesuffix("/__init__")
-               for f in (REPO / package).rglob("*.py")}
-    named = {p for p in design_map() if p == package or p.startswith(package + "/")}
-    assert not modules - named, f"docs/design.md does not map {sorted(modules - named)}"
-    assert not named - modules, f"docs/design.md maps modules that are gone: {sorted(named - modules)}"

@@ -12,8 +12,7 @@ from streamio.checkpoint import CheckpointManager, KeepLast
 from streamio.checkpoint.rng import RNGState
 from streamio.checkpoint.save.commit import PHASES
 from streamio.errors import CheckpointFormatError
-from streamio.train.early_stopping import EarlyStopping
-from streamio.train.loop import Progress
+from streamio.train.checkpointing import EarlyStopping, Progress
 
 
 def _state(step: int) -> dict[str, object]:

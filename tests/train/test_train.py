@@ -16,12 +16,13 @@ import torch
 from streamio.data.write.writer import ShardSpec, write_dataset
 from streamio.errors import CheckpointError, ConfigError, StateMismatchError
 from streamio.testing import S3Endpoint
-from streamio.train.checkpointing import retention_policy
+from streamio.train.checkpointing import EarlyStopping, retention_policy
 from streamio.train.config import TrainConfig, parse_args
-from streamio.train.data import AugmentedArrays, InMemoryLoader
-from streamio.train.early_stopping import EarlyStopping
-from streamio.train.loop import Distributed, Trainer, _Meter, read_metrics, setup_distributed, warmup_cosine
-from streamio.train.synthetic import iter_samples, make_arrays
+from streamio.train.data import AugmentedArrays, InMemoryLoader, iter_samples, make_arrays
+from streamio.train.distributed import Distributed, setup_distributed
+from streamio.train.loop import Trainer
+from streamio.train.model import warmup_cosine
+from streamio.train.telemetry import Meter, read_metrics
 
 ONE = Distributed(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), initialized=False)
 SCRIPT = [10.0, 8.0, 6.0] + [6.5] * 20  # the scripted validation losses
@@ -159,7 +160,7 @@ def test_accumulation_syncs_gradients_only_on_the_last_micro_batch(tmp_path: Pat
     trainer.model, trainer.d = counting, dataclasses.replace(ONE, initialized=True)
     batches = iter(trainer.data.train)
     for _ in range(3):
-        trainer.train_step(batches, _Meter())
+        trainer.train_step(batches, Meter())
     trainer.close()
     assert (counting.no_sync_forwards, counting.synced_forwards) == (9, 3)
     assert trainer.scheduler.last_epoch == 3

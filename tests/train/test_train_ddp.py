@@ -21,8 +21,8 @@ import torch
 
 from streamio.data.write.writer import ShardSpec, write_dataset
 from streamio.testing import S3Endpoint
-from streamio.train.loop import read_metrics
-from streamio.train.synthetic import iter_samples
+from streamio.train.data import iter_samples
+from streamio.train.telemetry import read_metrics
 
 pytestmark = pytest.mark.slow
 

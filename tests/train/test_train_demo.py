@@ -47,9 +47,8 @@ def test_a_different_loss_weight_or_missing_step_is_reported(tmp_path: Path) -> 
 def test_demo_data_shards_into_any_url_and_reads_back_as_the_synthetic_arrays(tmp_path: Path) -> None:
     import numpy as np
 
-    from streamio.train.data import read_arrays
+    from streamio.train.data import make_arrays, read_arrays
     from streamio.train.demo import _location, shard_demo_data
-    from streamio.train.synthetic import make_arrays
 
     with _location(str(tmp_path / "bucket")) as loc:  # --url: no local S3, the user's environment
         assert loc.storage_options is None and loc.url == str(tmp_path / "bucket")

@@ -30,9 +30,11 @@ from streamio.checkpoint.root import read_manifest
 from streamio.data.write.writer import ShardSpec, write_dataset
 from streamio.storage import Store
 from streamio.train.config import TrainConfig
-from streamio.train.loop import Distributed, Trainer, read_metrics
+from streamio.train.data import iter_samples
+from streamio.train.distributed import Distributed
+from streamio.train.loop import Trainer
 from streamio.train.model import make_model
-from streamio.train.synthetic import iter_samples
+from streamio.train.telemetry import read_metrics
 
 pytestmark = pytest.mark.slow
 

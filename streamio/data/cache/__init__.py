@@ -30,19 +30,6 @@ Files in the cache directory (``KEY`` = a hash of store URL, shard path, size an
   mtime is the LRU clock.
 * ``.lock``    — the directory lock, held briefly for reservations, eviction, discard and commit.
 
-Modules, one concept each:
-
-* :mod:`~streamio.data.cache.config` — :class:`CacheConfig`;
-* :mod:`~streamio.data.cache.stats` — :class:`ReadStats`, the counters;
-* :mod:`~streamio.data.cache.directory` — the safe directory: checks, ``O_NOFOLLOW`` opens, ``flock``;
-* :mod:`~streamio.data.cache.record` — the progress / verification record, and the fsync policy;
-* :mod:`~streamio.data.cache.verify` — a committed file is served only once proven intact;
-* :mod:`~streamio.data.cache.eviction` — usage, free space, LRU eviction of unleased shards;
-* :mod:`~streamio.data.cache.transfer` — download (range-first, commit) and follow (takeover);
-* :mod:`~streamio.data.cache.source` / :mod:`~streamio.data.cache.core` — the protocol on a
-  ``fetch(start, end)`` callable and a clock/sleep, unit-tested without a server;
-* :mod:`~streamio.data.cache.facade` — :class:`ShardCache`, the core on a store's shards.
-
 Call order: ``cache = ShardCache(CacheConfig(dir, max_bytes))`` -> (optional) ``cache.require(n)``
 -> ``for chunk in cache.open_range(store, shard, start, end)`` (close the generator to stop early;
 a download stopped early stays resumable) -> ``cache.stats``. A prefetcher calls
@@ -55,6 +42,10 @@ room *bypasses* the cache (streams without writing) rather than deadlock or exce
 Fork/spawn safety: a ``ShardCache`` holds only its :class:`CacheConfig` until first use in a
 process; the directory descriptor is opened lazily per process id, and the cache pickles as its
 config. Nothing is ever unpickled from the cache.
+
+The design: docs/design.md "Node cache and prefetch"; the map of this package's modules (the
+protocol core takes a ``fetch(start, end)`` callable and a clock, so it is unit-tested without a
+server): docs/design.md "Layout and the direction of dependencies".
 """
 
 from streamio.data.cache.config import CacheConfig

@@ -107,13 +107,8 @@ exactly one window slot; all maps are bijections except the two stated tail maps
 ``C`` batches per rank maps to a prefix of each worker's stream (round-robin), so "consumed" and
 "remaining" partition every stream.
 
-Modules, one concept each: :mod:`~streamio.data.plan.config` (the :class:`Topology`,
-:class:`Sampling` and :class:`Shuffle` values), :mod:`~streamio.data.plan.permutation` (keyed
-permutations), :mod:`~streamio.data.plan.intervals` (interval arithmetic on G),
-:mod:`~streamio.data.plan.stage` (steps 3-6 and the remainder of a stage),
-:mod:`~streamio.data.plan.stream` (runs, windows, worker streams), :mod:`~streamio.data.plan.resume`
-(the state's keys, fingerprint and checks) and :mod:`~streamio.data.plan.epoch` (:func:`plan_epoch`
-and :class:`EpochPlan`).
+The design: docs/design.md "The planner"; the map of this package's modules:
+docs/design.md "Layout and the direction of dependencies".
 """
 
 from streamio.data.plan.config import Sampling, Shuffle, TailPolicy, Topology
