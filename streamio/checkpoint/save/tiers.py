@@ -126,7 +126,8 @@ class TieredSaves:
                 self._lock.wait()
             self._queue.append(saved)
             future = self._uploads.submit(self._upload_next)
-        inflight.track(future, saved.plan.step, self.committer.store.root_url)
+        inflight.track(future, saved.plan.step, self.committer.store.root_url)  # waited for at exit
+        future.add_done_callback(inflight.forget)
 
     # ------------------------------------------------------------------ the upload thread
     def _upload_next(self) -> None:
