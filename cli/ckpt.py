@@ -58,35 +58,46 @@ def ckpt() -> None:
 
 @ckpt.command("ls", epilog=_epilog("ckpt ls", exit_codes_short()))
 @_root_args
+@click.option("--local", "local_dir", metavar="DIR", default=None,
+              help="Also list the local tier at DIR (the LocalTier directory: its rank-NNNNN copies); "
+                   "a TIER column says which saves are local, durable or both.")
 @json_option
-def ls_cmd(store: Store, as_json: bool) -> None:
+def ls_cmd(store: Store, local_dir: str | None, as_json: bool) -> None:
     """List the committed checkpoints under ROOT (* = the one latest.json names).
 
     Flags: BAD (a restore rejected it: retention and gc remove it), abandoned (a step past the
     one a restore went back to: the next save retires it), ahead (past the pointer: a save in
-    flight, or one whose job died before its pointer swap).
+    flight, or one whose job died before its pointer swap). With --local, a "+" after the tier
+    marks the save a rank's local latest.json names (what a restart on this node finds first).
     """
-    from streamio.checkpoint.admin import list_saves
+    from streamio.checkpoint import LocalTier
+    from streamio.checkpoint.admin import list_saves, list_tiers
 
-    rows = list_saves(store)
+    rows = list_saves(store) if local_dir is None else list_tiers(store, LocalTier(local_dir))
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
     if not rows:
         click.echo(f"no checkpoints under {store.root_url}")
         return
-    click.echo(f"  {'STEP':>10}  {'SIZE':>10}  {'FILES':>8}  {'WORLD':>5}  {'CREATED':<25}  METRICS")
+    tier = local_dir is not None
+    columns = f"{'SIZE':>10}  {'FILES':>8}  {'WORLD':>5}  {'CREATED':<25}  METRICS"
+    click.echo(f"  {'STEP':>10}  " + (f"{'TIER':<8}  " if tier else "") + columns)
     for r in rows:
-        mark = "*" if r["latest"] else " "
-        flags = [f"BAD: {r['bad']}"] if r["bad"] else []
-        flags += [r["place"]] if r["place"] in ("abandoned", "ahead") else []
-        flag = f"  [{'; '.join(flags)}]" if flags else ""
-        if "error" in r:
-            click.echo(f"{mark} {r['step']:>10}  UNREADABLE: {r['error']}{flag}")
-            continue
-        metrics = " ".join(f"{k}={v}" for k, v in r["metrics"].items())
-        click.echo(f"{mark} {r['step']:>10}  {_size(r['bytes']):>10}  {plural(r['files'], 'file'):>8}  "
-                   f"{r['world_size']:>5}  {r['created']:<25}  {metrics or '-'}{flag}")
+        click.echo(_ls_line(r, tier))
+
+
+def _ls_line(r: dict[str, Any], tier: bool) -> str:
+    mark = "*" if r["latest"] else " "
+    flags = [f"BAD: {r['bad']}"] if r["bad"] else []
+    flags += [r["place"]] if r["place"] in ("abandoned", "ahead") else []
+    flag = f"  [{'; '.join(flags)}]" if flags else ""
+    where = f"{r['tier'] + ('+' if r['local_latest'] else ''):<8}  " if tier else ""
+    if "error" in r:
+        return f"{mark} {r['step']:>10}  {where}UNREADABLE: {r['error']}{flag}"
+    metrics = " ".join(f"{k}={v}" for k, v in r["metrics"].items())
+    return (f"{mark} {r['step']:>10}  {where}{_size(r['bytes']):>10}  {plural(r['files'], 'file'):>8}  "
+            f"{r['world_size']:>5}  {r['created']:<25}  {metrics or '-'}{flag}")
 
 
 @ckpt.command("inspect", epilog=_epilog("ckpt inspect", exit_codes_short()))

@@ -101,8 +101,12 @@ SCHEMAS: dict[str, Schema] = {
         "step": "the step",
         "path": "its save directory, relative to ROOT",
         "latest": "whether latest.json names it",
-        "place": "\"current\", \"ahead\", \"abandoned\" or \"unknown\" (its timeline)",
+        "place": "\"current\", \"ahead\", \"abandoned\" or \"unknown\" (its timeline); \"local\" with --local "
+                 "for a save only the local tier holds",
         "bad": "why a restore rejected it, or null",
+        "tier": "(optional) with --local: \"durable\", \"local\" or \"both\"",
+        "local_ranks": "(optional) with --local: the ranks whose local copy it is",
+        "local_latest": "(optional) with --local: whether a rank's local latest.json names it",
         "bytes": "(optional) total bytes (absent when its manifest cannot be read)",
         "files": "(optional) number of files",
         "world_size": "(optional) ranks that saved it",

@@ -5,6 +5,8 @@ URL (docs/checkpoint-lifecycle.md: timelines, bad saves, retention, what ``gc`` 
 
 * :func:`list_saves` / :func:`inspect_save`: every committed save with its place on the
   timeline and flags; everything but the tensor bytes of one (``inventory``, ``describe``);
+* :func:`list_tiers`: the same with a local tier beside the root: which saves are local,
+  durable or both (``tiers``);
 * :func:`verify_checkpoint` / :func:`check_pointer` / :func:`verify_targets`: every byte of a
   save checked, and the pointer against its manifest (``verify``);
 * :func:`collect_garbage`: what no current checkpoint needs, deleted (``gc``);
@@ -22,6 +24,7 @@ from __future__ import annotations
 from streamio.checkpoint.admin.gc import GarbageReport, collect_garbage
 from streamio.checkpoint.admin.inventory import default_step, inspect_save, list_saves
 from streamio.checkpoint.admin.removal import Removal, plan_removal, remove
+from streamio.checkpoint.admin.tiers import list_tiers
 from streamio.checkpoint.admin.verify import VerifyTarget, check_pointer, verify_checkpoint, verify_targets
 from streamio.checkpoint.root import pointer_url
 
@@ -34,6 +37,7 @@ __all__ = [
     "default_step",
     "inspect_save",
     "list_saves",
+    "list_tiers",
     "plan_removal",
     "pointer_url",
     "remove",

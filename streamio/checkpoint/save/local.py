@@ -31,7 +31,7 @@ from streamio.checkpoint.options import LocalTier, SaveOptions
 from streamio.checkpoint.save.parts import Share, assemble_manifest, write_share
 from streamio.checkpoint.save.plan import SavePlan
 from streamio.checkpoint.save.snapshot import Snapshot
-from streamio.errors import CheckpointError
+from streamio.errors import CheckpointError, StorageError
 from streamio.storage import Store
 
 __all__ = ["LocalCommitter", "LocalSave"]
@@ -123,7 +123,8 @@ class LocalCommitter:
         """Keep the ``tier.keep`` newest local saves of this rank, and ``keep_also``."""
         try:
             saves = root.committed_saves(self.store)
-        except FileNotFoundError:
+        except (StorageError, OSError) as exc:  # no root yet, or the disk failed: nothing to prune
+            log.debug("no local retention at %s: %s", self.store.root_url, exc)
             return
         newest = {s.path for s in sorted(saves, key=lambda s: (s.step, s.path))[-self.tier.keep:]}
         for ref in saves:

@@ -170,9 +170,11 @@ class TieredSaves:
             raise error
 
     def close(self) -> None:
-        """Wait for the uploads, stop the upload thread, and say if the newest save is not durable."""
+        """Wait for the uploads, stop the upload thread, apply local retention to what uploads kept,
+        and say if the newest save is not durable."""
         self.drain()
         self._uploads.shutdown(wait=True)
+        self.local.prune()  # what the last saves kept while it was uploading
         if self.newest_step is not None and self.durable_step != self.newest_step:
             held = "no step" if self.durable_step is None else f"step {self.durable_step}"
             log.warning("the newest checkpoint, step %d, is on the local tier only; the root %s holds %s "
