@@ -89,7 +89,8 @@ class CheckpointManager:
         )
         self._restorer = Restorer(self.store, self._comm, concurrency=self.options.concurrency,
                                   part_store=self.store.for_verified_reads(),
-                                  local=None if local is None else LocalCopies(local, self._comm.rank))
+                                  local=None if local is None else LocalCopies(local, self._comm.rank),
+                                  fanout=self.options.restore_fanout)
         self._buffer = HostBuffer()
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="streamio-ckpt")
         self._pending: concurrent.futures.Future[SaveStats] | None = None

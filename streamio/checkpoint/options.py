@@ -40,6 +40,10 @@ class SaveOptions:
         durable_every: with a local tier, every ``durable_every``-th save also goes to the root
             (``save(durable=True)`` whatever it says); 1 (the default) makes every save durable.
             Without a local tier every save goes to the root.
+        restore_fanout: under ``torch.distributed``, a restore reads the parts several ranks
+            need (replicated state) from the store once per job, each rank a share balanced by
+            bytes, and the ranks exchange them over the process group; ``False`` makes every
+            rank read all it needs from the store itself.
     """
 
     part_size: int = 64 << 20
@@ -50,6 +54,7 @@ class SaveOptions:
     collective_timeout_s: float = 300.0
     block_size: int = 1 << 20
     durable_every: int = 1
+    restore_fanout: bool = True
 
     def __post_init__(self) -> None:
         if self.part_size < 4096:

@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, MutableMapping
+from dataclasses import dataclass
 from typing import Any
 
 from streamio.checkpoint.comm import Comm
 from streamio.checkpoint.format import layout
+from streamio.checkpoint.format.entries import TensorEntry
 from streamio.checkpoint.format.manifest import Manifest
 from streamio.checkpoint.format.timeline import Point
 from streamio.checkpoint.restore import candidates
@@ -36,7 +38,17 @@ from streamio.checkpoint.restore.candidates import Candidate
 from streamio.checkpoint.restore.local import LocalCopies, merge
 from streamio.checkpoint.restore.plan import RestorePlan, apply, decode_state, mismatches
 from streamio.checkpoint.root import UNREAD, pointer_version, read_manifest, record_bad
-from streamio.checkpoint.tensors.fetch import load_tensors
+from streamio.checkpoint.tensors.fanout import Key, share_reads
+from streamio.checkpoint.tensors.fetch import (
+    Places,
+    Read,
+    check_raw,
+    load_tensors,
+    places_of,
+    plan_reads,
+    read_raw,
+    tensor_spans,
+)
 from streamio.checkpoint.tensors.resharding import read_pending, sources_for
 from streamio.errors import CheckpointError, CheckpointNotFoundError, CorruptDataError, StorageError
 from streamio.storage import Store
@@ -60,6 +72,9 @@ class Restorer:
         concurrency: parallel GETs and checks.
         part_store: the Store parts are read through (default ``store``; the manager passes
             ``store.for_verified_reads()``: every part is size- and CRC32C-checked here).
+        local: the local tier's copies, read first.
+        fanout: under ``torch.distributed``, the parts several ranks need are read once per job
+            and exchanged over the process group (:mod:`~..tensors.fanout`).
 
     Attributes:
         outcome: after a restore, the save it loaded and (rank 0) the pointer's version read
@@ -68,11 +83,11 @@ class Restorer:
 
     def __init__(
         self, store: Store, comm: Comm, *, concurrency: int, part_store: Store | None = None,
-        local: LocalCopies | None = None,
+        local: LocalCopies | None = None, fanout: bool = True,
     ) -> None:
         self.store, self.comm, self.concurrency = store, comm, concurrency
         self.part_store = part_store if part_store is not None else store
-        self.local = local
+        self.local, self.fanout = local, fanout
         self.outcome: tuple[Point, Any] | None = None
         self._loaded: Manifest | None = None
         self._from_local = False  # the manifest loaded came from this rank's local copy
@@ -176,17 +191,7 @@ class Restorer:
             when the checkpoint does not fit the live state.
         """
         root, s = self.store.root_url, c.step
-        plan: RestorePlan | None = None
-        own: BaseException | None = None
-        outcome: tuple[str, str] | None = None
-        try:
-            plan = self._prepare(state, c, explicit=explicit)
-            mismatch = mismatches(plan)
-            if mismatch is not None:
-                outcome = ("mismatch", f"checkpoint step {s} under {root} does not fit the live state: "
-                                       f"{mismatch}; nothing was loaded")
-        except Exception as exc:  # classified, agreed on by every rank, then raised or walked past
-            own, outcome = exc, (_classify(exc, explicit), str(exc))
+        plan, own, outcome = self._attempt(state, c, explicit=explicit)
         # kind -> the first rank's message of that kind
         outcomes = dict(reversed([o for o in self.comm.all_gather(outcome) if o is not None]))
         if "fatal" in outcomes:
@@ -205,10 +210,34 @@ class Restorer:
             raise CheckpointError(outcomes["mismatch"])
         return plan, ""
 
-    def _prepare(self, state: Mapping[str, Any], c: Candidate, *, explicit: bool) -> RestorePlan:
-        """Everything of a restore that touches no live object: the manifest verified against
-        the pointer's checksum (if it names this save), its own seal and step; every part this
-        rank needs read and verified; the whole state decoded."""
+    def _attempt(
+        self, state: Mapping[str, Any], c: Candidate, *, explicit: bool
+    ) -> tuple[RestorePlan | None, BaseException | None, tuple[str, str] | None]:
+        """This rank's part of trying ``c``: its plan, or its error and how it is classified
+        (``(kind, message)``; ``"mismatch"`` when the plan does not fit the live state)."""
+        found: _Found | None = None
+        failed: Exception | None = None
+        try:
+            found = self._find(c, explicit=explicit)
+        except Exception as exc:
+            failed = exc
+        try:  # classified, agreed on by every rank, then raised or walked past
+            fetched = self._fan_out(found, c)  # a collective: also on a rank that failed above
+            if failed is not None:
+                raise failed
+            assert found is not None
+            plan = self._prepare(state, c, found, fetched)
+        except Exception as exc:
+            return None, exc, (_classify(exc, explicit), str(exc))
+        mismatch = mismatches(plan)
+        if mismatch is not None:
+            return plan, None, ("mismatch", f"checkpoint step {c.step} under {self.store.root_url} does not fit the "
+                                            f"live state: {mismatch}; nothing was loaded")
+        return plan, None, None
+
+    def _find(self, c: Candidate, *, explicit: bool) -> _Found:
+        """The save's manifest, verified against the pointer's checksum (if it names this save),
+        its own seal and step, and where this rank reads its parts."""
         step, expected = c.step, c.checksum
         nearest = self.local.manifest(c) if self.local is not None else None
         self._from_local = nearest is not None
@@ -223,12 +252,38 @@ class Restorer:
                 )
             log.warning("%s carries no checksum of its own (written by an older streamio): "
                         "its JSON is restored unverified", url)
-        rank, world = self.comm.rank, self.comm.world
-        src_rank = rank % manifest.world_size
+        src_rank = self.comm.rank % manifest.world_size
         wanted = dict(manifest.replicated.tensors)
         wanted.update(manifest.per_rank[src_rank].tensors)
-        parts = self.local.places(self.part_store) if self.local is not None else self.part_store
-        tensors = load_tensors(parts, manifest, wanted, concurrency=self.concurrency, sdir=c.path)
+        parts = self.local.places(self.part_store) if self.local is not None else places_of(self.part_store)
+        return _Found(manifest, wanted, parts, src_rank)
+
+    def _fan_out(self, found: _Found | None, c: Candidate) -> dict[Key, bytes | memoryview]:
+        """The requests several ranks would send to the store, each read by one of them and
+        exchanged (:mod:`~..tensors.fanout`; a collective)."""
+        if not self.fanout:
+            return {}
+        reads = None
+        if found is not None:  # what this rank reads from the store: not what its local tier has
+            planned = plan_reads(found.manifest.files, tensor_spans(found.wanted))
+            reads = [r for r in planned if len(found.parts.of(r.file)) == 1]
+        root = found.parts.root if found is not None else self.part_store
+
+        def read(r: Read) -> bytes | memoryview:
+            path = f"{c.path}/{r.file.path}"
+            data = read_raw(root, path, r)
+            check_raw(data, r, root.url(path))
+            return data
+
+        return share_reads(self.comm, reads, read, concurrency=self.concurrency, where=self.store.url(c.path))
+
+    def _prepare(self, state: Mapping[str, Any], c: Candidate, found: _Found,
+                 fetched: Mapping[Key, bytes | memoryview]) -> RestorePlan:
+        """Everything of a restore that touches no live object: every part this rank needs read
+        (or taken from ``fetched``) and verified; the whole state decoded."""
+        manifest, wanted, parts, src_rank = found.manifest, found.wanted, found.parts, found.src_rank
+        step, rank, world = c.step, self.comm.rank, self.comm.world
+        tensors = load_tensors(parts, manifest, wanted, concurrency=self.concurrency, sdir=c.path, fetched=fetched)
         if world != manifest.world_size:
             log.warning("checkpoint step %d was saved by %d ranks and is restored by %d: "
                         "rank %d gets rank %d's per-rank state", step, manifest.world_size, world, rank, src_rank)
@@ -238,6 +293,16 @@ class Restorer:
         if pending:  # read and verify just the boxes this rank holds now (any sharding), before loading
             plan.copies.extend(read_pending(parts, manifest.files, pending, sdir=c.path, concurrency=self.concurrency))
         return plan
+
+
+@dataclass(frozen=True)
+class _Found:
+    """A save's verified manifest, the tensors this rank needs of it and where its parts are."""
+
+    manifest: Manifest
+    wanted: dict[str, TensorEntry]
+    parts: Places
+    src_rank: int
 
 
 def _classify(exc: BaseException, explicit: bool) -> str:

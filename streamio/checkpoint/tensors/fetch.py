@@ -33,7 +33,8 @@ from streamio.errors import CorruptDataError
 from streamio.pool import gather, run_parallel
 from streamio.storage import Store
 
-__all__ = ["Places", "Span", "fetch_spans", "load_tensors", "places_of", "plan_reads", "verify_blocks"]
+__all__ = ["Places", "Read", "Span", "check_raw", "fetch_spans", "load_tensors", "places_of", "plan_reads", "read_raw",
+           "tensor_spans", "verify_blocks"]
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +77,7 @@ class Span:
 
 
 @dataclass(frozen=True)
-class _Read:
+class Read:
     """One request: bytes ``[start, end)`` of part ``file`` (raw offsets; whole: the whole object)."""
 
     file: FileEntry
@@ -84,8 +85,18 @@ class _Read:
     end: int
     whole: bool
 
+    @property
+    def key(self) -> tuple[str, int, int]:
+        """What names this request on every rank: the part's path and the raw range."""
+        return (self.file.path, self.start, self.end)
 
-def plan_reads(files: Sequence[FileEntry], spans: Iterable[Span]) -> list[_Read]:
+    @property
+    def size(self) -> int:
+        """Bytes this request reads from the store (a whole part: its stored size)."""
+        return self.file.size if self.whole else self.end - self.start
+
+
+def plan_reads(files: Sequence[FileEntry], spans: Iterable[Span]) -> list[Read]:
     """The requests that cover ``spans``: per part, block-aligned and merged (whole parts where
     the part has no blocks).
 
@@ -125,7 +136,7 @@ def plan_reads(files: Sequence[FileEntry], spans: Iterable[Span]) -> list[_Read]
     reads = []
     for f, ranges in wanted.values():
         for a, b in _merge(ranges):
-            reads.append(_Read(f, a, b, whole=not f.block_size or (a == 0 and b == f.raw_size)))
+            reads.append(Read(f, a, b, whole=not f.block_size or (a == 0 and b == f.raw_size)))
     return reads
 
 
@@ -161,7 +172,8 @@ def verify_blocks(data: bytes | memoryview, f: FileEntry, start: int, url: str) 
 
 
 def fetch_spans(
-    store: Store | Places, files: Sequence[FileEntry], spans: Iterable[Span], *, sdir: str, concurrency: int = 8
+    store: Store | Places, files: Sequence[FileEntry], spans: Iterable[Span], *, sdir: str, concurrency: int = 8,
+    fetched: Mapping[tuple[str, int, int], bytes | memoryview] | None = None,
 ) -> dict[int, dict[int, bytes | memoryview]]:
     """Read and verify what ``spans`` need; returns ``rank -> {stream offset: raw bytes}``.
 
@@ -171,16 +183,21 @@ def fetch_spans(
         files: the manifest's parts.
         spans: the byte spans wanted.
         concurrency: parallel GETs (each verifies its own blocks, in its own thread).
+        fetched: the stored bytes of some requests (:attr:`Read.key`), already read by another
+            rank: verified here like a read, never read again.
 
     Raises:
         CorruptDataError: a block or part differs from its checksum, or a span is not covered.
         ObjectNotFoundError: a part is missing (as for any read).
     """
     places = places_of(store)
+    fetched = fetched or {}
 
-    def fetch(r: _Read) -> bytes | memoryview:
+    def fetch(r: Read) -> bytes | memoryview:
         path = f"{sdir}/{r.file.path}"
         stores = places.of(r.file)
+        if r.key in fetched:  # read from the store by another rank, exchanged over the group (:mod:`.fanout`)
+            return check_raw(fetched[r.key], r, stores[-1].url(path))
         for near in stores[:-1]:
             try:
                 return _fetch_one(near, path, r)
@@ -199,21 +216,38 @@ def fetch_spans(
     return pieces
 
 
-def _fetch_one(store: Store, path: str, r: _Read) -> bytes | memoryview:
+def _fetch_one(store: Store, path: str, r: Read) -> bytes | memoryview:
     """One request of ``r`` from ``store``, verified."""
-    url = store.url(path)
+    return check_raw(read_raw(store, path, r), r, store.url(path))
+
+
+def read_raw(store: Store, path: str, r: Read) -> bytes | memoryview:
+    """The stored bytes of request ``r`` of the part at ``path``, unchecked."""
+    return store.read_view(path) if r.whole else store.read(path, r.start, r.end)
+
+
+def check_raw(data: bytes | memoryview, r: Read, url: str) -> bytes | memoryview:
+    """``data``, the stored bytes of request ``r``, verified (size and CRC32C of the part, or of
+    every block) and decoded (a compressed part).
+
+    Raises:
+        CorruptDataError: ``data`` is not what the manifest says.
+    """
     if r.whole:
-        data = store.read_view(path)
         verify_file(data, r.file, url)
         return decode_part(data, r.file, url)
-    data = store.read(path, r.start, r.end)
     verify_blocks(data, r.file, r.start, url)
     return data
 
 
+def tensor_spans(wanted: Mapping[str, TensorEntry]) -> list[Span]:
+    """The stream spans holding ``wanted``."""
+    return [Span(e.rank, e.offset, e.offset + e.nbytes) for e in wanted.values() if e.nbytes]
+
+
 def load_tensors(
     store: Store | Places, manifest: Manifest, wanted: Mapping[str, TensorEntry], *, concurrency: int = 8,
-    sdir: str | None = None,
+    sdir: str | None = None, fetched: Mapping[tuple[str, int, int], bytes | memoryview] | None = None,
 ) -> dict[str, VerifiedTensor]:
     """Read the parts holding ``wanted`` concurrently, verify every size and CRC32C.
 
@@ -222,13 +256,14 @@ def load_tensors(
 
     Args:
         sdir: the save directory (default: the step's own directory).
+        fetched: requests another rank read (see :func:`fetch_spans`).
     """
     sdir = sdir if sdir is not None else layout.step_dir(manifest.step)
     # verified in the reading threads: checksums overlap the other GETs (CRC32C drops the GIL);
     # whole parts (local: mapped, verified and copied from the page cache), or with block
     # checksums (saves with sharded state) only the blocks holding ``wanted``
-    spans = [Span(e.rank, e.offset, e.offset + e.nbytes) for e in wanted.values() if e.nbytes]
-    parts = fetch_spans(store, manifest.files, spans, sdir=sdir, concurrency=concurrency)
+    parts = fetch_spans(store, manifest.files, tensor_spans(wanted), sdir=sdir, concurrency=concurrency,
+                        fetched=fetched)
     url = places_of(store).root.url(sdir)
     readers = {r: StreamReader(p, r, url) for r, p in parts.items()}
 
