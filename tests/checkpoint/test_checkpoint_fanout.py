@@ -52,7 +52,7 @@ def test_every_request_two_ranks_want_is_read_by_one_of_them(ws: list[dict | Non
 
 
 @given(st.integers(2, 8), st.lists(st.integers(1, 10_000), min_size=1, max_size=40))
-def test_when_every_rank_wants_everything_the_shares_differ_by_at_most_one_request(world: int, sizes: list[int]) -> None:
+def test_when_every_rank_wants_everything_shares_differ_by_at_most_one_request(world: int, sizes: list[int]) -> None:
     everything = {(f"part-{i}", 0, s): s for i, s in enumerate(sizes)}
     out = assign([everything] * world)
     load = [sum(everything[k] for k, r in out.items() if r == rank) for rank in range(world)]
