@@ -141,12 +141,17 @@ class Restorer:
             return []
 
     def _with_local(self, durable: list[Candidate], step: int | None) -> list[Candidate]:
-        """``durable`` and every rank's local candidates, newest first (:mod:`.local`)."""
+        """``durable`` and every rank's local candidates, newest first (:mod:`.local`); for an
+        explicit ``step``, its local saves first: the root's candidate is only the step's own
+        directory when the root has no save of the step (a save on the local tier alone)."""
         if self.local is None:
             return durable
         found = self.comm.all_gather(self.local.candidates())
         merged = merge(durable, found)
-        return [c for c in merged if c.step == step] if step is not None else merged
+        if step is None:
+            return merged
+        local = {c.path for cs in found for c in cs}
+        return sorted((c for c in merged if c.step == step), key=lambda c: c.path not in local)
 
     def _agreed(self, find: Callable[[], list[Candidate]]) -> list[Candidate]:
         """Rank 0's ``find()`` on every rank (its error raised on every rank)."""
