@@ -184,18 +184,3 @@ def test_kill_minus_9_at_byte_counts_of_an_upload(zygote: TiersZygote, s3: S3End
     assert not wrong, f"kill at byte -> (step restored, root pointer), outside expectations: {wrong}"
     print(f"{len(cases) + 1} byte cases: {time.monotonic() - t0:.1f}s")
 
-
-def test_local_retention_keeps_the_newest_saves_of_the_restored_timeline(tmp_path: Path) -> None:
-    """The other way a local root holds saves of another timeline: a restore went back past them."""
-    root, local = str(tmp_path / "root"), str(tmp_path / "local")
-    tier = LocalTier(local, keep=2)
-    with CheckpointManager(root, local=tier, options=OPTIONS) as mgr:
-        for step in range(1, 5):
-            mgr.save(step, light_state_for(step))
-    assert _local_saves(local) == [3, 4]
-    with CheckpointManager(root, local=tier, options=OPTIONS) as mgr:
-        got = _template()
-        assert mgr.restore(got, step=3) == 3
-        _check_state(got, 3, "step 3")
-        mgr.save(4, light_state_for(44))
-    assert _local_saves(local) == [3, 4]  # the restored 3 and the new 4; the superseded 4 is gone
