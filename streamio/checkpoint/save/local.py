@@ -28,7 +28,7 @@ from streamio.checkpoint.comm import Comm
 from streamio.checkpoint.format import layout
 from streamio.checkpoint.format.manifest import Manifest
 from streamio.checkpoint.format.pointer import Pointer
-from streamio.checkpoint.format.timeline import Tip, classify
+from streamio.checkpoint.format.timeline import Timeline, Tip, classify
 from streamio.checkpoint.options import LocalTier, SaveOptions
 from streamio.checkpoint.save.parts import Share, assemble_manifest, write_share
 from streamio.checkpoint.save.plan import SavePlan
@@ -75,6 +75,7 @@ class LocalCommitter:
         self.tier, self.comm, self.options = tier, comm, options
         self.store = Store(tier.rank_root(comm.rank))
         self._on_phase = on_phase
+        self._lines: dict[str, Timeline | None] = {}  # save directory -> its timeline (None: unreadable)
 
     def commit(self, job: Snapshot, plan: SavePlan, *, keep_also: frozenset[str] = frozenset()) -> LocalSave:
         """Commit ``job`` as ``plan`` on every rank's local root (collective), then prune.
@@ -118,6 +119,7 @@ class LocalCommitter:
             raise CheckpointError(
                 f"rank {comm.rank} could not commit the local copy of step {plan.step} under {store.root_url}: {exc}"
             ) from exc
+        self._lines[plan.sdir] = manifest.line
         self.prune(Tip(plan.timeline, plan.step), keep_also | {plan.sdir})
         return LocalSave(plan, store, share, manifest)
 
@@ -135,8 +137,10 @@ class LocalCommitter:
         except FileNotFoundError:
             return
         saves = root.committed_saves(store, listing)  # by step, then path
-        manifests = root.read_manifests(store, saves, concurrency=self.options.concurrency)
-        current = [s.path for s in saves if _on(tip, manifests[s.path])]
+        unread = [s for s in saves if s.path not in self._lines]  # a save's timeline never changes
+        for path, m in root.read_manifests(store, unread, concurrency=self.options.concurrency).items():
+            self._lines[path] = m.line if isinstance(m, Manifest) else None
+        current = [s.path for s in saves if _on(tip, self._lines[s.path], s.step)]
         keep = set(current[-self.tier.keep:]) | keep_also
         dirs = {s.path: s.step for s in saves}
         for o in listing:  # a killed commit's save directory: parts and markers, no manifest
@@ -147,6 +151,7 @@ class LocalCommitter:
         try:
             for sdir in sorted(set(dirs) - keep):
                 root.delete_save(store, sdir)
+                self._lines.pop(sdir, None)
             for upload in stale:
                 store.abort_upload(upload)
             root.remove_empty_dirs(store, {p for u in stale for p in _parents(u.path)})
@@ -173,9 +178,9 @@ class LocalCommitter:
             self._on_phase(name)
 
 
-def _on(tip: Tip, manifest: Manifest | Exception) -> bool:
-    """Whether a local save (its manifest, or why it is unreadable) is on ``tip``'s timeline."""
-    return isinstance(manifest, Manifest) and classify(tip, manifest.line, manifest.step) == "current"
+def _on(tip: Tip, line: Timeline | None, step: int) -> bool:
+    """Whether a local save (its timeline, ``None`` if its manifest is unreadable) is on ``tip``'s timeline."""
+    return line is not None and classify(tip, line, step) == "current"
 
 
 def _parents(path: str) -> list[str]:
