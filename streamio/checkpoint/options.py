@@ -82,7 +82,9 @@ class LocalTier:
 
     Attributes:
         path: a local directory (created if missing).
-        keep: the newest local saves each rank keeps (the root's retention is its own).
+        keep: the newest local saves of the job's timeline each rank keeps (everything else in its
+            directory is deleted at each save: older saves, superseded ones, what a killed save
+            left); the root's retention is its own.
     """
 
     path: str

@@ -7,6 +7,12 @@ with the root's candidates, newest first, every rank agreeing on each outcome, s
 is the newest that every rank can get, each part from the nearest copy: this rank's local root or
 its node's siblings' (for the parts another rank wrote), else the root (:meth:`LocalCopies.places`).
 A local copy that is missing or damaged falls back to the root, never loads.
+
+The tiers may disagree on the timeline: a rollback saved on the local tier only, or a stale local
+tier while a job elsewhere went back past its saves. Of the root's pointer and the ranks' local
+pointers, the restore stands on the one that continued or went back past the others
+(:func:`current_tip`), and only saves of its timeline are candidates, whatever their step: as with
+the root alone, a save a restore went back past is abandoned, on whichever tier it is.
 """
 
 from __future__ import annotations
@@ -17,14 +23,14 @@ import os
 from streamio.checkpoint import root
 from streamio.checkpoint.format.checks import ManifestError
 from streamio.checkpoint.format.manifest import Manifest
-from streamio.checkpoint.format.timeline import Tip, classify
+from streamio.checkpoint.format.timeline import Tip, classify, newest
 from streamio.checkpoint.options import LocalTier
 from streamio.checkpoint.restore.candidates import Candidate
 from streamio.checkpoint.tensors.fetch import Places
 from streamio.errors import StreamioError
 from streamio.storage import Store
 
-__all__ = ["LocalCopies", "merge"]
+__all__ = ["LocalCopies", "current_tip", "merge", "on_tip"]
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +60,8 @@ class LocalCopies:
                         self.store.root_url, exc)
             return []
         tip = Tip(pointer.timeline, pointer.step)
-        found = [Candidate(pointer.step, pointer.path, pointer.manifest_checksum)]
+        found = [Candidate(pointer.step, pointer.path, pointer.manifest_checksum, line=pointer.timeline,
+                           created=pointer.created)]
         for ref in reversed(saves):
             if ref.path == pointer.path:
                 continue
@@ -63,7 +70,7 @@ class LocalCopies:
             except (StreamioError, OSError):
                 continue
             if classify(tip, m.line, m.step) == "current":
-                found.append(Candidate(ref.step, ref.path))
+                found.append(Candidate(ref.step, ref.path, line=m.line))
         return found
 
     def manifest(self, c: Candidate) -> Manifest | None:
@@ -91,6 +98,26 @@ class LocalCopies:
         return Store(self.tier.rank_root(rank))
 
 
+def current_tip(durable: list[Candidate], local: list[list[Candidate]]) -> Tip | None:
+    """Where a restore stands: of the root's pointer and every rank's local pointer (each list's
+    first candidate, when it carries the pointer's checksum), the one every other came before
+    (:func:`~..format.timeline.newest`: it continued them, or went back past them). Where their
+    timelines do not record it (two restores of the same save, or unrelated timelines), the
+    pointer written last (the root's on a tie); ``None`` without any pointer."""
+    pointers = [*durable[:1], *(c for found in local for c in found[:1])]
+    tips = {Tip(c.line, c.step): c.created for c in pointers if c.checksum and c.line is not None}
+    found = newest(tips)
+    if found is None and tips:
+        found = max(tips, key=lambda t: tips[t])  # the first (the root's) of the latest
+    return found
+
+
+def on_tip(tip: Tip | None, c: Candidate) -> bool:
+    """Whether a restore standing at ``tip`` may load ``c``: a save of its timeline (one whose
+    timeline is unknown, or any without a tip, is tried as before)."""
+    return tip is None or c.line is None or classify(tip, c.line, c.step) == "current"
+
+
 def merge(durable: list[Candidate], local: list[list[Candidate]]) -> list[Candidate]:
     """The root's candidates and every rank's local ones as one list, newest first, each save once
     (the root's entry wins: it carries what a restore recorded of it; a local pointer's checksum
@@ -102,5 +129,5 @@ def merge(durable: list[Candidate], local: list[list[Candidate]]) -> list[Candid
             if have is None:
                 by_path[c.path] = c
             elif have.checksum is None and c.checksum is not None and not have.skip:
-                by_path[c.path] = Candidate(have.step, have.path, c.checksum)
+                by_path[c.path] = Candidate(have.step, have.path, c.checksum, line=have.line or c.line)
     return sorted(by_path.values(), key=lambda c: (-c.step, c.path))

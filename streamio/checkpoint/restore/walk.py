@@ -32,10 +32,10 @@ from streamio.checkpoint.comm import Comm
 from streamio.checkpoint.format import layout
 from streamio.checkpoint.format.entries import TensorEntry
 from streamio.checkpoint.format.manifest import Manifest
-from streamio.checkpoint.format.timeline import Point
+from streamio.checkpoint.format.timeline import Point, Tip
 from streamio.checkpoint.restore import candidates
 from streamio.checkpoint.restore.candidates import Candidate
-from streamio.checkpoint.restore.local import LocalCopies, merge
+from streamio.checkpoint.restore.local import LocalCopies, current_tip, merge, on_tip
 from streamio.checkpoint.restore.plan import RestorePlan, apply, decode_state, mismatches
 from streamio.checkpoint.root import UNREAD, pointer_version, read_manifest, record_bad
 from streamio.checkpoint.tensors.fanout import Key, share_reads
@@ -91,6 +91,7 @@ class Restorer:
         self.outcome: tuple[Point, Any] | None = None
         self._loaded: Manifest | None = None
         self._from_local = False  # the manifest loaded came from this rank's local copy
+        self._tip: Tip | None = None  # with a local tier: the timeline restore stands on (:func:`.local.current_tip`)
 
     def restore(self, state: MutableMapping[str, Any], step: int | None = None) -> int:
         """Load a checkpoint into ``state`` in place, all or nothing, and return its step.
@@ -98,7 +99,7 @@ class Restorer:
         See :meth:`~.manager.CheckpointManager.restore` (arguments, errors).
         """
         explicit, root = step is not None, self.store.root_url
-        self.outcome = None
+        self.outcome, self._tip = None, None
         version = self._version() if self.comm.rank == 0 else None  # before anything is read
         # the pointer alone first (no listing); the full list only if it fails
         todo = self._with_local(self._agreed(lambda: self._root_candidates(step, full=False)), step)
@@ -125,7 +126,8 @@ class Restorer:
                             "checkpoint", c.step, root, bad)
             if not todo and not listed:
                 listed = True
-                todo = [c for c in self._agreed(lambda: self._root_candidates(None, full=True)) if c.path not in tried]
+                todo = [c for c in self._agreed(lambda: self._root_candidates(None, full=True))
+                        if c.path not in tried and on_tip(self._tip, c)]
         if reasons:
             raise CheckpointError(f"no checkpoint under {root} verifies: {'; '.join(reasons)}")
         raise CheckpointNotFoundError(f"no checkpoint under {root}: nothing to restore (start from scratch)")
@@ -156,12 +158,18 @@ class Restorer:
             return []
 
     def _with_local(self, durable: list[Candidate], step: int | None) -> list[Candidate]:
-        """``durable`` and every rank's local candidates, newest first (:mod:`.local`)."""
+        """``durable`` and every rank's local candidates, newest first (:mod:`.local`); for an
+        explicit ``step``, its local saves first: the root's candidate is only the step's own
+        directory when the root has no save of the step (a save on the local tier alone)."""
         if self.local is None:
             return durable
         found = self.comm.all_gather(self.local.candidates())
         merged = merge(durable, found)
-        return [c for c in merged if c.step == step] if step is not None else merged
+        if step is None:  # the saves of the newest timeline, whichever tier holds them
+            self._tip = current_tip(durable, found)
+            return [c for c in merged if on_tip(self._tip, c)]
+        local = {c.path for cs in found for c in cs}
+        return sorted((c for c in merged if c.step == step), key=lambda c: c.path not in local)
 
     def _agreed(self, find: Callable[[], list[Candidate]]) -> list[Candidate]:
         """Rank 0's ``find()`` on every rank (its error raised on every rank)."""

@@ -10,8 +10,8 @@ snapshot and the save's plan (the same save id, directory and timeline the root 
    rank 0 assembles the manifest exactly as the root's commit does, and broadcasts it;
 3. every rank writes ``manifest.json`` and then its own ``latest.json`` (the pointer document,
    with the manifest's checksum): the local commit, atomic on its own;
-4. local retention keeps the ``keep`` newest saves of the rank's root (never one still to be
-   uploaded).
+4. local retention keeps the ``keep`` newest saves of the rank's root on the save's timeline
+   (never one still to be uploaded) and deletes everything else in it (:meth:`LocalCommitter.prune`).
 
 A rank's local pointer names the newest save it committed; whether a save is usable for a restore
 is decided then, by every rank together (:mod:`~..restore.tiers`).
@@ -25,8 +25,10 @@ from dataclasses import dataclass
 
 from streamio.checkpoint import root
 from streamio.checkpoint.comm import Comm
+from streamio.checkpoint.format import layout
 from streamio.checkpoint.format.manifest import Manifest
 from streamio.checkpoint.format.pointer import Pointer
+from streamio.checkpoint.format.timeline import Timeline, Tip, classify
 from streamio.checkpoint.options import LocalTier, SaveOptions
 from streamio.checkpoint.save.parts import Share, assemble_manifest, write_share
 from streamio.checkpoint.save.plan import SavePlan
@@ -73,6 +75,8 @@ class LocalCommitter:
         self.tier, self.comm, self.options = tier, comm, options
         self.store = Store(tier.rank_root(comm.rank))
         self._on_phase = on_phase
+        self._lines: dict[str, Timeline | None] = {}  # save directory -> its timeline (None: unreadable)
+        self._tip: Tip | None = None  # the save committed last
 
     def commit(self, job: Snapshot, plan: SavePlan, *, keep_also: frozenset[str] = frozenset()) -> LocalSave:
         """Commit ``job`` as ``plan`` on every rank's local root (collective), then prune.
@@ -116,24 +120,50 @@ class LocalCommitter:
             raise CheckpointError(
                 f"rank {comm.rank} could not commit the local copy of step {plan.step} under {store.root_url}: {exc}"
             ) from exc
-        self.prune(keep_also | {plan.sdir})
+        self._lines[plan.sdir] = manifest.line
+        self._tip = Tip(plan.timeline, plan.step)
+        self.prune(self._tip, keep_also | {plan.sdir})
         return LocalSave(plan, store, share, manifest)
 
-    def prune(self, keep_also: frozenset[str] = frozenset()) -> None:
-        """Keep the ``tier.keep`` newest local saves of this rank, and ``keep_also``."""
-        try:
-            saves = root.committed_saves(self.store)
-        except (StorageError, OSError) as exc:  # no root yet, or the disk failed: nothing to prune
-            log.debug("no local retention at %s: %s", self.store.root_url, exc)
+    def prune(self, tip: Tip | None = None, keep_also: frozenset[str] = frozenset()) -> None:
+        """Keep the ``tier.keep`` newest local saves of ``tip``'s timeline (default: the save this
+        committer committed last; nothing is pruned before it committed one),
+        and ``keep_also``; delete every other save directory of this rank's root: older saves, saves
+        of other timelines (superseded by a restore, or a manifest a killed commit wrote before its
+        pointer), and what a killed commit left without a manifest, temp files of unfinished writes
+        included. Only this rank's save thread writes its root, and it is here: nothing unfinished
+        in it belongs to a live writer."""
+        tip = tip or self._tip
+        if tip is None:
             return
-        newest = {s.path for s in sorted(saves, key=lambda s: (s.step, s.path))[-self.tier.keep:]}
-        for ref in saves:
-            if ref.path not in newest and ref.path not in keep_also:
-                try:
-                    root.delete_save(self.store, ref.path)
-                except OSError as exc:  # a note: the next save prunes again
-                    log.warning("could not delete the local copy of step %d at %s: %s",
-                                ref.step, self.store.url(ref.path), exc)
+        store = self.store
+        try:
+            listing = root.objects(store)
+            stale = store.incomplete_uploads()
+        except (StorageError, OSError) as exc:  # no root yet, or the disk failed: nothing to prune
+            log.debug("no local retention at %s: %s", store.root_url, exc)
+            return
+        saves = root.committed_saves(store, listing)  # by step, then path
+        unread = [s for s in saves if s.path not in self._lines]  # a save's timeline never changes
+        for path, m in root.read_manifests(store, unread, concurrency=self.options.concurrency).items():
+            self._lines[path] = m.line if isinstance(m, Manifest) else None
+        current = [s.path for s in saves if _on(tip, self._lines[s.path], s.step)]
+        keep = set(current[-self.tier.keep:]) | keep_also
+        dirs = {s.path: s.step for s in saves}
+        for o in listing:  # a killed commit's save directory: parts and markers, no manifest
+            head = o.path.partition("/")[0]
+            parsed = layout.parse_save_dir(head)
+            if parsed is not None:
+                dirs.setdefault(head, parsed[0])
+        try:
+            for sdir in sorted(set(dirs) - keep):
+                root.delete_save(store, sdir)
+                self._lines.pop(sdir, None)
+            for upload in stale:
+                store.abort_upload(upload)
+            root.remove_empty_dirs(store, {p for u in stale for p in _parents(u.path)})
+        except OSError as exc:  # a note: the next save prunes again
+            log.warning("could not delete old local checkpoint copies under %s: %s", store.root_url, exc)
 
     def drop(self, plan: SavePlan) -> None:
         """Remove this rank's copy of ``plan``'s save (another rank's did not commit)."""
@@ -153,3 +183,14 @@ class LocalCommitter:
     def _phase(self, name: str) -> None:
         if self._on_phase is not None:
             self._on_phase(name)
+
+
+def _on(tip: Tip, line: Timeline | None, step: int) -> bool:
+    """Whether a local save (its timeline, ``None`` if its manifest is unreadable) is on ``tip``'s timeline."""
+    return line is not None and classify(tip, line, step) == "current"
+
+
+def _parents(path: str) -> list[str]:
+    """The directories above ``path``, deepest first."""
+    parts = path.split("/")
+    return ["/".join(parts[:i]) for i in range(len(parts) - 1, 0, -1)]
