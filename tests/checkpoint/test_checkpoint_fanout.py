@@ -36,26 +36,26 @@ def s3_proxy(moto_endpoint: str) -> Iterator[FaultProxy]:
 # ------------------------------------------------------------------ the assignment (pure)
 wants = st.lists(
     st.one_of(st.none(), st.dictionaries(st.tuples(st.sampled_from("abcdef"), st.just(0), st.integers(1, 4)),
-                                         st.integers(0, 1000), max_size=8)),
+                                         st.tuples(st.integers(0, 1000), st.booleans()), max_size=8)),
     min_size=1, max_size=6,
 )
 
 
 @given(wants)
-def test_every_request_two_ranks_want_is_read_by_one_of_them(ws: list[dict | None]) -> None:  # type: ignore[type-arg]
-    sizes = {k: v for w in ws for k, v in (w or {}).items()}
-    askers = {k: [r for r, w in enumerate(ws) if w and k in w] for k in sizes}
+def test_every_request_two_ranks_want_is_read_by_one_of_them_preferring_a_holder(ws: list[dict | None]) -> None:  # type: ignore[type-arg]
+    askers = {k: [r for r, w in enumerate(ws) if w and k in w] for w in ws for k in (w or {})}
+    holders = {k: [r for r in who if ws[r][k][1]] for k, who in askers.items()}  # type: ignore[index]
     out = assign(ws)
     assert set(out) == {k for k, who in askers.items() if len(who) > 1}
-    assert all(out[k] in askers[k] for k in out)
+    assert all(out[k] in (holders[k] or askers[k]) for k in out)
     assert assign(list(ws)) == out  # the same on every rank
 
 
 @given(st.integers(2, 8), st.lists(st.integers(1, 10_000), min_size=1, max_size=40))
 def test_when_every_rank_wants_everything_shares_differ_by_at_most_one_request(world: int, sizes: list[int]) -> None:
-    everything = {(f"part-{i}", 0, s): s for i, s in enumerate(sizes)}
+    everything = {(f"part-{i}", 0, s): (s, False) for i, s in enumerate(sizes)}
     out = assign([everything] * world)
-    load = [sum(everything[k] for k, r in out.items() if r == rank) for rank in range(world)]
+    load = [sum(everything[k][0] for k, r in out.items() if r == rank) for rank in range(world)]
     assert max(load) - min(load) <= max(sizes)
 
 

@@ -14,7 +14,9 @@ case damages a copy of the local directory and three fresh ranks restore:
 * all three at once, with the corrupted part in step 4: all agree on 4; the store serves that part
   and the deleted rank's parts, nothing else;
 * one rank per node, each with a directory of its own, one node lost: all agree on 4; the lost
-  node's rank reads its shards from the store, the others read theirs locally.
+  node's rank reads its shards from the store, the others read theirs locally;
+* one rank per node, all intact: step 5, held only by the nodes' local tiers together, restores
+  with no part read from the store (each rank serves what its node holds: restore fan-out).
 
 Every rank checks every element of what it restored (``support.sharded_worker.check``); the proxy
 in front of moto logs which part objects the ranks read from the store.
@@ -205,3 +207,24 @@ def test_a_lost_node_s_rank_reads_its_shards_from_the_root_and_the_others_their_
     assert [r["step"] for r in results] == [4] * WORLD, results
     assert all(all(v for k, v in r["checks"].items() if k != "bad") for r in results), results
     assert own[1] and not own[0] and not own[2], own
+
+
+@pytest.mark.parametrize("kind", ["plain", "fsdp"])
+def test_a_save_spread_over_the_nodes_local_tiers_restores_without_the_store(
+    zygote: Zygote, saved: dict[str, Any], tmp_path: Path, kind: str
+) -> None:
+    """One rank per node, each with a directory of its own: each node holds only the parts its rank
+    wrote (its share of the replicated state, its shards). Step 5, on the local tiers only, still
+    restores: each rank serves the parts it holds to the others over the process group (restore
+    fan-out), and no rank reads a part from the store."""
+    s3: S3Endpoint = saved["s3"]
+    args = {"root": s3.url(f"spread-{kind}"), "storage": s3.storage_options(), "local": str(tmp_path / "node-{rank}"),
+            "kind": kind, "steps": [1, 2, 3, 4, 5], "world": WORLD}
+    assert [r["durable"] for r in zygote.run("save", WORLD, args, worker=WORKER)] == [4] * WORLD
+    with FaultProxy(s3.endpoint_url) as proxy:
+        results = zygote.run("restore", WORLD, {**args, "storage": s3.storage_options(proxy.endpoint_url)},
+                             worker=WORKER)
+        parts = [r.path for r in proxy.log() if r.method == "GET" and "/part-" in r.path]
+    assert [r["step"] for r in results] == [5] * WORLD, results
+    assert all(all(v for k, v in r["checks"].items() if k != "bad") for r in results), results
+    assert parts == [], parts

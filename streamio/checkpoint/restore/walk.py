@@ -42,11 +42,10 @@ from streamio.checkpoint.tensors.fanout import Key, share_reads
 from streamio.checkpoint.tensors.fetch import (
     Places,
     Read,
-    check_raw,
     load_tensors,
     places_of,
     plan_reads,
-    read_raw,
+    read_nearest,
     tensor_spans,
 )
 from streamio.checkpoint.tensors.resharding import read_pending, sources_for
@@ -267,23 +266,21 @@ class Restorer:
         return _Found(manifest, wanted, parts, src_rank)
 
     def _fan_out(self, found: _Found | None, c: Candidate) -> dict[Key, bytes | memoryview]:
-        """The requests several ranks would send to the store, each read by one of them and
+        """The requests several ranks need, each read by one of them from its nearest copy and
         exchanged (:mod:`~..tensors.fanout`; a collective)."""
         if not self.fanout:
             return {}
-        reads = None
-        if found is not None:  # what this rank reads from the store: not what its local tier has
-            planned = plan_reads(found.manifest.files, tensor_spans(found.wanted))
-            reads = [r for r in planned if len(found.parts.of(r.file)) == 1]
-        root = found.parts.root if found is not None else self.part_store
+        reads, held = None, set()
+        if found is not None:
+            reads = plan_reads(found.manifest.files, tensor_spans(found.wanted))
+            held = {r.key for r in reads if len(found.parts.of(r.file)) > 1}  # on this node's local tier
+        parts = found.parts if found is not None else places_of(self.part_store)
 
         def read(r: Read) -> bytes | memoryview:
-            path = f"{c.path}/{r.file.path}"
-            data = read_raw(root, path, r)
-            check_raw(data, r, root.url(path))
-            return data
+            return read_nearest(parts, f"{c.path}/{r.file.path}", r)
 
-        return share_reads(self.comm, reads, read, concurrency=self.concurrency, where=self.store.url(c.path))
+        return share_reads(self.comm, reads, read, concurrency=self.concurrency, where=self.store.url(c.path),
+                           held=held)
 
     def _prepare(self, state: Mapping[str, Any], c: Candidate, found: _Found,
                  fetched: Mapping[Key, bytes | memoryview]) -> RestorePlan:

@@ -1,12 +1,15 @@
-"""Restore fan-out: the parts several ranks need are read from the store once per job.
+"""Restore fan-out: the parts several ranks need are read once per job, from the nearest copy.
 
 Without it every rank of a DDP job GETs every part holding replicated state: at W ranks the store
 serves W times the checkpoint (docs/design.md "Restore fan-out"). Here the ranks first exchange
-what each would read from the store (:attr:`~.fetch.Read.key` and size; reads a rank serves from
-its local tier are not asked for); every request two or more ranks want is given to one of them
-(:func:`assign`: balanced by bytes, largest first, to the least loaded of the ranks that want it);
-each rank reads and verifies its share; the ranks agree that every share verified; then each
-share is broadcast over the process group. Every rank verifies what it receives again, like a
+what each needs (:attr:`~.fetch.Read.key`, size, and whether the rank holds the part on its local
+tier); every request two or more ranks want is given to one of them (:func:`assign`: balanced by
+bytes, largest first, to the least loaded of the ranks that hold it locally, else of those that
+want it); each rank reads and verifies its share (from its local tier where it holds it, else the
+store); the ranks agree that every share verified; then each share is broadcast over the process
+group. So the store serves each part at most once, and not at all when some rank's node holds it:
+a save spread over several nodes' local tiers (each rank wrote its share of the replicated state
+on its own node) restores without the store. Every rank verifies what it receives again, like a
 read of its own (:func:`~.fetch.check_raw`, in :func:`~.fetch.fetch_spans`), so a peer's bytes
 are trusted no more than the store's. Requests only one rank wants (its per-rank state, the boxes
 of sharded state it holds) it reads itself, as before.
@@ -19,7 +22,7 @@ each reads its own, so the restore walk's agreement decides as before).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, Protocol
 
 from streamio.checkpoint.tensors.fetch import Read
@@ -44,27 +47,31 @@ class Group(Protocol):
     def broadcast_bytes(self, data: bytes | memoryview | None, *, src: int, size: int) -> memoryview: ...
 
 
-def assign(wants: Sequence[Mapping[Key, int] | None]) -> dict[Key, int]:
+def assign(wants: Sequence[Mapping[Key, tuple[int, bool]] | None]) -> dict[Key, int]:
     """Which rank reads each request that two or more ranks want (pure; the same on every rank).
 
     Args:
-        wants: per rank, its requests to the store and their sizes in bytes (``None``: the rank
-            takes no part).
+        wants: per rank, its requests with their sizes in bytes and whether this rank holds the
+            part on its local tier (``None``: the rank takes no part).
 
     Returns:
         ``key -> rank``: largest requests first, each to the least loaded rank (bytes assigned so
-        far) among those that want it, the lowest rank on a tie.
+        far) among those that want it and hold it locally, else among all that want it; the
+        lowest rank on a tie.
     """
     askers: dict[Key, list[int]] = {}
+    holders: dict[Key, list[int]] = {}
     sizes: dict[Key, int] = {}
     for rank, mine in enumerate(wants):
-        for key, size in (mine or {}).items():
+        for key, (size, held) in (mine or {}).items():
             askers.setdefault(key, []).append(rank)
+            if held:
+                holders.setdefault(key, []).append(rank)
             sizes[key] = size
     load = [0] * len(wants)
     out: dict[Key, int] = {}
     for key in sorted((k for k, who in askers.items() if len(who) > 1), key=lambda k: (-sizes[k], k)):
-        rank = min(askers[key], key=lambda r: (load[r], r))
+        rank = min(holders.get(key) or askers[key], key=lambda r: (load[r], r))
         out[key] = rank
         load[rank] += sizes[key]
     return out
@@ -72,17 +79,20 @@ def assign(wants: Sequence[Mapping[Key, int] | None]) -> dict[Key, int]:
 
 def share_reads(
     comm: Group, reads: Sequence[Read] | None, read: Callable[[Read], bytes | memoryview], *, concurrency: int,
-    where: str,
+    where: str, held: Collection[Key] = (),
 ) -> dict[Key, bytes | memoryview]:
     """Read this rank's share of the requests several ranks want, and exchange the shares (a collective).
 
     Args:
         comm: the restore's collectives.
-        reads: the requests this rank would send to the store (``None``: this rank failed before
-            knowing them).
-        read: one request's stored bytes from the store, verified (raises when they are not).
+        reads: the requests this rank needs (``None``: this rank failed before knowing them).
+        read: one request's stored bytes from the nearest copy (this rank's local tier, else the
+            store), verified (raises when they are not).
         concurrency: parallel GETs of this rank's share.
         where: the save directory's URL, for messages.
+        held: the requests this rank can read from its local tier: a rank that holds a part
+            serves it to the others, so a save spread over several nodes' local tiers restores
+            without the store.
 
     Returns:
         The stored bytes of every shared request this rank wants, by key (empty when any rank
@@ -95,7 +105,7 @@ def share_reads(
     """
     if comm.world == 1:
         return {}
-    mine = None if reads is None else {r.key: r.size for r in reads}
+    mine = None if reads is None else {r.key: (r.size, r.key in held) for r in reads}
     wants = comm.all_gather(mine)
     if any(w is None for w in wants):
         return {}
@@ -119,7 +129,7 @@ def share_reads(
     for key, rank in sorted(owner.items()):  # the same order on every rank
         sizes = wants[rank]
         assert sizes is not None
-        received = comm.broadcast_bytes(data.get(key), src=rank, size=sizes[key])
+        received = comm.broadcast_bytes(data.get(key), src=rank, size=sizes[key][0])
         if key in by_key:
             out[key] = received
     log.debug("restore fan-out: %d shared requests, %d read here, %d bytes read here", len(owner), len(todo),

@@ -33,8 +33,8 @@ from streamio.errors import CorruptDataError
 from streamio.pool import gather, run_parallel
 from streamio.storage import Store
 
-__all__ = ["Places", "Read", "Span", "check_raw", "fetch_spans", "load_tensors", "places_of", "plan_reads", "read_raw",
-           "tensor_spans", "verify_blocks"]
+__all__ = ["Places", "Read", "Span", "check_raw", "fetch_spans", "load_tensors", "places_of", "plan_reads",
+           "read_nearest", "read_raw", "tensor_spans", "verify_blocks"]
 
 log = logging.getLogger(__name__)
 
@@ -195,17 +195,10 @@ def fetch_spans(
 
     def fetch(r: Read) -> bytes | memoryview:
         path = f"{sdir}/{r.file.path}"
-        stores = places.of(r.file)
-        if r.key in fetched:  # read from the store by another rank, exchanged over the group (:mod:`.fanout`)
-            return check_raw(fetched[r.key], r, stores[-1].url(path))
-        for near in stores[:-1]:
-            try:
-                return _fetch_one(near, path, r)
-            except FileNotFoundError:
-                continue
-            except CorruptDataError as exc:
-                log.warning("the local copy %s is damaged (%s); reading the root's", near.url(path), exc)
-        return _fetch_one(stores[-1], path, r)
+        url = places.root.url(path)
+        if r.key in fetched:  # read by another rank, exchanged over the group (:mod:`.fanout`)
+            return check_raw(fetched[r.key], r, url)
+        return _decode(read_nearest(places, path, r), r, url)
 
     reads = plan_reads(files, spans)
     got = run_parallel(fetch, reads, concurrency=concurrency, name="streamio-ckpt-range")
@@ -216,9 +209,26 @@ def fetch_spans(
     return pieces
 
 
-def _fetch_one(store: Store, path: str, r: Read) -> bytes | memoryview:
-    """One request of ``r`` from ``store``, verified."""
-    return check_raw(read_raw(store, path, r), r, store.url(path))
+def read_nearest(places: Places, path: str, r: Read) -> bytes | memoryview:
+    """The stored bytes of request ``r`` of the part at ``path`` (below the save directory's
+    parent), from the nearest of ``places`` that has them intact, verified (not decoded).
+
+    Raises:
+        CorruptDataError, ObjectNotFoundError: the root's copy, when no nearer one verified.
+    """
+    stores = places.of(r.file)
+    for near in stores[:-1]:
+        try:
+            data = read_raw(near, path, r)
+            _verify(data, r, near.url(path))
+            return data
+        except FileNotFoundError:
+            continue
+        except CorruptDataError as exc:
+            log.warning("the local copy %s is damaged (%s); reading the root's", near.url(path), exc)
+    data = read_raw(stores[-1], path, r)
+    _verify(data, r, stores[-1].url(path))
+    return data
 
 
 def read_raw(store: Store, path: str, r: Read) -> bytes | memoryview:
@@ -233,11 +243,19 @@ def check_raw(data: bytes | memoryview, r: Read, url: str) -> bytes | memoryview
     Raises:
         CorruptDataError: ``data`` is not what the manifest says.
     """
+    _verify(data, r, url)
+    return _decode(data, r, url)
+
+
+def _verify(data: bytes | memoryview, r: Read, url: str) -> None:
     if r.whole:
         verify_file(data, r.file, url)
-        return decode_part(data, r.file, url)
-    verify_blocks(data, r.file, r.start, url)
-    return data
+    else:
+        verify_blocks(data, r.file, r.start, url)
+
+
+def _decode(data: bytes | memoryview, r: Read, url: str) -> bytes | memoryview:
+    return decode_part(data, r.file, url) if r.whole else data
 
 
 def tensor_spans(wanted: Mapping[str, TensorEntry]) -> list[Span]:
