@@ -9,10 +9,11 @@ whose rate follows CUBIC):
 
 * Unpaced until the store first throttles (no cost when it never does).
 * A throttled answer (:func:`~streamio.storage.retry.is_throttle`) sets the rate to ``BETA`` times
-  the rate measured just before (or the current rate, if lower), remembered as the last maximum;
-  at most once per ``cooldown`` seconds, because the requests already in flight answer 503 too.
+  the rate of answers measured over the last second (or the current rate, if lower), remembered
+  as the last maximum; at most once per ``cooldown``, because the requests already in flight
+  answer 503 too.
 * Each success lets the rate grow back along the CUBIC curve: slowly near the last maximum, faster
-  beyond it, capped at twice the measured rate.
+  beyond it (up to twice the measured rate: an idle writer's rate does not grow without bound).
 * Before each attempt :meth:`Pacer.wait` takes a token (refilled at the rate, at most one
   second's worth), sleeping until its turn when there is none.
 
@@ -22,6 +23,7 @@ a whole under the limit it found. Time and sleep are injected (tests drive a fak
 
 from __future__ import annotations
 
+import collections
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -33,7 +35,8 @@ BETA = 0.7
 """Rate kept after a throttle (CUBIC's multiplicative decrease)."""
 _SCALE = 0.4  # CUBIC's C: how fast the rate grows back
 _MIN_RATE = 0.5  # requests per second: never slower
-_MEASURE_S = 0.5  # the measured rate is smoothed over buckets of this length
+_WINDOW_S = 1.0  # the measured rate counts the successes of the last second
+_SHORTEST_S = 0.05  # ... over at least this long
 
 
 class Pacer:
@@ -42,12 +45,13 @@ class Pacer:
     Args:
         clock: monotonic seconds.
         sleep: how to wait for a token.
-        cooldown: least seconds between two rate cuts.
+        cooldown: least seconds between two rate cuts (the writes in flight when the rate is cut
+            answer "slow down" too; they must not cut it again).
     """
 
     def __init__(
         self, *, clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-        cooldown: float = 1.0,
+        cooldown: float = 0.2,
     ) -> None:
         self._clock, self._sleep, self.cooldown = clock, sleep, cooldown
         self._lock = threading.Lock()
@@ -57,9 +61,8 @@ class Pacer:
         self._refilled = clock()
         self._last_max = 0.0
         self._cut_at = -float("inf")
-        self._measured = 0.0
-        self._bucket_start = clock()
-        self._bucket_count = 0
+        self._first: float | None = None  # the first answer
+        self._answers: collections.deque[float] = collections.deque()  # their times, the last second
         self.throttles = 0
 
     def wait(self) -> None:
@@ -78,20 +81,22 @@ class Pacer:
             self._sleep(delay)
 
     def succeeded(self) -> None:
-        """An attempt was answered: the rate may grow back."""
+        """An attempt succeeded: the rate may grow back."""
         with self._lock:
-            now = self._measure()
-            if self.enabled:
-                self._set_rate(min(self._cubic(now), 2 * max(self._measured, _MIN_RATE)))
+            now = self._clock()
+            measured = self._measured(now)
+            if self.enabled:  # an idle writer's rate does not grow past what it last had
+                self._set_rate(min(self._cubic(now), max(2 * measured, self._last_max)))
 
     def throttled(self) -> None:
         """An attempt was answered "slow down": cut the rate (once per cooldown)."""
         with self._lock:
-            now = self._measure()
+            now = self._clock()
+            measured = self._measured(now)
             self.throttles += 1
             if now - self._cut_at < self.cooldown:
                 return
-            current = min(self._measured, self.rate) if self.enabled else self._measured
+            current = min(measured, self.rate) if self.enabled else measured
             self._last_max = max(current, _MIN_RATE)
             self._cut_at = now
             self.enabled = True
@@ -113,15 +118,15 @@ class Pacer:
         k = (self._last_max * (1 - BETA) / _SCALE) ** (1 / 3)
         return _SCALE * (now - self._cut_at - k) ** 3 + self._last_max
 
-    def _measure(self) -> float:
-        """Count one answer; update the smoothed rate at the end of each bucket; the time."""
-        now = self._clock()
-        self._bucket_count += 1
-        elapsed = now - self._bucket_start
-        if elapsed >= _MEASURE_S:
-            self._measured = 0.8 * (self._bucket_count / elapsed) + 0.2 * self._measured
-            self._bucket_start, self._bucket_count = now, 0
-        return now
+    def _measured(self, now: float) -> float:
+        """Count an answer at ``now``; answers per second over the last second (over the time
+        since the first answer, when that is shorter: a burst at start-up is measured at once)."""
+        if self._first is None:
+            self._first = now
+        self._answers.append(now)
+        while self._answers and self._answers[0] < now - _WINDOW_S:
+            self._answers.popleft()
+        return len(self._answers) / min(_WINDOW_S, max(now - self._first, _SHORTEST_S))
 
 
 _pacers: dict[tuple[str, str, str], Pacer] = {}

@@ -268,6 +268,8 @@ class RetryPolicy:
         body_deadline: when a response body that trickles in counts as stalled (a transient
             failure); see :mod:`streamio.storage.deadline`.
         sleep: how to wait (tests pass a recorder; never pickled state: a module function).
+        pace_writes: pace a process's writes to a bucket that throttles (:mod:`.pacing`);
+            ``False`` retries each write on its own schedule only.
     """
 
     max_attempts: int = 8
@@ -276,6 +278,7 @@ class RetryPolicy:
     max_total: float = 120.0
     body_deadline: BodyDeadline = BodyDeadline()
     sleep: Callable[[float], None] = field(default=time.sleep, repr=False, compare=False)
+    pace_writes: bool = True
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
@@ -314,7 +317,7 @@ class RetryPolicy:
             reraise=True,
         )
         try:
-            return retrying(fn if pacer is None else lambda: _paced(fn, pacer))
+            return retrying(fn if pacer is None or not self.pace_writes else lambda: _paced(fn, pacer))
         except Exception as exc:
             attempts = int(retrying.statistics.get("attempt_number", 1))
             err = to_storage_error(exc, url, attempts=attempts, elapsed=time.monotonic() - start)

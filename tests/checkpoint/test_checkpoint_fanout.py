@@ -8,10 +8,6 @@ rank alike (walked past like any damaged checkpoint), and nothing is loaded.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,8 +19,7 @@ from streamio.checkpoint.root import read_manifest, read_pointer
 from streamio.checkpoint.tensors.fanout import assign
 from streamio.storage import Store
 from streamio.testing import FaultProxy, S3Endpoint
-
-SCRIPT = Path(__file__).parents[1] / "support" / "ckpt_fanout.py"
+from support.ckpt_fanout import run_ranks
 
 
 @pytest.fixture
@@ -60,19 +55,6 @@ def test_when_every_rank_wants_everything_shares_differ_by_at_most_one_request(w
 
 
 # ------------------------------------------------------------------ rank processes
-def _run(world: int, mode: str, root: str, options: dict, out: Path) -> list[dict]:  # type: ignore[type-arg]
-    out.mkdir(parents=True, exist_ok=True)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    env.update(CKPT_TEST_STORAGE_OPTIONS=json.dumps(options), OMP_NUM_THREADS="1")
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(world),
-         str(SCRIPT), mode, root, str(out)],
-        env=env, capture_output=True, text=True, timeout=240,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return [json.loads((out / f"rank-{r}.json").read_text()) for r in range(world)]
-
-
 def _part_bytes(proxy: FaultProxy) -> int:
     return sum(r.response_bytes for r in proxy.log() if r.method == "GET" and "/part-" in r.path)
 
@@ -83,7 +65,7 @@ def test_replicated_parts_are_read_once_per_job_at_any_world_size(
 ) -> None:
     options = s3.storage_options(s3_proxy.endpoint_url)
     root = s3.url("fanout")
-    assert all(r["ok"] for r in _run(2, "save", root, options, tmp_path / "save"))
+    assert all(r["ok"] for r in run_ranks(2, "save", root, options, tmp_path / "save"))
     store = Store(root, s3.storage_options())
     pointer = read_pointer(store)
     assert pointer is not None
@@ -91,7 +73,7 @@ def test_replicated_parts_are_read_once_per_job_at_any_world_size(
     read: dict[tuple[int, bool], int] = {}
     for world, mode in [(1, "restore"), (2, "restore"), (3, "restore"), (3, "restore-nofanout")]:
         s3_proxy.clear()
-        results = _run(world, mode, root, options, tmp_path / f"{mode}-{world}")
+        results = run_ranks(world, mode, root, options, tmp_path / f"{mode}-{world}")
         assert all(r["ok"] and r["step"] == 1 for r in results), results
         read[(world, mode == "restore")] = _part_bytes(s3_proxy)
     assert read[(1, True)] == size
@@ -105,7 +87,7 @@ def test_a_share_that_does_not_verify_fails_the_restore_on_every_rank(
 ) -> None:
     options = s3.storage_options(s3_proxy.endpoint_url)
     root = s3.url("fanout-bad")
-    assert all(r["ok"] for r in _run(2, "save", root, options, tmp_path / "save"))
+    assert all(r["ok"] for r in run_ranks(2, "save", root, options, tmp_path / "save"))
     store = Store(root, s3.storage_options())
     pointer = read_pointer(store)
     assert pointer is not None
@@ -115,7 +97,7 @@ def test_a_share_that_does_not_verify_fails_the_restore_on_every_rank(
     data = bytearray(store.read(key))
     data[len(data) // 2] ^= 0xFF
     store.put(key, bytes(data))
-    results = _run(2, "restore", root, options, tmp_path / "restore")
+    results = run_ranks(2, "restore", root, options, tmp_path / "restore")
     assert not any(r["ok"] for r in results), results
     assert all("no checkpoint under" in r["error"] and "verifies" in r["error"] for r in results), results
     assert all("the object is corrupt" in r["error"] for r in results), results  # the reader's words, agreed
