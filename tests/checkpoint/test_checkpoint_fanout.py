@@ -2,7 +2,7 @@
 
 Real rank processes (torchrun, gloo) restore through the fault proxy, which counts the bytes of
 every part GET: with fan-out the store serves each part once whatever the world size; without it,
-once per rank. A share that does not verify on the rank that read it fails the restore on every
+once per rank. The pointer and the manifest are read once per job whatever the setting. A share that does not verify on the rank that read it fails the restore on every
 rank alike (walked past like any damaged checkpoint), and nothing is loaded.
 """
 
@@ -76,6 +76,8 @@ def test_replicated_parts_are_read_once_per_job_at_any_world_size(
         results = run_ranks(world, mode, root, options, tmp_path / f"{mode}-{world}")
         assert all(r["ok"] and r["step"] == 1 for r in results), results
         read[(world, mode == "restore")] = _part_bytes(s3_proxy)
+        # the pointer and the manifest: read by rank 0 for every rank
+        assert s3_proxy.count("GET", "manifest.json") == 1 and s3_proxy.count("GET", "latest.json") == 1, world
     assert read[(1, True)] == size
     assert read[(2, True)] <= 1.05 * size and read[(3, True)] <= 1.05 * size, (read, size)
     assert read[(3, False)] >= 2.5 * size, (read, size)  # every rank reads it all without fan-out

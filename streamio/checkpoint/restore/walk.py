@@ -25,28 +25,28 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, MutableMapping
-from dataclasses import dataclass
 from typing import Any
 
 from streamio.checkpoint.comm import Comm
 from streamio.checkpoint.format import layout
-from streamio.checkpoint.format.entries import TensorEntry
 from streamio.checkpoint.format.manifest import Manifest
 from streamio.checkpoint.format.timeline import Point, Tip
 from streamio.checkpoint.restore import candidates
 from streamio.checkpoint.restore.candidates import Candidate
 from streamio.checkpoint.restore.local import LocalCopies, current_tip, merge, on_tip
 from streamio.checkpoint.restore.plan import RestorePlan, apply, decode_state, mismatches
-from streamio.checkpoint.root import UNREAD, pointer_version, read_manifest, record_bad
-from streamio.checkpoint.tensors.fanout import Key, share_reads
+from streamio.checkpoint.restore.sharing import Found, SharedReads
+from streamio.checkpoint.root import (
+    UNREAD,
+    parse_manifest,
+    pointer_version,
+    read_manifest,
+    record_bad,
+)
+from streamio.checkpoint.tensors.fanout import Key
 from streamio.checkpoint.tensors.fetch import (
-    Places,
-    Read,
     load_tensors,
     places_of,
-    plan_reads,
-    read_nearest,
-    tensor_spans,
 )
 from streamio.checkpoint.tensors.resharding import read_pending, sources_for
 from streamio.errors import CheckpointError, CheckpointNotFoundError, CorruptDataError, StorageError
@@ -86,7 +86,8 @@ class Restorer:
     ) -> None:
         self.store, self.comm, self.concurrency = store, comm, concurrency
         self.part_store = part_store if part_store is not None else store
-        self.local, self.fanout = local, fanout
+        self.local = local
+        self.shared = SharedReads(store, comm, self.part_store, concurrency=concurrency, fanout=fanout)
         self.outcome: tuple[Point, Any] | None = None
         self._loaded: Manifest | None = None
         self._from_local = False  # the manifest loaded came from this rank's local copy
@@ -222,14 +223,16 @@ class Restorer:
     ) -> tuple[RestorePlan | None, BaseException | None, tuple[str, str] | None]:
         """This rank's part of trying ``c``: its plan, or its error and how it is classified
         (``(kind, message)``; ``"mismatch"`` when the plan does not fit the live state)."""
-        found: _Found | None = None
+        found: Found | None = None
         failed: Exception | None = None
+        nearest = self._nearest(c)
         try:
-            found = self._find(c, explicit=explicit)
+            shared = self.shared.manifest(c, need=nearest is None)  # a collective: every rank, every attempt
+            found = self._find(c, nearest or shared, explicit=explicit)
         except Exception as exc:
             failed = exc
         try:  # classified, agreed on by every rank, then raised or walked past
-            fetched = self._fan_out(found, c)  # a collective: also on a rank that failed above
+            fetched = self.shared.parts(found, c)  # a collective: also on a rank that failed above
             if failed is not None:
                 raise failed
             assert found is not None
@@ -242,13 +245,26 @@ class Restorer:
                                             f"live state: {mismatch}; nothing was loaded")
         return plan, None, None
 
-    def _find(self, c: Candidate, *, explicit: bool) -> _Found:
-        """The save's manifest, verified against the pointer's checksum (if it names this save),
-        its own seal and step, and where this rank reads its parts."""
+    def _nearest(self, c: Candidate) -> Manifest | None:
+        """``c``'s manifest from this rank's local tier, verified; None if it has none that verifies."""
+        try:
+            return self.local.manifest(c) if self.local is not None else None
+        except Exception as exc:  # noqa: BLE001 - the root's copy is read instead
+            log.warning("the local copy of step %d's manifest is unusable (%s); reading the root's", c.step, exc)
+            return None
+
+    def _find(self, c: Candidate, nearest: Manifest | bytes | memoryview | None, *, explicit: bool) -> Found:
+        """The save's manifest (``nearest``: this rank's local copy, or the root's bytes another
+        rank read; else read here), verified against the pointer's checksum (if it names this
+        save), its own seal and step, and where this rank reads its parts."""
         step, expected = c.step, c.checksum
-        nearest = self.local.manifest(c) if self.local is not None else None
-        self._from_local = nearest is not None
-        manifest = nearest or read_manifest(self.store, step, path=c.path, checksum=expected)
+        self._from_local = isinstance(nearest, Manifest)
+        if isinstance(nearest, Manifest):
+            manifest = nearest
+        elif nearest is not None:
+            manifest = parse_manifest(self.store, step, c.path, nearest, expected)
+        else:
+            manifest = read_manifest(self.store, step, path=c.path, checksum=expected)
         if not manifest.checksum and expected is None:
             url = self.store.url(layout.manifest_at(c.path))
             if not explicit:
@@ -263,26 +279,9 @@ class Restorer:
         wanted = dict(manifest.replicated.tensors)
         wanted.update(manifest.per_rank[src_rank].tensors)
         parts = self.local.places(self.part_store) if self.local is not None else places_of(self.part_store)
-        return _Found(manifest, wanted, parts, src_rank)
+        return Found(manifest, wanted, parts, src_rank)
 
-    def _fan_out(self, found: _Found | None, c: Candidate) -> dict[Key, bytes | memoryview]:
-        """The requests several ranks need, each read by one of them from its nearest copy and
-        exchanged (:mod:`~..tensors.fanout`; a collective)."""
-        if not self.fanout:
-            return {}
-        reads, held = None, set()
-        if found is not None:
-            reads = plan_reads(found.manifest.files, tensor_spans(found.wanted))
-            held = {r.key for r in reads if len(found.parts.of(r.file)) > 1}  # on this node's local tier
-        parts = found.parts if found is not None else places_of(self.part_store)
-
-        def read(r: Read) -> bytes | memoryview:
-            return read_nearest(parts, f"{c.path}/{r.file.path}", r)
-
-        return share_reads(self.comm, reads, read, concurrency=self.concurrency, where=self.store.url(c.path),
-                           held=held)
-
-    def _prepare(self, state: Mapping[str, Any], c: Candidate, found: _Found,
+    def _prepare(self, state: Mapping[str, Any], c: Candidate, found: Found,
                  fetched: Mapping[Key, bytes | memoryview]) -> RestorePlan:
         """Everything of a restore that touches no live object: every part this rank needs read
         (or taken from ``fetched``) and verified; the whole state decoded."""
@@ -298,16 +297,6 @@ class Restorer:
         if pending:  # read and verify just the boxes this rank holds now (any sharding), before loading
             plan.copies.extend(read_pending(parts, manifest.files, pending, sdir=c.path, concurrency=self.concurrency))
         return plan
-
-
-@dataclass(frozen=True)
-class _Found:
-    """A save's verified manifest, the tensors this rank needs of it and where its parts are."""
-
-    manifest: Manifest
-    wanted: dict[str, TensorEntry]
-    parts: Places
-    src_rank: int
 
 
 def _classify(exc: BaseException, explicit: bool) -> str:
