@@ -112,7 +112,7 @@ class Committer:
         """
         comm = comm or self.comm
         plan = plan if plan is not None else self.plan(job.step, comm=comm)
-        files = self._all_ranks(plan, lambda: self._write_rank(job, plan, comm.rank), comm)
+        files = self._all_ranks(plan, lambda: self._write_rank(job, plan, comm), comm)
         self._finish(plan, lambda: self._assemble(job, plan, comm.world), comm)
         durable = time.perf_counter() - job.started
         log.info("checkpoint step %d durable at %s (%.3f s blocked, %.3f s to durable)",
@@ -222,9 +222,9 @@ class Committer:
         if compacted is not None:
             self.planner.compacted(compacted)
 
-    def _write_rank(self, job: Snapshot, plan: SavePlan, rank: int) -> list[FileEntry]:
+    def _write_rank(self, job: Snapshot, plan: SavePlan, comm: Comm) -> list[FileEntry]:
         """This rank's share: parts uploaded and checked in the store, then its done marker."""
-        share = write_share(self.store, job, plan, rank, self.options)
+        share = write_share(self.store, job, plan, comm.rank, self.options, world=comm.world)
         self._phase("parts")
         self._write_marker(plan, share.marker)
         return list(share.files)

@@ -92,7 +92,7 @@ class LocalCommitter:
         failure: str | None = None
         share: Share | None = None
         try:
-            share = write_share(store, job, plan, comm.rank, self.options)
+            share = write_share(store, job, plan, comm.rank, self.options, world=comm.world)
             root.write_marker(store, plan.sdir, share.marker)
             self._phase("local-parts")
         except Exception as exc:  # reported to every rank below

@@ -29,7 +29,7 @@ from streamio.checkpoint.format import layout
 from streamio.checkpoint.format import manifest as mf
 from streamio.checkpoint.format.entries import FileEntry, Section
 from streamio.checkpoint.format.manifest import DoneMarker, Manifest
-from streamio.checkpoint.options import SaveOptions
+from streamio.checkpoint.options import SaveOptions, part_size_for
 from streamio.checkpoint.save.abandon import writing
 from streamio.checkpoint.save.plan import SavePlan
 from streamio.checkpoint.save.snapshot import Snapshot
@@ -52,20 +52,6 @@ class Share:
     marker: DoneMarker
 
 
-def part_size_for(total: int, options: SaveOptions, *, local: bool = False) -> int:
-    """Part size for a stream of ``total`` bytes: at most ``options.part_size``, but small enough
-    that there are about two parts per upload thread (never below 4 MiB), so a small state still
-    uploads in parallel.
-
-    On a local root (``local``) each part costs a temp file, an fsync, a link and a directory
-    fsync, and there are no slow requests to balance, so it is one part per upload thread: on
-    local disk 8 parts of a 300 MB state reached durable in ~0.25 s after the snapshot against
-    ~0.3-0.55 s for 16 (benchmarks/bench_checkpoint.py, 2 shared CPUs).
-    """
-    per_thread = -(-total // max(1, (1 if local else 2) * options.concurrency))
-    return max(min(options.part_size, per_thread), min(options.part_size, 4 << 20))
-
-
 def software_stack() -> dict[str, Any]:
     """Versions recorded in each manifest, so a resume on another stack is visible."""
     cuda = torch.version.cuda
@@ -78,12 +64,15 @@ def software_stack() -> dict[str, Any]:
     }
 
 
-def write_share(store: Store, job: Snapshot, plan: SavePlan, rank: int, options: SaveOptions) -> Share:
-    """Write ``rank``'s parts of ``job`` into ``plan.sdir`` of ``store`` and check they are there.
+def write_share(
+    store: Store, job: Snapshot, plan: SavePlan, rank: int, options: SaveOptions, *, world: int = 1
+) -> Share:
+    """Write ``rank``'s parts of ``job`` into ``plan.sdir`` of ``store`` (one of ``world`` ranks) and
+    check they are there.
 
     Returns the share with its done marker (not written: the caller decides where it goes).
     """
-    ranges = layout.split_ranges(job.total, part_size_for(job.total, options, local=store.is_local))
+    ranges = layout.split_ranges(job.total, part_size_for(job.total, options, local=store.is_local, world=world))
 
     def put(i: int) -> FileEntry:
         # checksum (and compression) run here, in parallel, overlapping the other PUTs
