@@ -130,6 +130,7 @@ HEADLINES = {  # section -> its headline ratios, in the order the table lists th
     "sharded": lambda sc: [(f"sharded {target}: {k}", v) for target in ("disk", "s3")
                            for k, v in sc.get(target, {}).get("ratios", {}).items()],
     "shard": _headline_shard,
+    "tiers": lambda ti: [(f"tiers: {k}", v) for k, v in ti["ratios"].items() if "(target" in k],
 }
 
 
@@ -614,6 +615,72 @@ SHARDED = SectionSpec("Sharded checkpoints: FSDP2 on 2 ranks, resharding (issue 
 ))
 
 
+# ----------------------------------------------------------------------------- tiers
+TIER_ROWS = (  # (key in runs_s, what it is), in the order of the report
+    ("local.disk.commit", "local tier on disk: host copy done -> latest.json written (the local commit)"),
+    ("local.disk", "local tier on disk: `SaveStats.local_s` (save call -> commit and local retention)"),
+    ("local.disk.blocked", "local tier on disk: `save` blocked (host copy)"),
+    ("local.disk.prune", "local tier on disk: local retention after the commit (oldest save deleted)"),
+    ("ceiling.disk", "disk ceiling: the same bytes as one file per part, a thread each, write + fsync, dir fsync"),
+    ("ceiling.disk.seq", "disk ceiling: the same bytes as one file, write + fsync"),
+    ("local.shm.commit", "RAM tier (/dev/shm): host copy done -> latest.json written"),
+    ("local.shm", "RAM tier: `SaveStats.local_s`"),
+    ("local.shm.blocked", "RAM tier: `save` blocked"),
+    ("local.shm.prune", "RAM tier: local retention after the commit"),
+    ("ceiling.shm", "/dev/shm ceiling: one file per part, a thread each, write + fsync"),
+    ("ceiling.shm.seq", "/dev/shm ceiling: one file, write + fsync"),
+    ("restore.local", "restore, a manager with the local tier (newest save on disk and in S3)"),
+    ("restore.s3", "restore of the same save, a manager without a tier (S3 only)"),
+    ("pointer.get", "one root round trip: `latest_step()` (GET latest.json through the proxy)"),
+    ("save.tier.blocked", "`save` blocked, local tier + `durable_every=1`, S3 root"),
+    ("save.root.blocked", "`save` blocked, no tier, S3 root"),
+    ("save.tier.host_copy", "`SaveStats.blocked_s`, local tier (host copy, as the manager measures it)"),
+    ("save.root.host_copy", "`SaveStats.blocked_s`, no tier"),
+    ("copy", "the host copy alone (the state into reused buffers)"),
+    ("save.tier.durable", "`save` + `wait` (root pointer names it), local tier + `durable_every=1`"),
+    ("save.root.durable", "`save` + `wait`, no tier"),
+    ("loop.none", "training loop, no checkpoint: wall seconds"),
+    ("loop.tier", "training loop, local tier + `durable_every=10`: wall seconds (without the final `wait`)"),
+    ("loop.root", "training loop, no tier (every save uploaded): wall seconds (without the final `wait`)"),
+    ("loop.tier.save_per_step", "training loop, local tier: seconds in `save` per step"),
+    ("loop.root.save_per_step", "training loop, no tier: seconds in `save` per step"),
+    ("loop.tier.drain", "training loop, local tier: the final `wait` (the last upload)"),
+    ("loop.root.drain", "training loop, no tier: the final `wait`"),
+)
+
+
+def _tiers_setup(sec: Results) -> list[str]:
+    return [
+        f"State {sec['size_bytes'] / 1e6:,.0f} MB (bench_checkpoint's MLP + Adam), cut into {sec['local_parts']} local "
+        f"parts; {sec['reps']} repetitions after a warm-up (arguments: `{' '.join(sec.get('args', []))}`).",
+        "What a ratio compares runs back to back in one group, the order rotating each round, and the ratio is the "
+        "median of the per-round ratios (the `blocked` group runs 3 rounds a repetition); the groups are interleaved.",
+        f"S3 = moto behind the FaultProxy with {sec['latency_s'] * 1000:.0f} ms first-byte latency per response; "
+        "the disk tier is in the run's scratch directory (this VM's disk), the RAM tier in /dev/shm"
+        + ("" if sec.get("shm") else " (skipped: no room)") + ". The local restore reads a warm page cache.",
+        f"Training loop: {sec['steps_per_loop']} steps (forward, backward, Adam) saving every {sec['every']} steps "
+        f"(10 saves a loop, one of them durable with `durable_every={sec['durable_every']}`). Seconds, median "
+        "[min-max]. The machine is shared (see the load averages above): absolute seconds move between runs, "
+        "and so do ratios of times of a few milliseconds (blocked).",
+    ]
+
+
+def _tier_rows(sec: Results) -> list[tuple[str, str, dict[str, float]]]:
+    runs = sec["runs_s"]
+    return [(k, what, common.summary(runs[k])) for k, what in TIER_ROWS if k in runs]
+
+
+TIERS = SectionSpec("Checkpoint tiers (issue 25: `benchmarks/bench_tiers.py`)", key="tiers", blocks=(
+    Text(_tiers_setup),
+    Table((_str("measurement", 0), _str("what", 1), Column("seconds", lambda r: med(r[2], 3))), rows=_tier_rows),
+    Table((_name("restore"), Column("part GETs from S3", lambda kv: ", ".join(map(str, kv[1]["part GETs"]))),
+           Column("other requests to S3", lambda kv: ", ".join(map(str, kv[1]["other requests"])))),
+          rows=lambda sec: sec["restore_requests"].items()),
+    Table((_name("ratio"), Column("value", lambda kv: fmt(kv[1], 2)),
+           Column("goal met", lambda kv: goal_met(kv[0], kv[1]))), rows=lambda sec: sec["ratios"].items()),
+))
+
+
 # ----------------------------------------------------------------------------- peers
 def _peers(res: Results) -> list[str]:
     ran = res.get("dataset", {}).get("contenders", {})
@@ -657,5 +724,5 @@ def _shuffle_peers(res: Results) -> list[str] | None:
 PEERS = SectionSpec("Peers in their own environments", blocks=(Text(_peers), Text(_shuffle_peers)))
 
 SECTIONS = (REFERENCES, DATASET, MIXTURE, SCALE, PIPELINE, READ, SHARD, PLAN, SHUFFLE, CHECKPOINT,
-            SHARDED)  # in the suite's order
+            SHARDED, TIERS)  # in the suite's order
 REPORT = (INTRO, HEADLINE, *SECTIONS, PEERS)
