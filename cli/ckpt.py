@@ -269,7 +269,7 @@ def plan_cmd(state_bytes: int, world: int, ranks_per_node: int, part_size: int, 
     from streamio.checkpoint import SaveOptions
     from streamio.checkpoint.admin import GCS, S3, plan_requests
 
-    limits = S3 if store == "s3" else GCS
+    limits = {"s3": S3, "gcs": GCS}[store]
     options = SaveOptions(part_size=part_size, restore_fanout=not no_fanout)
     got = plan_requests(state_bytes, world, options=options, sharded=sharded, limits=limits,
                         ranks_per_node=ranks_per_node, node_bytes_per_s=node_gbps * 1e9 / 8)

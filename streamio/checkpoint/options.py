@@ -121,9 +121,9 @@ class SaveStats:
         durable_s: seconds from the ``save`` call until the pointer named this step.
         bytes_written: stored bytes this rank uploaded.
         files: part objects this rank uploaded.
-        local_s: with a local tier, seconds from the ``save`` call until the local commit
-            (``None`` without one); ``durable_s`` is then ``None`` for a save that went to the
-            local tier alone.
+        local_s: with a local tier, seconds from the ``save`` call until every rank's local
+            pointer named this step (``None`` without one; local retention runs after it);
+            ``durable_s`` is then ``None`` for a save that went to the local tier alone.
     """
 
     step: int

@@ -78,11 +78,8 @@ class LocalCommitter:
         self._lines: dict[str, Timeline | None] = {}  # save directory -> its timeline (None: unreadable)
         self._tip: Tip | None = None  # the save committed last
 
-    def commit(self, job: Snapshot, plan: SavePlan, *, keep_also: frozenset[str] = frozenset()) -> LocalSave:
-        """Commit ``job`` as ``plan`` on every rank's local root (collective), then prune.
-
-        Args:
-            keep_also: save directories local retention must keep (a save still to be uploaded).
+    def commit(self, job: Snapshot, plan: SavePlan) -> LocalSave:
+        """Commit ``job`` as ``plan`` on every rank's local root (collective); :meth:`prune` follows.
 
         Raises:
             CheckpointError: a rank could not write its copy (every rank raises alike; what this
@@ -122,7 +119,6 @@ class LocalCommitter:
             ) from exc
         self._lines[plan.sdir] = manifest.line
         self._tip = Tip(plan.timeline, plan.step)
-        self.prune(self._tip, keep_also | {plan.sdir})
         return LocalSave(plan, store, share, manifest)
 
     def prune(self, tip: Tip | None = None, keep_also: frozenset[str] = frozenset()) -> None:

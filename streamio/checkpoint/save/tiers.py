@@ -87,6 +87,7 @@ class TieredSaves:
                  plan.step, saved.store.url(plan.sdir), job.blocked_s, local_s)
         if due:
             self._enqueue(saved)
+        self.local.prune(keep_also=self._protected() | {plan.sdir})  # after the clock: not part of the commit
         files = saved.share.files
         return SaveStats(plan.step, job.blocked_s, None, sum(f.size for f in files), len(files), local_s)
 
@@ -103,7 +104,7 @@ class TieredSaves:
         """The local commit, agreed: ``None`` unless every rank's copy committed (then every
         rank drops its copy of this save)."""
         try:
-            saved: LocalSave | None = self.local.commit(job, plan, keep_also=self._protected())
+            saved: LocalSave | None = self.local.commit(job, plan)
         except CheckpointError as exc:
             log.warning("%s", exc)
             saved = None
