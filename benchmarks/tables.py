@@ -131,6 +131,12 @@ HEADLINES = {  # section -> its headline ratios, in the order the table lists th
                            for k, v in sc.get(target, {}).get("ratios", {}).items()],
     "shard": _headline_shard,
     "tiers": lambda ti: [(f"tiers: {k}", v) for k, v in ti["ratios"].items() if "(target" in k],
+    "fanout": lambda fo: [("fanout: store bytes at W=4 / checkpoint", fo["cases"]["W=4 fan-out"]["store_x"]),
+                          *((f"fanout: restore time {k}, fan-out / per rank", v)
+                            for k, v in fo["time_fanout_over_per_rank"].items())],
+    "throttle": lambda th: [(f"throttle: {m} time / ideal", th[m]["seconds"]["median"] / th["ideal_s"])
+                            for m in ("paced", "unpaced")]
+    + [(f"throttle: {m} share refused", th[m]["refused"]["median"]) for m in ("paced", "unpaced")],
 }
 
 
@@ -681,6 +687,33 @@ TIERS = SectionSpec("Checkpoint tiers (issue 25: `benchmarks/bench_tiers.py`)", 
 ))
 
 
+# ----------------------------------------------------------------------------- fan-out and throttling
+FANOUT = SectionSpec("Restore fan-out (issue 26: `benchmarks/bench_fanout.py`)", key="fanout", blocks=(
+    Text(lambda sec: [
+        f"A {sec['size_mb']} MB replicated checkpoint ({sec['checkpoint_bytes']:,} bytes as stored) saved by 2 ranks "
+        "into moto behind the 30 ms proxy, restored by W gloo rank processes on this machine, with "
+        "`restore_fanout=True` (each part read once per job, broadcast) and `False` (every rank reads every part, "
+        f"streamio before); arguments `{' '.join(sec.get('args', []))}`. Store bytes from the proxy's log; time = "
+        "the slowest rank's restore after a barrier. All ranks share 2 cores with moto: times are an upper bound."]),
+    Table((_name("case"), Column("restore seconds", lambda kv: med(kv[1]["restore_s"], 2)),
+           Column("store served (x checkpoint)", lambda kv: fmt(kv[1]["store_x"], 2))),
+          rows=lambda sec: sec["cases"].items()),
+))
+
+THROTTLE = SectionSpec("Writers through a rate limit (issue 26: `benchmarks/bench_throttle.py`)", key="throttle",
+                       blocks=(
+    Text(lambda sec: [
+        f"{sec['threads']} threads of one process put {sec['objects']} objects through a FaultProxy limit of "
+        f"{sec['rate']:g} writes/s (503 SlowDown over it), each case on a fresh bucket; paced = the default "
+        "`RetryPolicy` (streamio.storage.pacing), unpaced = `pace_writes=False` (each write on its own backoff, "
+        f"streamio before). The limit allows {sec['ideal_s']:.1f} s after its one-second burst. The 8-rank "
+        "checkpoint figure is tests/checkpoint/test_checkpoint_throttled.py's (docs/design.md \"Request rates\")."]),
+    Table((_name("writers"), Column("seconds", lambda kv: med(kv[1]["seconds"], 2)),
+           Column("share of writes refused (%)", lambda kv: med(kv[1]["refused"], 0, pct=True))),
+          rows=lambda sec: [(m, sec[m]) for m in ("paced", "unpaced")]),
+))
+
+
 # ----------------------------------------------------------------------------- peers
 def _peers(res: Results) -> list[str]:
     ran = res.get("dataset", {}).get("contenders", {})
@@ -724,5 +757,5 @@ def _shuffle_peers(res: Results) -> list[str] | None:
 PEERS = SectionSpec("Peers in their own environments", blocks=(Text(_peers), Text(_shuffle_peers)))
 
 SECTIONS = (REFERENCES, DATASET, MIXTURE, SCALE, PIPELINE, READ, SHARD, PLAN, SHUFFLE, CHECKPOINT,
-            SHARDED, TIERS)  # in the suite's order
+            SHARDED, TIERS, FANOUT, THROTTLE)  # in the suite's order
 REPORT = (INTRO, HEADLINE, *SECTIONS, PEERS)
