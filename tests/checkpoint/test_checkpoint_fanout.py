@@ -2,8 +2,9 @@
 
 Real rank processes (torchrun, gloo) restore through the fault proxy, which counts the bytes of
 every part GET: with fan-out the store serves each part once whatever the world size; without it,
-once per rank. The pointer and the manifest are read once per job whatever the setting. A share that does not verify on the rank that read it fails the restore on every
-rank alike (walked past like any damaged checkpoint), and nothing is loaded.
+once per rank. The pointer and the manifest are read once per job whatever the setting. A share
+that does not verify on the rank that read it fails the restore on every rank alike (walked past
+like any damaged checkpoint), and nothing is loaded.
 """
 
 from __future__ import annotations
