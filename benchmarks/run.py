@@ -34,6 +34,15 @@ declarative specs in :mod:`benchmarks.tables`, rendered by :mod:`benchmarks.repo
 * ``sharded``    — FSDP2 + Adam on 2 gloo rank processes: save durable / restore vs torch DCP
   (fsspec on moto, FileSystemWriter on disk) and the parallel PUT / GET / write+fsync ceilings,
   and restores resharded 2 -> 1 and 2 -> 3 (issue 16): :mod:`benchmarks.bench_sharded`.
+* ``fanout``     — restore fan-out (issue 26): bytes the store serves and restore time at W = 1, 2, 4
+  gloo ranks, with and without: :mod:`benchmarks.bench_fanout`.
+* ``throttle``   — writers through a 503-SlowDown rate limit, paced vs unpaced:
+  :mod:`benchmarks.bench_throttle`.
+* ``tiers``      — the local checkpoint tier (issue 25): a local commit (disk, /dev/shm) vs the
+  disk's write+fsync ceiling, restore from the local tier vs from S3 (moto behind the 30 ms
+  proxy), blocked time with and without a tier, and a training loop saving every N steps with
+  ``durable_every=10`` vs every save uploaded vs no checkpoint: :mod:`benchmarks.bench_tiers`
+  (``--json``, a subprocess).
 
 Each section runs its contenders interleaved, several repetitions, and reports medians with
 min-max and ratios to references measured in the same run (absolute numbers move between runs on
@@ -65,7 +74,7 @@ from benchmarks.report import fmt, render  # noqa: E402
 from benchmarks.tables import REPORT  # noqa: E402
 
 SECTIONS = ("references", "dataset", "mixture", "scale", "pipeline", "read", "shard", "plan", "shuffle", "checkpoint",
-            "sharded")
+            "sharded", "tiers", "fanout", "throttle")
 HERE = Path(__file__).resolve().parent
 
 
@@ -150,6 +159,33 @@ def section_checkpoint(quick: bool, scratch: str) -> dict[str, Any]:
     return dict(res)
 
 
+def section_tiers(quick: bool, scratch: str) -> dict[str, Any]:
+    dest = os.path.join(scratch, "tiers.json")
+    args = ["--quick"] if quick else ["--size-mb", "300", "--reps", "5"]
+    _subprocess(["-m", "benchmarks.bench_tiers", "--json", dest, "--dir", scratch, *args], 1500)
+    res = json.loads(Path(dest).read_text())
+    res["args"] = args
+    return dict(res)
+
+
+def section_fanout(quick: bool, scratch: str) -> dict[str, Any]:
+    dest = os.path.join(scratch, "fanout.json")
+    args = ["--size-mb", "16", "--reps", "1"] if quick else ["--size-mb", "64", "--reps", "2"]
+    _subprocess(["-m", "benchmarks.bench_fanout", "--json", dest, *args], 1500)
+    res = json.loads(Path(dest).read_text())
+    res["args"] = args
+    return dict(res)
+
+
+def section_throttle(quick: bool, scratch: str) -> dict[str, Any]:
+    dest = os.path.join(scratch, "throttle.json")
+    args = ["--reps", "1"] if quick else ["--reps", "3"]
+    _subprocess(["-m", "benchmarks.bench_throttle", "--json", dest, *args], 900)
+    res = json.loads(Path(dest).read_text())
+    res["args"] = args
+    return dict(res)
+
+
 def section_sharded(quick: bool, scratch: str) -> dict[str, Any]:
     from benchmarks import bench_sharded
 
@@ -170,7 +206,7 @@ def run_sections(names: list[str], quick: bool, scratch: str, use_nginx: bool,
     simple: dict[str, Callable[[bool, str], dict[str, Any]]] = {
         "references": section_references, "read": section_read, "shard": section_shard,
         "plan": section_plan, "checkpoint": section_checkpoint, "mixture": section_mixture,
-        "sharded": section_sharded,
+        "sharded": section_sharded, "tiers": section_tiers, "fanout": section_fanout, "throttle": section_throttle,
         "shuffle": lambda quick, _scratch: section_shuffle(quick, peers),
         "pipeline": lambda quick, scratch: section_pipeline(quick, scratch, peers),
     }

@@ -130,6 +130,13 @@ HEADLINES = {  # section -> its headline ratios, in the order the table lists th
     "sharded": lambda sc: [(f"sharded {target}: {k}", v) for target in ("disk", "s3")
                            for k, v in sc.get(target, {}).get("ratios", {}).items()],
     "shard": _headline_shard,
+    "tiers": lambda ti: [(f"tiers: {k}", v) for k, v in ti["ratios"].items() if "(target" in k],
+    "fanout": lambda fo: [("fanout: store bytes at W=4 / checkpoint", fo["cases"]["W=4 fan-out"]["store_x"]),
+                          *((f"fanout: restore time {k}, fan-out / per rank", v)
+                            for k, v in fo["time_fanout_over_per_rank"].items())],
+    "throttle": lambda th: [(f"throttle: {m} time / ideal", th[m]["seconds"]["median"] / th["ideal_s"])
+                            for m in ("paced", "unpaced")]
+    + [(f"throttle: {m} share refused", th[m]["refused"]["median"]) for m in ("paced", "unpaced")],
 }
 
 
@@ -614,6 +621,99 @@ SHARDED = SectionSpec("Sharded checkpoints: FSDP2 on 2 ranks, resharding (issue 
 ))
 
 
+# ----------------------------------------------------------------------------- tiers
+TIER_ROWS = (  # (key in runs_s, what it is), in the order of the report
+    ("local.disk.commit", "local tier on disk: host copy done -> latest.json written (the local commit)"),
+    ("local.disk", "local tier on disk: `SaveStats.local_s` (save call -> commit and local retention)"),
+    ("local.disk.blocked", "local tier on disk: `save` blocked (host copy)"),
+    ("local.disk.prune", "local tier on disk: local retention after the commit (oldest save deleted)"),
+    ("ceiling.disk", "disk ceiling: the same bytes as one file per part, a thread each, write + fsync, dir fsync"),
+    ("ceiling.disk.seq", "disk ceiling: the same bytes as one file, write + fsync"),
+    ("local.shm.commit", "RAM tier (/dev/shm): host copy done -> latest.json written"),
+    ("local.shm", "RAM tier: `SaveStats.local_s`"),
+    ("local.shm.blocked", "RAM tier: `save` blocked"),
+    ("local.shm.prune", "RAM tier: local retention after the commit"),
+    ("ceiling.shm", "/dev/shm ceiling: one file per part, a thread each, write + fsync"),
+    ("ceiling.shm.seq", "/dev/shm ceiling: one file, write + fsync"),
+    ("restore.local", "restore, a manager with the local tier (newest save on disk and in S3)"),
+    ("restore.s3", "restore of the same save, a manager without a tier (S3 only)"),
+    ("pointer.get", "one root round trip: `latest_step()` (GET latest.json through the proxy)"),
+    ("save.tier.blocked", "`save` blocked, local tier + `durable_every=1`, S3 root"),
+    ("save.root.blocked", "`save` blocked, no tier, S3 root"),
+    ("save.tier.host_copy", "`SaveStats.blocked_s`, local tier (host copy, as the manager measures it)"),
+    ("save.root.host_copy", "`SaveStats.blocked_s`, no tier"),
+    ("copy", "the host copy alone (the state into reused buffers)"),
+    ("save.tier.durable", "`save` + `wait` (root pointer names it), local tier + `durable_every=1`"),
+    ("save.root.durable", "`save` + `wait`, no tier"),
+    ("loop.none", "training loop, no checkpoint: wall seconds"),
+    ("loop.tier", "training loop, local tier + `durable_every=10`: wall seconds (without the final `wait`)"),
+    ("loop.root", "training loop, no tier (every save uploaded): wall seconds (without the final `wait`)"),
+    ("loop.tier.save_per_step", "training loop, local tier: seconds in `save` per step"),
+    ("loop.root.save_per_step", "training loop, no tier: seconds in `save` per step"),
+    ("loop.tier.drain", "training loop, local tier: the final `wait` (the last upload)"),
+    ("loop.root.drain", "training loop, no tier: the final `wait`"),
+)
+
+
+def _tiers_setup(sec: Results) -> list[str]:
+    return [
+        f"State {sec['size_bytes'] / 1e6:,.0f} MB (bench_checkpoint's MLP + Adam), cut into {sec['local_parts']} local "
+        f"parts; {sec['reps']} repetitions after a warm-up (arguments: `{' '.join(sec.get('args', []))}`).",
+        "What a ratio compares runs back to back in one group, the order rotating each round, and the ratio is the "
+        "median of the per-round ratios (the `blocked` group runs 3 rounds a repetition); the groups are interleaved.",
+        f"S3 = moto behind the FaultProxy with {sec['latency_s'] * 1000:.0f} ms first-byte latency per response; "
+        "the disk tier is in the run's scratch directory (this VM's disk), the RAM tier in /dev/shm"
+        + ("" if sec.get("shm") else " (skipped: no room)") + ". The local restore reads a warm page cache.",
+        f"Training loop: {sec['steps_per_loop']} steps (forward, backward, Adam) saving every {sec['every']} steps "
+        f"(10 saves a loop, one of them durable with `durable_every={sec['durable_every']}`). Seconds, median "
+        "[min-max]. The machine is shared (see the load averages above): absolute seconds move between runs, "
+        "and so do ratios of times of a few milliseconds (blocked).",
+    ]
+
+
+def _tier_rows(sec: Results) -> list[tuple[str, str, dict[str, float]]]:
+    runs = sec["runs_s"]
+    return [(k, what, common.summary(runs[k])) for k, what in TIER_ROWS if k in runs]
+
+
+TIERS = SectionSpec("Checkpoint tiers (issue 25: `benchmarks/bench_tiers.py`)", key="tiers", blocks=(
+    Text(_tiers_setup),
+    Table((_str("measurement", 0), _str("what", 1), Column("seconds", lambda r: med(r[2], 3))), rows=_tier_rows),
+    Table((_name("restore"), Column("part GETs from S3", lambda kv: ", ".join(map(str, kv[1]["part GETs"]))),
+           Column("other requests to S3", lambda kv: ", ".join(map(str, kv[1]["other requests"])))),
+          rows=lambda sec: sec["restore_requests"].items()),
+    Table((_name("ratio"), Column("value", lambda kv: fmt(kv[1], 2)),
+           Column("goal met", lambda kv: goal_met(kv[0], kv[1]))), rows=lambda sec: sec["ratios"].items()),
+))
+
+
+# ----------------------------------------------------------------------------- fan-out and throttling
+FANOUT = SectionSpec("Restore fan-out (issue 26: `benchmarks/bench_fanout.py`)", key="fanout", blocks=(
+    Text(lambda sec: [
+        f"A {sec['size_mb']} MB replicated checkpoint ({sec['checkpoint_bytes']:,} bytes as stored) saved by 2 ranks "
+        "into moto behind the 30 ms proxy, restored by W gloo rank processes on this machine, with "
+        "`restore_fanout=True` (each part read once per job, broadcast) and `False` (every rank reads every part, "
+        f"streamio before); arguments `{' '.join(sec.get('args', []))}`. Store bytes from the proxy's log; time = "
+        "the slowest rank's restore after a barrier. All ranks share 2 cores with moto: times are an upper bound."]),
+    Table((_name("case"), Column("restore seconds", lambda kv: med(kv[1]["restore_s"], 2)),
+           Column("store served (x checkpoint)", lambda kv: fmt(kv[1]["store_x"], 2))),
+          rows=lambda sec: sec["cases"].items()),
+))
+
+THROTTLE = SectionSpec("Writers through a rate limit (issue 26: `benchmarks/bench_throttle.py`)", key="throttle",
+                       blocks=(
+    Text(lambda sec: [
+        f"{sec['threads']} threads of one process put {sec['objects']} objects through a FaultProxy limit of "
+        f"{sec['rate']:g} writes/s (503 SlowDown over it), each case on a fresh bucket; paced = the default "
+        "`RetryPolicy` (streamio.storage.pacing), unpaced = `pace_writes=False` (each write on its own backoff, "
+        f"streamio before). The limit allows {sec['ideal_s']:.1f} s after its one-second burst. The 8-rank "
+        "checkpoint figure is tests/checkpoint/test_checkpoint_throttled.py's (docs/design.md \"Request rates\")."]),
+    Table((_name("writers"), Column("seconds", lambda kv: med(kv[1]["seconds"], 2)),
+           Column("share of writes refused (%)", lambda kv: med(kv[1]["refused"], 0, pct=True))),
+          rows=lambda sec: [(m, sec[m]) for m in ("paced", "unpaced")]),
+))
+
+
 # ----------------------------------------------------------------------------- peers
 def _peers(res: Results) -> list[str]:
     ran = res.get("dataset", {}).get("contenders", {})
@@ -657,5 +757,5 @@ def _shuffle_peers(res: Results) -> list[str] | None:
 PEERS = SectionSpec("Peers in their own environments", blocks=(Text(_peers), Text(_shuffle_peers)))
 
 SECTIONS = (REFERENCES, DATASET, MIXTURE, SCALE, PIPELINE, READ, SHARD, PLAN, SHUFFLE, CHECKPOINT,
-            SHARDED)  # in the suite's order
+            SHARDED, TIERS, FANOUT, THROTTLE)  # in the suite's order
 REPORT = (INTRO, HEADLINE, *SECTIONS, PEERS)

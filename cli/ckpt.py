@@ -1,4 +1,4 @@
-"""`streamio ckpt` verbs: ``ls``, ``inspect``, ``verify``, ``gc``, ``rm`` over a checkpoint root.
+"""`streamio ckpt` verbs: ``ls``, ``inspect``, ``verify``, ``gc``, ``rm`` over a checkpoint root; ``plan`` on paper.
 
 Thin by design: argument parsing and output; the logic lives in :mod:`streamio.checkpoint`
 (docs/checkpoint-lifecycle.md explains timelines, bad saves, retention and what ``gc`` removes).
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from .common import storage_option
+from .common import MAX_OBJECT_BYTES, Size, bounded, storage_option
 from .exits import ExitCode, exit_codes_help, exit_codes_short
 from .progress import Progress, human_bytes, plural
 from .schemas import json_help, json_option
@@ -53,40 +53,51 @@ def _epilog(verb: str, exits: str) -> str:
 
 @click.group("ckpt")
 def ckpt() -> None:
-    """Inspect, verify and clean checkpoint roots written by streamio.CheckpointManager."""
+    """Inspect, verify and clean checkpoint roots written by streamio.CheckpointManager; plan one on paper."""
 
 
 @ckpt.command("ls", epilog=_epilog("ckpt ls", exit_codes_short()))
 @_root_args
+@click.option("--local", "local_dir", metavar="DIR", default=None,
+              help="Also list the local tier at DIR (the LocalTier directory: its rank-NNNNN copies); "
+                   "a TIER column says which saves are local, durable or both.")
 @json_option
-def ls_cmd(store: Store, as_json: bool) -> None:
+def ls_cmd(store: Store, local_dir: str | None, as_json: bool) -> None:
     """List the committed checkpoints under ROOT (* = the one latest.json names).
 
     Flags: BAD (a restore rejected it: retention and gc remove it), abandoned (a step past the
     one a restore went back to: the next save retires it), ahead (past the pointer: a save in
-    flight, or one whose job died before its pointer swap).
+    flight, or one whose job died before its pointer swap). With --local, a "+" after the tier
+    marks the save a rank's local latest.json names (what a restart on this node finds first).
     """
-    from streamio.checkpoint.admin import list_saves
+    from streamio.checkpoint import LocalTier
+    from streamio.checkpoint.admin import list_saves, list_tiers
 
-    rows = list_saves(store)
+    rows = list_saves(store) if local_dir is None else list_tiers(store, LocalTier(local_dir))
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
     if not rows:
         click.echo(f"no checkpoints under {store.root_url}")
         return
-    click.echo(f"  {'STEP':>10}  {'SIZE':>10}  {'FILES':>8}  {'WORLD':>5}  {'CREATED':<25}  METRICS")
+    tier = local_dir is not None
+    columns = f"{'SIZE':>10}  {'FILES':>8}  {'WORLD':>5}  {'CREATED':<25}  METRICS"
+    click.echo(f"  {'STEP':>10}  " + (f"{'TIER':<8}  " if tier else "") + columns)
     for r in rows:
-        mark = "*" if r["latest"] else " "
-        flags = [f"BAD: {r['bad']}"] if r["bad"] else []
-        flags += [r["place"]] if r["place"] in ("abandoned", "ahead") else []
-        flag = f"  [{'; '.join(flags)}]" if flags else ""
-        if "error" in r:
-            click.echo(f"{mark} {r['step']:>10}  UNREADABLE: {r['error']}{flag}")
-            continue
-        metrics = " ".join(f"{k}={v}" for k, v in r["metrics"].items())
-        click.echo(f"{mark} {r['step']:>10}  {_size(r['bytes']):>10}  {plural(r['files'], 'file'):>8}  "
-                   f"{r['world_size']:>5}  {r['created']:<25}  {metrics or '-'}{flag}")
+        click.echo(_ls_line(r, tier))
+
+
+def _ls_line(r: dict[str, Any], tier: bool) -> str:
+    mark = "*" if r["latest"] else " "
+    flags = [f"BAD: {r['bad']}"] if r["bad"] else []
+    flags += [r["place"]] if r["place"] in ("abandoned", "ahead") else []
+    flag = f"  [{'; '.join(flags)}]" if flags else ""
+    where = f"{r['tier'] + ('+' if r['local_latest'] else ''):<8}  " if tier else ""
+    if "error" in r:
+        return f"{mark} {r['step']:>10}  {where}UNREADABLE: {r['error']}{flag}"
+    metrics = " ".join(f"{k}={v}" for k, v in r["metrics"].items())
+    return (f"{mark} {r['step']:>10}  {where}{_size(r['bytes']):>10}  {plural(r['files'], 'file'):>8}  "
+            f"{r['world_size']:>5}  {r['created']:<25}  {metrics or '-'}{flag}")
 
 
 @ckpt.command("inspect", epilog=_epilog("ckpt inspect", exit_codes_short()))
@@ -228,6 +239,49 @@ def rm_cmd(store: Store, step: int, force: bool, dry_run: bool, as_json: bool) -
         click.echo(f"{'would delete' if dry_run else 'deleted'} {store.url(path)}")
     click.echo(f"{'would remove' if dry_run else 'removed'} step {step}: {plural(len(removal.dirs), 'save')}, "
                f"{plural(len(removal.objects), 'object')}")
+
+
+@ckpt.command("plan", epilog=_epilog("ckpt plan", exit_codes_short()))
+@click.option("--state-bytes", "state_bytes", type=Size("a checkpoint", 1 << 60), required=True,
+              help="The checkpoint's size (1TB, 400GiB, ...).")
+@click.option("--world", type=bounded(1, 1 << 24), required=True, help="Ranks saving and restoring it.")
+@click.option("--ranks-per-node", type=bounded(1, 1024), default=8, show_default=True,
+              help="Ranks sharing one node's bandwidth.")
+@click.option("--part-size", type=Size("a part size", MAX_OBJECT_BYTES), default="64MiB", show_default=True,
+              help="SaveOptions.part_size.")
+@click.option("--store", type=click.Choice(["s3", "gcs"]), default="s3", show_default=True,
+              help="Whose request-rate limits to assume.")
+@click.option("--node-gbps", type=click.FloatRange(min=0.1, max=1e5), default=100.0, show_default=True,
+              help="Each node's network bandwidth to the store, Gbit/s.")
+@click.option("--sharded", is_flag=True, help="FSDP/DTensor state: each rank restores only its share.")
+@click.option("--no-fanout", is_flag=True, help="Every rank reads the replicated state itself (restore_fanout=False).")
+@json_option
+def plan_cmd(state_bytes: int, world: int, ranks_per_node: int, part_size: int, store: str, node_gbps: float,
+             sharded: bool, no_fanout: bool, as_json: bool) -> None:
+    """What a save and a restore of a checkpoint cost the store, on paper (no store is contacted).
+
+    Requests, bytes per node and a lower bound of the time (the requests at the store's per-prefix
+    rate, or the bytes at the node's bandwidth, whichever is longer), from the rules the code
+    follows: docs/design.md "Request rates".
+    """
+    from dataclasses import asdict
+
+    from streamio.checkpoint import SaveOptions
+    from streamio.checkpoint.admin import GCS, S3, plan_requests
+
+    limits = {"s3": S3, "gcs": GCS}[store]
+    options = SaveOptions(part_size=part_size, restore_fanout=not no_fanout)
+    got = plan_requests(state_bytes, world, options=options, sharded=sharded, limits=limits,
+                        ranks_per_node=ranks_per_node, node_bytes_per_s=node_gbps * 1e9 / 8)
+    if as_json:
+        click.echo(json.dumps({**asdict(got), "store": limits.name}, indent=2))
+        return
+    click.echo(f"{_size(state_bytes)} checkpoint, {world} ranks ({ranks_per_node} per node), {limits.name}")
+    click.echo(f"  parts      {plural(got.objects_per_rank, 'part')} of {_size(got.part_bytes)} per rank")
+    click.echo(f"  save       {got.save_requests:,} write requests, {_size(got.save_bytes_per_node)} per node: "
+               f">= {got.save_s:.1f} s ({got.save_bound})")
+    click.echo(f"  restore    {got.restore_requests:,} read requests, {_size(got.restore_store_bytes)} from the store, "
+               f"{_size(got.restore_bytes_per_node)} per node: >= {got.restore_s:.1f} s ({got.restore_bound})")
 
 
 def register(group: click.Group) -> None:

@@ -11,6 +11,7 @@ far past any real job and far below what would overflow a C integer or take days
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import click
@@ -21,6 +22,57 @@ MAX_CONCURRENCY = 1024
 MAX_SEED = 2**63 - 1
 #: Any other count (samples per shard, batch size, shuffle window): 2**40, a trillion.
 MAX_COUNT = 1 << 40
+
+
+#: The largest single object S3 and GCS store: 5 TiB.
+MAX_OBJECT_BYTES = 5 << 40
+_UNITS = {
+    "": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "PB": 10**15,
+    "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40, "PIB": 1 << 50,
+}
+
+
+def parse_size(text: str, *, what: str = "a shard size limit", maximum: int = MAX_OBJECT_BYTES) -> int:
+    """``"256MB"`` -> 256_000_000, ``"1GiB"`` -> 1 << 30, ``"4096"`` -> 4096; 1 to ``maximum`` bytes."""
+    m = re.fullmatch(r"\s*([0-9]{1,20}(?:\.[0-9]{1,20})?)\s*([A-Za-z]*)\s*", text)
+    if not m or m.group(2).upper() not in _UNITS:
+        raise click.BadParameter(f"{text!r} is not a size such as 256MB, 1GiB or 4096")
+    size = int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+    if size < 1:
+        raise click.BadParameter(f"{text!r} is {size} bytes; {what} must be at least 1 byte (e.g. 256MB)")
+    if size > maximum:
+        raise click.BadParameter(f"{text!r} is more than {_binary(maximum)}, the most {what} may be")
+    return size
+
+
+def _binary(n: int) -> str:
+    """``5 << 40`` -> ``"5 TiB"`` (the largest binary unit that divides ``n``)."""
+    for unit, shift in (("PiB", 50), ("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n % (1 << shift) == 0:
+            return f"{n >> shift} {unit}"
+    return f"{n} bytes"
+
+
+class Size(click.ParamType):
+    """A byte size with a unit (``256MB``, ``1GiB``, ``4096``), parsed while the options are.
+
+    Args:
+        what: what the size is, for messages.
+        maximum: the largest size accepted.
+    """
+
+    name = "size"
+
+    def __init__(self, what: str, maximum: int) -> None:
+        self.what, self.maximum = what, maximum
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_size(str(value), what=self.what, maximum=self.maximum)
+        except click.BadParameter as exc:
+            self.fail(exc.message, param, ctx)
 
 
 def bounded(low: int, high: int) -> click.IntRange:

@@ -14,56 +14,18 @@ usage error (2) before any I/O. ``--json`` prints the verb's one JSON document
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import click
 
-from .common import MAX_CONCURRENCY, MAX_COUNT, MAX_SEED, bounded, storage_option
+from .common import MAX_CONCURRENCY, MAX_COUNT, MAX_OBJECT_BYTES, MAX_SEED, Size, bounded, storage_option
 from .exits import exit_codes_short
 from .progress import Progress, human_bytes, plural
 from .schemas import echo_json, json_help, json_option, summary
 
 if TYPE_CHECKING:  # the library is imported inside each verb: `streamio --help` does not load it
     from streamio.data.write.sources import Samples
-
-#: The largest shard size limit: 5 TiB, the largest object S3 and GCS store.
-MAX_SHARD_BYTES = 5 << 40
-_UNITS = {
-    "": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-    "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40,
-}
-
-
-def parse_size(text: str) -> int:
-    """``"256MB"`` -> 256_000_000, ``"1GiB"`` -> 1 << 30, ``"4096"`` -> 4096; at least one byte."""
-    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", text)
-    if not m or m.group(2).upper() not in _UNITS:
-        raise click.BadParameter(f"{text!r} is not a size such as 256MB, 1GiB or 4096")
-    size = int(float(m.group(1)) * _UNITS[m.group(2).upper()])
-    if size < 1:
-        raise click.BadParameter(f"{text!r} is {size} bytes; a shard size limit must be at least 1 byte (e.g. 256MB)")
-    if size > MAX_SHARD_BYTES:
-        raise click.BadParameter(
-            f"{text!r} is more than 5 TiB, the largest object S3 and GCS store: give a shard size limit such as 256MB"
-        )
-    return size
-
-
-class _Size(click.ParamType):
-    """A byte size with a unit (``256MB``, ``1GiB``, ``4096``), parsed while the options are."""
-
-    name = "size"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
-        if isinstance(value, int):
-            return value
-        try:
-            return parse_size(str(value))
-        except click.BadParameter as exc:
-            self.fail(exc.message, param, ctx)
-
 
 def _plain_prefix(ctx: click.Context, param: click.Parameter, value: str) -> str:
     from streamio.data.format.layout import unsafe_reason
@@ -138,7 +100,8 @@ not the files.
 @click.command("shard", epilog=f"{_SHARD_SOURCES}\n{json_help('shard')}\n\n{exit_codes_short()}")
 @click.argument("src")
 @click.argument("dest")
-@click.option("--max-size", type=_Size(), default="256MB", show_default=True, help="Shard size limit (1GiB, ...).")
+@click.option("--max-size", type=Size("a shard size limit", MAX_OBJECT_BYTES),
+              default="256MB", show_default=True, help="Shard size limit (1GiB, ...).")
 @click.option("--max-count", type=bounded(1, MAX_COUNT), default=None, help="Samples per shard limit.")
 @click.option("--compress", type=click.Choice(["zstd"]), default=None, help="One zstd frame per sample (.tar.zst).")
 @click.option("--shuffle", is_flag=True, help="Shuffle the sample order (directory / JSONL sources).")

@@ -24,6 +24,7 @@ _EXPORTS = {
     "KeepBest": "streamio.checkpoint",
     "KeepEvery": "streamio.checkpoint",
     "KeepLast": "streamio.checkpoint",
+    "LocalTier": "streamio.checkpoint",
     "PrefetchConfig": "streamio.data.read.prefetch",
     "RNGState": "streamio.checkpoint",
     "RetentionPolicy": "streamio.checkpoint",
@@ -44,7 +45,7 @@ _EXPORTS = {
 
 __all__ = [
     "CacheConfig", "CheckpointManager", "DatasetIndex", "DatasetOptions", "KeepAll", "KeepBest", "KeepEvery",
-    "KeepLast", "PrefetchConfig", "RNGState", "RetentionPolicy", "RetryPolicy", "SaveOptions", "SaveStats",
+    "KeepLast", "LocalTier", "PrefetchConfig", "RNGState", "RetentionPolicy", "RetryPolicy", "SaveOptions", "SaveStats",
     "ShardSpec", "Shuffle", "Store", "Stream", "StreamingDataLoader", "StreamingDataset", "__version__",
     "build_index", "errors", "load_index", "select", "write_dataset",
 ]
@@ -56,6 +57,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the names, eagerly
         KeepBest,
         KeepEvery,
         KeepLast,
+        LocalTier,
         RetentionPolicy,
         RNGState,
         SaveOptions,

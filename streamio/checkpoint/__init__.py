@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from streamio.checkpoint.dcp.writer import StreamioWriter
     from streamio.checkpoint.format.retention import KeepAll, KeepBest, KeepEvery, KeepLast, RetentionPolicy
     from streamio.checkpoint.manager import CheckpointManager
-    from streamio.checkpoint.options import SaveOptions, SaveStats
+    from streamio.checkpoint.options import LocalTier, SaveOptions, SaveStats
     from streamio.checkpoint.rng import RNGState
     from streamio.checkpoint.tensors.app_state import ShardedModelState
 
@@ -33,6 +33,7 @@ _EXPORTS = {
     "KeepBest": "streamio.checkpoint.format.retention",
     "KeepEvery": "streamio.checkpoint.format.retention",
     "KeepLast": "streamio.checkpoint.format.retention",
+    "LocalTier": "streamio.checkpoint.options",
     "RNGState": "streamio.checkpoint.rng",
     "RetentionPolicy": "streamio.checkpoint.format.retention",
     "SaveOptions": "streamio.checkpoint.options",
@@ -48,6 +49,7 @@ __all__ = [
     "KeepBest",
     "KeepEvery",
     "KeepLast",
+    "LocalTier",
     "RNGState",
     "RetentionPolicy",
     "SaveOptions",

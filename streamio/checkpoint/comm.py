@@ -32,6 +32,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
+import numpy
 import torch
 import torch.distributed as dist
 
@@ -223,6 +224,23 @@ class Comm:
         except RuntimeError as exc:
             raise self._lost(exc) from exc
         return box[0]
+
+    def broadcast_bytes(self, data: bytes | memoryview | None, *, src: int, size: int) -> memoryview:
+        """Rank ``src``'s ``size`` bytes ``data`` on every rank (raw bytes: nothing is pickled)."""
+        if self._group is None:
+            assert data is not None
+            return memoryview(data)
+        self._check_usable("a checkpoint collective")
+        buf = torch.empty(size, dtype=torch.uint8)
+        if self.rank == src:
+            assert data is not None and len(data) == size, (size, None if data is None else len(data))
+            buf.numpy()[:] = numpy.frombuffer(data, dtype=numpy.uint8)
+        if size:
+            try:
+                dist.broadcast(buf, src=src, group=self._group)
+            except RuntimeError as exc:
+                raise self._lost(exc) from exc
+        return memoryview(buf.numpy()).cast("B")
 
     def _lost(self, exc: BaseException) -> CheckpointError:
         self._broken = f"a collective failed ({type(exc).__name__})"

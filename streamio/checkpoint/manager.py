@@ -21,12 +21,15 @@ from typing import Any
 from streamio.checkpoint.comm import Comm
 from streamio.checkpoint.format import layout
 from streamio.checkpoint.format.retention import RetentionPolicy
-from streamio.checkpoint.options import SaveOptions, SaveStats
+from streamio.checkpoint.options import LocalTier, SaveOptions, SaveStats
+from streamio.checkpoint.restore.local import LocalCopies
 from streamio.checkpoint.restore.walk import Restorer
 from streamio.checkpoint.root import PhaseHook, committed_steps, pointed_step
 from streamio.checkpoint.save import inflight
 from streamio.checkpoint.save.commit import Committer
+from streamio.checkpoint.save.local import LocalCommitter
 from streamio.checkpoint.save.snapshot import Snapshot, take_snapshot
+from streamio.checkpoint.save.tiers import TieredSaves
 from streamio.checkpoint.tensors.serialize import HostBuffer
 from streamio.deprecation import keyword_only
 from streamio.errors import CheckpointError
@@ -49,6 +52,9 @@ class CheckpointManager:
         retry: retry policy for transient storage errors.
         on_phase: called with the name of each commit phase as it completes
             (:data:`~.save.commit.PHASES`); the fault tests kill the process there.
+        local: a local tier (node-local disk or RAM): every save commits there first and every
+            ``SaveOptions.durable_every``-th goes to the root in the background; restore takes
+            the nearest good copy (docs/design.md "Local tier").
 
     Call order: ``save``... (each waits for the previous), ``wait()`` to make the last one
     durable, ``close()``; ``restore`` at start. A save still in flight when the interpreter exits
@@ -68,17 +74,23 @@ class CheckpointManager:
         options: SaveOptions | None = None,
         retry: RetryPolicy | None = None,
         on_phase: PhaseHook | None = None,
+        local: LocalTier | None = None,
     ) -> None:
         self.store = Store(root_url, storage_options, retry=retry)
         self.async_save = async_save
         self.options = options or SaveOptions()
         self._comm = Comm(timeout_s=self.options.collective_timeout_s)
-        self._committer = Committer(
-            self.store, self._comm, options=self.options,
-            retention=retention, on_phase=on_phase,
+        # with a tier, uploads run in a thread of their own: their collectives need a group of their own
+        uploads = self._comm if local is None else Comm(timeout_s=self.options.collective_timeout_s)
+        self._committer = Committer(self.store, uploads, options=self.options, retention=retention, on_phase=on_phase)
+        self._tiers = None if local is None else TieredSaves(
+            self._committer, LocalCommitter(local, self._comm, options=self.options, on_phase=on_phase), self._comm,
+            options=self.options,
         )
         self._restorer = Restorer(self.store, self._comm, concurrency=self.options.concurrency,
-                                  part_store=self.store.for_verified_reads())
+                                  part_store=self.store.for_verified_reads(),
+                                  local=None if local is None else LocalCopies(local, self._comm.rank),
+                                  fanout=self.options.restore_fanout)
         self._buffer = HostBuffer()
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="streamio-ckpt")
         self._pending: concurrent.futures.Future[SaveStats] | None = None
@@ -103,6 +115,14 @@ class CheckpointManager:
         return self._comm.world
 
     @property
+    def durable_step(self) -> int | None:
+        """The newest step this manager made durable in the root (``None``: none yet). With a local
+        tier, later saves may be on the local tier only (:attr:`SaveStats.durable_s` is ``None``)."""
+        if self._tiers is not None:
+            return self._tiers.durable_step
+        return self.last_stats.step if self.last_stats is not None else None
+
+    @property
     def retention(self) -> RetentionPolicy:
         """Which committed checkpoints the next save keeps (may be replaced between saves)."""
         return self._committer.pruner.policy
@@ -112,7 +132,10 @@ class CheckpointManager:
         self._committer.pruner.policy = policy
 
     # ------------------------------------------------------------------------------ save
-    def save(self, step: int, state: Mapping[str, Any], *, metrics: Mapping[str, Any] | None = None) -> None:
+    def save(
+        self, step: int, state: Mapping[str, Any], *, metrics: Mapping[str, Any] | None = None,
+        durable: bool | None = None,
+    ) -> None:
         """Snapshot ``state`` and commit it as ``step`` (in the background if ``async_save``).
 
         Args:
@@ -121,6 +144,9 @@ class CheckpointManager:
             state: name -> object with ``state_dict()`` (model, optimizer, scheduler, scaler,
                 dataset, RNG state) or plain value (tensors, JSON-like values).
             metrics: numbers recorded in the manifest (what ``KeepBest`` ranks by).
+            durable: with a local tier, ``True`` sends this save to the root whatever
+                ``SaveOptions.durable_every`` says (``False``: local only); without one, every
+                save goes to the root. Pass the same on every rank.
 
         Raises:
             CheckpointError: the previous async save failed (raised here, once; e.g. a rank did
@@ -136,23 +162,29 @@ class CheckpointManager:
         job = take_snapshot(step, state, comm=self._comm, per_rank=self.options.per_rank, buffer=self._buffer,
                             metrics=dict(metrics or {}), started=t0, block_size=self.options.block_size)
         if self.async_save:
-            self._pending = self._executor.submit(self._commit, job)
+            self._pending = self._executor.submit(self._commit, job, durable)
             inflight.track(self._pending, step, self.store.root_url)  # waited for at exit if nobody does
         else:
-            self.last_stats = self._commit(job)
+            self.last_stats = self._commit(job, durable)
 
-    def _commit(self, job: Snapshot) -> SaveStats:
+    def _commit(self, job: Snapshot, durable: bool | None) -> SaveStats:
         """Every rank at this save (bounded wait: :meth:`~.comm.Comm.arrive`), then the commit."""
         self._comm.arrive("save", job.step, where=f"saving step {job.step} to {self.store.root_url}")
+        if self._tiers is not None:
+            return self._tiers.commit(job, durable)
         return self._committer.commit(job)
 
     def wait(self) -> SaveStats | None:
-        """Block until the save in flight is durable; raise its error if it failed.
+        """Block until the save in flight is committed (with a local tier: and every upload due is
+        done); raise its error if it failed.
 
         Returns:
             The stats of the last completed save (``None`` if none yet).
         """
         self._wait_pending()
+        if self._tiers is not None:
+            self._tiers.drain()
+            self._tiers.raise_error()
         return self.last_stats
 
     def close(self) -> None:
@@ -165,6 +197,8 @@ class CheckpointManager:
             self._closed = True
             self._executor.shutdown(wait=True)
             self._buffer = HostBuffer()
+            if self._tiers is not None:
+                self._tiers.close()
 
     def _wait_pending(self) -> None:
         pending = self._pending

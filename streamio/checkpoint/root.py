@@ -5,8 +5,8 @@ the root's notes (``bad.json`` beside a rejected save, ``retention.json``); thei
 :mod:`.format` (:mod:`~.format.pointer`, :mod:`~.format.manifest`, :mod:`~.format.notes`). The
 commit (:mod:`.save`), the restore walk (:mod:`.restore`), the DCP pair and ``streamio ckpt``
 (:mod:`.admin`) touch them through the functions here only (a test checks that no other module
-names the pointer). The parts (raw tensor bytes) are written by :mod:`.save.commit` and read by
-:mod:`.tensors.fetch`.
+names the pointer). Parts: :mod:`.save.parts` writes, :mod:`.tensors.fetch` reads. A local tier's
+root (docs/design.md "Local tier") is a root too, whose one writer swaps its pointer unconditionally.
 
 Every read goes to storage fresh (a listing or a GET), never a cached view: another job, or an
 earlier run of this one, may have written the root since; a document is read whole within a bound
@@ -17,8 +17,7 @@ A *save* is one save directory (:func:`~.format.layout.save_dir`); it is *commit
 (:mod:`.format.timeline`); the pointer names the current one and the current timeline, and is
 replaced by a compare-and-swap on the version read before it (:func:`swap_pointer`). Deleting a
 save removes its manifest first, so a half-deleted save is never taken for a complete one, then on
-a local root the directories it leaves empty (:func:`remove_empty_dirs`: only while empty, so what
-another writer has put there since stays; a local put whose directory vanished makes it again).
+a local root the directories it leaves empty (:func:`remove_empty_dirs`: only while empty).
 """
 
 from __future__ import annotations
@@ -31,20 +30,12 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from streamio.checkpoint.format import layout
+from streamio.checkpoint.format import layout, notes
 from streamio.checkpoint.format import manifest as mf
 from streamio.checkpoint.format import pointer as ptr
 from streamio.checkpoint.format.checks import ManifestError
 from streamio.checkpoint.format.manifest import DoneMarker, Manifest
-from streamio.checkpoint.format.notes import (
-    MAX_RECORD_BYTES,
-    BadRecord,
-    RetentionRecord,
-    bad_from_bytes,
-    bad_to_bytes,
-    retention_from_bytes,
-    retention_to_bytes,
-)
+from streamio.checkpoint.format.notes import BadRecord, RetentionRecord
 from streamio.checkpoint.format.pointer import Pointer
 from streamio.checkpoint.format.retention import RetentionPolicy
 from streamio.checkpoint.format.timeline import Tip, classify
@@ -55,11 +46,12 @@ from streamio.pool import run_parallel
 from streamio.storage import ObjectInfo, Store
 
 __all__ = [
-    "ABSENT", "PhaseHook", "SaveRef", "committed_saves", "committed_steps", "create_manifest", "delete_objects",
-    "delete_save", "delete_share", "has_manifest", "has_pointer", "manifest_digest", "objects", "pointed_step",
-    "pointer_url", "pointer_version", "read_bad", "read_manifest", "read_manifest_digest", "read_manifests",
-    "read_markers", "read_pointer", "read_retention", "record_bad", "record_retention", "remove_empty_dirs",
-    "resolve_save", "swap_pointer", "write_marker",
+    "ABSENT", "UNREAD", "PhaseHook", "SaveRef", "committed_saves", "committed_steps", "create_manifest",
+    "delete_objects", "delete_save", "delete_share", "has_manifest", "has_pointer", "manifest_digest", "objects",
+    "parse_manifest", "pointed_step", "pointer_url", "pointer_version", "read_bad", "read_manifest",
+    "read_manifest_bytes", "read_manifest_digest",
+    "read_manifests", "read_markers", "read_pointer", "read_retention", "record_bad", "record_retention",
+    "remove_empty_dirs", "resolve_save", "swap_pointer", "write_marker",
 ]
 
 log = logging.getLogger(__name__)
@@ -69,6 +61,8 @@ PhaseHook = Callable[[str], None]
 
 ABSENT = "\0absent"
 """What :func:`pointer_version` returns when there is no pointer (no store's version looks so)."""
+
+UNREAD = "\0unread"  # a pointer version not read yet (the root did not answer): read before the next swap
 
 
 @dataclass(frozen=True)
@@ -194,29 +188,37 @@ def read_manifest(store: Store, step: int, *, path: str | None = None, checksum:
 
     Raises:
         CheckpointNotFoundError: no manifest (the step was never committed or was deleted).
-        ManifestError: (a :class:`CheckpointFormatError`) an unknown format version
-            (``unknown_version``), or a manifest that is invalid, claims another step, names a
-            path outside its save directory, or does not match its own or ``checksum``.
+        ManifestError: an unknown format version (``unknown_version``), or a manifest that is invalid,
+            claims another step, names a path outside its save directory, or fails its checksums.
     """
-    return _read_manifest(store, step, path if path is not None else resolve_save(store, step), checksum)[0]
+    sdir = path if path is not None else resolve_save(store, step)
+    return parse_manifest(store, step, sdir, read_manifest_bytes(store, step, sdir), checksum)
 
 
 def read_manifest_digest(store: Store, step: int, path: str) -> tuple[Manifest, str]:
     """The manifest of the save of ``step`` in ``path`` (as :func:`read_manifest`) and the
     checksum of its stored bytes: what a pointer that names it records."""
-    return _read_manifest(store, step, path, None)
+    data = read_manifest_bytes(store, step, path)
+    return parse_manifest(store, step, path, data, None), checksum_bytes(data)
 
 
-def _read_manifest(store: Store, step: int, sdir: str, checksum: str | None) -> tuple[Manifest, str]:
+def read_manifest_bytes(store: Store, step: int, sdir: str) -> bytes:
+    """The stored bytes of the manifest in ``sdir``, unparsed and unverified (one rank reads them
+    for all, each parses them: :func:`parse_manifest`); ``CheckpointNotFoundError`` if none."""
     manifest = layout.manifest_at(sdir)
     try:
-        data = _read(store, manifest)
+        return _read(store, manifest)
     except FileNotFoundError as exc:
         raise CheckpointNotFoundError(
             f"{store.url(manifest)} does not exist: step {step} was never committed or was deleted"
         ) from exc
+
+
+def parse_manifest(store: Store, step: int, sdir: str, data: bytes | memoryview, checksum: str | None) -> Manifest:
+    """``data``, the manifest of ``sdir`` under ``store``, verified and parsed (as :func:`read_manifest`)."""
+    manifest = layout.manifest_at(sdir)
     try:
-        return mf.manifest_from_bytes(data, step=step, checksum=checksum), checksum_bytes(data)
+        return mf.manifest_from_bytes(bytes(data), step=step, checksum=checksum)
     except ManifestError as exc:
         prefix = f"{store.url(manifest)}:" if exc.unknown_version else f"{store.url(manifest)} is unusable:"
         raise ManifestError(f"{prefix} {exc}", unknown_version=exc.unknown_version) from exc
@@ -298,7 +300,7 @@ def record_bad(store: Store, sdir: str, step: int, reason: str) -> None:
     try:
         if not has_manifest(store, sdir):
             return  # nothing left to mark (the save was deleted)
-        store.put(layout.bad_path(sdir), bad_to_bytes(BadRecord(step, reason, recorded)))
+        store.put(layout.bad_path(sdir), notes.bad_to_bytes(BadRecord(step, reason, recorded)))
     except Exception as exc:  # a note for later runs; the restore goes on without it
         log.warning("could not record %s as bad (%s): %s", store.url(sdir), reason, exc)
         return
@@ -309,8 +311,8 @@ def record_bad(store: Store, sdir: str, step: int, reason: str) -> None:
 def read_bad(store: Store, sdir: str) -> BadRecord | None:
     """The bad-save record of ``sdir``, ``None`` if there is none (or it is unreadable)."""
     try:
-        data = _read(store, layout.bad_path(sdir), MAX_RECORD_BYTES)
-        return bad_from_bytes(data, store.url(layout.bad_path(sdir)))
+        data = _read(store, layout.bad_path(sdir), notes.MAX_RECORD_BYTES)
+        return notes.bad_from_bytes(data, store.url(layout.bad_path(sdir)))
     except FileNotFoundError:
         return None
     except ManifestError as exc:  # still a record that a restore rejected the save
@@ -321,13 +323,13 @@ def read_bad(store: Store, sdir: str) -> BadRecord | None:
 def read_retention(store: Store) -> RetentionRecord:
     """The root's recorded retention policy (``retention.json``); ``FileNotFoundError`` if none is
     recorded, :class:`ManifestError` if the record is not valid."""
-    data = _read(store, layout.RETENTION, MAX_RECORD_BYTES)
-    return retention_from_bytes(data, store.url(layout.RETENTION))
+    data = _read(store, layout.RETENTION, notes.MAX_RECORD_BYTES)
+    return notes.retention_from_bytes(data, store.url(layout.RETENTION))
 
 
 def record_retention(store: Store, policy: RetentionPolicy, recorded: str) -> None:
     """Record ``policy`` as the root's retention policy (replacing the recorded one)."""
-    store.put(layout.RETENTION, retention_to_bytes(policy, recorded))
+    store.put(layout.RETENTION, notes.retention_to_bytes(policy, recorded))
 
 
 # ------------------------------------------------------------------------------ deleting

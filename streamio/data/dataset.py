@@ -37,20 +37,19 @@ the position and checks a loaded state (untrusted: every claimed size is bounded
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-import torch.distributed as dist
 from torch.utils.data import IterableDataset, get_worker_info
 
 from streamio.data.cache import CacheConfig, ShardCache
 from streamio.data.dataloader.allocator import tune_worker_malloc
 from streamio.data.dataloader.stateful_loader import LoaderState, install
 from streamio.data.decode import DecodeSpec, make_decoder
-from streamio.data.format.index import DatasetIndex
 from streamio.data.format.samples import Handler
-from streamio.data.mixing import Stream, describe_mixture, load_streams, plan_sources
+from streamio.data.mixing import Stream, describe_mixture, describe_request, load_streams, plan_sources
 from streamio.data.plan import EpochPlan, Sampling, Shuffle, TailPolicy, Topology, plan_epoch
 from streamio.data.position import (
     Position,
@@ -65,11 +64,10 @@ from streamio.data.position import (
 )
 from streamio.data.read.prefetch import PrefetchConfig
 from streamio.data.read.reader import WindowReader
+from streamio.data.sharing import OpenGroup, check_agreement
 from streamio.deprecation import fold_moved
-from streamio.distributed import group_initialized, rank_and_world
-from streamio.errors import PlanError
-from streamio.storage import Store
-from streamio.storage.secrets import scrub
+from streamio.distributed import rank_and_world
+from streamio.errors import ConfigError, PlanError
 
 __all__ = ["DatasetOptions", "StreamingDataset"]
 
@@ -91,9 +89,13 @@ class DatasetOptions:
             None raises.
         epoch_samples: samples per epoch of a mixture; the weighted sources are scaled to fill it.
             None = the sum of the sources' contributions.
+        collective_timeout_s: under ``torch.distributed``, how long a rank waits for the others
+            while the dataset is constructed (rank 0 reads every index for all of them; the ranks
+            check that they agree on seed and settings) before it raises ``PlanError``.
 
     Raises:
         PlanError: ``policy`` is not a tail policy.
+        ConfigError: ``collective_timeout_s`` is not a positive number of seconds.
     """
 
     policy: TailPolicy = "pad"
@@ -101,9 +103,16 @@ class DatasetOptions:
     prefetch: PrefetchConfig = PrefetchConfig()
     handler: Handler | None = None
     epoch_samples: int | None = None
+    collective_timeout_s: float = 300.0
 
     def __post_init__(self) -> None:
         Sampling(policy=self.policy)  # validates the policy where it was written
+        timeout = self.collective_timeout_s
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf:
+            raise ConfigError(
+                f"DatasetOptions(collective_timeout_s={self.collective_timeout_s!r}): give a positive, finite "
+                f"number of seconds (the default is 300)"
+            )
 
 
 class StreamingDataset(IterableDataset):
@@ -160,16 +169,17 @@ class StreamingDataset(IterableDataset):
         options = fold_moved("StreamingDataset", later, into="options", given=options, make=DatasetOptions,
                              fields=("epoch_samples",), alongside=True)
         self.options = options if options is not None else DatasetOptions()
-        self.sources = load_streams(url, storage_options)
-        self.store: Store = self.sources[0].store
-        self.index: DatasetIndex = self.sources[0].index
         self.epoch_samples = self.options.epoch_samples
-        if not isinstance(shuffle, Shuffle):
-            shuffle = Shuffle() if shuffle else Shuffle.off()
+        shuffle = shuffle if isinstance(shuffle, Shuffle) else Shuffle() if shuffle else Shuffle.off()
         self.sampling = Sampling(shuffle=shuffle, policy=self.options.policy)
         self.seed = seed
         self.batch_size = batch_size
         self.transform = transform
+        with OpenGroup(self.options.collective_timeout_s, describe_request(url)) as group:
+            self.sources = load_streams(url, storage_options, group)  # under a process group: read by rank 0
+            indexes = tuple((src.index.fingerprint, src.stream.weight, src.stream.samples) for src in self.sources)
+            check_agreement(group, (seed, (indexes, self.epoch_samples), self.options.policy, repr(shuffle)))
+        self.store, self.index = self.sources[0].store, self.sources[0].index  # the (first) source's
         cache = ShardCache(self.options.cache) if self.options.cache is not None else None
         self.reader = WindowReader(
             [(src.store, src.index) for src in self.sources], cache=cache,
@@ -179,7 +189,6 @@ class StreamingDataset(IterableDataset):
         self._counted_by_loader = False
         self._loader_workers = 0
         self._state_taken_in_worker = False  # a stateful loader (torchdata's) asks each worker for it
-        check_seed_across_ranks(self)
         install(StreamingDataset)  # torchdata's StatefulDataLoader restores `epoch` here too
 
     def __repr__(self) -> str:
@@ -372,23 +381,3 @@ def _plan(ds: StreamingDataset, num_workers: int, epoch: int, resume: Mapping[st
         index_fingerprint=ds.index.fingerprint if mixture is None else None,
         epoch_samples=ds.epoch_samples,
     )
-
-
-def check_seed_across_ranks(ds: StreamingDataset) -> None:
-    """Raise if ranks disagree on seed or index (silent duplication in other libraries)."""
-    if not group_initialized():
-        return
-    rank, world = rank_and_world()
-    if world == 1:
-        return
-    indexes = tuple((src.index.fingerprint, src.stream.weight, src.stream.samples) for src in ds.sources)
-    mine = (ds.seed, (indexes, ds.epoch_samples), ds.sampling.policy, repr(ds.sampling.shuffle))
-    everyone: list[Any] = [None] * world
-    dist.all_gather_object(everyone, mine)
-    bad = [r for r, v in enumerate(everyone) if tuple(v) != mine]
-    if bad:
-        raise PlanError(
-            f"StreamingDataset({scrub(ds.store.root_url)!r}): ranks disagree on (seed, index, policy, shuffle): "
-            f"rank {rank} has {mine[:1] + mine[2:]}, ranks {bad} differ ({everyone[bad[0]][:1]}...). "
-            "Pass the same seed and settings on every rank, or data is duplicated silently."
-        )

@@ -14,6 +14,11 @@ verify / plan``) takes all three through :func:`open_dataset`:
   refused with the command that indexes them; silently reading a different set than the one
   named would be worse).
 
+Under ``torch.distributed`` one rank reads for all (:mod:`streamio.data.sharing`):
+:func:`fetch_dataset` is :func:`open_dataset` that also returns the index's bytes as read, and
+:func:`parse_dataset` makes the same ``(store, index)`` of those bytes on another rank without
+reading anything (every check that needs no storage made again).
+
 The :class:`~streamio.storage.Store` returned is the one the index's shard paths are relative
 to. An index is untrusted input, so where it may send a reader is limited: an index read from
 local disk (or memory) may point anywhere, one read from remote storage only at the same kind of
@@ -28,7 +33,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from streamio.data.format.index import DatasetIndex, load_index
+from streamio.data.format.index import DatasetIndex, parse_index, read_index_bytes
 from streamio.data.format.layout import (
     INDEX_NAME,
     WRITING_NAME,
@@ -44,7 +49,10 @@ from streamio.storage import Store
 from streamio.storage.backends import is_file_url, pointer_scope
 from streamio.storage.secrets import has_userinfo, strip_userinfo
 
-__all__ = ["absolute_url", "index_location", "is_index_url", "open_dataset", "same_location", "split_index_url"]
+__all__ = [
+    "absolute_url", "fetch_dataset", "index_location", "is_index_url", "open_dataset", "parse_dataset", "same_location",
+    "split_index_url",
+]
 
 _PATTERN_CHARS = "{*?["
 
@@ -68,19 +76,68 @@ def open_dataset(url: str, storage_options: Mapping[str, Any] | None = None) -> 
         IndexFormatError: an invalid index, or one pointing where it may not (see the module
             docstring).
     """
+    store, index, _ = fetch_dataset(url, storage_options)
+    return store, index
+
+
+def fetch_dataset(
+    url: str, storage_options: Mapping[str, Any] | None = None
+) -> tuple[Store, DatasetIndex, bytes]:
+    """:func:`open_dataset`, and the index's bytes as read: what the other ranks of a job take to
+    :func:`parse_dataset` instead of reading it themselves.
+
+    Raises:
+        what :func:`open_dataset` raises.
+    """
+    return _open(url, storage_options, None)
+
+
+def parse_dataset(url: str, storage_options: Mapping[str, Any] | None, data: bytes) -> tuple[Store, DatasetIndex]:
+    """What :func:`open_dataset` returns for ``url``, from the bytes of its index that another
+    process of the job read (and checked against the store) with :func:`fetch_dataset`.
+
+    Nothing is read: the bytes are parsed and checked here exactly as if they had been read here
+    (they are as untrusted), and every check that needs no storage is made again. The one check
+    that does, that a pattern names exactly the indexed shards (a listing), is the reader's.
+
+    Raises:
+        IndexFormatError: an invalid index, or one pointing where it may not.
+    """
+    store, index, _ = _open(url, storage_options, data)
+    return store, index
+
+
+def _open(url: str, options: Mapping[str, Any] | None, data: bytes | None) -> tuple[Store, DatasetIndex, bytes]:
+    """The shards' store, the index and its bytes; the index read here unless ``data`` is given."""
     directory, name, pattern = index_location(url)
-    where = Store(directory, storage_options)
+    where = Store(directory, options)
+    shown = strip_userinfo(url)
+    if pattern is not None and is_gzip_shard(pattern):
+        raise IndexNotFoundError(f"{shown!r} names gzip'd shards: {gzip_advice(shown)}")
+    read_here = data is None
+    if data is None:
+        data = _read_index(where, name, pattern, shown)
+    index = parse_index(data, url=where.url(name), layouts_at=where)
     if pattern is None:
-        try:
-            index = load_index(where, name)
-        except IndexNotFoundError as exc:
-            if name != INDEX_NAME:  # an index URL named outright: nothing to guess about the prefix
-                raise
-            raise IndexNotFoundError(_unfinished_instead(where) or _gzip_instead(where) or str(exc)) from exc
-        return _shards_store(index, where, storage_options, where.url(name)), index
-    if is_gzip_shard(pattern):
-        raise IndexNotFoundError(f"{strip_userinfo(url)!r} names gzip'd shards: {gzip_advice(strip_userinfo(url))}")
-    return where, _pattern_index(where, pattern, strip_userinfo(url))
+        return _shards_store(index, where, options, where.url(name)), index, data
+    _check_pattern(where, index, pattern, shown, list_shards=read_here)
+    return where, index, data
+
+
+def _read_index(where: Store, name: str, pattern: str | None, shown: str) -> bytes:
+    """The index's bytes; without one, what to do about it (index the pattern's shards, finish or
+    convert the shards found instead)."""
+    try:
+        return read_index_bytes(where, name)
+    except IndexNotFoundError as exc:
+        if pattern is not None:
+            raise IndexNotFoundError(
+                f"the shards of {shown!r} are not indexed: no {INDEX_NAME} at {where.url(INDEX_NAME)}; index them "
+                f"once with `streamio index '{shown}'`, then open the same URL"
+            ) from exc
+        if name != INDEX_NAME:  # an index URL named outright: nothing to guess about the prefix
+            raise
+        raise IndexNotFoundError(_unfinished_instead(where) or _gzip_instead(where) or str(exc)) from exc
 
 
 def _unfinished_instead(store: Store) -> str | None:
@@ -198,20 +255,14 @@ def _shards_store(index: DatasetIndex, where: Store, options: Mapping[str, Any] 
     return Store(index.shards_url, options)
 
 
-def _pattern_index(store: Store, pattern: str, shown: str) -> DatasetIndex:
-    """The index beside the shards a pattern names, if it indexes exactly those shards.
+def _check_pattern(store: Store, index: DatasetIndex, pattern: str, shown: str, *, list_shards: bool) -> None:
+    """Refuse a pattern unless the index beside the shards it names indexes exactly those shards.
 
     The fix a refusal suggests never drops an indexed shard: without an index, index the named
     shards beside them; when they include every indexed one, replace the index (``--overwrite``);
     otherwise index them apart (``--index-url``), leaving the index that is there as it is.
+    ``list_shards=False``: the shards were listed by the process that read the index.
     """
-    try:
-        index = load_index(store)
-    except IndexNotFoundError as exc:
-        raise IndexNotFoundError(
-            f"the shards of {shown!r} are not indexed: no {INDEX_NAME} at {store.url(INDEX_NAME)}; index them once "
-            f"with `streamio index '{shown}'`, then open the same URL"
-        ) from exc
     fix = (
         f"to read only these shards, index them apart with `streamio index '{shown}' --index-url "
         f"{store.root_url}/subset.json` and open that URL"
@@ -221,6 +272,8 @@ def _pattern_index(store: Store, pattern: str, shown: str) -> DatasetIndex:
             f"{store.url(INDEX_NAME)} indexes the shards at {index.shards_url}, not those {shown!r} names; {fix}, "
             f"or open {store.root_url} for the dataset it indexes"
         )
+    if not list_shards:
+        return
     named = expand_patterns(store, pattern)
     indexed = [s.path for s in index.shards]
     named_set, indexed_set = set(named), set(indexed)
@@ -234,7 +287,6 @@ def _pattern_index(store: Store, pattern: str, shown: str) -> DatasetIndex:
             f"{len(unindexed)} named are not indexed{_first(unindexed)}, {len(unnamed)} indexed are not named"
             f"{_first(unnamed)}; {fix}, or open {store.root_url} for the indexed ones"
         )
-    return index
 
 
 def _first(paths: list[str], n: int = 3) -> str:

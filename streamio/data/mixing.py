@@ -13,14 +13,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from streamio.data.format.index import DatasetIndex
-from streamio.data.locate import open_dataset
 from streamio.data.plan import PlanSource
+from streamio.data.sharing import OpenGroup, open_sources
 from streamio.errors import ConfigError
-from streamio.pool import run_parallel
 from streamio.storage import Store
 from streamio.storage.secrets import scrub as redact_url
 
-__all__ = ["LoadedStream", "Stream", "describe_mixture", "load_streams", "parse_source", "plan_sources"]
+__all__ = [
+    "LoadedStream", "Stream", "describe_mixture", "describe_request", "load_streams", "parse_source", "plan_sources",
+]
 
 
 @dataclass(frozen=True)
@@ -88,19 +89,27 @@ def as_streams(url: str | Stream | Sequence[str | Stream]) -> list[Stream]:
 
 
 def load_streams(
-    url: str | Stream | Sequence[str | Stream], storage_options: Mapping[str, Any] | None
+    url: str | Stream | Sequence[str | Stream], storage_options: Mapping[str, Any] | None,
+    group: OpenGroup | None = None,
 ) -> list[LoadedStream]:
-    """Open every source's store and load its index (each with its own options), the sources in parallel."""
+    """Open every source's store and load its index (each with its own options), the sources in parallel.
 
-    def load(stream: Stream) -> LoadedStream:
-        options = stream.storage_options if stream.storage_options is not None else storage_options
-        store, index = open_dataset(stream.url, options)  # a prefix, an index URL, or an indexed pattern
-        return LoadedStream(stream, store, index)
-
+    Under ``group`` (a job's ranks), rank 0 reads the indexes and the other ranks parse its bytes
+    (:mod:`streamio.data.sharing`); without one, this process reads them.
+    """
     streams = as_streams(url)
-    if len(streams) == 1:
-        return [load(streams[0])]
-    return run_parallel(load, streams, concurrency=16, name="streamio-sources")
+    requests = [(s.url, s.storage_options if s.storage_options is not None else storage_options) for s in streams]
+    opened = open_sources(requests, group)
+    return [LoadedStream(stream, store, index) for stream, (store, index) in zip(streams, opened, strict=True)]
+
+
+def describe_request(url: str | Stream | Sequence[str | Stream]) -> str:
+    """``StreamingDataset('s3://b/ds')`` or ``StreamingDataset(mixture of 2: 's3://a', 's3://b')``
+    (URLs without credentials), for messages about opening ``url``."""
+    urls = [redact_url(s.url) for s in as_streams(url)]
+    if len(urls) == 1:
+        return f"StreamingDataset({urls[0]!r})"
+    return f"StreamingDataset(mixture of {len(urls)}: {', '.join(repr(u) for u in urls)})"
 
 
 def plan_sources(sources: Sequence[LoadedStream], epoch_samples: int | None) -> list[PlanSource] | None:

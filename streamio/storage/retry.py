@@ -64,6 +64,7 @@ from streamio.storage.failures import (
     unreachable,
     unreachable_error,
 )
+from streamio.storage.pacing import Pacer
 from streamio.storage.secrets import leaks, scrub
 
 log = logging.getLogger(__name__)
@@ -187,6 +188,22 @@ def is_transient(exc: BaseException) -> bool:
     return not isinstance(exc, TransientStorageError) and classify(exc) == "transient"
 
 
+_THROTTLE_CODES = {
+    "SlowDown", "Throttling", "ThrottlingException", "RequestThrottled", "TooManyRequests",
+    "TooManyRequestsException", "RequestLimitExceeded", "503", "429",
+}
+
+
+def is_throttle(exc: BaseException) -> bool:
+    """Whether the store answered "slow down" (503 SlowDown, 429, a throttling code): what
+    :mod:`~streamio.storage.pacing` paces by."""
+    for e in chain(exc):
+        code, status = code_of(e)
+        if code in _THROTTLE_CODES or status in (429, 503):
+            return True
+    return False
+
+
 def _detail(exc: BaseException) -> str:
     """A short description of ``exc`` for a message: its error code, else its first line (scrubbed)."""
     for e in chain(exc):
@@ -251,6 +268,8 @@ class RetryPolicy:
         body_deadline: when a response body that trickles in counts as stalled (a transient
             failure); see :mod:`streamio.storage.deadline`.
         sleep: how to wait (tests pass a recorder; never pickled state: a module function).
+        pace_writes: pace a process's writes to a bucket that throttles (:mod:`.pacing`);
+            ``False`` retries each write on its own schedule only.
     """
 
     max_attempts: int = 8
@@ -259,6 +278,7 @@ class RetryPolicy:
     max_total: float = 120.0
     body_deadline: BodyDeadline = BodyDeadline()
     sleep: Callable[[float], None] = field(default=time.sleep, repr=False, compare=False)
+    pace_writes: bool = True
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
@@ -269,12 +289,14 @@ class RetryPolicy:
         cap = min(self.max_backoff, self.initial_backoff * 2 ** max(0, retry_number - 1))
         return random.uniform(0, cap)  # noqa: S311 - jitter, not crypto
 
-    def call(self, fn: Callable[[], T], url: str) -> T:
+    def call(self, fn: Callable[[], T], url: str, *, pacer: Pacer | None = None) -> T:
         """Run ``fn`` under this policy.
 
         Args:
             fn: the operation; may raise anything.
             url: the URL it concerns, named in every error.
+            pacer: the adaptive rate each attempt waits for and reports to (writes:
+                :mod:`~streamio.storage.pacing`).
 
         Returns:
             What ``fn`` returned.
@@ -295,7 +317,7 @@ class RetryPolicy:
             reraise=True,
         )
         try:
-            return retrying(fn)
+            return retrying(fn if pacer is None or not self.pace_writes else lambda: _paced(fn, pacer))
         except Exception as exc:
             attempts = int(retrying.statistics.get("attempt_number", 1))
             err = to_storage_error(exc, url, attempts=attempts, elapsed=time.monotonic() - start)
@@ -306,6 +328,18 @@ class RetryPolicy:
     def budget(self) -> RetryBudget:
         """A fresh attempt budget for a loop that resumes (see :class:`RetryBudget`)."""
         return RetryBudget(self)
+
+
+def _paced(fn: Callable[[], T], pacer: Pacer) -> T:
+    pacer.wait()
+    try:
+        out = fn()
+    except Exception as exc:
+        if is_throttle(exc):
+            pacer.throttled()
+        raise
+    pacer.succeeded()
+    return out
 
 
 class RetryBudget:

@@ -44,6 +44,7 @@ from streamio.pool import run_parallel
 from streamio.storage import backends
 from streamio.storage.backends import TMP_SUFFIX, Backend, PutRequest, WriteMode
 from streamio.storage.connection import Connection
+from streamio.storage.pacing import Pacer, pacer_for
 from streamio.storage.retry import RetryPolicy
 from streamio.storage.roots import BucketCheck
 from streamio.storage.stream import at_most, resuming
@@ -164,10 +165,10 @@ class Store:
         options = backends.backend_class(self.root_url).options_for_verified_reads(self._options)
         return self if options is None else _over(self._conn.derive("", options), self._buckets)
 
-    def _call(self, fn: Callable[[], T], url: str) -> T:
+    def _call(self, fn: Callable[[], T], url: str, *, pacer: Pacer | None = None) -> T:
         """``fn`` under the retry policy; a not-found is checked against the bucket (see module doc)."""
         try:
-            return self.retry.call(fn, url)
+            return self.retry.call(fn, url, pacer=pacer)
         except ObjectNotFoundError as exc:
             self._buckets.ensure(self._backend, url, exc)
             raise
@@ -303,12 +304,12 @@ class Store:
         backend, full, url = self._backend, self._conn.full(path), self.url(path)
         view = memoryview(data) if isinstance(data, bytes) else memoryview(data).cast("B")
         request = PutRequest(mode, if_match, concurrency, PART_SIZE, MULTIPART_THRESHOLD)
-        return self._call(lambda: backend.put(full, url, view, request), url)
+        return self._call(lambda: backend.put(full, url, view, request), url, pacer=_pacer(self))
 
     def delete(self, path: str) -> None:
         """Delete ``path``; deleting what is already gone is not an error."""
         backend, full = self._backend, self._conn.full(path)
-        self.retry.call(lambda: backend.delete(full), self.url(path))
+        self.retry.call(lambda: backend.delete(full), self.url(path), pacer=_pacer(self))
 
     def incomplete_uploads(self, prefix: str = "") -> list[IncompleteUpload]:
         """Multipart uploads under ``prefix`` started and never completed or aborted (``[]`` where
@@ -345,3 +346,8 @@ def _over(conn: Connection, buckets: BucketCheck | None = None) -> Store:
     store = Store.__new__(Store)
     store._conn, store._buckets = conn, buckets or BucketCheck(conn.policy, conn.shown)
     return store
+
+
+def _pacer(store: Store) -> Pacer | None:
+    """This process's write pacer of ``store``'s bucket (none for local files)."""
+    return None if store.is_local else pacer_for(store.root_url, store._options)

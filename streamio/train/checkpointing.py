@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, Protocol
 
-from streamio.checkpoint import CheckpointManager, KeepBest, KeepLast, RetentionPolicy
+from streamio.checkpoint import CheckpointManager, KeepBest, KeepLast, LocalTier, RetentionPolicy, SaveOptions
 from streamio.errors import CheckpointFormatError, ConfigError
 from streamio.state_version import check_version
 
@@ -139,7 +139,8 @@ class EarlyStopping:
 class Checkpointer(Protocol):
     """What the trainer needs from a checkpoint manager (see the module docstring)."""
 
-    def save(self, step: int, state: Mapping[str, Any], *, metrics: Mapping[str, Any] | None = None) -> Any: ...
+    def save(self, step: int, state: Mapping[str, Any], *, metrics: Mapping[str, Any] | None = None,
+             durable: bool | None = None) -> Any: ...
     def restore(self, state: Any, *, step: int | None = None) -> int: ...
     def wait(self) -> Any: ...
     def close(self) -> None: ...
@@ -159,8 +160,12 @@ def make_checkpointer(
     keep_last: int,
     keep_best: int,
     storage_options: Mapping[str, Any] | None = None,
+    local_dir: str | None = None,
+    durable_every: int = 1,
 ) -> Checkpointer | None:
-    """An asynchronous :class:`~streamio.checkpoint.CheckpointManager` on ``root_url`` (``None``: off).
+    """An asynchronous :class:`~streamio.checkpoint.CheckpointManager` on ``root_url`` (``None``: off),
+    with a :class:`~streamio.checkpoint.LocalTier` at ``local_dir`` whose every ``durable_every``-th
+    save is uploaded to the root.
 
     Under ``torch.distributed`` every rank must call this (the manager makes a process group).
     """
@@ -171,4 +176,6 @@ def make_checkpointer(
         retention=retention_policy(keep_last, keep_best),
         async_save=True,
         storage_options=storage_options,
+        local=None if local_dir is None else LocalTier(local_dir),
+        options=SaveOptions(durable_every=durable_every),
     )

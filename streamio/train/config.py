@@ -37,6 +37,11 @@ class TrainConfig:
         num_workers: DataLoader worker processes per rank.
         val_batch_size: samples per validation batch per rank.
         ckpt_every: save a checkpoint every N optimizer steps (asynchronously).
+        local_ckpt: node-local directory of a checkpoint tier (NVMe; ``/dev/shm/...`` for RAM):
+            every checkpoint commits there first and a restart restores the nearest good copy;
+            only every ``durable_every``-th (and the run's last) also goes to ``ckpt_url``, in the
+            background. ``None``: every checkpoint goes to ``ckpt_url`` only.
+        durable_every: with ``local_ckpt``, every Nth checkpoint is uploaded to ``ckpt_url``.
         keep_last: checkpoints kept by recency.
         keep_best: checkpoints kept by lowest validation loss (0: none).
         patience: epochs without improvement of the validation loss before stopping (0: never).
@@ -68,6 +73,8 @@ class TrainConfig:
     num_workers: int = 2
     val_batch_size: int = 128
     ckpt_every: int = 20
+    local_ckpt: str | None = None
+    durable_every: int = 1
     keep_last: int = 2
     keep_best: int = 1
     patience: int = 5
@@ -118,6 +125,10 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainConfig:
             help=f"{text} (default: {default})",
         )
     args = parser.parse_args(argv)
+    if args.local_ckpt is not None and args.ckpt_url is None:
+        parser.error("--local-ckpt needs --ckpt-url: the local tier keeps copies of the checkpoints saved there")
+    if args.durable_every != 1 and args.local_ckpt is None:
+        parser.error("--durable-every needs --local-ckpt: without a local tier every checkpoint goes to --ckpt-url")
     values = {f.name: getattr(args, f.name) for f in fields(TrainConfig)}
     urls = values["data_url"]
     values["data_url"] = None if not urls else urls[0] if len(urls) == 1 else tuple(urls)

@@ -123,7 +123,8 @@ class Trainer:
         cuda = d.device.type == "cuda"
         self.data = data or make_data(cfg, rank=d.rank, world_size=d.world_size, pin_memory=cuda)
         self.ckpt = checkpointer if checkpointer is not None else make_checkpointer(
-            cfg.ckpt_url, keep_last=cfg.keep_last, keep_best=cfg.keep_best
+            cfg.ckpt_url, keep_last=cfg.keep_last, keep_best=cfg.keep_best, local_dir=cfg.local_ckpt,
+            durable_every=cfg.durable_every,
         )
         self._evaluate = evaluate or self.validate
         self._crash = crash or _hard_exit
@@ -178,12 +179,14 @@ class Trainer:
         """Checkpoint the current step asynchronously (the loop blocks only for the snapshot).
 
         ``metrics`` (``val_loss``) is given only right after a validation of exactly these
-        weights, so that keep-best retention compares like with like.
+        weights, so that keep-best retention compares like with like. With a local tier, the
+        run's last checkpoint is made durable whatever ``durable_every`` says.
         """
         if self.ckpt is None or self._last_saved == self.progress.step:
             return
         start = time.perf_counter()
-        self.ckpt.save(self.progress.step, self.state(), metrics=metrics)
+        last = {"durable": True} if not self._epochs_left() else {}
+        self.ckpt.save(self.progress.step, self.state(), metrics=metrics, **last)
         blocked_ms = 1000 * (time.perf_counter() - start)
         self._last_saved = self.progress.step
         self.summary.checkpoints += 1

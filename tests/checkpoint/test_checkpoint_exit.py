@@ -120,6 +120,35 @@ def test_a_script_that_ends_during_an_async_save_commits_it_at_exit(root: tuple[
     _committed(url, options, 2)
 
 
+def test_finish_waits_for_a_save_recorded_while_it_waits() -> None:
+    upload: concurrent.futures.Future[object] = concurrent.futures.Future()
+    local: concurrent.futures.Future[object] = concurrent.futures.Future()
+    inflight.track(local, 2, "local")
+
+    def wait(future: concurrent.futures.Future[object]) -> object:
+        if future is local:  # committing locally hands the upload on, as the local tier does
+            inflight.track(upload, 2, "root")
+            upload.set_result(None)
+        return None
+
+    seen: list[object] = []
+    assert inflight.finish(wait=lambda f: seen.append(f) or wait(f)) == 0
+    assert seen == [local, upload]
+
+
+@pytest.mark.slow
+def test_with_a_local_tier_an_upload_in_flight_at_exit_is_finished(
+    root: tuple[str, dict[str, Any]], tmp_path: Path
+) -> None:
+    url, options = root
+    env = {**_env(), "LOCAL_TIER": str(tmp_path / "local")}
+    proc = _start("tier-end", url, options, env)
+    out, err = proc.communicate(timeout=120)
+    assert "saved" in out and proc.returncode == 0, err[-3000:]
+    assert WAITING.format(step=2, root=url) in err and HINT in err, err[-3000:]
+    _committed(url, options, 2)
+
+
 @pytest.mark.slow
 def test_a_forked_child_does_not_wait_for_the_parents_save(tmp_path: Path) -> None:
     url = str(tmp_path / "ckpt")

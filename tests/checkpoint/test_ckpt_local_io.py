@@ -17,8 +17,8 @@ import torch
 
 from streamio.checkpoint import CheckpointManager, KeepLast, SaveOptions
 from streamio.checkpoint.format import layout
+from streamio.checkpoint.options import part_size_for
 from streamio.checkpoint.root import read_manifest
-from streamio.checkpoint.save.commit import part_size_for
 from streamio.errors import CorruptDataError, ObjectNotFoundError
 from streamio.storage import Store
 

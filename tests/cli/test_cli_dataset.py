@@ -12,7 +12,7 @@ import tarfile
 import pytest
 from click.testing import CliRunner
 
-from streamio.cli.dataset import parse_size
+from streamio.cli.common import parse_size
 from streamio.cli.main import cli
 from streamio.data.format.index import load_index
 from streamio.data.format.layout import INDEX_NAME

@@ -11,15 +11,23 @@ from pathlib import Path
 
 import pytest
 
-from streamio.data.format.index import load_index, write_index
+from streamio.data.format.index import index_document, load_index, write_index
 from streamio.data.format.layout import INDEX_NAME
-from streamio.data.locate import absolute_url, index_location, open_dataset, same_location, split_index_url
+from streamio.data.locate import (
+    absolute_url,
+    fetch_dataset,
+    index_location,
+    open_dataset,
+    parse_dataset,
+    same_location,
+    split_index_url,
+)
 from streamio.data.write.indexer import build_index
 from streamio.data.write.verify import validate
 from streamio.data.write.writer import ShardSpec, write_dataset
 from streamio.errors import ConfigError, IndexFormatError, IndexNotFoundError
 from streamio.storage import Store
-from streamio.testing import S3Endpoint
+from streamio.testing import FaultProxy, S3Endpoint
 
 
 def _dataset(url: str, n: int = 9) -> None:
@@ -126,6 +134,37 @@ def test_a_remote_index_may_only_point_at_the_same_kind_of_storage(tmp_path: Pat
         write_index(Store(elsewhere, opts), replace(index, shards_url=target))
         with pytest.raises(IndexFormatError, match=f"says its shards are at {target}, but an index read from s3://"):
             open_dataset(elsewhere, opts)
+
+
+def test_the_bytes_one_rank_fetched_open_the_same_dataset_elsewhere_without_a_request(
+    s3: S3Endpoint, proxy: FaultProxy
+) -> None:
+    opts = s3.storage_options(proxy.endpoint_url)
+    url = s3.url("ds")
+    write_dataset(({"__key__": f"{i}", "txt": "x"} for i in range(6)), Store(url, opts), spec=ShardSpec(max_count=2))
+    for shown in (url, f"{url}/{INDEX_NAME}", f"{url}/data-{{000000..000002}}.tar", f"{url}/data-*.tar"):
+        store, index, data = fetch_dataset(shown, opts)
+        assert proxy.count("GET", INDEX_NAME) == 1  # and, for a pattern, its listing
+        proxy.clear()
+        again, same = parse_dataset(shown, opts, data)
+        assert proxy.count() == 0  # nothing read: no GET, no listing
+        assert again.root_url == store.root_url == url and same == index and same.samples == 6
+    with pytest.raises(IndexFormatError, match=f"{url}/{INDEX_NAME}"):  # as untrusted as if read here
+        parse_dataset(url, opts, data[:-1])
+
+
+def test_the_bytes_one_rank_fetched_are_checked_again_where_they_are_parsed(tmp_path: Path, s3: S3Endpoint) -> None:
+    opts = s3.storage_options()
+    url = s3.url("idx")
+    local = str(tmp_path / "ds")
+    _dataset(local)
+    index = build_index(Store(local))
+    data = json.dumps(index_document(replace(index, shards_url=f"file://{local}"), Store(local))[0])
+    with pytest.raises(IndexFormatError, match=f"says its shards are at file://{local}, but an index read from s3"):
+        parse_dataset(url, opts, data.encode())  # an s3 index may not send a reader to local files
+    pattern = f"{tmp_path}/ds/data-*.tar"  # the pattern's listing is the reader's; what needs none is checked again
+    with pytest.raises(IndexNotFoundError, match="indexes the shards at file://.*, not those"):
+        parse_dataset(pattern, None, data.encode())
 
 
 def test_urls_as_an_index_records_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

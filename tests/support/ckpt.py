@@ -6,7 +6,8 @@ the step it reports. Run as a script it is the child of the kill -9 tests::
 
     python tests/support/ckpt.py zygote   # imports torch once, forks one child per JSON line
                                           # on stdin: saves step 1, then step 2 dying at a phase
-                                          # (or wherever the proxy kills it)
+                                          # (or wherever the proxy kills it); or the scenario the
+                                          # line names (``timeline``, ``tiers``)
     torchrun --nproc_per_node 2 tests/support/ckpt.py ddp ROOT OUT.json
 """
 
@@ -191,7 +192,31 @@ def timeline_scenario(root: str, phase: str, options: dict[str, Any]) -> None:
     last.save(4, light_state_for(404))
 
 
-SCENARIOS = {"fault": fault_scenario, "timeline": timeline_scenario}
+def tiers_scenario(root: str, phase: str, options: dict[str, Any], *, local: str, die_step: int) -> None:
+    """Save steps 1-4 (``light_state_for(step)``) on a local tier with ``durable_every=2`` (steps 2
+    and 4 go to the root, which keeps one), each waited for, dying at ``phase`` of step ``die_step``:
+    a local phase in the save thread, a root phase in the upload thread ("-": no self-kill; the
+    proxy may kill us)."""
+    from streamio.checkpoint import CheckpointManager, KeepLast, LocalTier, SaveOptions
+
+    armed = threading.Event()
+
+    def die(name: str) -> None:
+        if armed.is_set() and name == phase:
+            os.kill(os.getpid(), 9)
+
+    options_ = SaveOptions(part_size=FAULT_PART_SIZE, concurrency=4, durable_every=2)
+    mgr = CheckpointManager(root, retention=KeepLast(1), storage_options=options, options=options_, on_phase=die,
+                            local=LocalTier(local, keep=2))
+    for step in range(1, 5):
+        if step == die_step:
+            armed.set()
+        mgr.save(step, light_state_for(step))
+        mgr.wait()  # the local commit and the upload due: each kill point is met by one save alone
+    mgr.close()
+
+
+SCENARIOS = {"fault": fault_scenario, "timeline": timeline_scenario, "tiers": tiers_scenario}
 
 
 def _zygote() -> None:
@@ -214,7 +239,8 @@ def _zygote() -> None:
         pid = os.fork()
         if pid == 0:
             try:
-                SCENARIOS[cmd.get("scenario", "fault")](cmd["root"], cmd["phase"], cmd["options"])
+                scenario = SCENARIOS[cmd.get("scenario", "fault")]
+                scenario(cmd["root"], cmd["phase"], cmd["options"], **cmd.get("kwargs", {}))
             except BaseException as exc:  # noqa: BLE001 - report and die like a crashed trainer
                 print(f"child {cmd['token']} failed: {exc!r}", file=sys.stderr, flush=True)
                 os._exit(1)

@@ -11,6 +11,8 @@ surely still in flight when the script goes on. MODE:
 * ``sigterm``: sleeps; the parent sends SIGTERM (default action: death) once step 2's commit
   printed ``parts written``;
 * ``sigterm-exit``: the same with a SIGTERM handler that raises ``SystemExit(143)``;
+* ``tier-end``: as ``end``, with a local tier (``LOCAL_TIER``, ``durable_every=1``): step 2 commits
+  locally and its upload, held at its "parts" phase, is in flight when the script ends;
 * ``fork``: forks a child process (as a DataLoader worker is) that ends at once, prints its exit
   code, and ends: the child must not wait for the parent's save;
 * ``peer-gone``: rank ``RANK`` of ``WORLD_SIZE`` (gloo, ``MASTER_ADDR``/``MASTER_PORT``): every
@@ -28,7 +30,7 @@ from typing import Any
 
 import torch
 
-from streamio.checkpoint import CheckpointManager, SaveOptions
+from streamio.checkpoint import CheckpointManager, LocalTier, SaveOptions
 
 HOLD_S = 1.0
 PEER_TIMEOUT_S = 5.0
@@ -49,8 +51,9 @@ def _manager(root: str, options: dict[str, Any], mode: str) -> CheckpointManager
             if mode == "fail":
                 raise RuntimeError("injected failure at the parts phase")
 
+    local = LocalTier(os.environ["LOCAL_TIER"]) if mode.startswith("tier") else None
     mgr = CheckpointManager(root, storage_options=options, options=SaveOptions(part_size=64 << 10),
-                            on_phase=on_phase)
+                            on_phase=on_phase, local=local)
     mgr.save(1, state(1))
     mgr.wait()
     armed.append(True)

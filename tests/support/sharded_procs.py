@@ -1,10 +1,11 @@
-"""Real gloo process groups for the sharded-checkpoint tests, forked from one zygote.
+"""Real gloo process groups for the sharded-checkpoint and checkpoint-tier tests, forked from one zygote.
 
 Importing torch, FSDP2, torch DCP and streamio costs ~6 s per process on these machines, and a
 test needs groups of 1 to 4 ranks several times; torchrun would pay it for every rank of every
 group. So a zygote process imports everything once and forks each group's ranks
 (:meth:`Zygote.run`): every rank joins a gloo group through a fresh ``FileStore``, runs a
-scenario of :mod:`support.sharded_worker` and writes its result to ``OUT/rank-N.json`` (or its
+scenario of :mod:`support.sharded_worker` (or of the worker module the command names:
+:mod:`support.tiers_worker`) and writes its result to ``OUT/rank-N.json`` (or its
 error), then leaves with ``os._exit`` (gloo/FSDP processes sometimes abort at interpreter exit).
 
     python tests/support/sharded_procs.py      # the zygote: one JSON command per stdin line
@@ -40,10 +41,13 @@ class Zygote:
         assert ready == "zygote ready", ready
         self._lock = threading.Lock()
 
-    def start(self, scenario: str, world: int, args: dict[str, Any]) -> tuple[Path, list[int]]:
-        """Fork ``world`` ranks running ``scenario``; returns their output directory and pids."""
+    def start(
+        self, scenario: str, world: int, args: dict[str, Any], *, worker: str = "support.sharded_worker"
+    ) -> tuple[Path, list[int]]:
+        """Fork ``world`` ranks running ``scenario`` of the module ``worker``; returns their output
+        directory and pids."""
         out = Path(tempfile.mkdtemp(prefix="sharded-"))
-        cmd = {"scenario": scenario, "world": world, "args": args, "out": str(out)}
+        cmd = {"scenario": scenario, "world": world, "args": args, "out": str(out), "worker": worker}
         with self._lock:
             assert self.proc.stdin is not None and self.proc.stdout is not None
             self.proc.stdin.write(json.dumps(cmd) + "\n")
@@ -51,9 +55,12 @@ class Zygote:
             pids = [int(p) for p in self.proc.stdout.readline().split()[1:]]
         return out, pids
 
-    def run(self, scenario: str, world: int, args: dict[str, Any], timeout: float = 120) -> list[dict[str, Any]]:
+    def run(
+        self, scenario: str, world: int, args: dict[str, Any], timeout: float = 120, *,
+        worker: str = "support.sharded_worker",
+    ) -> list[dict[str, Any]]:
         """Run a scenario on a fresh group of ``world`` ranks; every rank's result, by rank."""
-        out, pids = self.start(scenario, world, args)
+        out, pids = self.start(scenario, world, args, worker=worker)
         try:
             wait_gone(pids, timeout)
             return results(out, world)
@@ -106,14 +113,15 @@ def results(out: Path, world: int) -> list[dict[str, Any]]:
 
 # ------------------------------------------------------------------------------ the zygote itself
 def _rank(cmd: dict[str, Any], rank: int, store_path: str) -> None:
+    import importlib
+
     import torch.distributed as dist
 
-    from support.sharded_worker import SCENARIOS
-
+    scenarios = importlib.import_module(cmd.get("worker", "support.sharded_worker")).SCENARIOS
     out = Path(cmd["out"]) / f"rank-{rank}.json"
     try:
         dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=cmd["world"])
-        result = SCENARIOS[cmd["scenario"]](cmd["args"])
+        result = scenarios[cmd["scenario"]](cmd["args"])
         dist.barrier()
         dist.destroy_process_group()
     except BaseException as exc:  # noqa: BLE001 - reported to the test, like a crashed trainer

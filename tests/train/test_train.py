@@ -13,8 +13,10 @@ import numpy as np
 import pytest
 import torch
 
+from streamio.checkpoint.root import read_pointer
 from streamio.data.write.writer import ShardSpec, write_dataset
 from streamio.errors import CheckpointError, ConfigError, StateMismatchError
+from streamio.storage import Store
 from streamio.testing import S3Endpoint
 from streamio.train.checkpointing import EarlyStopping, retention_policy
 from streamio.train.config import TrainConfig, parse_args
@@ -211,6 +213,44 @@ def test_in_process_resume_matches_uninterrupted_on_s3(
     assert all(ref_losses[r["step"]] == r["loss"] for r in got)
     # retention kept the newest complete checkpoint only (keep_last=1, keep_best=0)
     assert resumed.ckpt.steps() == [summary.steps]  # type: ignore[union-attr]
+
+
+def test_a_run_with_a_local_tier_resumes_from_its_newer_local_copy_and_ends_durable(
+    tmp_path: Path, s3: S3Endpoint, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--local-ckpt DIR --durable-every 3: saves at steps 3, 6, 8 (the end of epoch 0, validated) and
+    9; the root has 8 when step 10 crashes, the local tier 9; the resume starts from 9, exactly,
+    and the run's last save is durable."""
+    for name, value in s3.env().items():
+        monkeypatch.setenv(name, value)
+    common: dict[str, Any] = dict(epochs=2, ckpt_every=3, keep_last=2, keep_best=0)
+    ref = Trainer(_cfg(tmp_path / "ref", **common), ONE)
+    ref.run()
+    ref.close()
+    cfg = _cfg(tmp_path / "run", ckpt_url=s3.url("ckpt"), local_ckpt=str(tmp_path / "nvme"), durable_every=3,
+               fail_at_step=10, **common)
+    crashed = Trainer(cfg, ONE, crash=_crash)
+    with pytest.raises(Crash):
+        crashed.run()
+    crashed.close()
+    assert read_pointer(Store(s3.url("ckpt"), s3.storage_options())).step == 8  # type: ignore[union-attr]
+    resumed = Trainer(dataclasses.replace(cfg, fail_at_step=0), ONE)
+    summary = resumed.run()
+    resumed.close()
+    assert summary.resumed_from == 9
+    for name, tensor in ref.net.state_dict().items():
+        assert torch.equal(tensor, resumed.net.state_dict()[name]), name
+    assert read_pointer(Store(s3.url("ckpt"), s3.storage_options())).step == summary.steps  # type: ignore[union-attr]
+
+
+def test_local_tier_flags_need_their_partners(capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = parse_args(["--ckpt-url", "s3://b/c", "--local-ckpt", "/nvme/x", "--durable-every", "10"])
+    assert (cfg.local_ckpt, cfg.durable_every) == ("/nvme/x", 10)
+    for argv, words in [(["--local-ckpt", "/nvme/x"], "--local-ckpt needs --ckpt-url"),
+                        (["--ckpt-url", "s3://b/c", "--durable-every", "3"], "--durable-every needs --local-ckpt")]:
+        with pytest.raises(SystemExit) as exc:
+            parse_args(argv)
+        assert exc.value.code == 2 and words in capsys.readouterr().err, argv
 
 
 # ---------------------------------------------------------------------------- data and checkpoint pieces

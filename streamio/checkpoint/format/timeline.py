@@ -55,6 +55,7 @@ __all__ = [
     "compact",
     "contains",
     "descends",
+    "newest",
     "retreat",
     "timeline_from_json",
     "timeline_to_json",
@@ -184,6 +185,32 @@ def retreat(tip: Tip, timeline_id: str, step: int) -> Tip:
         return Tip(tip.timeline, step)
     index = [tid for tid, _ in tip.timeline.history].index(timeline_id)
     return Tip(Timeline(timeline_id, tip.timeline.history[:index]), step)
+
+
+def newest(tips: Iterable[Tip]) -> Tip | None:
+    """Of several tips (a root's pointer and local tiers' pointers), the one every other came
+    before, ``None`` when none is (their relation is not recorded: unrelated or compacted away).
+
+    ``a`` came before ``b`` when ``a`` is on ``b``'s timeline at or before ``b`` (``b`` continues
+    it), or when the two left a timeline they share at different steps and ``b`` left it first:
+    ``b``'s job went back past ``a`` (a restore of an earlier step), abandoning it.
+    """
+    found = list(tips)
+    for tip in found:
+        if all(_not_older(tip, other) for other in found):
+            return tip
+    return None
+
+
+def _not_older(a: Tip, b: Tip) -> bool:
+    if contains(a, b.timeline.id, b.step):
+        return True
+    if contains(b, a.timeline.id, a.step):
+        return False
+    left_a = {**dict(a.timeline.history), a.timeline.id: a.step}  # timeline id -> the last step taken from it
+    left_b = {**dict(b.timeline.history), b.timeline.id: b.step}
+    earlier = [left_a[t] < left_b[t] for t in left_a.keys() & left_b.keys() if left_a[t] != left_b[t]]
+    return bool(earlier) and all(earlier)
 
 
 # ------------------------------------------------------------------------------ JSON

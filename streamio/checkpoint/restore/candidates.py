@@ -22,7 +22,7 @@ from streamio.checkpoint.format import layout
 from streamio.checkpoint.format.checks import ManifestError
 from streamio.checkpoint.format.manifest import Manifest
 from streamio.checkpoint.format.pointer import Pointer
-from streamio.checkpoint.format.timeline import Tip, classify
+from streamio.checkpoint.format.timeline import Timeline, Tip, classify
 from streamio.checkpoint.root import SaveRef, committed_saves, read_bad, read_manifests, read_pointer, resolve_save
 from streamio.errors import CheckpointFormatError, StreamioError
 from streamio.storage import Store
@@ -50,12 +50,16 @@ class Candidate:
         path: its save directory.
         checksum: the manifest checksum the pointer recorded, when the pointer names it.
         skip: why it is not tried (a restore rejected it before); ``""``: try it.
+        line: its timeline, where its pointer or manifest was read (``None``: not known).
+        created: when its pointer was written (ISO-8601 UTC; ``""`` unless a pointer names it).
     """
 
     step: int
     path: str
     checksum: str | None = None
     skip: str = ""
+    line: Timeline | None = None
+    created: str = ""
 
 
 def explicit(store: Store, step: int) -> list[Candidate]:
@@ -85,7 +89,8 @@ def walk(store: Store, *, full: bool) -> list[Candidate]:
     if pointer is not None and not full:
         bad = read_bad(store, pointer.path)
         if bad is None:
-            return [Candidate(pointer.step, pointer.path, pointer.manifest_checksum)]
+            return [Candidate(pointer.step, pointer.path, pointer.manifest_checksum, line=pointer.timeline,
+                          created=pointer.created)]
         log.warning("%s names step %d, which a restore rejected before (%s); falling back to the newest complete "
                     "checkpoint of its timeline", latest, pointer.step, bad.reason)
     saves = committed_saves(store)
@@ -98,14 +103,17 @@ def walk(store: Store, *, full: bool) -> list[Candidate]:
         elif named[0].bad:
             order.append(_skipped(store, named[0]))
         else:
-            order.append(Candidate(pointer.step, pointer.path, pointer.manifest_checksum))
+            order.append(Candidate(pointer.step, pointer.path, pointer.manifest_checksum, line=pointer.timeline,
+                          created=pointer.created))
     rest = [s for s in saves if pointer is None or s.path != pointer.path]
     manifests = read_manifests(store, rest)
     tip = Tip(pointer.timeline, pointer.step) if pointer is not None else _newest(manifests)
     for ref in reversed(rest):
         if tip is not None and not _on(tip, ref, manifests.get(ref.path)):
             continue
-        order.append(_skipped(store, ref) if ref.bad else Candidate(ref.step, ref.path))
+        m = manifests.get(ref.path)
+        line = m.line if isinstance(m, Manifest) else None
+        order.append(_skipped(store, ref) if ref.bad else Candidate(ref.step, ref.path, line=line))
     if not order:
         foreign = detect_foreign(store)
         if foreign:

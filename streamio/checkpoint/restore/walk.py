@@ -30,14 +30,26 @@ from typing import Any
 from streamio.checkpoint.comm import Comm
 from streamio.checkpoint.format import layout
 from streamio.checkpoint.format.manifest import Manifest
-from streamio.checkpoint.format.timeline import Point
+from streamio.checkpoint.format.timeline import Point, Tip
 from streamio.checkpoint.restore import candidates
 from streamio.checkpoint.restore.candidates import Candidate
+from streamio.checkpoint.restore.local import LocalCopies, current_tip, merge, on_tip
 from streamio.checkpoint.restore.plan import RestorePlan, apply, decode_state, mismatches
-from streamio.checkpoint.root import pointer_version, read_manifest, record_bad
-from streamio.checkpoint.tensors.fetch import load_tensors
+from streamio.checkpoint.restore.sharing import Found, SharedReads
+from streamio.checkpoint.root import (
+    UNREAD,
+    parse_manifest,
+    pointer_version,
+    read_manifest,
+    record_bad,
+)
+from streamio.checkpoint.tensors.fanout import Key
+from streamio.checkpoint.tensors.fetch import (
+    load_tensors,
+    places_of,
+)
 from streamio.checkpoint.tensors.resharding import read_pending, sources_for
-from streamio.errors import CheckpointError, CheckpointNotFoundError, CorruptDataError
+from streamio.errors import CheckpointError, CheckpointNotFoundError, CorruptDataError, StorageError
 from streamio.storage import Store
 
 __all__ = ["Restorer"]
@@ -59,17 +71,27 @@ class Restorer:
         concurrency: parallel GETs and checks.
         part_store: the Store parts are read through (default ``store``; the manager passes
             ``store.for_verified_reads()``: every part is size- and CRC32C-checked here).
+        local: the local tier's copies, read first.
+        fanout: under ``torch.distributed``, the parts several ranks need are read once per job
+            and exchanged over the process group (:mod:`~..tensors.fanout`).
 
     Attributes:
         outcome: after a restore, the save it loaded and (rank 0) the pointer's version read
             before anything else (what the job's next pointer swap expects); ``None`` before.
     """
 
-    def __init__(self, store: Store, comm: Comm, *, concurrency: int, part_store: Store | None = None) -> None:
+    def __init__(
+        self, store: Store, comm: Comm, *, concurrency: int, part_store: Store | None = None,
+        local: LocalCopies | None = None, fanout: bool = True,
+    ) -> None:
         self.store, self.comm, self.concurrency = store, comm, concurrency
         self.part_store = part_store if part_store is not None else store
+        self.local = local
+        self.shared = SharedReads(store, comm, self.part_store, concurrency=concurrency, fanout=fanout)
         self.outcome: tuple[Point, Any] | None = None
         self._loaded: Manifest | None = None
+        self._from_local = False  # the manifest loaded came from this rank's local copy
+        self._tip: Tip | None = None  # with a local tier: the timeline restore stands on (:func:`.local.current_tip`)
 
     def restore(self, state: MutableMapping[str, Any], step: int | None = None) -> int:
         """Load a checkpoint into ``state`` in place, all or nothing, and return its step.
@@ -77,13 +99,13 @@ class Restorer:
         See :meth:`~.manager.CheckpointManager.restore` (arguments, errors).
         """
         explicit, root = step is not None, self.store.root_url
-        self.outcome = None
-        version = pointer_version(self.store) if self.comm.rank == 0 else None  # before anything is read
+        self.outcome, self._tip = None, None
+        version = self._version() if self.comm.rank == 0 else None  # before anything is read
         # the pointer alone first (no listing); the full list only if it fails
-        todo = self._agreed(lambda: candidates.explicit(self.store, step) if step is not None
-                            else candidates.walk(self.store, full=False))
+        todo = self._with_local(self._agreed(lambda: self._root_candidates(step, full=False)), step)
         reasons: list[str] = []
         tried: set[str] = set()
+        listed = explicit
         while todo:
             c = todo.pop(0)
             tried.add(c.path)
@@ -96,16 +118,58 @@ class Restorer:
                     apply(plan, state, concurrency=self.concurrency, where=f"step {c.step} under {root}")
                     assert self._loaded is not None
                     self.outcome = (Point(self._loaded.line, c.step, c.path), version)
-                    log.info("restored checkpoint step %d from %s", c.step, self.store.url(c.path))
+                    where = self.local.store if self._from_local else self.store
+                    log.info("restored checkpoint step %d from %s", c.step, where.url(c.path))
                     return c.step
                 reasons.append(f"step {c.step}: {bad}")
                 log.warning("checkpoint step %d under %s is unusable (%s); falling back to the previous complete "
                             "checkpoint", c.step, root, bad)
-            if not todo and not explicit and len(tried) == 1:
-                todo = [c for c in self._agreed(lambda: candidates.walk(self.store, full=True)) if c.path not in tried]
+            if not todo and not listed:
+                listed = True
+                todo = [c for c in self._agreed(lambda: self._root_candidates(None, full=True))
+                        if c.path not in tried and on_tip(self._tip, c)]
         if reasons:
             raise CheckpointError(f"no checkpoint under {root} verifies: {'; '.join(reasons)}")
         raise CheckpointNotFoundError(f"no checkpoint under {root}: nothing to restore (start from scratch)")
+
+    def _version(self) -> Any:
+        """The pointer's version (what the job's next swap expects); :data:`~.root.UNREAD` when the
+        root does not answer and a local tier can restore (the next swap reads it then)."""
+        try:
+            return pointer_version(self.store)
+        except StorageError:
+            if self.local is None:
+                raise
+            return UNREAD
+
+    def _root_candidates(self, step: int | None, *, full: bool) -> list[Candidate]:
+        """The root's candidates; none, with a warning, when it does not answer and a local tier can."""
+        try:
+            return candidates.explicit(self.store, step) if step is not None else candidates.walk(self.store, full=full)
+        except StorageError as exc:
+            if self.local is None:
+                raise
+            log.warning("the checkpoint root %s does not answer (%s); restoring from the local tier",
+                        self.store.root_url, exc)
+            return []
+        except CheckpointNotFoundError:
+            if self.local is None:
+                raise
+            return []
+
+    def _with_local(self, durable: list[Candidate], step: int | None) -> list[Candidate]:
+        """``durable`` and every rank's local candidates, newest first (:mod:`.local`); for an
+        explicit ``step``, its local saves first: the root's candidate is only the step's own
+        directory when the root has no save of the step (a save on the local tier alone)."""
+        if self.local is None:
+            return durable
+        found = self.comm.all_gather(self.local.candidates())
+        merged = merge(durable, found)
+        if step is None:  # the saves of the newest timeline, whichever tier holds them
+            self._tip = current_tip(durable, found)
+            return [c for c in merged if on_tip(self._tip, c)]
+        local = {c.path for cs in found for c in cs}
+        return sorted((c for c in merged if c.step == step), key=lambda c: c.path not in local)
 
     def _agreed(self, find: Callable[[], list[Candidate]]) -> list[Candidate]:
         """Rank 0's ``find()`` on every rank (its error raised on every rank)."""
@@ -135,17 +199,7 @@ class Restorer:
             when the checkpoint does not fit the live state.
         """
         root, s = self.store.root_url, c.step
-        plan: RestorePlan | None = None
-        own: BaseException | None = None
-        outcome: tuple[str, str] | None = None
-        try:
-            plan = self._prepare(state, c, explicit=explicit)
-            mismatch = mismatches(plan)
-            if mismatch is not None:
-                outcome = ("mismatch", f"checkpoint step {s} under {root} does not fit the live state: "
-                                       f"{mismatch}; nothing was loaded")
-        except Exception as exc:  # classified, agreed on by every rank, then raised or walked past
-            own, outcome = exc, (_classify(exc, explicit), str(exc))
+        plan, own, outcome = self._attempt(state, c, explicit=explicit)
         # kind -> the first rank's message of that kind
         outcomes = dict(reversed([o for o in self.comm.all_gather(outcome) if o is not None]))
         if "fatal" in outcomes:
@@ -164,12 +218,53 @@ class Restorer:
             raise CheckpointError(outcomes["mismatch"])
         return plan, ""
 
-    def _prepare(self, state: Mapping[str, Any], c: Candidate, *, explicit: bool) -> RestorePlan:
-        """Everything of a restore that touches no live object: the manifest verified against
-        the pointer's checksum (if it names this save), its own seal and step; every part this
-        rank needs read and verified; the whole state decoded."""
+    def _attempt(
+        self, state: Mapping[str, Any], c: Candidate, *, explicit: bool
+    ) -> tuple[RestorePlan | None, BaseException | None, tuple[str, str] | None]:
+        """This rank's part of trying ``c``: its plan, or its error and how it is classified
+        (``(kind, message)``; ``"mismatch"`` when the plan does not fit the live state)."""
+        found: Found | None = None
+        failed: Exception | None = None
+        nearest = self._nearest(c)
+        try:
+            shared = self.shared.manifest(c, need=nearest is None)  # a collective: every rank, every attempt
+            found = self._find(c, nearest or shared, explicit=explicit)
+        except Exception as exc:
+            failed = exc
+        try:  # classified, agreed on by every rank, then raised or walked past
+            fetched = self.shared.parts(found, c)  # a collective: also on a rank that failed above
+            if failed is not None:
+                raise failed
+            assert found is not None
+            plan = self._prepare(state, c, found, fetched)
+        except Exception as exc:
+            return None, exc, (_classify(exc, explicit), str(exc))
+        mismatch = mismatches(plan)
+        if mismatch is not None:
+            return plan, None, ("mismatch", f"checkpoint step {c.step} under {self.store.root_url} does not fit the "
+                                            f"live state: {mismatch}; nothing was loaded")
+        return plan, None, None
+
+    def _nearest(self, c: Candidate) -> Manifest | None:
+        """``c``'s manifest from this rank's local tier, verified; None if it has none that verifies."""
+        try:
+            return self.local.manifest(c) if self.local is not None else None
+        except Exception as exc:  # noqa: BLE001 - the root's copy is read instead
+            log.warning("the local copy of step %d's manifest is unusable (%s); reading the root's", c.step, exc)
+            return None
+
+    def _find(self, c: Candidate, nearest: Manifest | bytes | memoryview | None, *, explicit: bool) -> Found:
+        """The save's manifest (``nearest``: this rank's local copy, or the root's bytes another
+        rank read; else read here), verified against the pointer's checksum (if it names this
+        save), its own seal and step, and where this rank reads its parts."""
         step, expected = c.step, c.checksum
-        manifest = read_manifest(self.store, step, path=c.path, checksum=expected)
+        self._from_local = isinstance(nearest, Manifest)
+        if isinstance(nearest, Manifest):
+            manifest = nearest
+        elif nearest is not None:
+            manifest = parse_manifest(self.store, step, c.path, nearest, expected)
+        else:
+            manifest = read_manifest(self.store, step, path=c.path, checksum=expected)
         if not manifest.checksum and expected is None:
             url = self.store.url(layout.manifest_at(c.path))
             if not explicit:
@@ -180,11 +275,19 @@ class Restorer:
                 )
             log.warning("%s carries no checksum of its own (written by an older streamio): "
                         "its JSON is restored unverified", url)
-        rank, world = self.comm.rank, self.comm.world
-        src_rank = rank % manifest.world_size
+        src_rank = self.comm.rank % manifest.world_size
         wanted = dict(manifest.replicated.tensors)
         wanted.update(manifest.per_rank[src_rank].tensors)
-        tensors = load_tensors(self.part_store, manifest, wanted, concurrency=self.concurrency, sdir=c.path)
+        parts = self.local.places(self.part_store) if self.local is not None else places_of(self.part_store)
+        return Found(manifest, wanted, parts, src_rank)
+
+    def _prepare(self, state: Mapping[str, Any], c: Candidate, found: Found,
+                 fetched: Mapping[Key, bytes | memoryview]) -> RestorePlan:
+        """Everything of a restore that touches no live object: every part this rank needs read
+        (or taken from ``fetched``) and verified; the whole state decoded."""
+        manifest, wanted, parts, src_rank = found.manifest, found.wanted, found.parts, found.src_rank
+        step, rank, world = c.step, self.comm.rank, self.comm.world
+        tensors = load_tensors(parts, manifest, wanted, concurrency=self.concurrency, sdir=c.path, fetched=fetched)
         if world != manifest.world_size:
             log.warning("checkpoint step %d was saved by %d ranks and is restored by %d: "
                         "rank %d gets rank %d's per-rank state", step, manifest.world_size, world, rank, src_rank)
@@ -192,8 +295,7 @@ class Restorer:
         sources, pending = sources_for(manifest.sharded)  # DTensors: bound to the live ones while decoding
         plan = decode_state(state, manifest.replicated.tree, manifest.per_rank[src_rank].tree, {**tensors, **sources})
         if pending:  # read and verify just the boxes this rank holds now (any sharding), before loading
-            plan.copies.extend(read_pending(self.part_store, manifest.files, pending, sdir=c.path,
-                                            concurrency=self.concurrency))
+            plan.copies.extend(read_pending(parts, manifest.files, pending, sdir=c.path, concurrency=self.concurrency))
         return plan
 
 

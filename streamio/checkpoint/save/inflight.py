@@ -16,7 +16,9 @@ with ("cannot schedule new futures after interpreter shutdown"), so it failed in
 where nobody looked.
 
 So every async save is recorded here (:func:`track`) until the manager observes its outcome
-(``wait``, ``close``, the next ``save`` or ``restore``: :func:`forget`), and the first one
+(``wait``, ``close``, the next ``save`` or ``restore``: :func:`forget`), and so is every upload of
+a local tier's save until it ends (one a save hands on while the exit waits is waited for too);
+the first one
 registers :func:`at_exit` in step 1, after ``concurrent.futures`` registered its own (the
 manager's executor exists by then), so it runs first, while executors still take work. For each
 save still recorded :func:`finish` logs one WARNING and waits for it::
@@ -54,7 +56,7 @@ import logging
 import os
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 __all__ = ["at_exit", "finish", "forget", "track"]
@@ -124,11 +126,8 @@ def finish(*, wait: Callable[[concurrent.futures.Future[object]], object] | None
     Returns:
         0 if every save committed, 1 if one failed, the interrupt's status if one came.
     """
-    with _lock:
-        saves = list(_saves.items())
-        _saves.clear()
     status = 0
-    for future, save in saves:
+    for future, save in _drain():
         if not future.done():
             log.warning(
                 "waiting for checkpoint step %d to commit to %s (a save still in flight at interpreter "
@@ -146,6 +145,18 @@ def finish(*, wait: Callable[[concurrent.futures.Future[object]], object] | None
                       "committed; exiting with status %d", save.step, save.root_url, code)
             return code
     return status
+
+
+def _drain() -> Iterator[tuple[concurrent.futures.Future[object], _Save]]:
+    """Every recorded save, oldest first, including those recorded while the others are waited
+    for (a save that commits locally hands its upload on: :mod:`.tiers`)."""
+    while True:
+        with _lock:
+            if not _saves:
+                return
+            future = next(iter(_saves))
+            save = _saves.pop(future)
+        yield future, save
 
 
 def _result(future: concurrent.futures.Future[object]) -> object:

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import bisect
 import concurrent.futures
-from collections.abc import Iterable, Mapping, Sequence
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from streamio.checkpoint.format import layout
@@ -32,7 +33,38 @@ from streamio.errors import CorruptDataError
 from streamio.pool import gather, run_parallel
 from streamio.storage import Store
 
-__all__ = ["Span", "fetch_spans", "load_tensors", "plan_reads", "verify_blocks"]
+__all__ = ["Places", "Read", "Span", "check_raw", "fetch_spans", "load_tensors", "places_of", "plan_reads",
+           "read_nearest", "read_raw", "tensor_spans", "verify_blocks"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Places:
+    """The stores a save's parts may be read from, nearest first.
+
+    A part is read from the local tier's copy of the rank that wrote it when ``local`` has one
+    (that rank's local root: this rank's own, or a sibling's on the same node), else from
+    ``root``; a local copy that is missing or fails its checksum falls back to the root, never
+    loads (docs/design.md "Local tier").
+
+    Attributes:
+        root: the durable root (what messages name).
+        local: the local root holding ``rank``'s parts, or None (no tier, another node).
+    """
+
+    root: Store
+    local: Callable[[int], Store | None] | None = None
+
+    def of(self, file: FileEntry) -> list[Store]:
+        """Where ``file`` may be read, nearest first."""
+        near = self.local(file.rank) if self.local is not None else None
+        return [near, self.root] if near is not None else [self.root]
+
+
+def places_of(store: Store | Places) -> Places:
+    """``store`` as :class:`Places` (a plain store: its parts are read there alone)."""
+    return store if isinstance(store, Places) else Places(store)
 
 
 @dataclass(frozen=True)
@@ -45,7 +77,7 @@ class Span:
 
 
 @dataclass(frozen=True)
-class _Read:
+class Read:
     """One request: bytes ``[start, end)`` of part ``file`` (raw offsets; whole: the whole object)."""
 
     file: FileEntry
@@ -53,8 +85,18 @@ class _Read:
     end: int
     whole: bool
 
+    @property
+    def key(self) -> tuple[str, int, int]:
+        """What names this request on every rank: the part's path and the raw range."""
+        return (self.file.path, self.start, self.end)
 
-def plan_reads(files: Sequence[FileEntry], spans: Iterable[Span]) -> list[_Read]:
+    @property
+    def size(self) -> int:
+        """Bytes this request reads from the store (a whole part: its stored size)."""
+        return self.file.size if self.whole else self.end - self.start
+
+
+def plan_reads(files: Sequence[FileEntry], spans: Iterable[Span]) -> list[Read]:
     """The requests that cover ``spans``: per part, block-aligned and merged (whole parts where
     the part has no blocks).
 
@@ -94,7 +136,7 @@ def plan_reads(files: Sequence[FileEntry], spans: Iterable[Span]) -> list[_Read]
     reads = []
     for f, ranges in wanted.values():
         for a, b in _merge(ranges):
-            reads.append(_Read(f, a, b, whole=not f.block_size or (a == 0 and b == f.raw_size)))
+            reads.append(Read(f, a, b, whole=not f.block_size or (a == 0 and b == f.raw_size)))
     return reads
 
 
@@ -130,31 +172,33 @@ def verify_blocks(data: bytes | memoryview, f: FileEntry, start: int, url: str) 
 
 
 def fetch_spans(
-    store: Store, files: Sequence[FileEntry], spans: Iterable[Span], *, sdir: str, concurrency: int = 8
+    store: Store | Places, files: Sequence[FileEntry], spans: Iterable[Span], *, sdir: str, concurrency: int = 8,
+    fetched: Mapping[tuple[str, int, int], bytes | memoryview] | None = None,
 ) -> dict[int, dict[int, bytes | memoryview]]:
     """Read and verify what ``spans`` need; returns ``rank -> {stream offset: raw bytes}``.
 
     Args:
-        store: where the parts are (the save directory ``sdir`` below its root).
+        store: where the parts are (the save directory ``sdir`` below its root), or the
+            :class:`Places` they may be read from, nearest first.
         files: the manifest's parts.
         spans: the byte spans wanted.
         concurrency: parallel GETs (each verifies its own blocks, in its own thread).
+        fetched: the stored bytes of some requests (:attr:`Read.key`), already read by another
+            rank: verified here like a read, never read again.
 
     Raises:
         CorruptDataError: a block or part differs from its checksum, or a span is not covered.
         ObjectNotFoundError: a part is missing (as for any read).
     """
+    places = places_of(store)
+    fetched = fetched or {}
 
-    def fetch(r: _Read) -> bytes | memoryview:
+    def fetch(r: Read) -> bytes | memoryview:
         path = f"{sdir}/{r.file.path}"
-        url = store.url(path)
-        if r.whole:
-            data = store.read_view(path)
-            verify_file(data, r.file, url)
-            return decode_part(data, r.file, url)
-        data = store.read(path, r.start, r.end)
-        verify_blocks(data, r.file, r.start, url)
-        return data
+        url = places.root.url(path)
+        if r.key in fetched:  # read by another rank, exchanged over the group (:mod:`.fanout`)
+            return check_raw(fetched[r.key], r, url)
+        return _decode(read_nearest(places, path, r), r, url)
 
     reads = plan_reads(files, spans)
     got = run_parallel(fetch, reads, concurrency=concurrency, name="streamio-ckpt-range")
@@ -165,9 +209,63 @@ def fetch_spans(
     return pieces
 
 
+def read_nearest(places: Places, path: str, r: Read) -> bytes | memoryview:
+    """The stored bytes of request ``r`` of the part at ``path`` (below the save directory's
+    parent), from the nearest of ``places`` that has them intact, verified (not decoded).
+
+    Raises:
+        CorruptDataError, ObjectNotFoundError: the root's copy, when no nearer one verified.
+    """
+    stores = places.of(r.file)
+    for near in stores[:-1]:
+        try:
+            data = read_raw(near, path, r)
+            _verify(data, r, near.url(path))
+            return data
+        except FileNotFoundError:
+            continue
+        except CorruptDataError as exc:
+            log.warning("the local copy %s is damaged (%s); reading the root's", near.url(path), exc)
+    data = read_raw(stores[-1], path, r)
+    _verify(data, r, stores[-1].url(path))
+    return data
+
+
+def read_raw(store: Store, path: str, r: Read) -> bytes | memoryview:
+    """The stored bytes of request ``r`` of the part at ``path``, unchecked."""
+    return store.read_view(path) if r.whole else store.read(path, r.start, r.end)
+
+
+def check_raw(data: bytes | memoryview, r: Read, url: str) -> bytes | memoryview:
+    """``data``, the stored bytes of request ``r``, verified (size and CRC32C of the part, or of
+    every block) and decoded (a compressed part).
+
+    Raises:
+        CorruptDataError: ``data`` is not what the manifest says.
+    """
+    _verify(data, r, url)
+    return _decode(data, r, url)
+
+
+def _verify(data: bytes | memoryview, r: Read, url: str) -> None:
+    if r.whole:
+        verify_file(data, r.file, url)
+    else:
+        verify_blocks(data, r.file, r.start, url)
+
+
+def _decode(data: bytes | memoryview, r: Read, url: str) -> bytes | memoryview:
+    return decode_part(data, r.file, url) if r.whole else data
+
+
+def tensor_spans(wanted: Mapping[str, TensorEntry]) -> list[Span]:
+    """The stream spans holding ``wanted``."""
+    return [Span(e.rank, e.offset, e.offset + e.nbytes) for e in wanted.values() if e.nbytes]
+
+
 def load_tensors(
-    store: Store, manifest: Manifest, wanted: Mapping[str, TensorEntry], *, concurrency: int = 8,
-    sdir: str | None = None,
+    store: Store | Places, manifest: Manifest, wanted: Mapping[str, TensorEntry], *, concurrency: int = 8,
+    sdir: str | None = None, fetched: Mapping[tuple[str, int, int], bytes | memoryview] | None = None,
 ) -> dict[str, VerifiedTensor]:
     """Read the parts holding ``wanted`` concurrently, verify every size and CRC32C.
 
@@ -176,19 +274,21 @@ def load_tensors(
 
     Args:
         sdir: the save directory (default: the step's own directory).
+        fetched: requests another rank read (see :func:`fetch_spans`).
     """
     sdir = sdir if sdir is not None else layout.step_dir(manifest.step)
     # verified in the reading threads: checksums overlap the other GETs (CRC32C drops the GIL);
     # whole parts (local: mapped, verified and copied from the page cache), or with block
     # checksums (saves with sharded state) only the blocks holding ``wanted``
-    spans = [Span(e.rank, e.offset, e.offset + e.nbytes) for e in wanted.values() if e.nbytes]
-    parts = fetch_spans(store, manifest.files, spans, sdir=sdir, concurrency=concurrency)
-    readers = {r: StreamReader(p, r, store.url(sdir)) for r, p in parts.items()}
+    parts = fetch_spans(store, manifest.files, tensor_spans(wanted), sdir=sdir, concurrency=concurrency,
+                        fetched=fetched)
+    url = places_of(store).root.url(sdir)
+    readers = {r: StreamReader(p, r, url) for r, p in parts.items()}
 
     def check(item: tuple[str, TensorEntry]) -> VerifiedTensor:
         key, e = item
         if e.nbytes == 0:
-            return StreamReader({}, e.rank, store.url(sdir)).tensor(key, e)
+            return StreamReader({}, e.rank, url).tensor(key, e)
         if e.rank not in readers:
             raise CorruptDataError(
                 f"tensor {key!r} of step {manifest.step} lives in rank {e.rank}'s parts, "

@@ -32,7 +32,7 @@ import torch
 
 from streamio.checkpoint.format.entries import ChunkEntry, FileEntry, ShardedEntry
 from streamio.checkpoint.tensors.boxes import BoxSource, byte_span, narrow
-from streamio.checkpoint.tensors.fetch import Span, fetch_spans
+from streamio.checkpoint.tensors.fetch import Places, Span, fetch_spans, places_of
 from streamio.checkpoint.tensors.serialize import StreamReader
 from streamio.checkpoint.tensors.tree import dtype_from_name, is_dtensor
 from streamio.errors import CheckpointFormatError
@@ -169,7 +169,7 @@ def check_cover(key: str, items: list[Any], numel: int | None) -> None:
 
 
 def read_pending(
-    store: Store, files: tuple[FileEntry, ...], pending: list[PendingRead], *, sdir: str, concurrency: int,
+    store: Store | Places, files: tuple[FileEntry, ...], pending: list[PendingRead], *, sdir: str, concurrency: int,
 ) -> list[tuple[BoxSource, torch.Tensor]]:
     """Plan, read and verify every pending sharded tensor; the copies that load them.
 
@@ -179,7 +179,7 @@ def read_pending(
     """
     reads = [r for p in pending for r in plan_boxes(p.key, p.entry, p.target)]
     pieces = fetch_spans(store, files, [r.span for r in reads], sdir=sdir, concurrency=concurrency)
-    url = store.url(sdir)
+    url = places_of(store).root.url(sdir)
     streams = {rank: StreamReader(got, rank, url) for rank, got in pieces.items()}
     copies = []
     for r in reads:

@@ -64,7 +64,7 @@ from streamio.storage import Store, WriteMode
 
 __all__ = [
     "INLINE_LIMIT", "DatasetIndex", "decode_layout", "encode_layout", "fingerprint_of", "index_document",
-    "load_index", "make_index", "parse_index", "write_index",
+    "load_index", "make_index", "parse_index", "read_index_bytes", "write_index",
 ]
 
 log = logging.getLogger(__name__)
@@ -248,8 +248,19 @@ def load_index(store: Store, path: str = INDEX_NAME) -> DatasetIndex:
         IndexFormatError: unknown format version, an invalid field, or over the size limit of a
             JSON document (:data:`streamio.limits.MAX_JSON_BYTES`).
     """
+    return parse_index(read_index_bytes(store, path), url=store.url(path), layouts_at=store)
+
+
+def read_index_bytes(store: Store, path: str = INDEX_NAME) -> bytes:
+    """The bytes of ``index.json`` (or another ``path``) at the root of ``store``, as stored: one GET,
+    at most :data:`streamio.limits.MAX_JSON_BYTES`. Untrusted until :func:`parse_index` took them.
+
+    Raises:
+        IndexNotFoundError: there is none (says to run ``streamio index URL``).
+        IndexFormatError: over the size limit of a JSON document.
+    """
     try:
-        data = store.read(path, max_bytes=MAX_JSON_BYTES)
+        return store.read(path, max_bytes=MAX_JSON_BYTES)
     except FileNotFoundError as exc:
         raise IndexNotFoundError(
             f"no {path} at {store.url(path)}: write the dataset with `streamio shard`, or index "
@@ -257,7 +268,6 @@ def load_index(store: Store, path: str = INDEX_NAME) -> DatasetIndex:
         ) from exc
     except ObjectTooLargeError as exc:
         raise IndexFormatError(f"{exc}; rebuild the index with `streamio index {store.root_url}`") from exc
-    return parse_index(data, url=store.url(path), layouts_at=store)
 
 
 def index_document(

@@ -1,0 +1,57 @@
+"""One rank of :mod:`benchmarks.bench_fanout` (run under torchrun, gloo).
+
+    torchrun --nproc_per_node W -m benchmarks.fanout_rank MODE ROOT SIZE_MB OUT_DIR
+
+``BENCH_STORAGE_OPTIONS`` (JSON): the store's options. MODE ``save`` saves step 1 of an MLP of
+``SIZE_MB`` replicated float32 parameters; ``restore`` / ``restore-nofanout`` restores it into a
+model of other values and writes ``OUT_DIR/rank-N.json``: ``{"seconds", "ok"}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from streamio.checkpoint import CheckpointManager, SaveOptions
+
+WIDTH = 1024
+
+
+def model(size_mb: int, seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    layers = max(1, round(size_mb * (1 << 20) / 4 / (WIDTH * WIDTH + WIDTH)))
+    return torch.nn.Sequential(*[torch.nn.Linear(WIDTH, WIDTH) for _ in range(layers)])
+
+
+def main(mode: str, root: str, size_mb: str, out_dir: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    options = json.loads(os.environ["BENCH_STORAGE_OPTIONS"])
+    save_options = SaveOptions(restore_fanout=mode != "restore-nofanout")
+    with CheckpointManager(root, storage_options=options, options=save_options, async_save=False) as mgr:
+        if mode == "save":
+            mgr.save(1, {"model": model(int(size_mb), 1)})
+            result = {"ok": True, "seconds": 0.0}
+        else:
+            got = {"model": model(int(size_mb), 2)}
+            dist.barrier()
+            t0 = time.perf_counter()
+            mgr.restore(got)
+            seconds = time.perf_counter() - t0
+            want = model(int(size_mb), 1).state_dict()
+            ok = all(torch.equal(v, want[k]) for k, v in got["model"].state_dict().items())
+            result = {"ok": ok, "seconds": seconds}
+    Path(out_dir, f"rank-{dist.get_rank()}.json").write_text(json.dumps(result))
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:5])

@@ -1,0 +1,137 @@
+"""A rank's share of a save, written as parts: the one writer of part objects.
+
+docs/design.md "Commit protocol", step 1. A snapshot's byte stream (:class:`~.snapshot.Snapshot`)
+is cut into parts (:func:`part_size_for`), each encoded (CRC32C, optional zstd, block checksums
+for ranged reads of sharded state) in a thread of a bounded pool and written with one
+``Store.put``, the threads overlapping each other's checksums and PUTs; then the store is listed
+to check that every part is there with its size. The result (:class:`Share`) is what the rank's
+done marker records. The durable root's commit and a local tier's (:mod:`.local`) write through
+here alike, so a part has the same name, bytes and checksum on every tier; :func:`copy_share`
+uploads a share already on one tier to another as it is.
+
+The manifest assembled from the ranks' markers (:func:`assemble_manifest`) is the same function
+on every tier too: a save published from a local tier has the manifest bytes the local commit had.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import platform
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+import torch
+
+from streamio.checkpoint.format import layout
+from streamio.checkpoint.format import manifest as mf
+from streamio.checkpoint.format.entries import FileEntry, Section
+from streamio.checkpoint.format.manifest import DoneMarker, Manifest
+from streamio.checkpoint.options import SaveOptions, part_size_for
+from streamio.checkpoint.save.abandon import writing
+from streamio.checkpoint.save.plan import SavePlan
+from streamio.checkpoint.save.snapshot import Snapshot
+from streamio.checkpoint.tensors.serialize import block_checksums, encode_part, verify_file
+from streamio.errors import CheckpointError
+from streamio.pool import gather, run_parallel
+from streamio.storage import Store
+from streamio.version import __version__
+
+__all__ = [
+    "Share", "assemble_manifest", "check_written", "copy_share", "part_size_for", "software_stack", "write_share",
+]
+
+
+@dataclass(frozen=True)
+class Share:
+    """One rank's share of a save, written: its parts and the done marker that records them."""
+
+    files: tuple[FileEntry, ...]
+    marker: DoneMarker
+
+
+def software_stack() -> dict[str, Any]:
+    """Versions recorded in each manifest, so a resume on another stack is visible."""
+    cuda = torch.version.cuda
+    return {
+        "streamio": __version__,
+        "torch": torch.__version__,
+        "cuda": cuda,
+        "cuda_device": torch.cuda.get_device_name(0) if cuda and torch.cuda.is_available() else None,
+        "python": platform.python_version(),
+    }
+
+
+def write_share(
+    store: Store, job: Snapshot, plan: SavePlan, rank: int, options: SaveOptions, *, world: int = 1
+) -> Share:
+    """Write ``rank``'s parts of ``job`` into ``plan.sdir`` of ``store`` (one of ``world`` ranks) and
+    check they are there.
+
+    Returns the share with its done marker (not written: the caller decides where it goes).
+    """
+    ranges = layout.split_ranges(job.total, part_size_for(job.total, options, local=store.is_local, world=world))
+
+    def put(i: int) -> FileEntry:
+        # checksum (and compression) run here, in parallel, overlapping the other PUTs
+        start, end = ranges[i]
+        data, checksum = encode_part(job.stream[start:end], options.compression, options.zstd_level)
+        path = layout.part_path(rank, plan.save_id, i)
+        size = job.block_size if options.compression is None else 0  # blocks: ranged reads of sharded state
+        blocks = block_checksums(job.stream[start:end], size) if size else ()
+        entry = FileEntry(path, rank, start, end - start, len(data), checksum, options.compression, size, blocks)
+        with writing(store.url(f"{plan.sdir}/{entry.path}")):
+            store.put(f"{plan.sdir}/{entry.path}", data)
+        return entry
+
+    threads = max(1, options.concurrency)
+    with concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="streamio-ckpt-put") as pool:
+        entries_future = pool.submit(job.entries)  # tensor checksums, beside the uploads
+        files = gather(pool, put, range(len(ranges)))
+        rep_entries, rank_entries = entries_future.result()
+    check_written(store, plan.sdir, rank, files)
+    marker = DoneMarker(
+        rank=rank, save_id=plan.save_id, files=tuple(files), replicated_tensors=rep_entries,
+        per_rank=Section(tree=job.per_rank_tree, tensors=rank_entries), replicated_tree=job.replicated_tree,
+        sharded=job.sharded,
+    )
+    return Share(tuple(files), marker)
+
+
+def copy_share(source: Store, dest: Store, sdir: str, share: Share, *, concurrency: int) -> None:
+    """Upload ``share``'s parts from ``source`` to ``dest`` as they are (same names and bytes), and
+    check they arrived with their sizes. The bytes are checked against their CRC32C first: a
+    local copy damaged since it was written is never published."""
+    def put(f: FileEntry) -> None:
+        path = f"{sdir}/{f.path}"
+        data = source.read_view(path)
+        verify_file(data, f, source.url(path))
+        with writing(dest.url(path)):
+            dest.put(path, data)
+
+    run_parallel(put, share.files, concurrency=max(1, concurrency), name="streamio-ckpt-upload")
+    check_written(dest, sdir, share.marker.rank, share.files)
+
+
+def check_written(store: Store, sdir: str, rank: int, files: Sequence[FileEntry]) -> None:
+    """Every part of ``rank`` in ``sdir`` is listed with the size it was written with."""
+    if not files:
+        return
+    listed = {o.path: o.size for o in store.list(f"{sdir}/{layout.rank_dir(rank)}")}
+    for f in files:
+        size = listed.get(f"{sdir}/{f.path}")
+        if size != f.size:
+            raise CheckpointError(
+                f"{store.url(f'{sdir}/{f.path}')} holds {size} bytes after upload, expected {f.size}: "
+                f"the store did not keep the part; the save is abandoned"
+            )
+
+
+def assemble_manifest(plan: SavePlan, markers: Sequence[DoneMarker], job: Snapshot) -> Manifest:
+    """The manifest of ``plan``'s save from every rank's marker (index = rank), on its timeline."""
+    created = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    manifest = mf.build_manifest(plan.step, list(markers), metrics=job.metrics, software=software_stack(),
+                                 created=created)
+    return dataclasses.replace(manifest, timeline=plan.timeline, parent=plan.parent)

@@ -1,0 +1,66 @@
+"""``streamio ckpt plan``: a save's and a restore's requests on paper (issue 26)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from click.testing import CliRunner
+from hypothesis import given
+from hypothesis import strategies as st
+
+from streamio.checkpoint import CheckpointManager, SaveOptions
+from streamio.checkpoint.admin import GCS, plan_requests
+from streamio.checkpoint.root import read_manifest, read_pointer
+from streamio.cli.main import cli
+from streamio.storage import Store
+
+TB = 10**12
+
+
+def test_a_terabyte_on_4096_ranks() -> None:
+    p = plan_requests(TB, 4096)
+    assert p.objects_per_rank == 4 and p.part_bytes <= 64 << 20  # the job's parts bounded, not two per thread
+    assert p.save_requests == 4096 * (4 + 1) + 2  # parts, a marker per rank, manifest, pointer
+    assert p.restore_requests == 4096 * 4 + 2 and TB <= p.restore_store_bytes <= TB + 4096
+    assert p.save_bound == "request rate" and p.save_s == p.save_requests / 3500
+    alone = plan_requests(TB, 4096, options=SaveOptions(restore_fanout=False))
+    assert alone.restore_store_bytes == 4096 * p.restore_store_bytes  # every rank reads all of it
+    assert plan_requests(TB, 4096, sharded=True, options=SaveOptions(restore_fanout=False)).restore_store_bytes \
+        == p.restore_store_bytes
+    assert plan_requests(TB, 4096, limits=GCS).save_s > p.save_s
+
+
+@given(st.integers(1, 10**16), st.integers(1, 1 << 16), st.sampled_from([4 << 20, 64 << 20, 1 << 30]))
+def test_every_byte_is_in_a_part_and_no_part_is_larger_than_part_size(state: int, world: int, part: int) -> None:
+    p = plan_requests(state, world, options=SaveOptions(part_size=part))
+    share = -(-state // world)
+    assert p.part_bytes <= part and p.objects_per_rank * p.part_bytes >= share
+    assert p.save_requests >= world * (p.objects_per_rank + 1) + 2
+    assert p.save_s > 0 and p.restore_s > 0
+
+
+def test_the_plan_cuts_a_share_as_a_real_save_does(tmp_path: Path) -> None:
+    root = f"memory://{tmp_path.name}/ckpt"  # a store with requests (a local disk is cut per thread)
+    options = SaveOptions(part_size=8 << 20)
+    with CheckpointManager(root, options=options, async_save=False) as mgr:
+        mgr.save(1, {"w": torch.zeros(30 << 20, dtype=torch.uint8)})
+    store = Store(root)
+    pointer = read_pointer(store)
+    assert pointer is not None
+    files = read_manifest(store, 1, path=pointer.path).files
+    total = sum(f.raw_size for f in files)
+    assert plan_requests(total, 1, options=options).objects_per_rank == len(files) == 8  # 4 MiB each
+
+
+def test_ckpt_plan_prints_and_answers_json() -> None:
+    text = CliRunner().invoke(cli, ["ckpt", "plan", "--state-bytes", "1TB", "--world", "4096"])
+    assert text.exit_code == 0, text.output
+    assert "4 parts of 61.0 MB per rank" in text.output and "20,482 write requests" in text.output
+    doc = json.loads(CliRunner().invoke(cli, ["ckpt", "plan", "--state-bytes", "10TB", "--world", "16384",
+                                              "--store", "gcs", "--sharded", "--json"]).output)
+    assert doc["world"] == 16384 and doc["save_bound"] == "request rate" and doc["store"].startswith("gcs")
+    bad = CliRunner().invoke(cli, ["ckpt", "plan", "--state-bytes", "lots", "--world", "8"])
+    assert bad.exit_code == 2 and "'lots' is not a size" in bad.output
+    assert CliRunner().invoke(cli, ["ckpt", "plan", "--state-bytes", "1TB", "--world", "0"]).exit_code == 2

@@ -1,0 +1,95 @@
+"""The rank processes of test_checkpoint_fanout.py (and benchmarks/bench_fanout.py).
+
+    torchrun --nproc_per_node W tests/support/ckpt_fanout.py MODE ROOT OUT_DIR
+
+``CKPT_TEST_STORAGE_OPTIONS`` (JSON) are the store's options (the proxy's endpoint). MODE:
+
+* ``save``: every rank saves step 1 of :func:`state` (replicated model + per-rank RNG);
+* ``restore`` / ``restore-nofanout``: every rank restores into a blank state (with fan-out, or
+  ``restore_fanout=False``), checks it bit for bit and writes ``OUT_DIR/rank-N.json`` with
+  ``{"ok", "step", "seconds"}``;
+* ``save-paced`` / ``save-unpaced``: every rank saves step 1 of a state of ``STATE_LAYERS`` layers
+  (default 6) with its writes paced (the default) or not (``RetryPolicy(pace_writes=False)``),
+  and writes ``{"ok", "seconds"}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from streamio.checkpoint import CheckpointManager, SaveOptions
+from streamio.storage import RetryPolicy
+
+WIDTH = 256
+LAYERS = int(os.environ.get("STATE_LAYERS", "6"))  # 6 x 256 KiB of weights in parts of 128 KiB
+SAVED_WORLD = 2  # the test saves with 2 ranks
+
+
+def state(seed: int) -> dict[str, Any]:
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(*[torch.nn.Linear(WIDTH, WIDTH) for _ in range(LAYERS)])
+    return {"model": model, "rng": {"r": torch.tensor([dist.get_rank() + seed])}}
+
+
+def run_ranks(world: int, mode: str, root: str, options: dict[str, Any], out: Path,
+              env: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """Run ``mode`` on ``world`` rank processes (torchrun, gloo); every rank's result."""
+    import subprocess
+
+    out.mkdir(parents=True, exist_ok=True)
+    child_env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    child_env.update(CKPT_TEST_STORAGE_OPTIONS=json.dumps(options), OMP_NUM_THREADS="1", **(env or {}))
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(world),
+         __file__, mode, root, str(out)],
+        env=child_env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [json.loads((out / f"rank-{r}.json").read_text()) for r in range(world)]
+
+
+def main(mode: str, root: str, out_dir: str) -> None:
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    options = json.loads(os.environ["CKPT_TEST_STORAGE_OPTIONS"])
+    fanout = mode != "restore-nofanout"
+    save_options = SaveOptions(part_size=128 << 10, restore_fanout=fanout)
+    retry = RetryPolicy(max_attempts=30, max_total=600, pace_writes=mode != "save-unpaced")
+    with CheckpointManager(root, storage_options=options, options=save_options, async_save=False,
+                           retry=retry) as mgr:
+        if mode.startswith("save"):
+            dist.barrier()
+            t0 = time.perf_counter()
+            mgr.save(1, state(1))
+            result: dict[str, Any] = {"ok": True, "seconds": time.perf_counter() - t0}
+        else:
+            got = state(99)
+            t0 = time.perf_counter()
+            try:
+                step = mgr.restore(got)
+            except Exception as exc:  # noqa: BLE001 - reported to the test
+                result = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+            else:
+                want = state(1)
+                same = all(torch.equal(a, b) for a, b in zip(got["model"].state_dict().values(),
+                                                            want["model"].state_dict().values(), strict=True))
+                # saved by 2 ranks: on another world size rank r gets rank r % 2's per-rank state
+                same = same and int(got["rng"]["r"]) == rank % SAVED_WORLD + 1
+                result = {"ok": same, "step": step, "seconds": time.perf_counter() - t0}
+    Path(out_dir, f"rank-{rank}.json").write_text(json.dumps(result))
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:4])
