@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -56,6 +57,18 @@ def test_when_every_rank_wants_everything_shares_differ_by_at_most_one_request(w
 
 
 # ------------------------------------------------------------------ rank processes
+def _saved(s3: S3Endpoint, proxy: FaultProxy, tmp_path: Path, name: str) -> tuple[str, dict, Store, str, Any]:  # type: ignore[type-arg]
+    """Step 1 saved by 2 ranks through the proxy: the root, its options through the proxy, a direct
+    store, the save directory and its manifest."""
+    options = s3.storage_options(proxy.endpoint_url)
+    root = s3.url(name)
+    assert all(r["ok"] for r in run_ranks(2, "save", root, options, tmp_path / "save"))
+    store = Store(root, s3.storage_options())
+    pointer = read_pointer(store)
+    assert pointer is not None
+    return root, options, store, pointer.path, read_manifest(store, 1, path=pointer.path)
+
+
 def _part_bytes(proxy: FaultProxy) -> int:
     return sum(r.response_bytes for r in proxy.log() if r.method == "GET" and "/part-" in r.path)
 
@@ -64,13 +77,8 @@ def _part_bytes(proxy: FaultProxy) -> int:
 def test_replicated_parts_are_read_once_per_job_at_any_world_size(
     s3: S3Endpoint, s3_proxy: FaultProxy, tmp_path: Path
 ) -> None:
-    options = s3.storage_options(s3_proxy.endpoint_url)
-    root = s3.url("fanout")
-    assert all(r["ok"] for r in run_ranks(2, "save", root, options, tmp_path / "save"))
-    store = Store(root, s3.storage_options())
-    pointer = read_pointer(store)
-    assert pointer is not None
-    size = sum(f.size for f in read_manifest(store, 1, path=pointer.path).files)
+    root, options, _, _, manifest = _saved(s3, s3_proxy, tmp_path, "fanout")
+    size = sum(f.size for f in manifest.files)
     read: dict[tuple[int, bool], int] = {}
     for world, mode in [(1, "restore"), (2, "restore"), (3, "restore"), (3, "restore-nofanout")]:
         s3_proxy.clear()
@@ -88,15 +96,9 @@ def test_replicated_parts_are_read_once_per_job_at_any_world_size(
 def test_a_share_that_does_not_verify_fails_the_restore_on_every_rank(
     s3: S3Endpoint, s3_proxy: FaultProxy, tmp_path: Path
 ) -> None:
-    options = s3.storage_options(s3_proxy.endpoint_url)
-    root = s3.url("fanout-bad")
-    assert all(r["ok"] for r in run_ranks(2, "save", root, options, tmp_path / "save"))
-    store = Store(root, s3.storage_options())
-    pointer = read_pointer(store)
-    assert pointer is not None
-    manifest = read_manifest(store, 1, path=pointer.path)
+    root, options, store, sdir, manifest = _saved(s3, s3_proxy, tmp_path, "fanout-bad")
     victim = max((f for f in manifest.files), key=lambda f: f.size)  # a replicated part: every rank wants it
-    key = f"{pointer.path}/{victim.path}"
+    key = f"{sdir}/{victim.path}"
     data = bytearray(store.read(key))
     data[len(data) // 2] ^= 0xFF
     store.put(key, bytes(data))

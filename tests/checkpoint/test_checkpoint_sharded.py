@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,13 +33,6 @@ from streamio.testing import S3Endpoint
 from support.sharded_procs import Zygote, wait_gone
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def zygote() -> Iterator[Zygote]:
-    z = Zygote()
-    yield z
-    z.close()
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,13 +42,6 @@ pytestmark = pytest.mark.slow
 
 WORLD = 3
 WORKER = "support.tiers_worker"
-
-
-@pytest.fixture(scope="module")
-def zygote() -> Iterator[Zygote]:
-    z = Zygote()
-    yield z
-    z.close()
 
 
 @pytest.fixture(scope="module")

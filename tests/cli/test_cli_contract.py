@@ -292,7 +292,7 @@ def test_an_unexpected_exception_is_one_line_exit_3(dataset: Path, monkeypatch: 
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("something inside a dependency\nbroke on two lines")
 
-    monkeypatch.setattr("streamio.data.locate.load_index", broken)
+    monkeypatch.setattr("streamio.data.locate.read_index_bytes", broken)
     res = CliRunner().invoke(cli, ["inspect", str(dataset)])
     assert res.exit_code == 3 and res.stdout == ""
     assert res.stderr == (

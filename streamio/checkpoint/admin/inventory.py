@@ -28,7 +28,7 @@ from streamio.checkpoint.root import (
 from streamio.errors import CheckpointNotFoundError, StreamioError
 from streamio.storage import Store
 
-__all__ = ["default_step", "inspect_save", "list_saves"]
+__all__ = ["default_step", "inspect_save", "list_saves", "manifest_fields"]
 
 
 def _tip(store: Store) -> tuple[Tip | None, str | None]:
@@ -62,14 +62,16 @@ def list_saves(store: Store) -> list[dict[str, Any]]:
         bad = read_bad(store, ref.path) if ref.bad else None
         row: dict[str, Any] = {"step": ref.step, "path": ref.path, "latest": ref.path == named,
                                "place": where[ref.path], "bad": bad.reason if bad else None}
-        m = manifests[ref.path]
-        if isinstance(m, Manifest):
-            row.update(bytes=m.total_bytes, files=len(m.files), world_size=m.world_size, created=m.created,
-                       metrics=dict(m.metrics), timeline=m.line.id)
-        else:
-            row["error"] = str(m)
-        rows.append(row)
+        rows.append({**row, **manifest_fields(manifests[ref.path])})
     return rows
+
+
+def manifest_fields(m: Manifest | StreamioError) -> dict[str, Any]:
+    """What a ``ckpt ls`` row says of a save's manifest, or why it could not be read."""
+    if not isinstance(m, Manifest):
+        return {"error": str(m)}
+    return {"bytes": m.total_bytes, "files": len(m.files), "world_size": m.world_size, "created": m.created,
+            "metrics": dict(m.metrics), "timeline": m.line.id}
 
 
 def default_step(store: Store) -> int:

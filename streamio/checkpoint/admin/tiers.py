@@ -14,7 +14,7 @@ import os
 import re
 from typing import Any
 
-from streamio.checkpoint.admin.inventory import list_saves
+from streamio.checkpoint.admin.inventory import list_saves, manifest_fields
 from streamio.checkpoint.format.manifest import Manifest
 from streamio.checkpoint.options import LocalTier
 from streamio.checkpoint.root import committed_saves, read_manifest, read_pointer
@@ -59,15 +59,9 @@ def list_tiers(store: Store, tier: LocalTier) -> list[dict[str, Any]]:
         row.update(tier="both" if held else "durable", local_ranks=held["ranks"] if held else [],
                    local_latest=bool(held and held["latest"]))
     for path, held in copies.items():
-        row = {"step": held["step"], "path": path, "latest": False, "place": "local", "bad": None, "tier": "local",
-               "local_ranks": held["ranks"], "local_latest": held["latest"]}
-        m = held["manifest"]
-        if isinstance(m, Manifest):
-            row.update(bytes=m.total_bytes, files=len(m.files), world_size=m.world_size, created=m.created,
-                       metrics=dict(m.metrics), timeline=m.line.id)
-        else:
-            row["error"] = str(m)
-        rows.append(row)
+        rows.append({"step": held["step"], "path": path, "latest": False, "place": "local", "bad": None,
+                     "tier": "local", "local_ranks": held["ranks"], "local_latest": held["latest"],
+                     **manifest_fields(held["manifest"])})
     return sorted(rows, key=lambda r: (r["step"], r.get("created") or "", r["path"]))
 
 
