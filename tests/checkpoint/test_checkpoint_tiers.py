@@ -218,6 +218,21 @@ def test_the_root_down_at_restore_restores_from_the_local_tier(
         mgr.close()
 
 
+def test_what_a_killed_deletion_left_is_removed_by_the_next_save(tmp_path: Path) -> None:
+    """kill -9 while local retention deletes a save can leave its directory tree without a file
+    (the objects gone, the ``rmdir``s not done), which no listing of objects shows; the next save's
+    retention removes it."""
+    tier = LocalTier(str(tmp_path / "local"), keep=2)
+    with CheckpointManager(str(tmp_path / "root"), local=tier, options=SaveOptions(durable_every=10)) as mgr:
+        mgr.save(1, state(1))
+        mgr.wait()
+        rank_root = tmp_path / "local" / "rank-00000"
+        (rank_root / "step-000000000-6b0f00000000abcd" / "rank-00000").mkdir(parents=True)  # empty, as left
+        mgr.save(2, state(2))
+        mgr.wait()
+    assert sorted(p.name.split("-")[1] for p in rank_root.iterdir() if p.is_dir()) == ["000000001", "000000002"]
+
+
 def test_a_local_disk_that_fails_sends_saves_to_the_root(tmp_path: Path, caplog) -> None:  # type: ignore[no-untyped-def]
     (tmp_path / "local").write_text("a file where the tier's directory should be")
     tier = LocalTier(str(tmp_path / "local"))

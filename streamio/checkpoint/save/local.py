@@ -20,6 +20,7 @@ is decided then, by every rank together (:mod:`~..restore.tiers`).
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -146,14 +147,15 @@ class LocalCommitter:
         current = [s.path for s in saves if _on(tip, self._lines[s.path], s.step)]
         keep = set(current[-self.tier.keep:]) | keep_also
         dirs = {s.path: s.step for s in saves}
-        for o in listing:  # a killed commit's save directory: parts and markers, no manifest
-            head = o.path.partition("/")[0]
+        heads = [o.path.partition("/")[0] for o in listing]  # a killed commit's: parts, markers, no manifest
+        for head in [*heads, *_dir_names(self.tier.rank_root(self.comm.rank))]:  # a killed deletion's: empty
             parsed = layout.parse_save_dir(head)
             if parsed is not None:
                 dirs.setdefault(head, parsed[0])
         try:
             for sdir in sorted(set(dirs) - keep):
                 root.delete_save(store, sdir)
+                _remove_empty_tree(self.tier.rank_root(self.comm.rank), sdir)
                 self._lines.pop(sdir, None)
             for upload in stale:
                 store.abort_upload(upload)
@@ -184,6 +186,27 @@ class LocalCommitter:
 def _on(tip: Tip, line: Timeline | None, step: int) -> bool:
     """Whether a local save (its timeline, ``None`` if its manifest is unreadable) is on ``tip``'s timeline."""
     return line is not None and classify(tip, line, step) == "current"
+
+
+def _dir_names(local_root: str) -> list[str]:
+    """The directories in a local root (none if it cannot be listed)."""
+    path = local_root.removeprefix("file://")
+    try:
+        return [e.name for e in os.scandir(path) if e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return []
+
+
+def _remove_empty_tree(local_root: str, sdir: str) -> None:
+    """Remove the directories left empty under ``sdir`` (a deletion killed before its ``rmdir``s
+    leaves a tree without a file, which no listing of objects shows), deepest first."""
+    top = os.path.join(local_root.removeprefix("file://"), sdir)
+    for path, _, files in os.walk(top, topdown=False):
+        if not files:
+            try:
+                os.rmdir(path)
+            except OSError:  # not empty after all (a subdirectory with a file), or gone
+                continue
 
 
 def _parents(path: str) -> list[str]:
