@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 from click.testing import CliRunner
 from hypothesis import given
@@ -14,6 +15,7 @@ from streamio.checkpoint import CheckpointManager, SaveOptions
 from streamio.checkpoint.admin import GCS, plan_requests
 from streamio.checkpoint.root import read_manifest, read_pointer
 from streamio.cli.main import cli
+from streamio.errors import ConfigError
 from streamio.storage import Store
 
 TB = 10**12
@@ -64,3 +66,9 @@ def test_ckpt_plan_prints_and_answers_json() -> None:
     bad = CliRunner().invoke(cli, ["ckpt", "plan", "--state-bytes", "lots", "--world", "8"])
     assert bad.exit_code == 2 and "'lots' is not a size" in bad.output
     assert CliRunner().invoke(cli, ["ckpt", "plan", "--state-bytes", "1TB", "--world", "0"]).exit_code == 2
+
+
+@pytest.mark.parametrize(("state", "world", "per_node"), [(0, 8, 8), (TB, 0, 8), (TB, 8, 0)])
+def test_a_size_or_count_that_is_not_positive_is_refused(state: int, world: int, per_node: int) -> None:
+    with pytest.raises(ConfigError, match="must be positive"):
+        plan_requests(state, world, ranks_per_node=per_node)

@@ -34,6 +34,15 @@ def _answers(pacer: Pacer, t: FakeTime, per_second: float, seconds: float) -> No
         pacer.succeeded()
 
 
+def _throttled_after(per_second: float) -> tuple[Pacer, FakeTime]:
+    """A pacer that saw 2 s of answers at ``per_second``, then its first throttle."""
+    t = FakeTime()
+    pacer = Pacer(clock=t.clock, sleep=t.sleep)
+    _answers(pacer, t, per_second, 2.0)
+    pacer.throttled()
+    return pacer, t
+
+
 def test_unpaced_until_the_store_first_throttles() -> None:
     t = FakeTime()
     pacer = Pacer(clock=t.clock, sleep=t.sleep)
@@ -59,10 +68,7 @@ def test_a_throttle_cuts_the_rate_to_beta_of_what_was_measured_once_per_cooldown
 
 
 def test_while_paced_requests_leave_at_the_rate() -> None:
-    t = FakeTime()
-    pacer = Pacer(clock=t.clock, sleep=t.sleep)
-    _answers(pacer, t, 50, 2.0)
-    pacer.throttled()
+    pacer, t = _throttled_after(50)
     rate = pacer.rate
     start = t.now
     for _ in range(200):
@@ -71,10 +77,7 @@ def test_while_paced_requests_leave_at_the_rate() -> None:
 
 
 def test_successes_grow_the_rate_back_past_the_last_maximum() -> None:
-    t = FakeTime()
-    pacer = Pacer(clock=t.clock, sleep=t.sleep)
-    _answers(pacer, t, 100, 2.0)
-    pacer.throttled()
+    pacer, t = _throttled_after(100)
     cut = pacer.rate
     rates = []
     for _ in range(40):  # 20 s of answers at what the pacer allows
