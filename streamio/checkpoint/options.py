@@ -7,6 +7,7 @@ Plain frozen values (PURE: no torch, fsspec or storage), shared by the facade
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 
@@ -45,6 +46,12 @@ class SaveOptions:
             ``part_size`` each) instead of two per upload thread, so the job's requests, not only
             its bytes, stay bounded (a store serves a few thousand writes per second per prefix:
             docs/design.md "Request rates").
+        write_rate: the most write requests per second the whole job's save sends to the store,
+            shared among the ranks in proportion to their writes, so that even a job's first save
+            does not burst past the store's limit. ``"store"`` (the default): the limit the
+            provider documents for a new prefix (AWS S3: 3,500; Google Cloud Storage: 1,000), none
+            for other endpoints (MinIO, emulators); ``None``: no cap. Either way the ranks pace
+            together at the rate the store taught them (docs/design.md "Request rates").
         restore_fanout: under ``torch.distributed``, a restore reads the parts several ranks
             need (replicated state) from the store once per job, each rank a share balanced by
             bytes, and the ranks exchange them over the process group; ``False`` makes every
@@ -61,6 +68,7 @@ class SaveOptions:
     durable_every: int = 1
     parts_per_save: int = 16384
     restore_fanout: bool = True
+    write_rate: float | str | None = "store"
 
     def __post_init__(self) -> None:
         if self.part_size < 4096:
@@ -76,6 +84,9 @@ class SaveOptions:
             raise ConfigError(f"parts_per_save must be a whole number >= 1, got {self.parts_per_save!r}")
         if isinstance(self.durable_every, bool) or not isinstance(self.durable_every, int) or self.durable_every < 1:
             raise ConfigError(f"durable_every must be a whole number >= 1, got {self.durable_every!r}")
+        if self.write_rate not in (None, "store") and not _positive_finite(self.write_rate):
+            raise ConfigError(f"write_rate must be a positive number of writes per second, 'store' or None, got "
+                              f"{self.write_rate!r}")
         object.__setattr__(self, "per_rank", frozenset(self.per_rank))
 
 
@@ -149,3 +160,8 @@ def part_size_for(total: int, options: SaveOptions, *, local: bool = False, worl
     per_thread = -(-total // max(1, (1 if local else 2) * options.concurrency))
     per_job = -(-total // max(1, options.parts_per_save // max(1, world)))
     return min(options.part_size, max(per_thread, per_job, 4 << 20))
+
+
+def _positive_finite(value: object) -> bool:
+    """A real number in (0, inf) (``True`` is not a number here)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf

@@ -19,17 +19,24 @@ whose rate follows CUBIC):
 
 The retry policy still backs off each failed request with jitter; the pacer keeps the process as
 a whole under the limit it found. Time and sleep are injected (tests drive a fake clock).
+
+The ranks of a job write to one store at once, so a job shares its rate (:meth:`Pacer.sharing`,
+used by a checkpoint save): each rank's pacer takes ``fraction`` of a job-wide rate, the one the
+ranks learned (:meth:`Pacer.job_rate`, averaged over the ranks) and at most a job-wide ``cap``; when
+the share ends the process's rate is scaled back to the job's (a rank alone may then use all of it).
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["BETA", "Pacer", "pacer_for"]
+__all__ = ["BETA", "Pacer", "ShareOutcome", "pacer_for"]
 
 BETA = 0.7
 """Rate kept after a throttle (CUBIC's multiplicative decrease)."""
@@ -37,6 +44,16 @@ _SCALE = 0.4  # CUBIC's C: how fast the rate grows back
 _MIN_RATE = 0.5  # requests per second: never slower
 _WINDOW_S = 1.0  # the measured rate counts the successes of the last second
 _SHORTEST_S = 0.05  # ... over at least this long
+
+
+@dataclass(frozen=True)
+class ShareOutcome:
+    """What one share (a save's uploads on one rank) met: the writes the store admitted, over how
+    many seconds, and how many answers said "slow down"."""
+
+    admitted: int
+    seconds: float
+    throttles: int
 
 
 class Pacer:
@@ -64,6 +81,10 @@ class Pacer:
         self._first: float | None = None  # the first answer
         self._answers: collections.deque[float] = collections.deque()  # their times, the last second
         self.throttles = 0
+        self.admitted = 0
+        self.last_share: ShareOutcome | None = None  # what the last share (a save's uploads) met
+        self._fraction = 1.0  # of the job's rate, while a share lasts
+        self.cap: float | None = None  # the most this process sends (its part of the job's cap)
 
     def wait(self) -> None:
         """Take a token before an attempt, sleeping until it is due (at once while unpaced).
@@ -85,6 +106,7 @@ class Pacer:
         with self._lock:
             now = self._clock()
             measured = self._measured(now)
+            self.admitted += 1
             if self.enabled:  # an idle writer's rate does not grow past what it last had
                 self._set_rate(min(self._cubic(now), max(2 * measured, self._last_max)))
 
@@ -102,10 +124,50 @@ class Pacer:
             self.enabled = True
             self._set_rate(self._last_max * BETA)
 
+    def job_rate(self) -> float | None:
+        """The rate this process found its store allows the whole job (its own rate over the
+        fraction it holds); ``None`` while it has never been paced."""
+        with self._lock:
+            return self.rate / self._fraction if self.enabled else None
+
+    @contextlib.contextmanager
+    def sharing(self, fraction: float, *, rate: float | None, cap: float | None) -> Iterator[None]:
+        """Pace at ``fraction`` of the job's ``rate`` (what the ranks learned; ``None``: nothing
+        learned, unpaced unless capped), never above ``fraction`` of ``cap``, while the block runs.
+
+        The share starts as if the rate had just grown back to its last maximum (CUBIC then probes
+        above it gently). On leaving, the rate learned during the share is scaled back to the job's
+        and ``cap`` stays in force for this process alone.
+        """
+        if not 0 < fraction <= 1:
+            raise ValueError(f"a share's fraction must be in (0, 1], got {fraction!r}")
+        with self._lock:
+            began, admitted, throttles = self._clock(), self.admitted, self.throttles
+            self._fraction, self.cap = fraction, cap * fraction if cap is not None else None
+            start = rate if rate is not None else cap
+            if start is not None:
+                self.enabled = True
+                self._set_rate(start * fraction)
+                self._last_max = self.rate
+                self._cut_at = self._clock() - self._plateau()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.last_share = ShareOutcome(
+                    self.admitted - admitted, self._clock() - began, self.throttles - throttles)
+                scale, self._fraction, self.cap = 1 / self._fraction, 1.0, cap
+                if self.enabled:
+                    self._last_max *= scale
+                    self._set_rate(self.rate * scale)
+
     # ------------------------------------------------------------------ internals (under the lock)
     def _set_rate(self, rate: float) -> None:
         self._refill()
-        self.rate = max(rate, _MIN_RATE)
+        if self.cap is not None:
+            self.rate = max(min(rate, self.cap), min(_MIN_RATE, self.cap))
+        else:
+            self.rate = max(rate, _MIN_RATE)
         self._tokens = min(self._tokens, max(1.0, self.rate))
 
     def _refill(self) -> None:
@@ -114,9 +176,12 @@ class Pacer:
             self._tokens = min(max(1.0, self.rate), self._tokens + (now - self._refilled) * self.rate)
         self._refilled = now
 
+    def _plateau(self) -> float:
+        """Seconds after a cut at which CUBIC is back at the last maximum."""
+        return float((self._last_max * (1 - BETA) / _SCALE) ** (1 / 3))
+
     def _cubic(self, now: float) -> float:
-        k = (self._last_max * (1 - BETA) / _SCALE) ** (1 / 3)
-        return _SCALE * (now - self._cut_at - k) ** 3 + self._last_max
+        return _SCALE * (now - self._cut_at - self._plateau()) ** 3 + self._last_max
 
     def _measured(self, now: float) -> float:
         """Count an answer at ``now``; answers per second over the last second (over the time

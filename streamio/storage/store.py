@@ -49,7 +49,7 @@ from streamio.storage.retry import RetryPolicy
 from streamio.storage.roots import BucketCheck
 from streamio.storage.stream import at_most, resuming
 
-__all__ = ["IncompleteUpload", "ObjectInfo", "Store", "WriteMode"]
+__all__ = ["IncompleteUpload", "ObjectInfo", "Store", "WriteMode", "documented_write_rate", "write_pacer"]
 
 T = TypeVar("T")
 
@@ -346,6 +346,19 @@ def _over(conn: Connection, buckets: BucketCheck | None = None) -> Store:
     store = Store.__new__(Store)
     store._conn, store._buckets = conn, buckets or BucketCheck(conn.policy, conn.shown)
     return store
+
+
+def write_pacer(store: Store) -> Pacer | None:
+    """The pacer this process's writes to ``store``'s bucket go through (``None``: local files, or
+    a retry policy that does not pace writes); see :mod:`streamio.storage.pacing`."""
+    return _pacer(store) if store.retry.pace_writes else None
+
+
+def documented_write_rate(store: Store) -> float | None:
+    """The writes per second the provider documents for a new prefix of ``store`` (AWS S3: 3,500;
+    Google Cloud Storage: 1,000 per bucket at first); ``None`` for local files and other endpoints
+    (MinIO, emulators), whose limits streamio cannot know."""
+    return backends.backend_class(store.root_url).documented_write_rate(store._options)
 
 
 def _pacer(store: Store) -> Pacer | None:

@@ -1,18 +1,20 @@
-"""Eight ranks saving one step at once through a store that allows R writes per second (issue 26).
+"""Eight ranks saving at once through a store that allows R writes per second (issue 26).
 
-The fault proxy answers writes over its rate limit with 503 SlowDown, as S3 does for a prefix. With
-each process's writes paced (:mod:`streamio.storage.pacing`, the default) the save finishes without
-an error, faster and with fewer writes refused than unpaced (each write retrying on its own
-schedule). Measured here (8 ranks, 339 writes, 40 writes/s, 2 cores): paced 11.2 s (the limit
-allows 7.5 s after its burst) with 40% of the writes refused, unpaced 14.0 s with 66%. Each process
-finds the rate on its own; the issue's goal (1.3x the ideal, 10% refused) needs the ranks to share
-what they learn (docs/design.md "Request rates").
+The fault proxy answers writes over its rate limit with 503 SlowDown, as S3 does for a prefix. A
+save's ranks pace as one job (:mod:`streamio.checkpoint.save.rates`): each takes its part of the
+job's write rate, in proportion to its writes. With the job's rate capped at the store's limit
+(``SaveOptions(write_rate=R)``, what the default ``"store"`` does on AWS S3 and GCS) no write is
+refused even in the first save; without a cap the first save finds the limit (each process on its
+own) and the next starts from the rate the whole job was admitted at. Measured here (8 ranks, 339
+writes per save, 40 writes/s, 2 cores; benchmarks/bench_throttle.py): capped, 0% refused, 10.3 s and
+7.8 s (8.4 s at the limit); shared, 36% then 13% refused; unpaced, 69% and 71%.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,24 +32,46 @@ def s3_proxy(moto_endpoint: str) -> Iterator[FaultProxy]:
         yield proxy
 
 
-def _save(s3: S3Endpoint, proxy: FaultProxy, tmp_path: Path, mode: str) -> tuple[float, int, int]:
-    """One 8-rank save through the limit: its time (the slowest rank), writes admitted and refused."""
-    limit = proxy.limit_rate(RATE)
-    results = run_ranks(RANKS, mode, s3.url(mode), s3.storage_options(proxy.endpoint_url), tmp_path / mode,
-                        env={"STATE_LAYERS": "160"})
+def _per_save(log: list[Any], saves: int) -> list[tuple[int, int]]:
+    """(admitted, refused) writes of each save, split at the ``between-N`` marks rank 0 writes."""
+    counts = [[0, 0] for _ in range(saves)]
+    i = 0
+    for r in log:
+        if "between-" in r.path:
+            i += 1
+        elif r.method in ("PUT", "POST", "DELETE"):
+            counts[i][r.fault == "throttled"] += 1
+    return [(a, b) for a, b in counts]
+
+
+def _save(s3: S3Endpoint, proxy: FaultProxy, tmp_path: Path, name: str, env: dict[str, str]) -> list[dict[str, float]]:
+    """One 8-rank job saving ``SAVES`` steps through the limit: each save's time (the slowest
+    rank), writes admitted and the share refused."""
+    proxy.limit_rate(RATE)
+    results = run_ranks(RANKS, "save-paced", s3.url(name), s3.storage_options(proxy.endpoint_url), tmp_path / name,
+                        env={"STATE_LAYERS": "160", **env})
     assert all(r["ok"] for r in results), results
-    return max(r["seconds"] for r in results), limit.admitted, limit.refused
+    saves = len(results[0]["each"])
+    out = []
+    for i, (admitted, refused) in enumerate(_per_save(proxy.log(), saves)):
+        seconds = max(r["each"][i] for r in results)
+        out.append({"seconds": seconds, "admitted": admitted, "refused": refused / (admitted + refused)})
+        print(f"{name} save {i + 1}: {admitted} writes in {seconds:.1f} s (the limit allows {admitted / RATE:.1f} s), "
+              f"{refused / (admitted + refused):.0%} refused")
+    return out
 
 
-def test_paced_writers_finish_through_the_limit_refused_less_than_unpaced(
+def test_a_job_capped_at_the_limit_is_not_refused_even_in_its_first_save(
     s3: S3Endpoint, s3_proxy: FaultProxy, tmp_path: Path
 ) -> None:
-    seconds, admitted, refused = _save(s3, s3_proxy, tmp_path, "save-paced")
-    ideal = (admitted - RATE) / RATE  # the bucket admits one second's worth at once
-    share = refused / (admitted + refused)
-    print(f"paced: {admitted} writes in {seconds:.1f} s (ideal {ideal:.1f} s), {share:.1%} refused")
-    u_seconds, u_admitted, u_refused = _save(s3, s3_proxy, tmp_path, "save-unpaced")
-    u_share = u_refused / (u_admitted + u_refused)
-    print(f"unpaced: {u_admitted} writes in {u_seconds:.1f} s, {u_share:.1%} refused")
-    assert seconds <= 2.5 * ideal, (seconds, ideal)
-    assert share < u_share, (share, u_share)
+    (save,) = _save(s3, s3_proxy, tmp_path, "capped", {"WRITE_RATE": str(RATE)})
+    assert save["refused"] <= 0.10, save
+    assert save["seconds"] <= 2.5 * save["admitted"] / RATE, save  # loose: 8 ranks and moto on 2 cores
+
+
+def test_a_job_saving_again_starts_from_the_rate_it_was_admitted_at(
+    s3: S3Endpoint, s3_proxy: FaultProxy, tmp_path: Path
+) -> None:
+    first, second = _save(s3, s3_proxy, tmp_path, "shared", {"SAVES": "2"})
+    assert second["refused"] < first["refused"], (first, second)
+    assert second["seconds"] <= 2.5 * second["admitted"] / RATE, second

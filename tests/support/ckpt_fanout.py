@@ -62,7 +62,8 @@ def main(mode: str, root: str, out_dir: str) -> None:
     rank = dist.get_rank()
     options = json.loads(os.environ["CKPT_TEST_STORAGE_OPTIONS"])
     fanout = mode != "restore-nofanout"
-    save_options = SaveOptions(part_size=128 << 10, restore_fanout=fanout)
+    write_rate = float(os.environ["WRITE_RATE"]) if os.environ.get("WRITE_RATE") else None
+    save_options = SaveOptions(part_size=128 << 10, restore_fanout=fanout, write_rate=write_rate)
     retry = RetryPolicy(max_attempts=30, max_total=600, pace_writes=mode != "save-unpaced")
     with CheckpointManager(root, storage_options=options, options=save_options, async_save=False,
                            retry=retry) as mgr:

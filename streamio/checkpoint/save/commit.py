@@ -50,12 +50,13 @@ from streamio.checkpoint.options import SaveOptions, SaveStats
 from streamio.checkpoint.root import ABSENT, UNREAD, PhaseHook, pointer_version
 from streamio.checkpoint.save.abandon import FailedShares, uncommitted, writing
 from streamio.checkpoint.save.local import LocalSave
-from streamio.checkpoint.save.parts import assemble_manifest, copy_share, write_share
+from streamio.checkpoint.save.parts import assemble_manifest, copy_share, share_ranges, write_share
 from streamio.checkpoint.save.plan import Planner, SavePlan
 from streamio.checkpoint.save.pruning import Pruner
+from streamio.checkpoint.save.rates import shared_write_rate
 from streamio.checkpoint.save.snapshot import Snapshot
 from streamio.errors import CheckpointConflictError, CheckpointError, ObjectNotFoundError, WriteConflictError
-from streamio.storage import Store
+from streamio.storage import Store, documented_write_rate
 
 __all__ = ["PHASES", "Committer"]
 
@@ -112,7 +113,8 @@ class Committer:
         """
         comm = comm or self.comm
         plan = plan if plan is not None else self.plan(job.step, comm=comm)
-        files = self._all_ranks(plan, lambda: self._write_rank(job, plan, comm), comm)
+        writes = len(share_ranges(self.store, job, self.options, world=comm.world)) + 1  # and the marker
+        files = self._all_ranks(plan, lambda: self._write_rank(job, plan, comm), comm, writes)
         self._finish(plan, lambda: self._assemble(job, plan, comm.world), comm)
         durable = time.perf_counter() - job.started
         log.info("checkpoint step %d durable at %s (%.3f s blocked, %.3f s to durable)",
@@ -129,7 +131,7 @@ class Committer:
         """
         comm = comm or self.comm
         began = time.perf_counter()
-        self._all_ranks(save.plan, lambda: self._upload_rank(save), comm)
+        self._all_ranks(save.plan, lambda: self._upload_rank(save), comm, len(save.share.files) + 1)
         self._finish(save.plan, lambda: save.manifest, comm)
         log.info("checkpoint step %d durable at %s (uploaded from the local tier in %.3f s)",
                  save.plan.step, self.store.url(save.plan.sdir), time.perf_counter() - began)
@@ -166,16 +168,20 @@ class Committer:
         if self._pointer_version == _UNKNOWN and not offline:
             self._pointer_version = pointer_version(self.store)
 
-    def _all_ranks(self, plan: SavePlan, write: Callable[[], list[FileEntry]], comm: Comm) -> list[FileEntry]:
-        """Every rank's ``write()``, then the barrier: one rank's failure is every rank's error
-        (and what the failed save wrote is removed)."""
+    def _all_ranks(
+        self, plan: SavePlan, write: Callable[[], list[FileEntry]], comm: Comm, writes: int
+    ) -> list[FileEntry]:
+        """Every rank's ``write()`` of ``writes`` objects, paced as one job (:mod:`.rates`), then
+        the barrier: one rank's failure is every rank's error (and what the failed save wrote is
+        removed)."""
         store = self.store
         self._failed.retry()
         failure: str | None = None
         own_exc: BaseException | None = None
         files: list[FileEntry] = []
         try:
-            files = write()
+            with shared_write_rate(store, comm, writes, self._write_cap):
+                files = write()
         except Exception as exc:  # reported to every rank below, then re-raised
             failure, own_exc = f"rank {comm.rank}: {type(exc).__name__}: {exc}", exc
         bad = [o for o in comm.all_gather(failure) if o is not None]  # the barrier
@@ -188,6 +194,11 @@ class Committer:
                 f"the previous checkpoint stays current"
             ) from own_exc
         return files
+
+    @property
+    def _write_cap(self) -> float | None:
+        cap = self.options.write_rate
+        return documented_write_rate(self.store) if cap == "store" else cap  # type: ignore[return-value]
 
     def _finish(self, plan: SavePlan, manifest_of: Callable[[], Manifest], comm: Comm) -> None:
         """Rank 0 publishes the manifest and swaps the pointer; every rank learns the outcome."""

@@ -40,7 +40,8 @@ from streamio.storage import Store
 from streamio.version import __version__
 
 __all__ = [
-    "Share", "assemble_manifest", "check_written", "copy_share", "part_size_for", "software_stack", "write_share",
+    "Share", "assemble_manifest", "check_written", "copy_share", "part_size_for", "share_ranges", "software_stack",
+    "write_share",
 ]
 
 
@@ -64,6 +65,11 @@ def software_stack() -> dict[str, Any]:
     }
 
 
+def share_ranges(store: Store, job: Snapshot, options: SaveOptions, *, world: int = 1) -> list[tuple[int, int]]:
+    """The byte ranges of ``job``'s stream that :func:`write_share` writes as parts, one each."""
+    return layout.split_ranges(job.total, part_size_for(job.total, options, local=store.is_local, world=world))
+
+
 def write_share(
     store: Store, job: Snapshot, plan: SavePlan, rank: int, options: SaveOptions, *, world: int = 1
 ) -> Share:
@@ -72,7 +78,7 @@ def write_share(
 
     Returns the share with its done marker (not written: the caller decides where it goes).
     """
-    ranges = layout.split_ranges(job.total, part_size_for(job.total, options, local=store.is_local, world=world))
+    ranges = share_ranges(store, job, options, world=world)
 
     def put(i: int) -> FileEntry:
         # checksum (and compression) run here, in parallel, overlapping the other PUTs

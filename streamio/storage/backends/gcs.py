@@ -40,6 +40,8 @@ class GcsBackend(GenericBackend):
     """``gs://`` (see the module docstring)."""
 
     find_kwargs: Mapping[str, Any] = {}
+    writes_per_s = 1000.0  # Google: the writes per second a bucket starts with (it ramps up from there)
+    endpoint_env = ("STORAGE_EMULATOR_HOST",)
 
     def __init__(self, fs: Any, root: str, protocol: str, *, options: Mapping[str, Any], policy: RetryPolicy) -> None:
         super().__init__(fs, root, protocol, options=options, policy=policy)

@@ -13,6 +13,7 @@ differently. What the generic calls give:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -29,6 +30,10 @@ class GenericBackend:
     whole_reads = False
     #: what ``fs.find`` needs to raise, not skip, a directory it fails to list (refused, 403)
     find_kwargs: Mapping[str, Any] = {"on_error": "raise"}
+    #: writes per second its provider documents for a new prefix (None: unknown)
+    writes_per_s: float | None = None
+    #: environment variables that point the client at another endpoint than the provider's
+    endpoint_env: tuple[str, ...] = ()
 
     def __init__(self, fs: Any, root: str, protocol: str, *, options: Mapping[str, Any], policy: RetryPolicy) -> None:
         self.fs = fs
@@ -52,6 +57,17 @@ class GenericBackend:
         """Options for a store whose reads the caller verifies end to end (size and checksum), so
         the client's own body check can be skipped; ``None`` where there is nothing to skip."""
         return None
+
+    @classmethod
+    def documented_write_rate(cls, options: Mapping[str, Any]) -> float | None:
+        """The writes per second the provider documents for a new prefix of this store (what a
+        job's saves are held to by default): :attr:`writes_per_s`, unless ``options`` or the
+        environment (:attr:`endpoint_env`) name another endpoint (MinIO, an emulator), whose
+        limits are its own; ``None`` where unknown."""
+        kwargs = options.get("client_kwargs") or {}
+        custom = options.get("endpoint_url") or (isinstance(kwargs, Mapping) and kwargs.get("endpoint_url")) or any(
+            os.environ.get(name) for name in cls.endpoint_env)
+        return None if custom else cls.writes_per_s
 
     # ------------------------------------------------------------- reads
     def read(self, full: str, url: str, start: int, end: int | None, limit: int | None = None) -> bytes:

@@ -84,6 +84,7 @@ class S3Backend(GenericBackend):
     """``s3://`` (see the module docstring)."""
 
     find_kwargs: Mapping[str, Any] = {}
+    writes_per_s, endpoint_env = 3500.0, ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")  # AWS, per prefix
 
     def __init__(self, fs: Any, root: str, protocol: str, *, options: Mapping[str, Any], policy: RetryPolicy) -> None:
         super().__init__(fs, root, protocol, options=options, policy=policy)

@@ -1,0 +1,118 @@
+"""A job's ranks pacing as one (issue 26): the pacer's share of a job-wide rate and cap, and the
+job's rate from what its ranks learned. Pure: a fake clock drives the pacer."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from streamio.checkpoint.save.rates import job_rate
+from streamio.storage.pacing import BETA, Pacer, ShareOutcome
+
+
+class FakeTime:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def clock(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def _pacer() -> tuple[Pacer, FakeTime]:
+    t = FakeTime()
+    return Pacer(clock=t.clock, sleep=t.sleep), t
+
+
+def _seconds_for(pacer: Pacer, t: FakeTime, requests: int) -> float:
+    start = t.now
+    for _ in range(requests):
+        pacer.wait()
+        pacer.succeeded()
+    return t.now - start
+
+
+def test_a_share_of_a_cap_paces_a_process_that_never_met_a_throttle() -> None:
+    pacer, t = _pacer()
+    with pacer.sharing(0.25, rate=None, cap=40.0):
+        assert pacer.enabled and pacer.rate == pytest.approx(10.0)
+        assert _seconds_for(pacer, t, 100) == pytest.approx(10.0, rel=0.05)  # never above its part of the cap
+    assert pacer.rate == pytest.approx(40.0) and pacer.cap == 40.0  # alone again: the whole cap
+
+
+def test_no_rate_learned_and_no_cap_leaves_the_process_unpaced() -> None:
+    pacer, t = _pacer()
+    with pacer.sharing(0.5, rate=None, cap=None):
+        assert not pacer.enabled and _seconds_for(pacer, t, 1000) == 0.0
+    assert pacer.job_rate() is None
+
+
+def test_a_learned_rate_is_shared_and_scaled_back_to_the_job_after() -> None:
+    pacer, t = _pacer()
+    with pacer.sharing(0.125, rate=80.0, cap=None):
+        assert pacer.rate == pytest.approx(10.0) and pacer.job_rate() == pytest.approx(80.0)
+        t.now += 0.5
+        for _ in range(5):  # answers at its pace: the rate probes above the share slowly
+            pacer.succeeded()
+        assert 10.0 <= pacer.rate < 10.0 / BETA
+    assert pacer.rate == pytest.approx(80.0, rel=0.3) and pacer.job_rate() == pytest.approx(pacer.rate)
+
+
+def test_a_throttle_during_a_share_cuts_and_the_job_learns_the_cut() -> None:
+    pacer, t = _pacer()
+    with pacer.sharing(0.5, rate=100.0, cap=None):
+        for _ in range(60):
+            t.now += 1 / 50
+            pacer.succeeded()
+        t.now += 1.0
+        pacer.throttled()
+        cut = pacer.rate
+        assert cut <= 50 * BETA * 1.05
+    assert pacer.job_rate() == pytest.approx(cut * 2)
+
+
+def test_a_cap_below_the_floor_still_holds() -> None:
+    """At 16k ranks a rank's part of the cap is well under one write per second."""
+    pacer, t = _pacer()
+    with pacer.sharing(1 / 16384, rate=None, cap=3500.0):
+        assert pacer.rate == pytest.approx(3500 / 16384)
+        pacer.throttled()
+        assert pacer.rate <= 3500 / 16384
+
+
+@pytest.mark.parametrize("fraction", [0.0, -0.5, 1.5, float("nan")])
+def test_a_fraction_outside_0_1_is_refused(fraction: float) -> None:
+    pacer, _ = _pacer()
+    with pytest.raises(ValueError, match="fraction"), pacer.sharing(fraction, rate=1.0, cap=None):
+        pass
+
+
+def test_a_share_records_what_it_met() -> None:
+    pacer, t = _pacer()
+    with pacer.sharing(0.5, rate=None, cap=20.0):
+        _seconds_for(pacer, t, 30)
+        pacer.throttled()
+    outcome = pacer.last_share
+    assert outcome is not None and outcome.admitted == 30 and outcome.throttles == 1
+    assert outcome.seconds == pytest.approx(3.0, rel=0.05)
+
+
+def test_a_throttled_save_teaches_the_job_the_rate_its_writes_were_admitted_at() -> None:
+    """8 ranks, 40 writes each over 10 s (the slowest), one throttled: the store admitted 32/s."""
+    outcomes = [ShareOutcome(40, 8.0 + r / 4, 1 if r == 3 else 0) for r in range(8)]
+    assert job_rate(outcomes, [500.0] * 8) == pytest.approx(320 / 9.75)
+    calm = [ShareOutcome(40, 2.0, 0)] * 8  # nothing throttled: no limit was met, what the pacers hold
+    assert job_rate(calm, [None] * 8) is None and job_rate(calm, [10.0, None, 30.0]) == 20.0
+
+
+@given(st.lists(st.one_of(st.none(), st.floats(0.5, 1e5)), min_size=1, max_size=64))
+def test_the_job_rate_is_the_mean_of_what_the_ranks_learned(learned: list[float | None]) -> None:
+    known = [r for r in learned if r is not None]
+    rate = job_rate([None] * len(learned), learned)
+    if not known:
+        assert rate is None
+    else:
+        assert rate is not None and min(known) - 1e-6 <= rate <= max(known) + 1e-6
