@@ -28,21 +28,29 @@ from benchmarks.common import REPO, S3Servers, emit_json, machine, machine_line,
 WORLDS = (1, 2, 4)
 
 
-def _torchrun(world: int, mode: str, root: str, size_mb: int, options: dict[str, Any], out: Path) -> list[float]:
+def torchrun_ranks(
+    world: int, mode: str, root: str, size_mb: int, options: dict[str, Any], out: Path,
+    env: dict[str, str] | None = None,
+) -> list[dict[str, Any]]:
+    """``benchmarks.fanout_rank MODE`` on ``world`` gloo ranks; every rank's result."""
     out.mkdir(parents=True, exist_ok=True)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    env.update(BENCH_STORAGE_OPTIONS=json.dumps(options), OMP_NUM_THREADS="1")
+    child_env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    child_env.update(BENCH_STORAGE_OPTIONS=json.dumps(options), OMP_NUM_THREADS="1", **(env or {}))
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(world),
          "-m", "benchmarks.fanout_rank", mode, root, str(size_mb), str(out)],
-        env=env, capture_output=True, text=True, timeout=900, cwd=REPO,
+        env=child_env, capture_output=True, text=True, timeout=900, cwd=REPO,
     )
     if proc.returncode != 0:
         raise RuntimeError(f"{mode} on {world} ranks failed: {proc.stderr[-2000:]}")
     results = [json.loads((out / f"rank-{r}.json").read_text()) for r in range(world)]
     if not all(r["ok"] for r in results):
         raise RuntimeError(f"{mode} on {world} ranks restored wrong values")
-    return [r["seconds"] for r in results]
+    return results
+
+
+def _torchrun(world: int, mode: str, root: str, size_mb: int, options: dict[str, Any], out: Path) -> list[float]:
+    return [r["seconds"] for r in torchrun_ranks(world, mode, root, size_mb, options, out)]
 
 
 def run(size_mb: int, reps: int, log: Any = print) -> dict[str, Any]:

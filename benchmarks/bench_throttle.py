@@ -1,22 +1,31 @@
 """Writers through a store that throttles (issue 26): paced vs unpaced, same run, same limit.
 
-moto behind a FaultProxy whose rate limit answers writes over R per second with 503 SlowDown
+Two parts. One process: moto behind a FaultProxy whose rate limit answers writes over R per second with 503 SlowDown
 (S3's XML body), as S3 does per prefix. ``--threads`` writers in this process put ``--objects``
 small objects through one ``Store``, once with the default ``RetryPolicy`` (writes paced:
 :mod:`streamio.storage.pacing`) and once with ``RetryPolicy(pace_writes=False)`` (each write
 retried on its own backoff, what streamio did before), alternating, ``--reps`` times. Reported:
 wall time against the time the limit allows (``(objects - burst) / R``) and the share of write
-requests the store refused. The checkpoint-level figure (8 gloo ranks saving one step through the
-limit) is tests/checkpoint/test_checkpoint_throttled.py's.
+requests the store refused.
 
-Run:  .venv/bin/python -m benchmarks.bench_throttle [--rate 60] [--threads 16] [--objects 300]
+One job (``--ranks W``): W gloo ranks (torchrun, :mod:`benchmarks.fanout_rank`) saving
+``--saves`` steps of a ``--size-mb`` model in 128 KiB parts through a limit of ``--rank-rate``
+writes per second, per case: no limit (what this machine takes anyway: the ranks, moto and the proxy
+share its cores), unpaced (before issue 26), paced with the job's rate shared among the ranks
+(:mod:`streamio.checkpoint.save.rates`), and capped at the limit (``SaveOptions(write_rate=R)``,
+what the default ``"store"`` does on AWS S3 and GCS). Each save's ideal time is the larger of
+``writes / R`` and the no-limit case's time.
+
+Run:  .venv/bin/python -m benchmarks.bench_throttle [--rate 60] [--threads 16] [--objects 300] [--ranks 8]
 """
 
 from __future__ import annotations
 
 import argparse
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from benchmarks.common import clean_aws_env, emit_json, machine, machine_line, summary
@@ -58,15 +67,78 @@ def run(rate: float, threads: int, objects: int, reps: int) -> dict[str, Any]:
     return out
 
 
+def _split(log: list[Any], saves: int) -> list[tuple[int, int]]:
+    """(admitted, refused) writes of each save, split at the ``between-N`` marks in the log."""
+    counts = [[0, 0] for _ in range(saves)]
+    i = 0
+    for r in log:
+        if "between-" in r.path:
+            i = min(i + 1, saves - 1)
+        elif r.method in ("PUT", "POST", "DELETE"):
+            counts[i][r.fault == "throttled"] += 1
+    return [(a, b) for a, b in counts]
+
+
+RANK_CASES = {  # name: (rank mode, job's write cap, store limit on)
+    "no limit (this machine's floor)": ("save-paced", "none", False),
+    "unpaced (before)": ("save-unpaced", "none", True),
+    "paced, rate shared": ("save-paced", "none", True),
+    "paced, capped at the limit": ("save-paced", "rate", True),
+}
+
+
+def run_ranks(world: int, rate: float, size_mb: int, saves: int, log: Any = print) -> dict[str, Any]:
+    """One job of ``world`` gloo ranks saving ``saves`` steps through a limit of ``rate`` writes/s
+    per case of :data:`RANK_CASES`; each save's time, writes admitted and refused."""
+    from benchmarks.bench_fanout import torchrun_ranks
+    from streamio.testing import FaultProxy, MotoServer, S3Endpoint
+
+    clean_aws_env()
+    server = MotoServer()
+    endpoint = server.start()
+    cases: dict[str, Any] = {}
+    try:
+        with FaultProxy(endpoint) as proxy, tempfile.TemporaryDirectory() as scratch:
+            s3 = S3Endpoint(endpoint, "unused").new_bucket()
+            options = s3.storage_options(proxy.endpoint_url)
+            for name, (mode, cap, limited) in RANK_CASES.items():
+                proxy.clear()
+                proxy.limit_rate(rate if limited else 1e9)
+                env = {"BENCH_SAVES": str(saves), "BENCH_WRITE_RATE": str(rate) if cap == "rate" else "none"}
+                results = torchrun_ranks(world, mode, s3.new_bucket().url("ckpt"), size_mb, options,
+                                         Path(scratch, f"{len(cases)}"), env=env)
+                each = [max(r["each"][i] for r in results) for i in range(saves)]
+                split = _split(proxy.log(), saves)
+                cases[name] = [{"seconds": s, "admitted": a, "refused": b / (a + b)}
+                               for s, (a, b) in zip(each, split, strict=True)]
+                log(f"{world} ranks, {name:>32}: " + "; ".join(
+                    f"save {i + 1}: {c['seconds']:.1f} s, {c['admitted']} writes, {c['refused']:.0%} refused"
+                    for i, c in enumerate(cases[name])))
+    finally:
+        server.stop()
+    floor = cases["no limit (this machine's floor)"]
+    for runs in cases.values():
+        for i, c in enumerate(runs):  # the floor's own ideal is itself: no limit to wait for
+            c["ideal_s"] = floor[i]["seconds"] if runs is floor else max(c["admitted"] / rate, floor[i]["seconds"])
+            c["over_ideal"] = c["seconds"] / c["ideal_s"]
+    return {"world": world, "rate": rate, "size_mb": size_mb, "cases": cases}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rate", type=float, default=60.0)
     ap.add_argument("--threads", type=int, default=16)
     ap.add_argument("--objects", type=int, default=300)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--ranks", type=int, default=8, help="ranks of the one-job part (0: skip it)")
+    ap.add_argument("--rank-rate", type=float, default=40.0)
+    ap.add_argument("--size-mb", type=int, default=40)
+    ap.add_argument("--saves", type=int, default=2)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     result = run(args.rate, args.threads, args.objects, args.reps)
+    if args.ranks:
+        result["job"] = run_ranks(args.ranks, args.rank_rate, args.size_mb, args.saves)
     print(machine_line(result["machine"]))
     for mode in ("paced", "unpaced"):
         r = result[mode]

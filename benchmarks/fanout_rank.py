@@ -5,6 +5,12 @@
 ``BENCH_STORAGE_OPTIONS`` (JSON): the store's options. MODE ``save`` saves step 1 of an MLP of
 ``SIZE_MB`` replicated float32 parameters; ``restore`` / ``restore-nofanout`` restores it into a
 model of other values and writes ``OUT_DIR/rank-N.json``: ``{"seconds", "ok"}``.
+
+MODE ``save-paced`` / ``save-unpaced`` (:mod:`benchmarks.bench_throttle`) saves steps 1 ..
+``BENCH_SAVES`` in parts of ``BENCH_PART_KB`` KiB (many small writes), with the job's writes capped at
+``BENCH_WRITE_RATE`` per second (``none``: no cap), paced or not (``RetryPolicy(pace_writes=...)``);
+rank 0 puts ``between-N`` into the root before step N (a mark in the store's log); the result
+has ``"each"``: every save's seconds.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from streamio.checkpoint import CheckpointManager, SaveOptions
+from streamio.storage import RetryPolicy
 
 WIDTH = 1024
 
@@ -29,13 +36,40 @@ def model(size_mb: int, seed: int) -> torch.nn.Module:
     return torch.nn.Sequential(*[torch.nn.Linear(WIDTH, WIDTH) for _ in range(layers)])
 
 
+def saves(mgr: CheckpointManager, size_mb: int) -> list[float]:
+    """Steps 1 .. BENCH_SAVES saved by every rank at once; the seconds of each (this rank's)."""
+    each = []
+    for step in range(1, int(os.environ.get("BENCH_SAVES", "1")) + 1):
+        dist.barrier()
+        if step > 1 and dist.get_rank() == 0:
+            mgr.store.put(f"between-{step}", b"")
+        state = {"model": model(size_mb, step)}
+        dist.barrier()
+        t0 = time.perf_counter()
+        mgr.save(step, state)
+        each.append(time.perf_counter() - t0)
+    return each
+
+
+def _options(mode: str) -> tuple[SaveOptions, RetryPolicy]:
+    if not mode.startswith("save-"):
+        return SaveOptions(restore_fanout=mode != "restore-nofanout"), RetryPolicy()
+    rate = os.environ.get("BENCH_WRITE_RATE", "none")
+    save_options = SaveOptions(part_size=int(os.environ.get("BENCH_PART_KB", "128")) << 10,
+                               write_rate=None if rate == "none" else float(rate))
+    return save_options, RetryPolicy(max_attempts=30, max_total=600, pace_writes=mode == "save-paced")
+
+
 def main(mode: str, root: str, size_mb: str, out_dir: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     options = json.loads(os.environ["BENCH_STORAGE_OPTIONS"])
-    save_options = SaveOptions(restore_fanout=mode != "restore-nofanout")
-    with CheckpointManager(root, storage_options=options, options=save_options, async_save=False) as mgr:
-        if mode == "save":
+    save_options, retry = _options(mode)
+    with CheckpointManager(root, storage_options=options, options=save_options, async_save=False,
+                           retry=retry) as mgr:
+        if mode.startswith("save-"):
+            result = {"ok": True, "seconds": 0.0, "each": saves(mgr, int(size_mb))}
+        elif mode == "save":
             mgr.save(1, {"model": model(int(size_mb), 1)})
             result = {"ok": True, "seconds": 0.0}
         else:

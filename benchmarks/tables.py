@@ -136,7 +136,10 @@ HEADLINES = {  # section -> its headline ratios, in the order the table lists th
                             for k, v in fo["time_fanout_over_per_rank"].items())],
     "throttle": lambda th: [(f"throttle: {m} time / ideal", th[m]["seconds"]["median"] / th["ideal_s"])
                             for m in ("paced", "unpaced")]
-    + [(f"throttle: {m} share refused", th[m]["refused"]["median"]) for m in ("paced", "unpaced")],
+    + [(f"throttle: {m} share refused", th[m]["refused"]["median"]) for m in ("paced", "unpaced")]
+    + [(f"throttle: {th['job']['world']} ranks, {case}, save {i + 1}: {what}", c[key])
+       for case, runs in th.get("job", {}).get("cases", {}).items() if case != JOB_FLOOR
+       for i, c in enumerate(runs) for what, key in (("time / ideal", "over_ideal"), ("share refused", "refused"))],
 }
 
 
@@ -700,17 +703,30 @@ FANOUT = SectionSpec("Restore fan-out (issue 26: `benchmarks/bench_fanout.py`)",
           rows=lambda sec: sec["cases"].items()),
 ))
 
+JOB_FLOOR = "no limit (this machine's floor)"  # benchmarks.bench_throttle.RANK_CASES
+
 THROTTLE = SectionSpec("Writers through a rate limit (issue 26: `benchmarks/bench_throttle.py`)", key="throttle",
                        blocks=(
     Text(lambda sec: [
         f"{sec['threads']} threads of one process put {sec['objects']} objects through a FaultProxy limit of "
         f"{sec['rate']:g} writes/s (503 SlowDown over it), each case on a fresh bucket; paced = the default "
         "`RetryPolicy` (streamio.storage.pacing), unpaced = `pace_writes=False` (each write on its own backoff, "
-        f"streamio before). The limit allows {sec['ideal_s']:.1f} s after its one-second burst. The 8-rank "
-        "checkpoint figure is tests/checkpoint/test_checkpoint_throttled.py's (docs/design.md \"Request rates\")."]),
+        f"streamio before). The limit allows {sec['ideal_s']:.1f} s after its one-second burst."]),
     Table((_name("writers"), Column("seconds", lambda kv: med(kv[1]["seconds"], 2)),
            Column("share of writes refused (%)", lambda kv: med(kv[1]["refused"], 0, pct=True))),
           rows=lambda sec: [(m, sec[m]) for m in ("paced", "unpaced")]),
+    Text(lambda sec: [] if "job" not in sec else [
+        f"One job of {sec['job']['world']} gloo ranks saving {len(sec['job']['cases'][JOB_FLOOR])} steps of a "
+        f"{sec['job']['size_mb']} MB model in 128 KiB parts through a limit of {sec['job']['rate']:g} writes/s. "
+        "Ideal = the larger of writes / limit and the time of the same save with no limit (the ranks, moto and the "
+        "proxy share this machine's cores); rate shared = the default (streamio.checkpoint.save.rates), capped = "
+        "`SaveOptions(write_rate=limit)` (the default `\"store\"` caps at the documented limit on AWS S3 / GCS)."]),
+    Table((_name("case, save"), Column("seconds", lambda kv: fmt(kv[1]["seconds"], 1)),
+           Column("writes", lambda kv: str(kv[1]["admitted"])),
+           Column("time / ideal", lambda kv: fmt(kv[1]["over_ideal"], 2)),
+           Column("share of writes refused (%)", lambda kv: fmt(100 * kv[1]["refused"], 0))),
+          rows=lambda sec: [(f"{case}, save {i + 1}", c) for case, runs in sec.get("job", {}).get("cases", {}).items()
+                            for i, c in enumerate(runs)]),
 ))
 
 
