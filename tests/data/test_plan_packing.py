@@ -17,8 +17,9 @@ from hypothesis import strategies as st
 from streamio.data.plan import Topology
 from streamio.data.plan.packing import Pack, PackPlan, plan_packing
 from streamio.data.plan.permutation import TAG_SHARDS, permutation
-from streamio.data.plan.tokens import MAX_DOCUMENT_TOKENS, TokenStream
+from streamio.data.plan.tokens import TokenStream
 from streamio.errors import PlanError, StateMismatchError
+from streamio.limits import MAX_DOCUMENT_TOKENS
 
 PAD = (-1, -1, -1)
 

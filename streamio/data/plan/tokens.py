@@ -25,11 +25,10 @@ import numpy as np
 from streamio.data.plan.config import MAX_EPOCH, check_int
 from streamio.data.plan.permutation import TAG_SHARDS, permutation
 from streamio.errors import PlanError
+from streamio.limits import MAX_DOCUMENT_TOKENS
 
 __all__ = ["MAX_DOCUMENT_TOKENS", "Piece", "TokenStream", "token_counts_digest"]
 
-MAX_DOCUMENT_TOKENS = 1 << 40
-"""Most tokens one document may hold (a count above it is refused: it is no document's)."""
 
 _I64 = np.int64
 
@@ -74,7 +73,7 @@ def _checked_counts(doc_tokens: Sequence[np.ndarray]) -> list[np.ndarray]:
         if bad.size:
             raise PlanError(
                 f"shard {shard} sample {int(bad[0])}: token count {int(arr[bad[0]])} is outside [0, "
-                f"{MAX_DOCUMENT_TOKENS}]; rebuild the index of this data set (`streamio index --overwrite`)."
+                f"{MAX_DOCUMENT_TOKENS}]: no document has it; rewrite the data set (`streamio shard`, write_dataset)."
             )
         out.append(arr)
     return out
