@@ -12,15 +12,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from streamio.data.format.index import DatasetIndex
-from streamio.data.plan import PlanSource
+from streamio.data.plan import Pack, PlanSource
 from streamio.data.sharing import OpenGroup, open_sources
-from streamio.errors import ConfigError
+from streamio.errors import ConfigError, PlanError
 from streamio.storage import Store
 from streamio.storage.secrets import scrub as redact_url
 
 __all__ = [
-    "LoadedStream", "Stream", "describe_mixture", "describe_request", "load_streams", "parse_source", "plan_sources",
+    "LoadedStream", "Stream", "describe_mixture", "describe_request", "load_streams", "packed_documents",
+    "parse_source",
+    "plan_sources",
 ]
 
 
@@ -118,6 +122,27 @@ def plan_sources(sources: Sequence[LoadedStream], epoch_samples: int | None) -> 
     if len(sources) == 1 and one.weight is None and one.samples is None and epoch_samples is None:
         return None
     return [src.plan_source() for src in sources]
+
+
+def packed_documents(
+    sources: Sequence[LoadedStream], epoch_samples: int | None, pack: Pack | None
+) -> list[np.ndarray] | None:
+    """Each shard's per-document token counts that ``pack`` plans over (None without packing).
+
+    Raises:
+        PlanError: ``pack`` is not a Pack, or the sources are a mixture (not packed yet).
+        DatasetError: the index records no token counts for ``pack.member`` (it says how to get them).
+    """
+    if pack is None:
+        return None
+    if not isinstance(pack, Pack):
+        raise PlanError(f"pack={pack!r} must be a streamio.Pack (or None).")
+    if len(sources) > 1 or plan_sources(sources, epoch_samples) is not None:
+        raise PlanError(
+            f"pack= reads one token data set; {describe_request([s.stream for s in sources])} is a mixture, which "
+            f"packing does not read yet: pack each data set alone, or write the mixture as one data set."
+        )
+    return [np.asarray(c, dtype=np.int64) for c in sources[0].index.token_counts(pack.member)]
 
 
 def describe_mixture(sources: Sequence[LoadedStream], contributions: Sequence[int]) -> str:

@@ -45,7 +45,7 @@ from streamio.data.plan.tokens import Piece, TokenStream, token_counts_digest
 from streamio.errors import PlanError, StateMismatchError
 from streamio.state_version import VERSION_KEY, check_version
 
-__all__ = ["PACK_STATE_VERSION", "MAX_SEQ_LEN", "Pack", "PackPlan", "SeqRange", "plan_packing"]
+__all__ = ["PACK_STATE_VERSION", "MAX_SEQ_LEN", "Pack", "PackPlan", "PackStream", "SeqRange", "plan_packing"]
 
 PACK_STATE_VERSION = 1
 """Version of a packing resume state."""
@@ -114,6 +114,27 @@ class SeqRange(NamedTuple):
     count: int
 
 
+@dataclass(frozen=True)
+class PackStream:
+    """What one DataLoader worker of one rank reads in a :class:`PackPlan`: its batches, in order.
+
+    Attributes:
+        rank: the rank.
+        worker: the DataLoader worker id (0 with ``num_workers=0``).
+        batches: the worker's batches (rank batch ``k`` is worker ``k % W``'s).
+        size: sequences in them.
+    """
+
+    rank: int
+    worker: int
+    batches: tuple[SeqRange, ...]
+
+    @property
+    def size(self) -> int:
+        """Sequences this stream yields."""
+        return sum(b.count for b in self.batches)
+
+
 def sequence_bounds(total: int, pack: Pack) -> tuple[int, int]:
     """``(N, F)``: sequences holding a token of a ``total``-token stream, and full sequences."""
     extra = int(pack.targets)
@@ -128,7 +149,7 @@ class PackPlan:
     """
 
     def __init__(self, stream: TokenStream, pack: Pack, topology: Topology, start: int, fingerprint: dict[str, Any]):
-        self.stream, self.pack, self.topology, self.start = stream, pack, topology, start
+        self.tokens, self.pack, self.topology, self.start = stream, pack, topology, start
         self.fingerprint = fingerprint
         n, f = sequence_bounds(stream.total, pack)
         r = topology.world_size
@@ -153,12 +174,12 @@ class PackPlan:
     def padding(self) -> int:
         """Pad tokens in this stage's sequences (``"pad"``; 0 under ``"drop"``)."""
         read_end = self.end * self.pack.seq_len + int(self.pack.targets)
-        return max(0, read_end - max(self.stream.total, self.start * self.pack.seq_len))
+        return max(0, read_end - max(self.tokens.total, self.start * self.pack.seq_len))
 
     @property
     def dropped(self) -> int:
         """Tokens of the stream after this stage's last sequence, which no stage reads (``"drop"``)."""
-        return max(0, self.stream.total - int(self.pack.targets) - self.end * self.pack.seq_len)
+        return max(0, self.tokens.total - int(self.pack.targets) - self.end * self.pack.seq_len)
 
     def batch(self, rank: int, k: int) -> SeqRange:
         """The sequences of rank ``rank``'s batch ``k`` (0-based, from this stage's start)."""
@@ -176,10 +197,23 @@ class PackPlan:
         for k in range(worker, self.batches, self.topology.workers):
             yield self.batch(rank, k)
 
+    # what StreamingDataset asks of a plan, in sequences (one sequence is one sample)
+    @property
+    def samples_per_rank(self) -> int:
+        """Sequences each rank yields in this stage (:attr:`per_rank`)."""
+        return self.per_rank
+
+    stage_samples_per_rank = samples_per_rank
+    batches_per_rank = batches
+
+    def stream(self, rank: int, worker: int) -> PackStream:
+        """The batches DataLoader worker ``worker`` of ``rank`` reads (see :meth:`worker_batches`)."""
+        return PackStream(rank, worker, tuple(self.worker_batches(rank, worker)))
+
     def pieces(self, seq: int) -> list[Piece]:
         """The document slices of sequence ``seq``, in order (fewer tokens than :attr:`Pack.width`: padding follows)."""
         first = seq * self.pack.seq_len
-        return list(self.stream.pieces(first, first + self.pack.width))
+        return list(self.tokens.pieces(first, first + self.pack.width))
 
     def consumed(self, batches: int) -> int:
         """Sequences of the epoch consumed once every rank took ``batches`` batches of this stage."""
@@ -191,7 +225,7 @@ class PackPlan:
         return {
             VERSION_KEY: PACK_STATE_VERSION,
             K_FINGERPRINT: dict(self.fingerprint),
-            K_EPOCH: self.stream.epoch,
+            K_EPOCH: self.tokens.epoch,
             K_SEQUENCES: self.consumed(batches),
         }
 
