@@ -362,7 +362,7 @@ def _plan(
         return plan_packing(
             ds._doc_tokens, pack=ds.pack, seed=ds.seed, epoch=epoch,
             topology=Topology(world, num_workers, ds.batch_size), shuffle=ds.sampling.shuffle.shards,
-            resume=resume, index_fingerprint=ds.index.fingerprint,
+            resume=resume, index_fingerprint=ds.index.fingerprint, epoch_sequences=ds.epoch_samples,
         )
     mixture = plan_sources(ds.sources, ds.epoch_samples)
     return plan_epoch(

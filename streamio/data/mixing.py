@@ -16,6 +16,7 @@ import numpy as np
 
 from streamio.data.format.index import DatasetIndex
 from streamio.data.plan import Pack, PlanSource
+from streamio.data.plan.tokenmix import TokenSource
 from streamio.data.sharing import OpenGroup, open_sources
 from streamio.errors import ConfigError, PlanError
 from streamio.storage import Store
@@ -126,23 +127,27 @@ def plan_sources(sources: Sequence[LoadedStream], epoch_samples: int | None) -> 
 
 def packed_documents(
     sources: Sequence[LoadedStream], epoch_samples: int | None, pack: Pack | None
-) -> list[np.ndarray] | None:
-    """Each shard's per-document token counts that ``pack`` plans over (None without packing).
+) -> list[np.ndarray] | list[TokenSource] | None:
+    """What a packing plan takes: one data set's per-shard document token counts, or a mixture's
+    :class:`~streamio.data.plan.tokenmix.TokenSource` list (``Stream(samples=)`` counts sequences,
+    weights share tokens); None without packing.
 
     Raises:
-        PlanError: ``pack`` is not a Pack, or the sources are a mixture (not packed yet).
-        DatasetError: the index records no token counts for ``pack.member`` (it says how to get them).
+        PlanError: ``pack`` is not a Pack.
+        DatasetError: an index records no token counts for ``pack.member`` (it says how to get them).
     """
     if pack is None:
         return None
     if not isinstance(pack, Pack):
         raise PlanError(f"pack={pack!r} must be a streamio.Pack (or None).")
-    if len(sources) > 1 or plan_sources(sources, epoch_samples) is not None:
-        raise PlanError(
-            f"pack= reads one token data set; {describe_request([s.stream for s in sources])} is a mixture, which "
-            f"packing does not read yet: pack each data set alone, or write the mixture as one data set."
-        )
-    return [np.asarray(c, dtype=np.int64) for c in sources[0].index.token_counts(pack.member)]
+    counts = [[np.asarray(c, dtype=np.int64) for c in src.index.token_counts(pack.member)] for src in sources]
+    if plan_sources(sources, epoch_samples) is None:
+        return counts[0]
+    return [
+        TokenSource(c, weight=src.stream.weight, sequences=src.stream.samples, fingerprint=src.index.fingerprint,
+                    name=f"source {redact_url(src.stream.url)!r}")
+        for src, c in zip(sources, counts, strict=True)
+    ]
 
 
 def describe_mixture(sources: Sequence[LoadedStream], contributions: Sequence[int]) -> str:

@@ -168,12 +168,36 @@ def test_a_document_longer_than_its_index_count_is_named(tmp_path: Path, as_rank
         list(streamio.StreamingDataset(url, shuffle=False, pack=streamio.Pack(16)))
 
 
-def test_a_mixture_or_a_wrong_pack_is_refused(tmp_path: Path) -> None:
+def test_a_mixture_shares_tokens_and_resumes_on_another_topology(tmp_path: Path, as_rank: Any) -> None:
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    write_tokens(a)
+    write_tokens(b)
+    mixture = [streamio.Stream(a, weight=3), streamio.Stream(b, weight=1)]
+
+    def run(world: int, **kw: Any) -> tuple[list[dict[str, Any]], Any]:
+        out, state = [], None
+        for rank in range(world):
+            as_rank(rank, world)
+            batches, state = read(mixture, workers=0, **kw)  # type: ignore[arg-type]
+            out += [s for b in batches for s in b]
+        return out, state
+
+    whole, _ = run(2)
+    sources = [s["__source__"] for s in sorted(whole, key=lambda s: s["__sequence__"])]
+    per_cycle = -(-(sum(LENGTHS) + len(LENGTHS)) // 16)  # sequences of one pass over a source
+    assert (sources.count(0), sources.count(1)) == (per_cycle * 3 // 2, per_cycle // 2)  # 3:1 of 2 passes' worth
+    assert all(2 <= sources[i : i + 8].count(0) <= 8 for i in range(0, len(sources) - 8))  # every window keeps it
+    head, state = run(2, stop_after=3)
+    rest, _ = run(3, state=state)
+    resumed = [s for s in head + rest if s["__source__"] >= 0]  # 3 ranks pad the epoch with one sequence
+    assert len(head + rest) - len(resumed) < 3
+    assert sorted(s["__sequence__"] for s in resumed) == sorted(s["__sequence__"] for s in whole)
+    by_number = {s["__sequence__"]: s["tokens"].tolist() for s in whole}
+    assert all(by_number[s["__sequence__"]] == s["tokens"].tolist() for s in resumed)
+
+
+def test_a_wrong_pack_is_refused(tmp_path: Path) -> None:
     url = str(tmp_path / "tok")
     write_tokens(url)
-    with pytest.raises(PlanError, match="a mixture, which packing does not read yet"):
-        streamio.StreamingDataset(
-            [streamio.Stream(url, weight=1), streamio.Stream(url, weight=2)], pack=streamio.Pack(8)
-        )
     with pytest.raises(PlanError, match="pack=16 must be a streamio.Pack"):
         streamio.StreamingDataset(url, pack=16)  # type: ignore[arg-type]

@@ -7,6 +7,7 @@ nothing" are checked token by token, not through the plan's own arithmetic.
 
 from __future__ import annotations
 
+import collections
 import json
 
 import numpy as np
@@ -17,6 +18,7 @@ from hypothesis import strategies as st
 from streamio.data.plan import Topology
 from streamio.data.plan.packing import Pack, PackPlan, plan_packing
 from streamio.data.plan.permutation import TAG_SHARDS, permutation
+from streamio.data.plan.tokenmix import TokenSource
 from streamio.data.plan.tokens import TokenStream
 from streamio.errors import PlanError, StateMismatchError
 from streamio.limits import MAX_DOCUMENT_TOKENS
@@ -117,7 +119,8 @@ def test_resume_on_other_topologies_loses_and_repeats_nothing(counts, pack, seed
         read += consumed_inputs(plan, taken)
         state = json.loads(json.dumps(plan.state_dict(taken)))
         assert len(json.dumps(state)) < 400
-    check_epoch(stream, read, pack, stages[-1][0].world_size)
+    # the stage that reads the epoch's end pads (or drops) for its own world size
+    check_epoch(stream, read, pack, max(topo.world_size for topo, _ in stages))
     # at the end of the epoch nothing is left: under "pad" on any topology, under "drop" on the last one
     # (a smaller world may read the sequences a larger one dropped: they were never read)
     again = stages[0][0] if pack.tail == "pad" else stages[-1][0]
@@ -221,3 +224,56 @@ def test_padding_and_dropped_are_stated() -> None:
     assert (pad.end, pad.padding, pad.dropped) == (6, 3, 0)
     drop = plan_packing([np.array([5, 6, 7])], pack=Pack(4, eos=0, tail="drop"), seed=0, epoch=0, topology=Topology(2))
     assert (drop.end, drop.padding, drop.dropped) == (4, 0, 5)
+
+
+# ----------------------------------------------------------------------------- mixtures (shares in tokens)
+def model_source(counts: list[np.ndarray], j: int, offset: int, seed: int, sep: int, upto: int) -> list:
+    """Source ``j``'s endless stream (cycles keyed by (seed, cycle, j)), its first ``upto`` tokens."""
+    out: list = []
+    q = 0
+    while len(out) < upto and sum(int(c.sum()) for c in counts) + sep * sum(len(c) for c in counts):
+        order = permutation((seed, q, TAG_SHARDS, j), len(counts))
+        out += [
+            (offset + int(s), d, t) for s in order for d, n in enumerate(counts[int(s)]) for t in range(int(n) + sep)
+        ]
+        q += 1
+    return out[:upto]
+
+
+mix_st = st.lists(
+    st.tuples(counts_st, st.one_of(st.none(), st.integers(1, 4)), st.one_of(st.none(), st.integers(1, 7))),
+    min_size=1,
+    max_size=3,
+).filter(lambda srcs: all(sum(int(c.sum()) + len(c) for c in counts) > 0 for counts, _, _ in srcs))
+
+
+@given(
+    srcs=mix_st,
+    pack=pack_st.filter(lambda p: p.eos is not None),
+    seed=st.integers(0, 2),
+    epoch=st.integers(0, 2),
+    stages=st.lists(st.tuples(topo_st, st.floats(0, 1)), min_size=1, max_size=3),
+)
+def test_a_mixture_reads_each_sources_token_share_exactly_once_across_topologies(srcs, pack, seed, epoch, stages):
+    sources = [TokenSource(c, weight=w, sequences=None if w else n) for c, w, n in srcs]
+    state, read = None, []
+    for i, (topo, frac) in enumerate(stages):
+        plan = plan_packing(sources, pack=pack, seed=seed, epoch=epoch, topology=topo, resume=state)
+        taken = plan.batches if i == len(stages) - 1 else int(frac * plan.batches)
+        for rank in read_stage(plan, taken):
+            read += [tok for batch in rank for tok in batch]
+        state = json.loads(json.dumps(plan.state_dict(taken)))
+    shares = plan.tokens.contributions
+    offsets = np.cumsum([0] + [len(c) for c, _, _ in srcs])
+    expected: collections.Counter = collections.Counter()
+    for j, ((counts, _, _), c) in enumerate(zip(srcs, shares, strict=True)):
+        stream = model_source(counts, j, int(offsets[j]), seed, 1, ((epoch + 1) * c) * pack.seq_len + pack.width)
+        for k in range(epoch * c, (epoch + 1) * c):  # source j's sequences of this epoch, as the plan defines them
+            expected.update(stream[k * pack.seq_len : k * pack.seq_len + pack.width])
+    got = collections.Counter(t for t in read if t != PAD)
+    world = max(topo.world_size for topo, _ in stages)  # the stage that reads the epoch's end pads (or drops)
+    assert not got - expected, "a token was read more often than the epoch's share holds it"
+    if pack.tail == "pad":
+        assert got == expected and read.count(PAD) < world * pack.width
+    else:  # "drop": fewer than world_size sequences of the epoch's end are not read
+        assert sum((expected - got).values()) < world * pack.width and PAD not in read

@@ -41,6 +41,7 @@ from typing import Any, Literal, NamedTuple
 import numpy as np
 
 from streamio.data.plan.config import MAX_EPOCH, MAX_WORLD_SIZE, Topology, check_int
+from streamio.data.plan.tokenmix import BatchLayout, MixedTokens, SingleTokens, TokenSource
 from streamio.data.plan.tokens import Piece, TokenStream, token_counts_digest
 from streamio.errors import PlanError, StateMismatchError
 from streamio.state_version import VERSION_KEY, check_version
@@ -148,10 +149,13 @@ class PackPlan:
     Built by :func:`plan_packing`; every method is a pure function of it.
     """
 
-    def __init__(self, stream: TokenStream, pack: Pack, topology: Topology, start: int, fingerprint: dict[str, Any]):
-        self.tokens, self.pack, self.topology, self.start = stream, pack, topology, start
+    def __init__(
+        self, tokens: SingleTokens | MixedTokens, pack: Pack, topology: Topology, *, epoch: int, start: int,
+        fingerprint: dict[str, Any],
+    ) -> None:
+        self.tokens, self.pack, self.topology, self.start, self.epoch = tokens, pack, topology, start, epoch
         self.fingerprint = fingerprint
-        n, f = sequence_bounds(stream.total, pack)
+        n, f = sequence_bounds(tokens.total, pack)
         r = topology.world_size
         if pack.tail == "pad":
             self.end = start + -(-max(0, n - start) // r) * r
@@ -210,10 +214,14 @@ class PackPlan:
         """The batches DataLoader worker ``worker`` of ``rank`` reads (see :meth:`worker_batches`)."""
         return PackStream(rank, worker, tuple(self.worker_batches(rank, worker)))
 
+    def layout(self, batch: SeqRange) -> BatchLayout:
+        """What the sequences of ``batch`` hold: segments of the sources' token streams, and their order."""
+        return self.tokens.layout(batch.first, batch.count)
+
     def pieces(self, seq: int) -> list[Piece]:
         """The document slices of sequence ``seq``, in order (fewer tokens than :attr:`Pack.width`: padding follows)."""
-        first = seq * self.pack.seq_len
-        return list(self.tokens.pieces(first, first + self.pack.width))
+        segments = self.tokens.layout(seq, 1).segments
+        return segments[0].pieces if segments else []
 
     def consumed(self, batches: int) -> int:
         """Sequences of the epoch consumed once every rank took ``batches`` batches of this stage."""
@@ -225,17 +233,23 @@ class PackPlan:
         return {
             VERSION_KEY: PACK_STATE_VERSION,
             K_FINGERPRINT: dict(self.fingerprint),
-            K_EPOCH: self.tokens.epoch,
+            K_EPOCH: self.epoch,
             K_SEQUENCES: self.consumed(batches),
         }
 
 
 def _fingerprint(
-    doc_tokens: Sequence[np.ndarray], pack: Pack, seed: int, shuffle: bool, index_fingerprint: str | None
+    tokens: SingleTokens | MixedTokens, pack: Pack, seed: int, shuffle: bool, index_fingerprint: str | None
 ) -> dict[str, Any]:
+    if isinstance(tokens, SingleTokens):
+        what: dict[str, Any] = {"tokens": token_counts_digest(tokens.stream.counts), "index": index_fingerprint}
+    else:
+        what = {"sources": [
+            {"tokens": token_counts_digest(s.counts), "index": s.fingerprint, "contribution": c}
+            for s, c in zip(tokens.sources, tokens.contributions, strict=True)
+        ]}
     return {
-        "tokens": token_counts_digest(doc_tokens),
-        "index": index_fingerprint,
+        **what,
         "seed": seed,
         "shuffle": shuffle,
         "pack": pack.as_json(),
@@ -269,8 +283,8 @@ def _resume_start(state: object, fp: Mapping[str, Any], epoch: int, limit: int) 
     )
 
 
-def plan_packing(
-    doc_tokens: Sequence[np.ndarray],
+def plan_packing(  # noqa: PLR0913 - keyword-only, the planner's inputs
+    doc_tokens: Sequence[np.ndarray] | Sequence[TokenSource],
     *,
     pack: Pack,
     seed: int,
@@ -279,11 +293,14 @@ def plan_packing(
     shuffle: bool = True,
     resume: Mapping[str, Any] | None = None,
     index_fingerprint: str | None = None,
+    epoch_sequences: int | None = None,
 ) -> PackPlan:
     """Plan one epoch (or, with ``resume``, the rest of it) of packed sequences.
 
     Args:
-        doc_tokens: per shard (index order), each document's token count (the index's ``tokens``).
+        doc_tokens: per shard (index order), each document's token count (the index's ``tokens``); or
+            a mixture: one :class:`~streamio.data.plan.tokenmix.TokenSource` per source, sharing
+            each epoch by tokens (:mod:`streamio.data.plan.tokenmix`).
         pack: sequence length, separator and tail policy.
         seed: base seed of the shard order.
         epoch: the epoch.
@@ -291,6 +308,8 @@ def plan_packing(
         shuffle: permute the shard order by ``(seed, epoch)``; ``False`` reads index order.
         resume: a state from :meth:`PackPlan.state_dict` of this epoch, on any topology.
         index_fingerprint: the index's fingerprint, recorded in (and checked against) the state.
+        epoch_sequences: a mixture's sequences per epoch (None: the sources' own, see
+            :func:`~streamio.data.plan.mixture.contributions`).
 
     Returns:
         The stage from the state's position (or the epoch's start) with this topology.
@@ -302,11 +321,20 @@ def plan_packing(
     if not isinstance(pack, Pack):
         raise PlanError(f"pack={pack!r} must be a streamio.Pack.")
     check_int("epoch", epoch, 0, MAX_EPOCH)
-    stream = TokenStream(doc_tokens, seed=seed, epoch=epoch, shuffle=bool(shuffle), sep=int(pack.eos is not None))
-    fp = _fingerprint(stream.counts, pack, int(seed), bool(shuffle), index_fingerprint)
+    sep, extra = int(pack.eos is not None), int(pack.targets)
+    tokens: SingleTokens | MixedTokens
+    if doc_tokens and all(isinstance(s, TokenSource) for s in doc_tokens):
+        tokens = MixedTokens(
+            doc_tokens, seq_len=pack.seq_len, extra=extra, sep=sep, seed=int(seed), epoch=epoch,  # type: ignore[arg-type]
+            shuffle=bool(shuffle), epoch_sequences=epoch_sequences,
+        )
+    else:
+        stream = TokenStream(doc_tokens, seed=seed, epoch=epoch, shuffle=bool(shuffle), sep=sep)  # type: ignore[arg-type]
+        tokens = SingleTokens(stream, pack.seq_len, extra)
+    fp = _fingerprint(tokens, pack, int(seed), bool(shuffle), index_fingerprint)
     start = 0
     if resume is not None:
-        n, _ = sequence_bounds(stream.total, pack)
+        n, _ = sequence_bounds(tokens.total, pack)
         limit = n + MAX_WORLD_SIZE  # a stage pads at most world_size - 1 sequences
         start = _resume_start(resume, fp, epoch, limit)
-    return PackPlan(stream, pack, topology, start, fp)
+    return PackPlan(tokens, pack, topology, epoch=epoch, start=start, fingerprint=fp)

@@ -80,25 +80,33 @@ def _checked_counts(doc_tokens: Sequence[np.ndarray]) -> list[np.ndarray]:
 
 
 class TokenStream:
-    """One epoch's documents in order, each followed by ``sep`` separator tokens (0 or 1).
+    """One epoch's (or one cycle's) documents in order, each followed by ``sep`` separator tokens (0 or 1).
 
     Args:
         doc_tokens: per shard (index order), each document's token count.
-        seed: the base seed; the shard order is keyed by ``(seed, epoch)``.
-        epoch: the epoch (0 to :data:`~streamio.data.plan.config.MAX_EPOCH`).
+        seed: the base seed; the shard order is keyed by ``(seed, epoch)`` (a mixture's source
+            ``i``: ``(seed, cycle, i)``).
+        epoch: the epoch, or a mixture source's cycle (0 to :data:`~streamio.data.plan.config.MAX_EPOCH`).
         shuffle: permute the shard order (``False``: index order).
         sep: tokens appended after every document (1 with a separator, else 0).
+        source: a mixture's source number (None: one data set).
+        offset: the source's first global shard number (the pieces name global shards).
 
     Raises:
         PlanError: a count is negative or above :data:`MAX_DOCUMENT_TOKENS`, or an argument is out of range.
     """
 
-    def __init__(self, doc_tokens: Sequence[np.ndarray], *, seed: int, epoch: int, shuffle: bool, sep: int) -> None:
+    def __init__(
+        self, doc_tokens: Sequence[np.ndarray], *, seed: int, epoch: int, shuffle: bool, sep: int,
+        source: int | None = None, offset: int = 0,
+    ) -> None:
         self.counts = _checked_counts(doc_tokens)
         self.epoch = check_int("epoch", epoch, 0, MAX_EPOCH)
         self.sep = check_int("sep", sep, 0, 1)
+        self.offset = offset
         n = len(self.counts)
-        self.order = permutation((int(seed), self.epoch, TAG_SHARDS), n) if shuffle else np.arange(n, dtype=_I64)
+        key = (int(seed), self.epoch, TAG_SHARDS) + (() if source is None else (int(source),))
+        self.order = permutation(key, n) if shuffle else np.arange(n, dtype=_I64)
         sizes = np.array([int(c.sum()) + self.sep * len(c) for c in self.counts], dtype=_I64)
         self._starts = np.zeros(n + 1, dtype=_I64)  # cumulative shard sizes in epoch order
         np.cumsum(sizes[self.order], out=self._starts[1:])
@@ -108,6 +116,10 @@ class TokenStream:
     def total(self) -> int:
         """Tokens in the epoch's stream (documents plus separators)."""
         return int(self._starts[-1])
+
+    def count(self, shard: int, doc: int) -> int:
+        """Tokens of document ``doc`` of global shard ``shard`` (what the index declared)."""
+        return int(self.counts[shard - self.offset][doc])
 
     def _docs(self, shard: int) -> np.ndarray:
         """Cumulative document sizes (with separators) of ``shard``: ``len + 1`` offsets from 0."""
@@ -132,7 +144,7 @@ class TokenStream:
                 lo, hi = base + int(docs[d]), base + int(docs[d + 1])
                 if hi > t:  # an empty document (no tokens, no separator) covers nothing
                     stop = min(hi, end)
-                    yield Piece(shard, d, t - lo, stop - lo)
+                    yield Piece(self.offset + shard, d, t - lo, stop - lo)
                     t = stop
                 d += 1
             pos += 1

@@ -31,6 +31,7 @@ import numpy as np
 from streamio.data.format.tokens import check_document
 from streamio.data.plan import Run, Window
 from streamio.data.plan.packing import PackPlan, PackStream, SeqRange
+from streamio.data.plan.tokenmix import BatchLayout, Segment
 from streamio.data.plan.tokens import Piece
 from streamio.data.read.reader import WindowReader
 from streamio.errors import ShardFormatError
@@ -40,17 +41,21 @@ __all__ = ["TokenPacker"]
 _I64 = np.int64
 
 
-def _runs(pieces: list[Piece], reuse: tuple[int, int] | None) -> tuple[Run, ...]:
-    """The documents of ``pieces`` to read, as runs (``reuse``, the document kept, is not read again)."""
+def _runs(segments: list[Segment], reuse: set[tuple[int, int]]) -> tuple[Run, ...]:
+    """The documents of ``segments`` to read, as runs (those in ``reuse``, kept from the batch before, are not)."""
     out: list[Run] = []
-    for p in pieces:
-        if (p.shard, p.doc) == reuse:
+    for p in (p for seg in segments for p in seg.pieces):
+        if (p.shard, p.doc) in reuse:
             continue
         if out and out[-1].shard == p.shard and out[-1].end == p.doc:
             out[-1] = Run(p.shard, out[-1].first, p.doc + 1)
         else:
             out.append(Run(p.shard, p.doc, p.doc + 1))
     return tuple(out)
+
+
+def _last_docs(segments: list[Segment]) -> set[tuple[int, int]]:
+    return {(seg.pieces[-1].shard, seg.pieces[-1].doc) for seg in segments if seg.pieces}
 
 
 def _skip(batches: tuple[SeqRange, ...], skip: int) -> list[SeqRange]:
@@ -79,54 +84,49 @@ class TokenPacker:
     def read(self, plan: PackPlan, stream: PackStream, skip: int = 0) -> Iterator[dict[str, Any]]:
         """The sequences of ``stream`` in order, after its first ``skip``."""
         batches = _skip(stream.batches, skip)
-        pieces, windows = [], []
-        reuse = None
+        layouts, windows = [], []
+        reuse: set[tuple[int, int]] = set()
         for b in batches:
-            lo = b.first * plan.pack.seq_len
-            found = list(plan.tokens.pieces(lo, lo + b.count * plan.pack.seq_len + int(plan.pack.targets)))
-            runs = _runs(found, reuse)
+            layout = plan.layout(b)
+            runs = _runs(layout.segments, reuse)
             if runs:
                 windows.append(Window(runs, None))
-            pieces.append(found)
-            reuse = (found[-1].shard, found[-1].doc) if found else reuse
+            layouts.append(layout)
+            reuse = _last_docs(layout.segments)
         docs = self.reader.read(windows)
-        kept: tuple[tuple[int, int], np.ndarray] | None = None
-        for b, found in zip(batches, pieces, strict=True):
-            buf, ids, pos, kept = self._fill(plan, b, found, docs, kept)
-            yield from _sequences(plan, b, buf, ids, pos)
+        kept: dict[tuple[int, int], np.ndarray] = {}
+        for b, layout in zip(batches, layouts, strict=True):
+            filled = []
+            for seg in layout.segments:
+                filled.append(self._fill(plan, seg, docs, kept))
+            kept = {k: v for k, v in kept.items() if k in _last_docs(layout.segments)}
+            yield from _sequences(plan, b, layout, filled)
 
     def _fill(
-        self,
-        plan: PackPlan,
-        b: SeqRange,
-        found: list[Piece],
-        docs: Iterator[Any],
-        kept: tuple[tuple[int, int], np.ndarray] | None,
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[tuple[int, int], np.ndarray] | None]:
-        width = b.count * plan.pack.seq_len + int(plan.pack.targets)
+        self, plan: PackPlan, seg: Segment, docs: Iterator[Any], kept: dict[tuple[int, int], np.ndarray]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """One segment's tokens, document numbers and positions (padding after the stream's end)."""
+        width = seg.count * plan.pack.seq_len + int(plan.pack.targets)
         buf = np.full(width, plan.pack.pad, dtype=_I64)
         ids = np.full(width, -1, dtype=np.int32)
         pos = np.zeros(width, dtype=np.int32)
         at = 0
-        for n, p in enumerate(found):
-            if kept is not None and kept[0] == (p.shard, p.doc):
-                doc = kept[1]
-            else:
-                doc = self._document(plan, p, next(docs))
-                kept = ((p.shard, p.doc), doc)
+        for n, p in enumerate(seg.pieces):
+            doc = kept.get((p.shard, p.doc))
+            if doc is None:
+                doc = kept[(p.shard, p.doc)] = self._document(plan, p, next(docs))
             stop = min(p.end, len(doc))
-            size = p.size
             buf[at : at + max(0, stop - p.first)] = doc[p.first : stop]
             if p.end > len(doc):  # the separator
-                buf[at + size - 1] = plan.pack.eos
-            ids[at : at + size] = n
-            pos[at : at + size] = np.arange(p.first, p.end, dtype=np.int32)
-            at += size
-        return buf, ids, pos, kept
+                buf[at + p.size - 1] = plan.pack.eos
+            ids[at : at + p.size] = n
+            pos[at : at + p.size] = np.arange(p.first, p.end, dtype=np.int32)
+            at += p.size
+        return buf, ids, pos
 
     def _document(self, plan: PackPlan, piece: Piece, sample: Any) -> np.ndarray:
         where = f"{sample.get('__url__', piece.shard)}"
-        if sample.get("__shard__") != piece.shard or sample.get("__index__") != piece.doc:  # pragma: no cover
+        if sample.get("__index__") != piece.doc:  # pragma: no cover - the reader yields the runs asked for
             raise ShardFormatError(f"{where}: read sample {sample.get('__index__')} where {piece.doc} was planned")
         raw = sample.get(self.member)
         if raw is None:
@@ -140,21 +140,29 @@ class TokenPacker:
             raise ShardFormatError(
                 f"shard {where!r} sample {piece.doc}: member {self.member!r} is not a .npy array: {exc}"
             ) from exc
-        expected = int(plan.tokens.counts[piece.shard][piece.doc])
+        expected = plan.tokens.count(piece.shard, piece.doc)
         return check_document(value, expected=expected, shard=where, sample=piece.doc, member=self.member)
 
 
 def _sequences(
-    plan: PackPlan, b: SeqRange, buf: np.ndarray, ids: np.ndarray, pos: np.ndarray
+    plan: PackPlan, b: SeqRange, layout: BatchLayout, filled: list[tuple[np.ndarray, np.ndarray, np.ndarray]]
 ) -> Iterator[dict[str, Any]]:
     length, width = plan.pack.seq_len, plan.pack.width
-    for j in range(b.count):
-        window = slice(j * length, j * length + width)
-        doc_ids = ids[window].copy()
-        doc_ids[doc_ids >= 0] -= doc_ids[0] if doc_ids[0] >= 0 else 0
+    for j, at in enumerate(layout.order):
+        if at is None:  # past the epoch's last sequence: all padding
+            tokens, doc_ids = np.full(width, plan.pack.pad, dtype=_I64), np.full(width, -1, dtype=np.int32)
+            positions, source = np.zeros(width, dtype=np.int32), -1
+        else:
+            seg, k = at
+            buf, ids, pos = filled[seg]
+            window = slice(k * length, k * length + width)
+            tokens, doc_ids, positions = buf[window].copy(), ids[window].copy(), pos[window].copy()
+            doc_ids[doc_ids >= 0] -= doc_ids[0] if doc_ids[0] >= 0 else 0
+            source = layout.segments[seg].source
         yield {
-            "tokens": buf[window].copy(),
+            "tokens": tokens,
             "doc_ids": doc_ids,
-            "positions": pos[window].copy(),
+            "positions": positions,
             "__sequence__": b.first + j,
+            "__source__": source,
         }
