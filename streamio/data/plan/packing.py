@@ -93,8 +93,8 @@ class Pack:
             check_int("Pack(eos)", self.eos, 0, MAX_TOKEN_ID, fix=" Pass eos=None for no separator.")
         if self.tail not in ("pad", "drop"):
             raise PlanError(f"Pack(tail={self.tail!r}) must be 'pad' or 'drop'.")
-        if not isinstance(self.member, str) or not self.member or "." in self.member or "/" in self.member:
-            raise PlanError(f"Pack(member={self.member!r}) must be a member extension such as 'npy'.")
+        if not isinstance(self.member, str) or not self.member or "/" in self.member or self.member.startswith("."):
+            raise PlanError(f"Pack(member={self.member!r}) must be a member extension such as 'npy' or 'ids.npy'.")
         if not isinstance(self.targets, bool):
             raise PlanError(f"Pack(targets={self.targets!r}) must be True or False.")
 
