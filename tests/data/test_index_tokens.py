@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from streamio.data.format.index import load_index, parse_index
-from streamio.data.format.tokens import check_document, npy_tokens
+from streamio.data.format.tokens import check_document, load_tokens, npy_tokens
 from streamio.data.write.localfiles import local_file
 from streamio.data.write.writer import ShardSpec, write_dataset
 from streamio.errors import DatasetError, IndexFormatError, ShardFormatError, StreamioError
@@ -152,3 +152,22 @@ def test_a_document_that_disagrees_with_the_index_names_shard_and_sample() -> No
         check_document(np.zeros(4), expected=4, shard="a.tar", sample=3, member="npy")
     with pytest.raises(StreamioError, match=r"is bytes, not a 1-D integer"):
         check_document(b"x", expected=4, shard="a.tar", sample=3, member="npy")
+
+
+@given(
+    dtype=st.sampled_from(["<u2", "<u4", "<i4", "<i8", "|u1", ">u2", "<f4"]),
+    shape=st.sampled_from([(0,), (1,), (7,), (300,), (2, 3), ()]),
+)
+def test_load_tokens_reads_what_numpy_wrote_as_numpy_does(dtype: str, shape: tuple[int, ...]) -> None:
+    array = np.arange(int(np.prod(shape)), dtype=dtype).reshape(shape)
+    got = load_tokens(npy(array))
+    assert got.dtype == array.dtype and got.shape == array.shape and np.array_equal(got, array)
+
+
+@given(head=st.sampled_from([b"", b"\x93NUMPY\x01\x00", b"\x93NUMPY\x02\x00", b"\x93NUMPY\x01\x00v\x00"]),
+       data=st.binary(max_size=300))
+def test_load_tokens_on_garbage_raises_what_the_packer_names(head: bytes, data: bytes) -> None:
+    try:
+        load_tokens(head + data)
+    except (ValueError, OSError, EOFError):
+        pass

@@ -14,13 +14,15 @@ simply not a token document: :func:`npy_tokens` returns None, and no count is re
 from __future__ import annotations
 
 import io
+import re
+import struct
 from collections.abc import Mapping
 
 import numpy as np
 
 from streamio.errors import ShardFormatError
 
-__all__ = ["NPY_HEAD", "TOKEN_DTYPES", "check_document", "npy_tokens", "token_fields"]
+__all__ = ["NPY_HEAD", "TOKEN_DTYPES", "check_document", "load_tokens", "npy_tokens", "token_fields"]
 
 #: Bytes of a member read to find its header (numpy writes headers of 64 to a few hundred bytes).
 NPY_HEAD = 16 * 1024
@@ -47,6 +49,35 @@ def npy_tokens(head: bytes, size: int) -> int | None:
     if f.tell() + count * dtype.itemsize != size:
         return None
     return int(count)
+
+
+# what numpy writes for a 1-D array (``np.save``); anything else takes numpy's own parser
+_PLAIN_HEADER = re.compile(
+    rb"\{'descr': '([<|][uif][1248])', 'fortran_order': (?:False|True), 'shape': \((\d+),\), \} *\n"
+)
+
+
+def load_tokens(raw: bytes) -> np.ndarray:
+    """A ``.npy`` member's array, read-only, without copying its payload when numpy wrote a 1-D header.
+
+    The common header is matched directly (numpy's reader evaluates it as Python literals: half
+    the cost of a small document); any other goes through ``np.load(allow_pickle=False)``.
+
+    Raises:
+        ValueError: not a ``.npy`` numpy can read without unpickling (the caller names the shard).
+    """
+    if raw[:6] == b"\x93NUMPY" and len(raw) >= 10:
+        major = raw[6]
+        size, start = (struct.unpack_from("<H", raw, 8)[0], 10) if major == 1 else (0, 0)
+        if major in (2, 3) and len(raw) >= 12:
+            size, start = struct.unpack_from("<I", raw, 8)[0], 12
+        found = _PLAIN_HEADER.fullmatch(raw[start : start + size]) if 0 < size <= NPY_HEAD else None
+        if found is not None:
+            dtype, count = np.dtype(found.group(1).decode()), int(found.group(2))
+            if start + size + count * dtype.itemsize == len(raw):
+                return np.frombuffer(raw, dtype=dtype, count=count, offset=start + size)
+    value: np.ndarray = np.load(io.BytesIO(raw), allow_pickle=False)
+    return value
 
 
 def token_fields(members: Mapping[str, tuple[bytes, int]]) -> dict[str, int]:

@@ -22,13 +22,12 @@ document with ``positions``.
 
 from __future__ import annotations
 
-import io
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
-from streamio.data.format.tokens import check_document
+from streamio.data.format.tokens import check_document, load_tokens
 from streamio.data.plan import Run, Window
 from streamio.data.plan.packing import PackPlan, PackStream, SeqRange
 from streamio.data.plan.tokenmix import BatchLayout, Segment
@@ -135,7 +134,7 @@ class TokenPacker:
                 f"{sorted(k for k in sample if not k.startswith('__'))}); give Pack(member=...) its token field"
             )
         try:
-            value = np.load(io.BytesIO(raw), allow_pickle=False)
+            value = load_tokens(raw)
         except (ValueError, OSError, EOFError) as exc:
             raise ShardFormatError(
                 f"shard {where!r} sample {piece.doc}: member {self.member!r} is not a .npy array: {exc}"
