@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
 import streamio
 from streamio.data.write.writer import ShardSpec, write_dataset
@@ -201,3 +202,23 @@ def test_a_wrong_pack_is_refused(tmp_path: Path) -> None:
     write_tokens(url)
     with pytest.raises(PlanError, match="pack=16 must be a streamio.Pack"):
         streamio.StreamingDataset(url, pack=16)  # type: ignore[arg-type]
+
+
+@pytest.mark.slow
+def test_workers_hand_packed_batches_over_the_ring_as_the_same_tensors(tmp_path: Path, as_rank: Any) -> None:
+    url = str(tmp_path / "tok")
+    write_tokens(url)
+    as_rank(0, 1)
+
+    def batches(workers: int) -> list[dict[str, Any]]:
+        ds = streamio.StreamingDataset(url, batch_size=3, seed=4, pack=streamio.Pack(16, eos=EOS))
+        return list(streamio.StreamingDataLoader(ds, num_workers=workers))
+
+    alone, forked = batches(0), batches(2)
+    assert len(alone) == len(forked)
+    for a, b in zip(alone, forked, strict=True):
+        assert a.keys() == b.keys() and a["__sequence__"] == b["__sequence__"]
+        for key in ("tokens", "doc_ids", "positions"):
+            assert b[key].dtype == a[key].dtype and torch.equal(a[key], b[key])
+            # through the loader's ring, not one shared-memory segment (and descriptor) per tensor
+            assert not b[key].is_shared()
