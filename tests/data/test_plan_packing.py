@@ -278,3 +278,22 @@ def test_a_mixture_reads_each_sources_token_share_exactly_once_across_topologies
         assert got == expected and read.count(PAD) < world * pack.width
     else:  # "drop": fewer than world_size sequences of the epoch's end are not read
         assert sum((expected - got).values()) < world * pack.width and PAD not in read
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(1 << 70), 1 << 70) | st.floats() | st.text(max_size=4),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    max_leaves=8,
+)
+
+
+@given(field=st.sampled_from(["version", "fingerprint", "epoch", "sequences", "extra"]), value=json_values)
+def test_a_fuzzed_state_resumes_within_the_epoch_or_raises_a_plan_error(field: str, value: object) -> None:
+    counts = [np.array([5, 6, 7])]
+    state = plan_packing(counts, pack=Pack(4), seed=0, epoch=0, topology=Topology(2)).state_dict(1)
+    state[field] = value
+    try:
+        plan = plan_packing(counts, pack=Pack(4), seed=0, epoch=0, topology=Topology(3), resume=state)
+    except PlanError:
+        return
+    assert 0 <= plan.start <= plan.end <= plan.real + 3
