@@ -16,6 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from streamio.data.plan import Topology
+from streamio.data.plan.config import MAX_WORLD_SIZE
 from streamio.data.plan.packing import Pack, PackPlan, plan_packing
 from streamio.data.plan.permutation import TAG_SHARDS, permutation
 from streamio.data.plan.tokenmix import TokenSource
@@ -296,4 +297,5 @@ def test_a_fuzzed_state_resumes_within_the_epoch_or_raises_a_plan_error(field: s
         plan = plan_packing(counts, pack=Pack(4), seed=0, epoch=0, topology=Topology(3), resume=state)
     except PlanError:
         return
-    assert 0 <= plan.start <= plan.end <= plan.real + 3
+    assert 0 <= plan.start <= plan.end and plan.start <= plan.real + MAX_WORLD_SIZE  # consumed padding, at most
+    assert plan.end <= max(plan.start, plan.real + 2)  # from there, the rest of the epoch for 3 ranks
