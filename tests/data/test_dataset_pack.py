@@ -184,8 +184,10 @@ def test_a_mixture_shares_tokens_and_resumes_on_another_topology(tmp_path: Path,
         return out, state
 
     whole, _ = run(2)
-    sources = [s["__source__"] for s in sorted(whole, key=lambda s: s["__sequence__"])]
     per_cycle = -(-(sum(LENGTHS) + len(LENGTHS)) // 16)  # sequences of one pass over a source
+    described = repr(streamio.StreamingDataset(mixture, pack=streamio.Pack(16, eos=EOS)))
+    assert f"/a': {per_cycle * 3 // 2}, " in described and f"/b': {per_cycle // 2}}}" in described
+    sources = [s["__source__"] for s in sorted(whole, key=lambda s: s["__sequence__"])]
     assert (sources.count(0), sources.count(1)) == (per_cycle * 3 // 2, per_cycle // 2)  # 3:1 of 2 passes' worth
     assert all(2 <= sources[i : i + 8].count(0) <= 8 for i in range(0, len(sources) - 8))  # every window keeps it
     head, state = run(2, stop_after=3)

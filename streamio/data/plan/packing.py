@@ -210,6 +210,11 @@ class PackPlan:
     stage_samples_per_rank = samples_per_rank
     batches_per_rank = batches
 
+    @property
+    def contributions(self) -> tuple[int, ...]:
+        """Sequences each source contributes to the epoch (one entry for one data set)."""
+        return tuple(self.tokens.contributions) if isinstance(self.tokens, MixedTokens) else (self.real,)
+
     def stream(self, rank: int, worker: int) -> PackStream:
         """The batches DataLoader worker ``worker`` of ``rank`` reads (see :meth:`worker_batches`)."""
         return PackStream(rank, worker, tuple(self.worker_batches(rank, worker)))
