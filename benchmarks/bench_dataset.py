@@ -143,8 +143,9 @@ def rank_main(cfg: dict[str, Any]) -> dict[str, Any]:
     t0 = 0.0
     if method == "streamio":
         from streamio.data.cache import CacheConfig
-        from streamio.data.dataset import DatasetOptions, StreamingDataset
+        from streamio.data.dataset import StreamingDataset
         from streamio.data.loader import StreamingDataLoader
+        from streamio.data.options import DatasetOptions
         from streamio.data.plan import Shuffle
         from streamio.data.read.prefetch import PrefetchConfig
 

@@ -72,8 +72,9 @@ def rank_main(cfg: dict[str, Any]) -> dict[str, Any]:
     warnings.simplefilter("ignore")
     from streamio import Stream
     from streamio.data.cache import CacheConfig
-    from streamio.data.dataset import DatasetOptions, StreamingDataset
+    from streamio.data.dataset import StreamingDataset
     from streamio.data.loader import StreamingDataLoader
+    from streamio.data.options import DatasetOptions
     from streamio.data.read.prefetch import PrefetchConfig
 
     streams = cfg["streams"]

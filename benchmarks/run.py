@@ -73,8 +73,8 @@ from benchmarks.common import REPO, machine, machine_line  # noqa: E402
 from benchmarks.report import fmt, render  # noqa: E402
 from benchmarks.tables import REPORT  # noqa: E402
 
-SECTIONS = ("references", "dataset", "mixture", "scale", "pipeline", "read", "shard", "plan", "shuffle", "checkpoint",
-            "sharded", "tiers", "fanout", "throttle")
+SECTIONS = ("references", "dataset", "mixture", "tokens", "scale", "pipeline", "read", "shard", "plan", "shuffle",
+            "checkpoint", "sharded", "tiers", "fanout", "throttle")
 HERE = Path(__file__).resolve().parent
 
 
@@ -139,6 +139,12 @@ def section_mixture(quick: bool, scratch: str) -> dict[str, Any]:
     from benchmarks import bench_mixture
 
     return bench_mixture.run(quick, log=log, scratch_dir=scratch)
+
+
+def section_tokens(quick: bool, scratch: str, peers: Sequence[str]) -> dict[str, Any]:
+    from benchmarks import bench_tokens
+
+    return bench_tokens.run(quick, peers=[p for p in peers if p == "litdata"], log=log, scratch_dir=scratch)
 
 
 def section_shuffle(quick: bool, peers: Sequence[str]) -> dict[str, Any]:
@@ -209,6 +215,7 @@ def run_sections(names: list[str], quick: bool, scratch: str, use_nginx: bool,
         "sharded": section_sharded, "tiers": section_tiers, "fanout": section_fanout, "throttle": section_throttle,
         "shuffle": lambda quick, _scratch: section_shuffle(quick, peers),
         "pipeline": lambda quick, scratch: section_pipeline(quick, scratch, peers),
+        "tokens": lambda quick, scratch: section_tokens(quick, scratch, peers),
     }
     data_secs = [n for n in ("dataset", "scale") if n in names]
     for name in SECTIONS:

@@ -337,6 +337,38 @@ MIXTURE = SectionSpec("Mixture: 3 weighted sources vs 1 source, same bytes (issu
 ))
 
 
+# ----------------------------------------------------------------------------- tokens
+def _tokens_setup(sec: Results) -> list[str]:
+    d = sec["data"]
+    lines = [
+        f"{d['tokens']:,} tokens in {d['docs']:,} documents (50-4,000 tokens, uint16), from local disk; seq_len "
+        f"{sec['seq_len']}, batch {sec['batch_size']}, {sec['workers']} DataLoader workers,",
+        "one epoch unshuffled, no simulated compute. streamio: one `.npy` per document, "
+        "`Pack(2048, eos=0, targets=True)` (2,049 tokens a sequence);",
+        "litdata: the same documents with the same EOS appended, `optimize(item_loader=TokensLoader())`, "
+        "`TokensLoader(block_size=2049)`. CPU = the",
+        "process and its DataLoader workers (getrusage, start-up and torch import included) per GB of delivered "
+        "tokens at 2 bytes a token. State = the loader's",
+        "`state_dict()` as JSON; after 1B tokens computed for streamio (the same plan over 1B tokens' counts). "
+        "`benchmarks/bench_tokens.py`.",
+    ]
+    if "litdata_skipped" in sec:
+        lines.append(f"litdata: {sec['litdata_skipped']}.")
+    return lines
+
+
+TOKENS = SectionSpec("Token packing at read time vs litdata TokensLoader (issue 28)", key="tokens", blocks=(
+    Text(_tokens_setup),
+    Table((_name("contender"), Column("M tokens/s", lambda kv: med({k: v / 1e6 if isinstance(v, float) else v
+                                                                    for k, v in kv[1]["tokens_per_s"].items()}, 2)),
+           _stat("CPU s / GB", "cpu_s_per_gb", 1),
+           Column("state bytes after 1M tokens", lambda kv: f"{kv[1]['state_bytes_1m']:,}"),
+           Column("after 1B (computed)", lambda kv: f"{kv[1]['state_bytes_1b']:,}" if "state_bytes_1b" in kv[1]
+                  else "n/a")),
+          rows=lambda sec: sec["contenders"].items()),
+))
+
+
 # ----------------------------------------------------------------------------- scale
 def _scale_setup(sec: Results) -> list[str]:
     return [
@@ -772,6 +804,6 @@ def _shuffle_peers(res: Results) -> list[str] | None:
 
 PEERS = SectionSpec("Peers in their own environments", blocks=(Text(_peers), Text(_shuffle_peers)))
 
-SECTIONS = (REFERENCES, DATASET, MIXTURE, SCALE, PIPELINE, READ, SHARD, PLAN, SHUFFLE, CHECKPOINT,
+SECTIONS = (REFERENCES, DATASET, MIXTURE, TOKENS, SCALE, PIPELINE, READ, SHARD, PLAN, SHUFFLE, CHECKPOINT,
             SHARDED, TIERS, FANOUT, THROTTLE)  # in the suite's order
 REPORT = (INTRO, HEADLINE, *SECTIONS, PEERS)

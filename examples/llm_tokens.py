@@ -1,18 +1,20 @@
-"""A pre-tokenized LLM token stream: fixed-length ``.npy`` token blocks from a weighted mixture of sources.
+"""A pre-tokenized LLM token stream: documents packed into fixed-length blocks at read time, from a mixture.
 
 What it shows:
 
-* Writing pre-tokenized text as samples of one fixed-length block each (``BLOCK + 1`` token ids,
-  a ``uint16`` ``.npy`` member: inputs and next-token targets in one), with
-  ``streamio.write_dataset``. Documents are concatenated with an end-of-text token and cut into
-  blocks, so no padding is stored and every sample costs the same compute.
-* Training a tiny causal language model on the stream (``decode="auto"`` loads ``.npy`` with
-  ``allow_pickle=False``), checkpointing the model, optimizer and the loader's exact position.
-  Run again with more ``--steps`` and it resumes at the next block.
+* Writing pre-tokenized text as one sample per document (a ``uint16`` ``.npy`` member of its token
+  ids) with ``streamio.write_dataset``, which records each document's token count in the index.
+* Packing at read time: ``StreamingDataset(..., pack=streamio.Pack(seq_len=BLOCK, eos=EOT,
+  targets=True))`` concatenates the documents with an end-of-text token and cuts them into blocks
+  of ``BLOCK + 1`` tokens (inputs and next-token targets in one), so changing ``BLOCK`` never
+  re-shards, and no padding is stored. Each block also says where its documents start
+  (``doc_ids``), for intra-document attention masks.
+* Training a tiny causal language model on the stream, checkpointing the model, optimizer and the
+  loader's exact position (one int: the blocks consumed). Run again with more ``--steps`` and it
+  resumes at the next token, also with another number of workers or ranks.
 * A weighted mixture of sources (:data:`SOURCES`, :func:`open_stream`): each source is its own
   dataset (its own prefix, bucket or store), and ``streamio.Stream(url, weight=...)`` per source
-  in a list makes ``StreamingDataset`` draw each epoch in those shares, interleaved, with exact
-  resume across the mixture.
+  in a list makes ``StreamingDataset`` draw each epoch's *tokens* in those shares, interleaved.
 
 Run it (CPU, ~20 s; ``--small``: a few seconds), against a local S3:
 
@@ -43,7 +45,7 @@ import streamio
 
 VOCAB = 256
 EOT = 0  # end-of-text token between documents
-BLOCK = 64  # tokens a model sees per sample; a sample holds BLOCK + 1 (targets are shifted by one)
+BLOCK = 64  # tokens a model sees per sample; a packed block holds BLOCK + 1 (targets are shifted by one)
 
 
 @dataclass(frozen=True)
@@ -70,16 +72,6 @@ def documents(seed: int, count: int) -> Iterator[np.ndarray]:
         yield np.asarray(doc, dtype=np.uint16)
 
 
-def blocks(docs: Iterator[np.ndarray]) -> Iterator[np.ndarray]:
-    """Concatenate documents (each followed by EOT) and cut them into blocks of ``BLOCK + 1`` tokens."""
-    buf = np.empty(0, dtype=np.uint16)
-    for doc in docs:
-        buf = np.concatenate([buf, doc, np.asarray([EOT], dtype=np.uint16)])
-        while len(buf) >= BLOCK + 1:
-            yield buf[: BLOCK + 1]
-            buf = buf[BLOCK + 1 :]  # the tail is the start of the next block (the last one is dropped)
-
-
 def npy(array: np.ndarray) -> bytes:
     out = io.BytesIO()
     np.save(out, array, allow_pickle=False)
@@ -87,19 +79,23 @@ def npy(array: np.ndarray) -> bytes:
 
 
 def write_source(url: str, source: Source, docs: int) -> None:
-    """Write one source's blocks as a dataset at ``url`` (skipped when it is already there)."""
+    """Write one source's documents as a dataset at ``url`` (skipped when it is already there)."""
     if streamio.Store(url).exists("index.json"):
         return
-    token_blocks = blocks(documents(source.seed, docs))
-    samples = ({"__key__": f"{i:09d}", "tokens.npy": npy(b)} for i, b in enumerate(token_blocks))
+    samples = ({"__key__": f"{i:09d}", "tokens.npy": npy(d)} for i, d in enumerate(documents(source.seed, docs)))
     index = streamio.write_dataset(samples, url, spec=streamio.ShardSpec(max_count=512))
-    print(f"wrote {source.name}: {index.samples} blocks of {BLOCK + 1} tokens to {url}", flush=True)
+    tokens = sum(sum(c) + len(c) for c in index.token_counts("tokens.npy"))  # each document and its EOT
+    print(f"wrote {source.name}: {tokens // BLOCK} blocks of {BLOCK + 1} tokens ({index.samples} documents, "
+          f"packed at read time) to {url}", flush=True)
 
 
 # --------------------------------------------------------------------------- reading it
 def to_example(sample: dict[str, Any]) -> dict[str, Any]:
-    tokens = torch.from_numpy(sample["tokens.npy"].astype(np.int64))
-    return {"input": tokens[:-1], "target": tokens[1:], "source": sample["__source__"]}  # index in SOURCES
+    """A packed block (``BLOCK + 1`` tokens) as inputs and next-token targets; padding is not a target."""
+    tokens = torch.from_numpy(sample["tokens"])
+    target = tokens[1:].clone()
+    target[torch.from_numpy(sample["doc_ids"][1:]) < 0] = -100  # cross_entropy's ignore_index
+    return {"input": tokens[:-1], "target": target, "source": sample["__source__"]}  # index in SOURCES
 
 
 def open_stream(base_url: str, sources: list[Source], batch_size: int) -> streamio.StreamingDataset:
@@ -107,7 +103,8 @@ def open_stream(base_url: str, sources: list[Source], batch_size: int) -> stream
     (``streamio.Stream(url, samples=N)`` states a count instead; a source smaller than its share
     is repeated), interleaved and shuffled."""
     streams = [streamio.Stream(f"{base_url}/{s.name}", weight=s.weight) for s in sources]
-    return streamio.StreamingDataset(streams, batch_size=batch_size, decode="auto", transform=to_example, seed=0)
+    pack = streamio.Pack(seq_len=BLOCK, member="tokens.npy", eos=EOT, targets=True)
+    return streamio.StreamingDataset(streams, batch_size=batch_size, pack=pack, transform=to_example, seed=0)
 
 
 class TinyLM(nn.Module):
@@ -135,7 +132,7 @@ def main() -> None:
     for source in SOURCES:
         write_source(f"{args.url}/{source.name}", source, docs=150 if args.small else 1500)
     ds = open_stream(args.url, SOURCES, batch_size=16)
-    loader = streamio.StreamingDataLoader(ds, num_workers=1)  # fixed blocks need little decoding
+    loader = streamio.StreamingDataLoader(ds, num_workers=1)  # packing is cheap: one worker keeps up
     torch.manual_seed(0)
     model = TinyLM()
     optim = torch.optim.Adam(model.parameters(), lr=3e-3)

@@ -19,12 +19,13 @@ _EXPORTS = {
     "CacheConfig": "streamio.data.cache",
     "CheckpointManager": "streamio.checkpoint",
     "DatasetIndex": "streamio.data.format.index",
-    "DatasetOptions": "streamio.data.dataset",
+    "DatasetOptions": "streamio.data.options",
     "KeepAll": "streamio.checkpoint",
     "KeepBest": "streamio.checkpoint",
     "KeepEvery": "streamio.checkpoint",
     "KeepLast": "streamio.checkpoint",
     "LocalTier": "streamio.checkpoint",
+    "Pack": "streamio.data.plan",
     "PrefetchConfig": "streamio.data.read.prefetch",
     "RNGState": "streamio.checkpoint",
     "RetentionPolicy": "streamio.checkpoint",
@@ -45,8 +46,8 @@ _EXPORTS = {
 
 __all__ = [
     "CacheConfig", "CheckpointManager", "DatasetIndex", "DatasetOptions", "KeepAll", "KeepBest", "KeepEvery",
-    "KeepLast", "LocalTier", "PrefetchConfig", "RNGState", "RetentionPolicy", "RetryPolicy", "SaveOptions", "SaveStats",
-    "ShardSpec", "Shuffle", "Store", "Stream", "StreamingDataLoader", "StreamingDataset", "__version__",
+    "KeepLast", "LocalTier", "Pack", "PrefetchConfig", "RNGState", "RetentionPolicy", "RetryPolicy", "SaveOptions",
+    "SaveStats", "ShardSpec", "Shuffle", "Store", "Stream", "StreamingDataLoader", "StreamingDataset", "__version__",
     "build_index", "errors", "load_index", "select", "write_dataset",
 ]
 
@@ -64,11 +65,12 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the names, eagerly
         SaveStats,
     )
     from streamio.data.cache import CacheConfig
-    from streamio.data.dataset import DatasetOptions, StreamingDataset
+    from streamio.data.dataset import StreamingDataset
     from streamio.data.format.index import DatasetIndex, load_index
     from streamio.data.loader import StreamingDataLoader
     from streamio.data.mixing import Stream
-    from streamio.data.plan import Shuffle
+    from streamio.data.options import DatasetOptions
+    from streamio.data.plan import Pack, Shuffle
     from streamio.data.read.prefetch import PrefetchConfig
     from streamio.data.select import select
     from streamio.data.write.indexer import build_index

@@ -30,6 +30,9 @@ import zstandard
 MAX_JSON_BYTES = 256 * 1024 * 1024
 #: Default nesting limit of a JSON document; streamio's own documents nest under 40 levels.
 MAX_JSON_DEPTH = 200
+#: Most tokens one document of a token data set may declare (an index's ``tokens``, a plan's input):
+#: 2**40, far above any document and far below int64 overflow when an epoch's counts are summed.
+MAX_DOCUMENT_TOKENS = 1 << 40
 
 _CHUNK = 1 << 20
 #: The magic number that starts every zstd frame (RFC 8878).

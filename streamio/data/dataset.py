@@ -15,19 +15,13 @@ process group when initialised, else torchrun's ``RANK``/``WORLD_SIZE``, else on
 DataLoader worker from ``get_worker_info()``) and is passed to the pure planner.
 
 Exact resume. The planner's state is "how many batches each rank's consumer took" (plus the
-topology). Who knows that number depends on the loader:
-
-* :class:`~streamio.data.loader.StreamingDataLoader` counts the batches it hands out and asks the
-  dataset for :meth:`StreamingDataset.state_after`; exact with any ``num_workers``, resumable on
-  any topology. It announces itself with :meth:`StreamingDataset.attach_loader`.
-* torchdata's ``StatefulDataLoader`` calls :meth:`StreamingDataset.state_dict` inside each worker and
-  gives each worker its own state back: exact with the same ``num_workers`` (its own restriction).
-  It does so only when it is next iterated, and never in the main process when it has workers, so
-  :mod:`streamio.data.dataloader.stateful_loader` has its ``load_state_dict`` hand the states to
-  :meth:`StreamingDataset.load_loader_state` at once: ``epoch`` is the resumed one right away.
-* ``num_workers=0`` with a plain ``DataLoader``: the dataset counts what it yielded itself.
-* A plain ``DataLoader`` with workers cannot tell the main process what the workers yielded; the
-  dataset says so (a warning in the worker) instead of saving a wrong position.
+topology); who knows that number depends on the loader (docs/design.md "StreamingDataset and exact
+resume" has the table): :class:`~streamio.data.loader.StreamingDataLoader` counts the batches it
+hands out (:meth:`StreamingDataset.attach_loader`, :meth:`StreamingDataset.state_after`), exact
+with any ``num_workers`` on any topology; torchdata's ``StatefulDataLoader`` keeps one state per
+worker (the same ``num_workers`` only; :mod:`streamio.data.dataloader.stateful_loader` hands them
+to :meth:`StreamingDataset.load_loader_state` at once); without workers the dataset counts what it
+yielded; a plain ``DataLoader`` with workers cannot be exact, and the dataset warns.
 
 The state is a small, versioned JSON-safe dict; it records the seed and the index fingerprint (via
 the plan) so it is never applied to another dataset silently. :mod:`streamio.data.position` holds
@@ -37,20 +31,36 @@ the position and checks a loaded state (untrusted: every claimed size is bounded
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from torch.utils.data import IterableDataset, get_worker_info
 
-from streamio.data.cache import CacheConfig, ShardCache
+from streamio.data.cache import ShardCache
 from streamio.data.dataloader.allocator import tune_worker_malloc
 from streamio.data.dataloader.stateful_loader import LoaderState, install
 from streamio.data.decode import DecodeSpec, make_decoder
-from streamio.data.format.samples import Handler
-from streamio.data.mixing import Stream, describe_mixture, describe_request, load_streams, plan_sources
-from streamio.data.plan import EpochPlan, Sampling, Shuffle, TailPolicy, Topology, plan_epoch
+from streamio.data.mixing import (
+    Stream,
+    describe_mixture,
+    describe_request,
+    load_streams,
+    packed_documents,
+    plan_sources,
+)
+from streamio.data.options import DatasetOptions
+from streamio.data.plan import (
+    EpochPlan,
+    Pack,
+    PackPlan,
+    Sampling,
+    Shuffle,
+    Topology,
+    WorkerStream,
+    plan_epoch,
+)
+from streamio.data.plan.packing import PackStream, plan_packing
 from streamio.data.position import (
     Position,
     WorkerPosition,
@@ -62,57 +72,16 @@ from streamio.data.position import (
     state_of,
     warn_plain_workers,
 )
-from streamio.data.read.prefetch import PrefetchConfig
+from streamio.data.read.packer import TokenPacker
 from streamio.data.read.reader import WindowReader
 from streamio.data.sharing import OpenGroup, check_agreement
 from streamio.deprecation import fold_moved
 from streamio.distributed import rank_and_world
-from streamio.errors import ConfigError, PlanError
+from streamio.errors import PlanError
 
 __all__ = ["DatasetOptions", "StreamingDataset"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class DatasetOptions:
-    """The settings of a :class:`StreamingDataset` that most jobs leave at their defaults.
-
-    Attributes:
-        policy: ``"pad"`` (wrap around so every sample is seen) or ``"drop"``: what happens to the
-            samples that do not divide evenly across ranks (stated in the plan).
-        cache: node-local cache settings, or None to stream without caching.
-        prefetch: read-ahead settings (depth in runs, memory bound).
-        handler: ``handler(exc) -> bool`` for a shard that is missing, truncated or corrupt: True
-            skips the rest of that run (logged, counted in :attr:`StreamingDataset.lost_samples`;
-            this rank then yields that many fewer samples, so equal work no longer holds), False or
-            None raises.
-        epoch_samples: samples per epoch of a mixture; the weighted sources are scaled to fill it.
-            None = the sum of the sources' contributions.
-        collective_timeout_s: under ``torch.distributed``, how long a rank waits for the others
-            while the dataset is constructed (rank 0 reads every index for all of them; the ranks
-            check that they agree on seed and settings) before it raises ``PlanError``.
-
-    Raises:
-        PlanError: ``policy`` is not a tail policy.
-        ConfigError: ``collective_timeout_s`` is not a positive number of seconds.
-    """
-
-    policy: TailPolicy = "pad"
-    cache: CacheConfig | None = None
-    prefetch: PrefetchConfig = PrefetchConfig()
-    handler: Handler | None = None
-    epoch_samples: int | None = None
-    collective_timeout_s: float = 300.0
-
-    def __post_init__(self) -> None:
-        Sampling(policy=self.policy)  # validates the policy where it was written
-        timeout = self.collective_timeout_s
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf:
-            raise ConfigError(
-                f"DatasetOptions(collective_timeout_s={self.collective_timeout_s!r}): give a positive, finite "
-                f"number of seconds (the default is 300)"
-            )
 
 
 class StreamingDataset(IterableDataset):
@@ -135,6 +104,7 @@ class StreamingDataset(IterableDataset):
             extension -> decoder, or a callable on the whole sample.
         transform: applied to each decoded sample.
         storage_options: fsspec options (endpoint, credentials) for ``url``.
+        pack: yield token sequences packed at read time (:class:`~streamio.data.plan.Pack`; design: "Token packing").
         options: tail policy, cache, prefetch, fault handler, samples per epoch (:class:`DatasetOptions`).
         moved: 0.1's ``policy=``, ``cache=``, ``prefetch=``, ``handler=`` (removed in 0.3.0) and 0.2's
             ``epoch_samples=`` (removed in 0.4.0): deprecated (a warning); give them in ``options``.
@@ -149,7 +119,7 @@ class StreamingDataset(IterableDataset):
         position: where the dataset stands (:class:`~streamio.data.position.Position`).
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - pack= is the one keyword a token job adds (issue 28's API)
         self,
         url: str | Stream | Sequence[str | Stream],
         *,
@@ -160,6 +130,7 @@ class StreamingDataset(IterableDataset):
         transform: Callable[[dict[str, Any]], Any] | None = None,
         storage_options: Mapping[str, Any] | None = None,
         options: DatasetOptions | None = None,
+        pack: Pack | None = None,
         **moved: Any,
     ) -> None:
         super().__init__()
@@ -180,11 +151,8 @@ class StreamingDataset(IterableDataset):
             indexes = tuple((src.index.fingerprint, src.stream.weight, src.stream.samples) for src in self.sources)
             check_agreement(group, (seed, (indexes, self.epoch_samples), self.options.policy, repr(shuffle)))
         self.store, self.index = self.sources[0].store, self.sources[0].index  # the (first) source's
-        cache = ShardCache(self.options.cache) if self.options.cache is not None else None
-        self.reader = WindowReader(
-            [(src.store, src.index) for src in self.sources], cache=cache,
-            prefetch=self.options.prefetch, decode=make_decoder(decode), handler=self.options.handler,
-        )
+        self.pack, self._doc_tokens = pack, packed_documents(self.sources, self.epoch_samples, pack)
+        self.reader, self.packer = _readers(self, None if pack is not None else decode)
         self.position = Position()
         self._counted_by_loader = False
         self._loader_workers = 0
@@ -239,8 +207,8 @@ class StreamingDataset(IterableDataset):
         """
         self.position.select(int(epoch))
 
-    def plan(self, num_workers: int = 0) -> EpochPlan:
-        """This epoch's plan for this process's world size and ``num_workers``, from any resume state."""
+    def plan(self, num_workers: int = 0) -> EpochPlan | PackPlan:
+        """This epoch's plan (of sequences with ``pack=``) for this world size and ``num_workers``, from any state."""
         return _plan(self, num_workers, self.epoch, self.position.resume)
 
     def __len__(self) -> int:
@@ -285,10 +253,11 @@ class StreamingDataset(IterableDataset):
             if worker == 0 and not self._counted_by_loader and not self._state_taken_in_worker:
                 warn_plain_workers(num_workers, position.chosen)  # worker 0 only: once per epoch
             tune_worker_malloc()
-        stream = self.plan(num_workers).stream(rank, worker)
+        plan = self.plan(num_workers)
+        stream = plan.stream(rank, worker)
         check_worker(position, stream)
         position.rewind()
-        for sample in self.reader.read(stream.windows(), position.yielded):
+        for sample in _samples(self, plan, stream, position.yielded):
             position.yielded += 1
             yield self.transform(sample) if self.transform is not None else sample
         if token is not None:
@@ -367,9 +336,34 @@ class StreamingDataset(IterableDataset):
         load_loader_state(self, state, num_workers)
 
 
-def _plan(ds: StreamingDataset, num_workers: int, epoch: int, resume: Mapping[str, Any] | None) -> EpochPlan:
+def _readers(ds: StreamingDataset, decode: DecodeSpec) -> tuple[WindowReader, TokenPacker | None]:
+    """The dataset's reader over its sources, and with ``pack=`` the packer over it."""
+    cache = ShardCache(ds.options.cache) if ds.options.cache is not None else None
+    reader = WindowReader(
+        [(src.store, src.index) for src in ds.sources], cache=cache, prefetch=ds.options.prefetch,
+        decode=make_decoder(decode), handler=ds.options.handler,
+    )
+    return reader, TokenPacker(reader, ds.pack.member) if ds.pack is not None else None
+
+
+def _samples(ds: StreamingDataset, plan: EpochPlan | PackPlan, stream: WorkerStream | PackStream, skip: int) -> Any:
+    """The samples (or packed sequences) of ``stream``, after its first ``skip``."""
+    if isinstance(plan, PackPlan) and isinstance(stream, PackStream) and ds.packer is not None:
+        return ds.packer.read(plan, stream, skip)
+    return ds.reader.read(stream.windows(), skip)  # type: ignore[union-attr]
+
+
+def _plan(
+    ds: StreamingDataset, num_workers: int, epoch: int, resume: Mapping[str, Any] | None
+) -> EpochPlan | PackPlan:
     """The plan of ``epoch`` from ``resume`` for this process's world size and ``num_workers``."""
     _, world = rank_and_world()
+    if ds.pack is not None and ds._doc_tokens is not None:
+        return plan_packing(
+            ds._doc_tokens, pack=ds.pack, seed=ds.seed, epoch=epoch,
+            topology=Topology(world, num_workers, ds.batch_size), shuffle=ds.sampling.shuffle.shards,
+            resume=resume, index_fingerprint=ds.index.fingerprint, epoch_sequences=ds.epoch_samples,
+        )
     mixture = plan_sources(ds.sources, ds.epoch_samples)
     return plan_epoch(
         ds.index.sample_counts() if mixture is None else mixture,

@@ -8,7 +8,8 @@ world size. :func:`collate_samples` is its default ``collate_fn``.
 
 With forked workers (Linux's default), the ``bytes`` of each batch cross from the workers through
 shared memory (:mod:`streamio.data.dataloader.transport`) instead of the pickle pipe: same batches, a fraction
-of the CPU.
+of the CPU. So do a packed token batch's arrays (``StreamingDataset(pack=...)``): stacked as numpy
+in the worker, made tensors here, instead of one shared-memory segment and descriptor per tensor.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+import numpy as np
+import torch
 from torch.utils.data import DataLoader, default_collate, get_worker_info
 
 from streamio.data.dataloader.transport import SharedBatches, forked_workers, ring_bytes
@@ -72,19 +75,48 @@ def _inconsistent(batch: list[Any]) -> MissingMemberError:
     )
 
 
+def _stack_arrays(batch: list[Any]) -> Any:
+    """:func:`collate_samples`, but numpy columns stacked into one array each (a forked worker with a ring).
+
+    The arrays cross to the main process through the ring, where the loader makes them tensors: a
+    tensor collated in a worker would take a shared-memory segment and a file descriptor each.
+    """
+    if batch and isinstance(batch[0], Mapping) and all(s.keys() == batch[0].keys() for s in batch):
+        columns = {k: [s[k] for s in batch] for k in batch[0]}
+        arrays = {k: np.stack(c) for k, c in columns.items() if not k.startswith("__") and _stackable(c)}
+        if arrays:
+            rest = collate_samples([{k: v for k, v in s.items() if k not in arrays} for s in batch])
+            return {k: arrays.get(k, rest.get(k)) for k in batch[0]}
+    return collate_samples(batch)
+
+
+def _stackable(column: list[Any]) -> bool:
+    first = column[0]
+    return type(first) is np.ndarray and first.dtype.kind in "biuf" and all(
+        type(x) is np.ndarray and x.shape == first.shape and x.dtype == first.dtype for x in column
+    )
+
+
+def _as_tensors(batch: Any) -> Any:
+    """A batch from :func:`_stack_arrays` with its arrays as tensors (what :func:`collate_samples` gives)."""
+    if isinstance(batch, dict):
+        return {k: torch.from_numpy(v) if type(v) is np.ndarray else v for k, v in batch.items()}
+    return batch
+
+
 class _Collate:
     """The user's ``collate_fn``, then (in a worker) the batch's bytes moved to shared memory."""
 
     def __init__(self, collate: Callable[[list[Any]], Any]) -> None:
         self.collate = collate
         self.shared: SharedBatches | None = None
+        self.stack = False  # collate_samples with numpy columns stacked, for the ring (set per iteration)
 
     def __call__(self, batch: list[Any]) -> Any:
-        out = self.collate(batch)
         info = get_worker_info()
         if self.shared is None or info is None:
-            return out
-        return self.shared.pack(info.id, out)
+            return self.collate(batch)
+        return self.shared.pack(info.id, _stack_arrays(batch) if self.stack else self.collate(batch))
 
 
 class _WorkerInit:
@@ -101,7 +133,10 @@ class _WorkerInit:
 
 
 def _batch_bytes(ds: StreamingDataset) -> int:
-    """About the bytes of one batch: the batch size x the largest mean sample of any shard."""
+    """About the bytes of one batch: the batch size x the largest mean sample of any shard (a packed
+    sequence: its int64 tokens and int32 document ids and positions)."""
+    if ds.pack is not None:
+        return ds.batch_size * ds.pack.width * 16
     mean = max((sh.bytes // max(sh.samples, 1) for src in ds.sources for sh in src.index.shards), default=0)
     return ds.batch_size * mean
 
@@ -166,9 +201,12 @@ class StreamingDataLoader(DataLoader):
         forked = self.num_workers and forked_workers(self.multiprocessing_context)
         rings = SharedBatches(self.num_workers, ring_bytes(_batch_bytes(ds))) if forked else None
         self._collate.shared = rings
+        # packed token batches: arrays through the ring (the sample arrays of other datasets keep collate_samples)
+        stack = rings is not None and ds.pack is not None and self._collate.collate is collate_samples
+        stack = self._collate.stack = stack and not self.pin_memory
         for batch in super().__iter__():
             self._batches += 1
-            yield batch
+            yield _as_tensors(batch) if stack else batch
         if rings is not None:
             rings.close()  # every batch arrived: unmap them now, not at the next iteration
         ds.end_iteration(token)

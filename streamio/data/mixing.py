@@ -12,15 +12,20 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from streamio.data.format.index import DatasetIndex
-from streamio.data.plan import PlanSource
+from streamio.data.plan import Pack, PlanSource
+from streamio.data.plan.tokenmix import TokenSource
 from streamio.data.sharing import OpenGroup, open_sources
-from streamio.errors import ConfigError
+from streamio.errors import ConfigError, PlanError
 from streamio.storage import Store
 from streamio.storage.secrets import scrub as redact_url
 
 __all__ = [
-    "LoadedStream", "Stream", "describe_mixture", "describe_request", "load_streams", "parse_source", "plan_sources",
+    "LoadedStream", "Stream", "describe_mixture", "describe_request", "load_streams", "packed_documents",
+    "parse_source",
+    "plan_sources",
 ]
 
 
@@ -118,6 +123,31 @@ def plan_sources(sources: Sequence[LoadedStream], epoch_samples: int | None) -> 
     if len(sources) == 1 and one.weight is None and one.samples is None and epoch_samples is None:
         return None
     return [src.plan_source() for src in sources]
+
+
+def packed_documents(
+    sources: Sequence[LoadedStream], epoch_samples: int | None, pack: Pack | None
+) -> list[np.ndarray] | list[TokenSource] | None:
+    """What a packing plan takes: one data set's per-shard document token counts, or a mixture's
+    :class:`~streamio.data.plan.tokenmix.TokenSource` list (``Stream(samples=)`` counts sequences,
+    weights share tokens); None without packing.
+
+    Raises:
+        PlanError: ``pack`` is not a Pack.
+        DatasetError: an index records no token counts for ``pack.member`` (it says how to get them).
+    """
+    if pack is None:
+        return None
+    if not isinstance(pack, Pack):
+        raise PlanError(f"pack={pack!r} must be a streamio.Pack (or None).")
+    counts = [[np.asarray(c, dtype=np.int64) for c in src.index.token_counts(pack.member)] for src in sources]
+    if plan_sources(sources, epoch_samples) is None:
+        return counts[0]
+    return [
+        TokenSource(c, weight=src.stream.weight, sequences=src.stream.samples, fingerprint=src.index.fingerprint,
+                    name=f"source {redact_url(src.stream.url)!r}")
+        for src, c in zip(sources, counts, strict=True)
+    ]
 
 
 def describe_mixture(sources: Sequence[LoadedStream], contributions: Sequence[int]) -> str:

@@ -259,8 +259,9 @@ class StreamingTrainLoader:
         self, url: str | list[Any], cfg: TrainConfig, *, pin_memory: bool,
         storage_options: Mapping[str, Any] | None = None,
     ) -> None:
-        from streamio.data.dataset import DatasetOptions, StreamingDataset
+        from streamio.data.dataset import StreamingDataset
         from streamio.data.loader import StreamingDataLoader
+        from streamio.data.options import DatasetOptions
 
         self.transform = XYTransform(seed=cfg.seed, noise=0.05)
         self.dataset = StreamingDataset(

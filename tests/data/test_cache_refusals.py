@@ -25,7 +25,8 @@ from typing import Any
 import pytest
 
 from streamio.data.cache import CacheConfig
-from streamio.data.dataset import DatasetOptions, StreamingDataset
+from streamio.data.dataset import StreamingDataset
+from streamio.data.options import DatasetOptions
 from streamio.errors import CacheWriteError
 from support.dataset import all_keys, make_dataset
 

@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from streamio.data.dataset import DatasetOptions, StreamingDataset
+from streamio.data.dataset import StreamingDataset
 from streamio.data.loader import StreamingDataLoader
+from streamio.data.options import DatasetOptions
 from streamio.errors import (
     DatasetError,
     IndexNotFoundError,

@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 
 import streamio
-from streamio.data.dataset import DatasetOptions, StreamingDataset
+from streamio.data.dataset import StreamingDataset
 from streamio.data.format.index import write_index
 from streamio.data.loader import StreamingDataLoader
+from streamio.data.options import DatasetOptions
 from streamio.data.write.indexer import build_index
 from streamio.data.write.writer import ShardSpec, write_dataset
 from streamio.errors import ConfigError, PlanError, StateMismatchError

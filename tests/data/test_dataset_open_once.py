@@ -23,9 +23,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from streamio.data.dataset import DatasetOptions, StreamingDataset
+from streamio.data.dataset import StreamingDataset
 from streamio.data.format.index import write_index
 from streamio.data.loader import StreamingDataLoader
+from streamio.data.options import DatasetOptions
 from streamio.data.sharing import encode_failure, raise_failure
 from streamio.data.write.indexer import build_index
 from streamio.data.write.writer import ShardSpec, write_dataset

@@ -7,6 +7,7 @@ import os
 import pickle
 from typing import Any
 
+import numpy as np
 import pytest
 
 from streamio.data.dataloader import transport
@@ -43,6 +44,19 @@ def test_a_packed_batch_arrives_equal_with_its_keys_in_order() -> None:
     out = cross(packed)
     assert out == batch and list(out) == list(batch)
     assert all(type(x) is bytes for x in out["bin"])
+
+
+def test_numeric_arrays_cross_through_the_ring_as_new_equal_arrays() -> None:
+    shared = SharedBatches(1)
+    batch = {"__sequence__": [0, 1], "tokens": np.arange(2 * 4097, dtype=np.int64).reshape(2, 4097),
+             "doc_ids": np.zeros((2, 4097), dtype=np.int32), "mask": np.ones(3, dtype=bool), "names": ["a", "b"]}
+    packed = shared.pack(0, batch)
+    assert type(packed) is not dict and len(pickle.dumps(packed)) < 4 * KB  # offsets cross, not 100 KB
+    out = cross(packed)
+    assert list(out) == list(batch) and out["names"] == ["a", "b"]
+    for key in ("tokens", "doc_ids", "mask"):
+        assert out[key].dtype == batch[key].dtype and np.array_equal(out[key], batch[key])
+        assert out[key].flags.writeable and not np.shares_memory(out[key], batch[key])
 
 
 def test_small_batches_and_other_types_cross_as_they_are() -> None:

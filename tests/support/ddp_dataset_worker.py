@@ -15,8 +15,9 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from streamio.data.dataset import DatasetOptions, StreamingDataset
+from streamio.data.dataset import StreamingDataset
 from streamio.data.loader import StreamingDataLoader
+from streamio.data.options import DatasetOptions
 from streamio.distributed import leave
 from streamio.errors import PlanError
 

@@ -22,9 +22,10 @@ from typing import Any
 
 import torch.distributed as dist
 
-from streamio.data.dataset import DatasetOptions, StreamingDataset
+from streamio.data.dataset import StreamingDataset
 from streamio.data.loader import StreamingDataLoader
 from streamio.data.mixing import Stream
+from streamio.data.options import DatasetOptions
 from streamio.distributed import leave
 from streamio.errors import StreamioError
 

@@ -7,7 +7,10 @@ CPUs with 64 KB samples, that costs 1.5-2.5 CPU-seconds per GB, more than readin
 the shards. Here each worker gets one ring of shared memory (``mmap`` made before the workers fork,
 so there is nothing to name, leak or clean up); a batch's ``bytes`` lists are copied into the
 ring once, the batch crosses the pipe as offsets, and the main process copies each member out
-into a new ``bytes`` while unpickling it: users get the same ``list[bytes]``.
+into a new ``bytes`` while unpickling it: users get the same ``list[bytes]``. A batch's numeric
+numpy arrays (packed token sequences: :mod:`streamio.data.loader` stacks them in the worker
+instead of making a shared-memory tensor each, which costs a segment and a file descriptor per
+tensor) cross the same way and come out as new arrays.
 
 Safety without relying on the DataLoader's internals: the main process publishes, under a lock
 (a memory barrier on every CPU), the last batch of each worker it has copied out; a worker reuses
@@ -37,6 +40,8 @@ import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import Any
+
+import numpy as np
 
 __all__ = ["SharedBatches", "forked_workers", "ring_bytes"]
 
@@ -114,6 +119,11 @@ class _Ring:
         view = self.view
         return [bytes(view[spans[i] : spans[i + 1]]) for i in range(0, len(spans), 2)]
 
+    def copy_array(self, start: int, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
+        """A new array of ``dtype`` and ``shape`` from the ring's bytes at ``start``."""
+        count = int(np.prod(shape))
+        return np.frombuffer(self.view, dtype=dtype, count=count, offset=start).reshape(shape).copy()
+
     @property
     def consumed(self) -> int:
         """The last batch sequence number the main process copied out."""
@@ -163,11 +173,12 @@ class SharedBatches:
         return {"token": self.token, "_rings": None}
 
     def pack(self, worker: int, batch: Any) -> Any:
-        """``batch`` with its ``list[bytes]`` values moved to this worker's ring, or as it was."""
+        """``batch`` with its ``list[bytes]`` and numeric array values moved to this worker's ring, or as it was."""
         if self._rings is None or not isinstance(batch, dict):
             return batch
         keys = [k for k, v in batch.items() if type(v) is list and v and all(type(x) is bytes for x in v)]
-        total = sum(len(x) for k in keys for x in batch[k])
+        arrays = [k for k, v in batch.items() if type(v) is np.ndarray and v.dtype.kind in "biuf"]
+        total = sum(len(x) for k in keys for x in batch[k]) + sum(batch[k].nbytes for k in arrays)
         if total < _MIN_PACKED:
             return batch
         ring = self._rings[worker]
@@ -176,7 +187,7 @@ class SharedBatches:
             return batch
         seq, pos = got
         view = ring.view
-        spans: dict[str, list[int]] = {}
+        spans: dict[str, Any] = {}
         for k in keys:
             sp = spans[k] = []
             for x in batch[k]:
@@ -184,6 +195,12 @@ class SharedBatches:
                 view[pos:end] = x
                 sp += (pos, end)
                 pos = end
+        for k in arrays:
+            arr = np.ascontiguousarray(batch[k])
+            end = pos + arr.nbytes
+            view[pos:end] = arr.reshape(-1).view(np.uint8).data
+            spans[k] = (pos, arr.dtype.str, arr.shape)
+            pos = end
         rest = {k: (None if k in spans else v) for k, v in batch.items()}  # keeps the key order
         return _Packed(self.token, worker, seq, rest, spans)
 
@@ -220,12 +237,12 @@ class _Packed:
         return _unpack, self.args
 
 
-def _unpack(token: int, worker: int, seq: int, rest: dict[str, Any], spans: dict[str, list[int]]) -> dict[str, Any]:
+def _unpack(token: int, worker: int, seq: int, rest: dict[str, Any], spans: dict[str, Any]) -> dict[str, Any]:
     owner = _live.get(token)
     if owner is None or owner._rings is None:
         raise RuntimeError("a DataLoader batch arrived after its loader's iteration ended; its bytes are gone")
     ring = owner._rings[worker]
     for k, sp in spans.items():
-        rest[k] = ring.copy_out(sp)
+        rest[k] = ring.copy_out(sp) if type(sp) is list else ring.copy_array(*sp)
     ring.release(seq)
     return rest

@@ -58,7 +58,7 @@ from typing import Any
 from streamio.checksum import crc32c, format_checksum
 from streamio.data.format.index_schema import check_document, check_layout
 from streamio.data.format.layout import FORMAT, INDEX_NAME, LAYOUT_DIR, SampleLayout, ShardInfo, sidecar_path
-from streamio.errors import CorruptDataError, IndexFormatError, IndexNotFoundError, ObjectTooLargeError
+from streamio.errors import CorruptDataError, DatasetError, IndexFormatError, IndexNotFoundError, ObjectTooLargeError
 from streamio.limits import MAX_JSON_BYTES, load_json
 from streamio.storage import Store, WriteMode
 
@@ -100,6 +100,7 @@ class DatasetIndex:
     _inline: dict[int, SampleLayout] = field(default_factory=dict, repr=False, compare=False)
     _sidecars: dict[int, tuple[str, str, int | None]] = field(default_factory=dict, repr=False, compare=False)
     _cache: dict[int, SampleLayout] = field(default_factory=dict, repr=False, compare=False)
+    _tokens: dict[int, dict[str, tuple[int, ...]]] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fingerprint", fingerprint_of(self.shards))
@@ -107,6 +108,33 @@ class DatasetIndex:
     def sample_counts(self) -> list[int]:
         """Samples per shard, in order (what the planner takes)."""
         return [s.samples for s in self.shards]
+
+    def token_fields(self) -> tuple[str, ...]:
+        """The member fields whose token counts the index records for every sample (sorted)."""
+        fields = [set(self._tokens.get(i, {})) for i, s in enumerate(self.shards) if s.samples]
+        return tuple(sorted(set.intersection(*fields))) if fields else ()
+
+    def token_counts(self, member: str) -> list[tuple[int, ...]]:
+        """Each shard's per-sample token counts of ``member`` (what a packing plan takes).
+
+        Raises:
+            DatasetError: a shard records no token counts for ``member`` (an index written before
+                they existed, by ``streamio index``, or a data set whose ``member`` is not a 1-D
+                integer ``.npy`` in every sample); the message names the shard and the fix.
+        """
+        out = []
+        for i, shard in enumerate(self.shards):
+            counts = self._tokens.get(i, {}).get(member)
+            if counts is None and shard.samples:
+                have = sorted(self._tokens.get(i, {}))
+                raise DatasetError(
+                    f"shard {shard.path!r} records no token counts for member {member!r} (it records "
+                    f"{have or 'none'}): packing needs each document's count in the index. Write the data set "
+                    f"with write_dataset() or `streamio shard`, which record them for every 1-D integer .npy "
+                    f"member, or give Pack(member=...) one of {list(self.token_fields())}."
+                )
+            out.append(counts or ())
+        return out
 
     def with_layouts(self, layouts: Mapping[int, SampleLayout]) -> DatasetIndex:
         """Deprecated since 0.2.0, removed in 0.3.0: a copy holding ``layouts`` in memory.
@@ -164,12 +192,19 @@ def fingerprint_of(shards: Sequence[ShardInfo]) -> str:
     return "sha256:" + hashlib.sha256(canon.encode()).hexdigest()
 
 
-def make_index(shards: Sequence[ShardInfo], layouts: dict[int, SampleLayout], keys: Iterable[str]) -> DatasetIndex:
-    """Assemble a :class:`DatasetIndex` from shards and their layouts (writer / build_index)."""
+def make_index(
+    shards: Sequence[ShardInfo],
+    layouts: dict[int, SampleLayout],
+    keys: Iterable[str],
+    tokens: Mapping[int, Mapping[str, Sequence[int]]] | None = None,
+) -> DatasetIndex:
+    """Assemble a :class:`DatasetIndex` from shards, their layouts and token counts (writer / build_index)."""
     kinds = {s.compression for s in shards}
     compression = kinds.pop() if len(kinds) == 1 else (None if not kinds else "mixed")
+    counts = {i: {ext: tuple(c) for ext, c in fields.items()} for i, fields in (tokens or {}).items() if fields}
     return DatasetIndex(
-        tuple(shards), sum(s.samples for s in shards), tuple(sorted(set(keys))), compression, _inline=dict(layouts)
+        tuple(shards), sum(s.samples for s in shards), tuple(sorted(set(keys))), compression, _inline=dict(layouts),
+        _tokens=counts,
     )
 
 
@@ -231,9 +266,11 @@ def parse_index(data: bytes, *, url: str, layouts_at: Store | None = None) -> Da
             inline[i] = SampleLayout(e.offsets, e.crcs, e.max_sample_bytes)
         elif e.sidecar is not None:
             sidecars[i] = (*e.sidecar, e.max_sample_bytes)
+    tokens = {i: e.tokens for i, e in enumerate(doc.shards) if e.tokens}
     return DatasetIndex(
         tuple(shards), doc.samples, doc.keys, doc.compression, doc.shards_url,
         _layouts_at=layouts_at if doc.shards_url is not None else None, _inline=inline, _sidecars=sidecars,
+        _tokens=tokens,
     )
 
 
@@ -289,6 +326,8 @@ def index_document(
         layout = index.layout(i, store)
         if layout.max_sample_bytes is not None:
             entry["max_sample_bytes"] = layout.max_sample_bytes
+        if index._tokens.get(i):
+            entry["tokens"] = {ext: list(c) for ext, c in sorted(index._tokens[i].items())}
         if inline:
             entry["offsets"] = list(layout.offsets)
             entry["crc32c"] = list(layout.checksums)

@@ -10,6 +10,8 @@ untrusted input. :func:`check_document` takes the parsed JSON (already size- and
   offsets increase strictly inside their shard; CRC32C values fit 32 bits; the total matches.
 * **paths** (shards and layout sidecars) are plain relative names below the dataset root
   (:func:`streamio.data.format.layout.shard_path_problem`), and no shard is named twice;
+* **tokens** (optional, per shard): at most :data:`MAX_TOKEN_FIELDS` fields, each a plain member
+  extension, each with one integer token count per sample in ``[0, MAX_DOCUMENT_TOKENS]``;
 * **shards_url** (optional: the index lives apart from its shards) is an absolute
   ``scheme://...`` URL without userinfo; which stores it may point at is decided where the index
   is opened (:mod:`streamio.data.locate`), which knows where the index itself came from.
@@ -28,10 +30,14 @@ from typing import Any, NamedTuple
 from streamio.checksum import parse_checksum
 from streamio.data.format.layout import shard_path_problem
 from streamio.errors import IndexFormatError
+from streamio.limits import MAX_DOCUMENT_TOKENS
 from streamio.storage.secrets import has_userinfo
 
 MAX_INT = (1 << 63) - 1
 MAX_URL = 2048
+#: Most token fields one shard entry may declare.
+MAX_TOKEN_FIELDS = 16
+
 _ABSOLUTE_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://[^\s\x00-\x1f\x7f]*")
 
 
@@ -46,6 +52,7 @@ class ShardEntry(NamedTuple):
     crcs: tuple[int, ...] | None
     sidecar: tuple[str, str] | None  # (path, checksum)
     max_sample_bytes: int | None
+    tokens: dict[str, tuple[int, ...]] | None = None  # field -> each sample's token count
 
 
 class IndexDocument(NamedTuple):
@@ -102,6 +109,28 @@ def _checksum(value: Any, url: str, what: str) -> str:
     return value  # type: ignore[no-any-return]
 
 
+def check_tokens(value: Any, *, samples: int, path: str, url: str) -> dict[str, tuple[int, ...]]:
+    """A shard's ``tokens``: ``{field: [one count per sample]}``, every count in ``[0, MAX_DOCUMENT_TOKENS]``."""
+    if not isinstance(value, dict) or len(value) > MAX_TOKEN_FIELDS:
+        what = f"not an object of at most {MAX_TOKEN_FIELDS} fields"
+        raise bad(url, f"'tokens' of shard {path!r} is {short(value)}, {what}")
+    out = {}
+    for ext, counts in value.items():
+        if not ext or len(ext) > 255 or "/" in ext or not ext.isprintable():
+            raise bad(url, f"'tokens' of shard {path!r} names the field {short(ext)}, not a member extension")
+        if not isinstance(counts, list) or len(counts) != samples:
+            got = len(counts) if isinstance(counts, list) else short(counts)
+            raise bad(url, f"'tokens' {ext!r} of shard {path!r} has {got} counts for {samples} samples")
+        for j, c in enumerate(counts):
+            if type(c) is not int or not 0 <= c <= MAX_DOCUMENT_TOKENS:
+                raise bad(
+                    url, f"shard {path!r} sample {j}: token count {short(c)} of {ext!r} is not an integer in "
+                    f"[0, {MAX_DOCUMENT_TOKENS}]"
+                )
+        out[ext] = tuple(counts)
+    return out
+
+
 def check_entry(i: int, entry: Any, url: str) -> ShardEntry:
     """Entry ``i`` of ``shards``, checked."""
     if not isinstance(entry, dict):
@@ -115,17 +144,18 @@ def check_entry(i: int, entry: Any, url: str) -> ShardEntry:
     biggest = entry.get("max_sample_bytes")
     if biggest is not None:
         biggest = integer(biggest, url, f"'max_sample_bytes' of shard {path!r}")
+    tokens = None if "tokens" not in entry else check_tokens(entry["tokens"], samples=samples, path=path, url=url)
     if "offsets" in entry:
         offsets, crcs = entry.get("offsets"), entry.get("crc32c")
         if not isinstance(offsets, list) or not isinstance(crcs, list):
             raise bad(url, f"shard {path!r} has 'offsets' without a 'crc32c' list")
         check_layout(offsets, crcs, samples=samples, size=size, path=path, url=url)
-        return ShardEntry(path, size, samples, checksum, tuple(offsets), tuple(crcs), None, biggest)
+        return ShardEntry(path, size, samples, checksum, tuple(offsets), tuple(crcs), None, biggest, tokens)
     sidecar = None
     if "layout" in entry:
         lpath = _path(entry.get("layout"), url, f"'layout' of shard {path!r}")
         sidecar = (lpath, _checksum(entry.get("layout_checksum"), url, f"'layout_checksum' of shard {path!r}"))
-    return ShardEntry(path, size, samples, checksum, None, None, sidecar, biggest)
+    return ShardEntry(path, size, samples, checksum, None, None, sidecar, biggest, tokens)
 
 
 def check_document(doc: Any, url: str, *, fmt: str) -> IndexDocument:

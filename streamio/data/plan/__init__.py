@@ -107,6 +107,10 @@ exactly one window slot; all maps are bijections except the two stated tail maps
 ``C`` batches per rank maps to a prefix of each worker's stream (round-robin), so "consumed" and
 "remaining" partition every stream.
 
+Token data sets packed into fixed-length sequences have their own plan, over token positions
+instead of samples: :func:`~streamio.data.plan.plan_packing` (:mod:`~streamio.data.plan.packing`,
+over :mod:`~streamio.data.plan.tokens`), whose resume state is one int.
+
 The design: docs/design.md "The planner"; the map of this package's modules:
 docs/design.md "Layout and the direction of dependencies".
 """
@@ -114,12 +118,15 @@ docs/design.md "Layout and the direction of dependencies".
 from streamio.data.plan.config import Sampling, Shuffle, TailPolicy, Topology
 from streamio.data.plan.epoch import EpochPlan, plan_epoch
 from streamio.data.plan.mixture import PlanSource, contributions
+from streamio.data.plan.packing import Pack, PackPlan, plan_packing
 from streamio.data.plan.resume import STATE_VERSION
 from streamio.data.plan.stream import Run, Window, WorkerStream
 
 __all__ = [
     "STATE_VERSION",
     "EpochPlan",
+    "Pack",
+    "PackPlan",
     "PlanSource",
     "Run",
     "Sampling",
@@ -130,4 +137,5 @@ __all__ = [
     "WorkerStream",
     "contributions",
     "plan_epoch",
+    "plan_packing",
 ]

@@ -10,7 +10,9 @@ they are produced, piece by piece, and hashed on the way (the sample's CRC32C an
   second copy at the end: two copies of a shard, plus the source file);
 * nothing is re-read: offsets and checksums are recorded as the bytes pass;
 * a sample that fails half-way (a file that changed while read) is rolled back: the shard is as it
-  was before it.
+  was before it;
+* each document's token count (a member that is a 1-D integer ``.npy``: its header says, read from
+  the first :data:`~streamio.data.format.tokens.NPY_HEAD` bytes) is kept per field, for the index.
 
 The buffer is one of the writer's reused upload buffers (a fresh large allocation is page-faulted
 on every shard, 3-4x slower on these VMs); it grows when a shard outgrows it.
@@ -26,9 +28,10 @@ from streamio.checksum import crc32c
 from streamio.data.format.layout import SampleLayout
 from streamio.data.format.tar import member_record
 from streamio.data.format.tarfields import BLOCK
+from streamio.data.format.tokens import NPY_HEAD, token_fields
 from streamio.data.write.localfiles import LocalFile
 
-__all__ = ["Member", "ShardBuffer", "record_size", "records"]
+__all__ = ["Member", "ShardBuffer", "member_tokens", "record_size", "records"]
 
 #: A member as the writer packs it: its name and its bytes, or a local file read when packed.
 Member = tuple[str, "bytes | LocalFile"]
@@ -56,6 +59,26 @@ def records(members: Iterable[Member]) -> Iterator[bytes]:
             yield value
         if size % BLOCK:
             yield _ZEROS[: -size % BLOCK]
+
+
+def _head(value: bytes | LocalFile) -> bytes:
+    if not isinstance(value, LocalFile):
+        return value[:NPY_HEAD]
+    chunks = value.chunks(NPY_HEAD)
+    try:
+        return next(chunks, b"")
+    finally:
+        chunks.close()
+
+
+def member_tokens(key: str, members: Iterable[Member]) -> dict[str, int]:
+    """The token count of each ``.npy`` field of sample ``key`` that is a 1-D integer array (by field)."""
+    npy = {
+        name[len(key) + 1 :]: (_head(v), _size(v))
+        for name, v in members
+        if name.endswith(".npy") and name.startswith(key + ".")
+    }
+    return token_fields(npy)
 
 
 def compressed(members: list[Member], cctx: zstandard.ZstdCompressor, raw_size: int) -> bytes:
@@ -87,14 +110,18 @@ class ShardBuffer:
         self.crcs: list[int] = []
         self.crc = 0
         self.biggest = 0  # the largest sample's tar records (what readers decompress a sample into)
+        self.tokens: list[dict[str, int]] = []  # each sample's token count per token field
 
     @property
     def count(self) -> int:
         """Samples added."""
         return len(self.offsets)
 
-    def add(self, pieces: Iterable[bytes], raw_size: int) -> int:
-        """Append one sample's stored bytes; returns how many. On an error, the shard is as before."""
+    def add(self, pieces: Iterable[bytes], raw_size: int, tokens: dict[str, int] | None = None) -> int:
+        """Append one sample's stored bytes (and its token counts by field); returns how many bytes.
+
+        On an error, the shard is as before.
+        """
         start, shard_crc = self.size, self.crc
         crc = 0
         try:
@@ -108,7 +135,15 @@ class ShardBuffer:
         self.offsets.append(start)
         self.crcs.append(crc)
         self.biggest = max(self.biggest, raw_size)
+        self.tokens.append(tokens or {})
         return self.size - start
+
+    def token_counts(self) -> dict[str, list[int]]:
+        """Per token field found in every sample, each sample's count (what the index records)."""
+        if not self.tokens:
+            return {}
+        common = set.intersection(*(set(t) for t in self.tokens))
+        return {ext: [t[ext] for t in self.tokens] for ext in sorted(common)}
 
     def finish(self, trailer: bytes, *, compressed: bool) -> tuple[bytearray, int, int, SampleLayout]:
         """Append the end-of-archive ``trailer``: ``(buffer, size, CRC32C, layout)`` of the shard."""

@@ -60,7 +60,7 @@ from streamio.data.format.layout import MAX_SAMPLE_BYTES, SampleLayout, ShardInf
 from streamio.data.format.tar import END_OF_ARCHIVE
 from streamio.data.write import publish
 from streamio.data.write.localfiles import LocalFile
-from streamio.data.write.shardbuf import Member, ShardBuffer, compressed, record_size, records
+from streamio.data.write.shardbuf import Member, ShardBuffer, compressed, member_tokens, record_size, records
 from streamio.deprecation import fold_moved
 from streamio.errors import ConfigError, DatasetError
 from streamio.storage import Store
@@ -219,6 +219,7 @@ class DatasetWriter:
         self._buffers: collections.deque[bytearray] = collections.deque()  # free shard buffers
         self._shards: list[ShardInfo] = []
         self._layouts: dict[int, SampleLayout] = {}
+        self._tokens: dict[int, dict[str, list[int]]] = {}
         self._keys: set[str] = set()
         self._last_key: str | None = None
         self.samples_written = 0
@@ -258,7 +259,7 @@ class DatasetWriter:
             or (self.spec.max_count is not None and count >= self.spec.max_count)
         ):
             self._finish_shard()
-        self.bytes_written += self._shard.add(pieces, raw_size)
+        self.bytes_written += self._shard.add(pieces, raw_size, member_tokens(key, members))
         self._last_key = key
         self._keys.update(name[len(key) + 1 :] for name, _ in members)
         self.samples_written += 1
@@ -269,6 +270,7 @@ class DatasetWriter:
         buf, total, crc, layout = self._shard.finish(self._trailer, compressed=self._cctx is not None)
         self._shards.append(ShardInfo(path, total, self._shard.count, format_checksum(crc)))
         self._layouts[shard_id] = layout
+        self._tokens[shard_id] = self._shard.token_counts()
         self._slots.acquire()  # at most max_pending shards (and buffers) in flight
         try:
             future = self._pool.submit(self.store.put, path, memoryview(buf)[:total])
@@ -318,7 +320,7 @@ class DatasetWriter:
         if not self._shards:
             publish.discard(self.store)
             raise DatasetError(f"no samples were written to {self.store.root_url}: the source is empty")
-        index = make_index(self._shards, self._layouts, self._keys)
+        index = make_index(self._shards, self._layouts, self._keys, self._tokens)
         publish.commit(self.store, self._generation, self._previous, index, self.inline_limit)
         self.index = index
         return index

@@ -1,0 +1,173 @@
+"""Per-document token counts in the index: written with the shards, read back bounded, refused when hostile."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from streamio.data.format.index import load_index, parse_index
+from streamio.data.format.tokens import check_document, load_tokens, npy_tokens
+from streamio.data.write.localfiles import local_file
+from streamio.data.write.writer import ShardSpec, write_dataset
+from streamio.errors import DatasetError, IndexFormatError, ShardFormatError, StreamioError
+from streamio.limits import MAX_DOCUMENT_TOKENS
+from streamio.storage import Store
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def npy(array: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, array)
+    return buf.getvalue()
+
+
+def docs(lengths: list[int], dtype: str = "<u2") -> list[dict[str, Any]]:
+    return [
+        {"__key__": f"d{i:05d}", "npy": npy(np.arange(n, dtype=dtype)), "txt": "meta"} for i, n in enumerate(lengths)
+    ]
+
+
+@pytest.mark.parametrize("dtype", ["<u2", "<u4", "<i4", "<i8"])
+def test_the_writer_records_each_documents_token_count(tmp_path: Path, dtype: str) -> None:
+    lengths = [0, 5, 17, 3, 9]
+    index = write_dataset(docs(lengths, dtype), f"file://{tmp_path}", spec=ShardSpec(max_count=2))
+    assert index.token_counts("npy") == [(0, 5), (17, 3), (9,)]
+    stored = json.loads((tmp_path / "index.json").read_text())
+    assert [s["tokens"] for s in stored["shards"]] == [{"npy": [0, 5]}, {"npy": [17, 3]}, {"npy": [9]}]
+    loaded = load_index(Store(f"file://{tmp_path}"))
+    assert loaded.token_counts("npy") == [(0, 5), (17, 3), (9,)]
+    assert loaded.token_fields() == ("npy",)
+
+
+def test_counts_survive_layout_sidecars(tmp_path: Path) -> None:
+    write_dataset(docs([4, 6, 8]), f"file://{tmp_path}", spec=ShardSpec(max_count=2), inline_limit=1)
+    assert load_index(Store(f"file://{tmp_path}")).token_counts("npy") == [(4, 6), (8,)]
+
+
+def test_a_local_file_member_is_counted_from_its_header(tmp_path: Path) -> None:
+    src = tmp_path / "doc.npy"
+    src.write_bytes(npy(np.arange(70_000, dtype=np.uint32)))  # larger than the header read
+    index = write_dataset([{"__key__": "a", "npy": local_file(str(src))}], f"file://{tmp_path / 'ds'}")
+    assert index.token_counts("npy") == [(70_000,)]
+
+
+def test_named_token_fields_are_counted_each(tmp_path: Path) -> None:
+    samples = [
+        {"__key__": "a", "ids.npy": npy(np.arange(3, dtype=np.int32)), "mask.npy": npy(np.ones(3, dtype=np.int32))},
+        {"__key__": "b", "ids.npy": npy(np.arange(6, dtype=np.int32)), "mask.npy": npy(np.ones(6, dtype=np.int32))},
+    ]
+    index = write_dataset(samples, f"file://{tmp_path}")
+    assert index.token_fields() == ("ids.npy", "mask.npy")
+    assert index.token_counts("ids.npy") == [(3, 6)]
+
+
+def test_a_shard_with_a_non_token_document_records_no_counts_and_packing_says_why(tmp_path: Path) -> None:
+    samples = docs([3, 4]) + [{"__key__": "z", "npy": npy(np.zeros((2, 2), dtype=np.int32))}]
+    index = write_dataset(samples, f"file://{tmp_path}", spec=ShardSpec(max_count=2))
+    assert index.token_fields() == ()
+    with pytest.raises(DatasetError, match=r"shard 'data-000001.tar' records no token counts for member 'npy'"):
+        index.token_counts("npy")
+
+
+def test_an_index_without_counts_is_still_readable(tmp_path: Path) -> None:
+    write_dataset(docs([3, 4]), f"file://{tmp_path}")
+    doc = json.loads((tmp_path / "index.json").read_text())
+    for shard in doc["shards"]:
+        del shard["tokens"]
+    (tmp_path / "index.json").write_text(json.dumps(doc))
+    index = load_index(Store(f"file://{tmp_path}"))
+    assert index.samples == 2
+    with pytest.raises(DatasetError, match=r"records no token counts .*write_dataset\(\) or `streamio shard`"):
+        index.token_counts("npy")
+
+
+def _index_with(tokens: Any) -> bytes:
+    shard = {
+        "path": "a.tar",
+        "bytes": 4096,
+        "samples": 2,
+        "checksum": "crc32c:00000000",
+        "offsets": [0, 1024, 2048],
+        "crc32c": [0, 0],
+        "tokens": tokens,
+    }
+    return json.dumps({"format": "streamio.dataset/1", "samples": 2, "keys": [], "shards": [shard]}).encode()
+
+
+@pytest.mark.parametrize(
+    ("tokens", "match"),
+    [
+        ({"npy": [1, -1]}, r"shard 'a.tar' sample 1: token count -1 of 'npy'"),
+        ({"npy": [MAX_DOCUMENT_TOKENS + 1, 0]}, r"shard 'a.tar' sample 0: token count 1099511627777"),
+        ({"npy": [True, 1]}, r"sample 0: token count True"),
+        ({"npy": [1.0, 1]}, r"sample 0: token count 1.0"),
+        ({"npy": [1]}, r"'tokens' 'npy' of shard 'a.tar' has 1 counts for 2 samples"),
+        ({"npy": "12"}, r"has '12' counts for 2 samples"),
+        ([1, 2], r"'tokens' of shard 'a.tar' is \[1, 2\], not an object"),
+        ({f"f{i}": [1, 1] for i in range(17)}, r"not an object of at most 16 fields"),
+        ({"a/b": [1, 1]}, r"names the field 'a/b'"),
+    ],
+)
+def test_hostile_token_counts_are_refused_naming_shard_and_sample(tokens: Any, match: str) -> None:
+    with pytest.raises(IndexFormatError, match=match):
+        parse_index(_index_with(tokens), url="mem://ds/index.json")
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(1 << 70), 1 << 70) | st.floats() | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@given(tokens=json_values | st.dictionaries(st.sampled_from(["npy", "x.npy", ""]), json_values, max_size=3))
+def test_fuzzed_token_fields_parse_or_raise_an_index_error(tokens: Any) -> None:
+    try:
+        index = parse_index(_index_with(tokens), url="mem://ds/index.json")
+    except IndexFormatError:
+        return
+    for field in index.token_fields():
+        assert all(type(c) is int and 0 <= c <= MAX_DOCUMENT_TOKENS for s in index.token_counts(field) for c in s)
+
+
+@given(data=st.binary(max_size=200), size=st.integers(0, 400))
+def test_npy_header_parsing_is_bounded_and_never_raises(data: bytes, size: int) -> None:
+    assert npy_tokens(data, size) is None or npy_tokens(data, size) >= 0
+
+
+def test_a_document_that_disagrees_with_the_index_names_shard_and_sample() -> None:
+    with pytest.raises(
+        ShardFormatError, match=r"shard 'a.tar' sample 3: member 'npy' holds 4 tokens, but the index says 5"
+    ):
+        check_document(np.arange(4), expected=5, shard="a.tar", sample=3, member="npy")
+    with pytest.raises(ShardFormatError, match=r"member 'npy' is float64\(4,\), not a 1-D integer token array"):
+        check_document(np.zeros(4), expected=4, shard="a.tar", sample=3, member="npy")
+    with pytest.raises(StreamioError, match=r"is bytes, not a 1-D integer"):
+        check_document(b"x", expected=4, shard="a.tar", sample=3, member="npy")
+
+
+@given(
+    dtype=st.sampled_from(["<u2", "<u4", "<i4", "<i8", "|u1", ">u2", "<f4"]),
+    shape=st.sampled_from([(0,), (1,), (7,), (300,), (2, 3), ()]),
+)
+def test_load_tokens_reads_what_numpy_wrote_as_numpy_does(dtype: str, shape: tuple[int, ...]) -> None:
+    array = np.arange(int(np.prod(shape)), dtype=dtype).reshape(shape)
+    got = load_tokens(npy(array))
+    assert got.dtype == array.dtype and got.shape == array.shape and np.array_equal(got, array)
+
+
+@given(head=st.sampled_from([b"", b"\x93NUMPY\x01\x00", b"\x93NUMPY\x02\x00", b"\x93NUMPY\x01\x00v\x00"]),
+       data=st.binary(max_size=300))
+def test_load_tokens_on_garbage_raises_what_the_packer_names(head: bytes, data: bytes) -> None:
+    try:
+        load_tokens(head + data)
+    except (ValueError, OSError, EOFError):
+        pass
