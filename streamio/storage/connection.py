@@ -21,7 +21,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from streamio.errors import StoragePermissionError
+from streamio.errors import ConfigError, StoragePermissionError
 from streamio.storage import backends, roots, secrets
 from streamio.storage.backends.base import Backend
 from streamio.storage.retry import RetryPolicy
@@ -37,10 +37,14 @@ class Connection:
         policy: the retry policy the backend's inner loops use (multipart parts).
 
     Raises:
+        ConfigError: ``url`` is not a string (arguments given in the wrong order, say).
         UnsupportedProtocolError: fsspec knows no such protocol.
     """
 
     def __init__(self, url: str, options: Mapping[str, Any] | None, policy: RetryPolicy) -> None:
+        if not isinstance(url, str):
+            raise ConfigError(f"a storage URL must be a string (a path or s3://, gs://, ...), got a "
+                              f"{type(url).__name__}: were the arguments given in the wrong order?")
         real = url.rstrip("/") if url != "/" else url
         self.shown = secrets.strip_userinfo(real)
         self._real: str | SecretRef = real

@@ -25,6 +25,7 @@ from streamio.cli.main import cli
 from streamio.data.format.index import load_index
 from streamio.errors import (
     BucketNotFoundError,
+    ConfigError,
     CheckpointNotFoundError,
     IndexNotFoundError,
     ObjectNotFoundError,
@@ -289,3 +290,10 @@ def test_known_protocol_without_its_package_names_what_to_install() -> None:
 def test_cli_unknown_protocol_is_one_line() -> None:
     code, out = cli_run("inspect", "foo://bucket/x")
     assert code != 0 and "unknown storage protocol 'foo'" in out and "Traceback" not in out, out
+
+
+@pytest.mark.parametrize("url", [None, 3, b"s3://b/x", (s for s in "ab")])
+def test_a_url_that_is_not_a_string_is_named(url: object) -> None:
+    """write_dataset(url, samples) (the arguments swapped) said "'generator' object has no attribute 'rstrip'"."""
+    with pytest.raises(ConfigError, match="must be a string"):
+        Store(url)  # type: ignore[arg-type]
