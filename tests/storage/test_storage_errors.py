@@ -25,8 +25,8 @@ from streamio.cli.main import cli
 from streamio.data.format.index import load_index
 from streamio.errors import (
     BucketNotFoundError,
-    ConfigError,
     CheckpointNotFoundError,
+    ConfigError,
     IndexNotFoundError,
     ObjectNotFoundError,
     StoragePermissionError,
