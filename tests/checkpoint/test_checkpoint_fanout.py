@@ -80,15 +80,14 @@ def test_replicated_parts_are_read_once_per_job_at_any_world_size(
     root, options, _, _, manifest = _saved(s3, s3_proxy, tmp_path, "fanout")
     size = sum(f.size for f in manifest.files)
     read: dict[tuple[int, bool], int] = {}
-    for world, mode in [(1, "restore"), (2, "restore"), (3, "restore"), (3, "restore-nofanout")]:
+    for world, mode in [(2, "restore"), (3, "restore"), (3, "restore-nofanout")]:
         s3_proxy.clear()
         results = run_ranks(world, mode, root, options, tmp_path / f"{mode}-{world}")
         assert all(r["ok"] and r["step"] == 1 for r in results), results
         read[(world, mode == "restore")] = _part_bytes(s3_proxy)
         # the pointer and the manifest: read by rank 0 for every rank
         assert s3_proxy.count("GET", "manifest.json") == 1 and s3_proxy.count("GET", "latest.json") == 1, world
-    assert read[(1, True)] == size
-    assert read[(2, True)] <= 1.05 * size and read[(3, True)] <= 1.05 * size, (read, size)
+    assert size <= read[(2, True)] <= 1.05 * size and size <= read[(3, True)] <= 1.05 * size, (read, size)
     assert read[(3, False)] >= 2.5 * size, (read, size)  # every rank reads it all without fan-out
 
 
