@@ -1,0 +1,250 @@
+"""Samples -> shards, with no dataset around them: what every writer of shards shares.
+
+:class:`ShardPacker` packs samples (``{"__key__": str, "<ext>": bytes | str | JSON value, ...}``)
+into WebDataset tar shards cut, named and compressed as a :class:`ShardSpec` says, uploads each
+finished shard in the background, and records each shard's :class:`ShardInfo` and
+:class:`SampleLayout` as the bytes pass. It does not decide what the shards become: a
+:class:`~streamio.data.write.writer.DatasetWriter` commits them as a dataset (``index.json``), a
+:class:`~streamio.data.write.parts.PartitionedWrite` as one partition of a dataset written by many
+tasks. The shard's name is the caller's (``name(shard_number)``).
+
+Design and reasons (the bytes a sample becomes, memory, overlap): see
+:mod:`streamio.data.write.writer`'s module docstring, which describes the dataset these shards make.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import zstandard
+
+from streamio.checksum import format_checksum
+from streamio.data.format.layout import MAX_SAMPLE_BYTES, SampleLayout, ShardInfo, unsafe_reason
+from streamio.data.format.tar import END_OF_ARCHIVE
+from streamio.data.write.localfiles import LocalFile
+from streamio.data.write.shardbuf import Member, ShardBuffer, compressed, record_size, records
+from streamio.errors import ConfigError, DatasetError
+from streamio.storage import Store
+
+__all__ = ["DEFAULT_MAX_BYTES", "ShardPacker", "ShardSpec", "sample_members"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_BYTES = 256_000_000
+_COMPRESSIONS = (None, "zstd")
+
+
+@dataclass(frozen=True)
+class ShardSpec:
+    """How a writer cuts samples into shards, names and compresses them; checked when made.
+
+    Attributes:
+        max_bytes: a shard is closed before it would exceed this many bytes (a single larger
+            sample gets a shard of its own).
+        max_count: and/or after this many samples (None: no count limit).
+        compression: None (``.tar``) or ``"zstd"`` (``.tar.zst``, one frame per sample).
+        level: zstd level.
+        prefix: shard names are ``{prefix}-{i:06d}.tar[.zst]``.
+        max_sample_bytes: the most bytes one sample's tar records may span (what readers of
+            unindexed shards accept); a larger sample is refused before it is read.
+
+    Raises:
+        ConfigError: an unknown compression, a limit that is not positive, or a prefix that is not
+            a plain file-name prefix.
+    """
+
+    max_bytes: int = DEFAULT_MAX_BYTES
+    max_count: int | None = None
+    compression: str | None = None
+    level: int = 3
+    prefix: str = "data"
+    max_sample_bytes: int = MAX_SAMPLE_BYTES
+
+    def __post_init__(self) -> None:
+        if self.compression not in _COMPRESSIONS:
+            raise ConfigError(f"compression must be one of {_COMPRESSIONS}, not {self.compression!r}")
+        if min(self.max_bytes, self.max_sample_bytes, 1 if self.max_count is None else self.max_count) <= 0:
+            raise ConfigError(
+                f"max_bytes ({self.max_bytes}), max_count ({self.max_count}) and max_sample_bytes "
+                f"({self.max_sample_bytes}) must be positive"
+            )
+        if unsafe_reason(self.prefix) or "/" in self.prefix:
+            raise ConfigError(f"prefix {self.prefix!r} must be a plain file-name prefix")
+
+    def shard_path(self, shard_id: int, tag: str = "") -> str:
+        """The name of shard ``shard_id``: ``{prefix}-{shard_id:06d}.tar`` or ``.tar.zst``; with a write's
+        ``tag`` (one that must not collide with a dataset already there), ``{prefix}-{tag}-{shard_id:06d}...``."""
+        stem = f"{self.prefix}-{tag}-" if tag else f"{self.prefix}-"
+        return f"{stem}{shard_id:06d}{'.tar.zst' if self.compression == 'zstd' else '.tar'}"
+
+
+def _field_bytes(key: str, ext: str, value: Any) -> bytes | LocalFile:
+    if isinstance(value, (bytes, LocalFile)):
+        return value
+    if isinstance(value, (bytearray, memoryview)):
+        return bytes(value)
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if ext.endswith("json") and (value is None or isinstance(value, (dict, list, int, float, bool))):
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value).encode()
+    raise DatasetError(
+        f"sample {key!r}: field {ext!r} is a {type(value).__name__}; give bytes, str, an int, a LocalFile, or a "
+        f"JSON value for a '.json' field (encode anything else yourself)"
+    )
+
+
+def sample_members(sample: Mapping[str, Any], number: int) -> tuple[str, list[Member]]:
+    """Check one sample and return ``(key, [(member name, bytes or LocalFile), ...])`` in sorted field order.
+
+    Raises:
+        DatasetError: unsafe or ambiguous key, bad field name, no fields, unsupported value type.
+    """
+    key = sample.get("__key__", f"{number:09d}")
+    if not isinstance(key, str):
+        raise DatasetError(f"sample {number}: '__key__' is {key!r}, not a str")
+    reason = unsafe_reason(key)
+    if reason:
+        raise DatasetError(f"sample {number}: key {key!r} cannot name a tar member: {reason}")
+    if "." in key.rsplit("/", 1)[-1]:
+        raise DatasetError(
+            f"sample {number}: key {key!r} has a dot in its last part; readers split 'key.ext' at the first dot "
+            f"of the basename, so it would not read back. Replace the dot (dots in directory parts are fine)."
+        )
+    members: list[Member] = []
+    for ext in sorted(k for k in sample if not k.startswith("__")):
+        if not isinstance(ext, str) or not ext or "/" in ext or "\0" in ext:
+            raise DatasetError(f"sample {key!r}: field name {ext!r} is not a valid extension (non-empty, no '/')")
+        name = f"{key}.{ext}"
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise DatasetError(f"sample {key!r}: member name {name!r} is not valid UTF-8") from exc
+        if unsafe_reason(name):
+            raise DatasetError(f"sample {key!r}: member name {name!r} is unsafe: {unsafe_reason(name)}")
+        members.append((name, _field_bytes(key, ext, sample[ext])))
+    if not members:
+        raise DatasetError(f"sample {key!r} has no fields: a tar sample needs at least one 'key.ext' member")
+    return key, members
+
+
+
+class ShardPacker:
+    """Pack samples into shards stored at ``store`` under ``name(shard_number)``; see the module docstring.
+
+    Call order: :meth:`write` any number of times, then :meth:`flush` (the last shard stored, every
+    upload waited for) or :meth:`abort`. Afterwards :attr:`shards`, :attr:`layouts` and :attr:`keys`
+    describe what was stored.
+
+    Args:
+        store: where the shards go.
+        spec: how shards are cut and compressed.
+        name: the path of shard ``i`` (0, 1, ...) below ``store``.
+        max_pending: shards uploading or waiting to upload at once (memory bound).
+    """
+
+    def __init__(self, store: Store, spec: ShardSpec, name: Callable[[int], str], *, max_pending: int = 2) -> None:
+        self.store = store
+        self.spec = spec
+        self._name = name
+        self._cctx = zstandard.ZstdCompressor(level=spec.level, write_content_size=True) if spec.compression else None
+        self._trailer = self._cctx.compress(END_OF_ARCHIVE) if self._cctx else END_OF_ARCHIVE
+        self._pool = ThreadPoolExecutor(max_workers=max(1, max_pending), thread_name_prefix="streamio-upload")
+        self._slots = threading.Semaphore(max(1, max_pending))
+        self._futures: list[Future[None]] = []
+        self._buffers: collections.deque[bytearray] = collections.deque()  # free shard buffers
+        self.shards: list[ShardInfo] = []
+        self.layouts: dict[int, SampleLayout] = {}
+        self.keys: set[str] = set()
+        self._last_key: str | None = None
+        self.samples_written = 0
+        self.bytes_written = 0
+        self._new_shard()
+
+    def _new_shard(self) -> None:
+        self._shard = ShardBuffer(self._buffers.pop() if self._buffers else bytearray())
+
+    def write(self, sample: Mapping[str, Any]) -> None:
+        """Append one sample (raises DatasetError for an invalid one, naming it; the packer stays usable)."""
+        self._raise_upload_error()
+        key, members = sample_members(sample, self.samples_written)
+        if key == self._last_key:
+            raise DatasetError(
+                f"sample {self.samples_written}: key {key!r} repeats the previous sample's key; readers would merge "
+                f"the two. Give every sample a distinct '__key__'."
+            )
+        raw_size = record_size(members)
+        if raw_size > self.spec.max_sample_bytes:
+            raise DatasetError(
+                f"sample {key!r} spans {raw_size:,} bytes of tar records, more than the {self.spec.max_sample_bytes:,} "
+                f"a sample may (ShardSpec.max_sample_bytes: readers of unindexed shards refuse larger ones). Split it."
+            )
+        if self._cctx is not None:
+            frame = compressed(members, self._cctx, raw_size)
+            pieces, size = (frame,), len(frame)
+        else:
+            pieces, size = records(members), raw_size  # streamed into the shard: files are read here
+        count = self._shard.count
+        if count and (
+            self._shard.size + size + len(self._trailer) > self.spec.max_bytes
+            or (self.spec.max_count is not None and count >= self.spec.max_count)
+        ):
+            self._finish_shard()
+        self.bytes_written += self._shard.add(pieces, raw_size)
+        self._last_key = key
+        self.keys.update(name[len(key) + 1 :] for name, _ in members)
+        self.samples_written += 1
+
+    def _finish_shard(self) -> None:
+        shard_id = len(self.shards)
+        path = self._name(shard_id)
+        buf, total, crc, layout = self._shard.finish(self._trailer, compressed=self._cctx is not None)
+        self.shards.append(ShardInfo(path, total, self._shard.count, format_checksum(crc)))
+        self.layouts[shard_id] = layout
+        self._slots.acquire()  # at most max_pending shards (and buffers) in flight
+        try:
+            future = self._pool.submit(self.store.put, path, memoryview(buf)[:total])
+        except BaseException:
+            self._slots.release()
+            raise
+
+        def done(_: object, buf: bytearray = buf) -> None:
+            self._buffers.append(buf)  # the put has returned: nothing reads the buffer any more
+            self._slots.release()
+
+        future.add_done_callback(done)
+        self._futures.append(future)  # type: ignore[arg-type]
+        log.debug("shard %s: %d samples, %d bytes, queued for upload", path, self.shards[-1].samples, total)
+        self._new_shard()
+
+    def _raise_upload_error(self) -> None:
+        for f in self._futures:
+            if f.done() and f.exception() is not None:
+                raise f.exception()  # type: ignore[misc]
+        self._futures = [f for f in self._futures if not f.done()]
+
+    def flush(self) -> None:
+        """Finish the last shard and wait for every upload (raises the first upload error)."""
+        try:
+            if self._shard.count:
+                self._finish_shard()
+            for f in self._futures:
+                f.result()
+        finally:
+            self._pool.shutdown(wait=True)
+            self._buffers.clear()
+
+    def abort(self) -> None:
+        """Stop: uploads not started are cancelled, those in flight finish (no temp file is left)."""
+        for f in self._futures:
+            f.cancel()
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._buffers.clear()
