@@ -25,6 +25,8 @@ _EXPORTS = {
     "KeepEvery": "streamio.checkpoint",
     "KeepLast": "streamio.checkpoint",
     "LocalTier": "streamio.checkpoint",
+    "PartSummary": "streamio.data.write.parts",
+    "PartitionedWrite": "streamio.data.write.parts",
     "PrefetchConfig": "streamio.data.read.prefetch",
     "RNGState": "streamio.checkpoint",
     "RetentionPolicy": "streamio.checkpoint",
@@ -45,7 +47,8 @@ _EXPORTS = {
 
 __all__ = [
     "CacheConfig", "CheckpointManager", "DatasetIndex", "DatasetOptions", "KeepAll", "KeepBest", "KeepEvery",
-    "KeepLast", "LocalTier", "PrefetchConfig", "RNGState", "RetentionPolicy", "RetryPolicy", "SaveOptions", "SaveStats",
+    "KeepLast", "LocalTier", "PartSummary", "PartitionedWrite", "PrefetchConfig", "RNGState", "RetentionPolicy",
+    "RetryPolicy", "SaveOptions", "SaveStats",
     "ShardSpec", "Shuffle", "Store", "Stream", "StreamingDataLoader", "StreamingDataset", "__version__",
     "build_index", "errors", "load_index", "select", "write_dataset",
 ]
@@ -72,6 +75,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the names, eagerly
     from streamio.data.read.prefetch import PrefetchConfig
     from streamio.data.select import select
     from streamio.data.write.indexer import build_index
+    from streamio.data.write.parts import PartitionedWrite, PartSummary
     from streamio.data.write.writer import ShardSpec, write_dataset
     from streamio.storage import RetryPolicy, Store
 
