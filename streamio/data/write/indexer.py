@@ -195,6 +195,11 @@ def _scan(tee: _Tee, url: str, path: str, max_sample_bytes: int) -> tuple[ShardI
     return ShardInfo(path, tee.whole.size, len(starts), tee.whole.hexdigest()), layout, keys
 
 
+#: What scans shards for :func:`build_index`: ``scan(store, paths, *, concurrency, max_sample_bytes,
+#: progress)`` -> one ``(ShardInfo, SampleLayout, keys)`` per path, in path order.
+ScanShards = Callable[..., "list[tuple[ShardInfo, SampleLayout, set[str]]]"]
+
+
 def scan_shards(
     store: Store, paths: Sequence[str], *, concurrency: int = 8, max_sample_bytes: int = MAX_SAMPLE_BYTES,
     progress: Callable[[int, int, int], None] | None = None,
@@ -229,6 +234,7 @@ def build_index(
     concurrency: int = 8,
     progress: Callable[[int, int, int], None] | None = None,
     max_sample_bytes: int = MAX_SAMPLE_BYTES,
+    scan: ScanShards | None = None,
 ) -> DatasetIndex:
     """Index existing WebDataset shards: ``.tar`` written by anything (webdataset, ``tar``, ...), and
     ``.tar.zst`` with one zstd frame per sample.
@@ -248,6 +254,8 @@ def build_index(
             calling thread.
         max_sample_bytes: the largest sample accepted (its tar records, decompressed); larger
             ones are refused rather than held.
+        scan: what scans the shards, called as :func:`scan_shards` is (the default); e.g.
+            :func:`streamio.data.write.fanout.scan_in_processes` for all cores of the machine.
 
     Raises:
         ObjectNotFoundError: nothing to index: no shard under the root (empty or missing) or none
@@ -256,7 +264,9 @@ def build_index(
         ShardFormatError: a shard is not a readable tar (the message names it).
     """
     paths = shard_paths(store, patterns)
-    scans = scan_shards(store, paths, concurrency=concurrency, max_sample_bytes=max_sample_bytes, progress=progress)
+    scans = (scan or scan_shards)(
+        store, paths, concurrency=concurrency, max_sample_bytes=max_sample_bytes, progress=progress
+    )
     return index_of_scans(scans)
 
 

@@ -18,10 +18,10 @@ import collections
 import json
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import zstandard
 
@@ -33,7 +33,9 @@ from streamio.data.write.shardbuf import Member, ShardBuffer, compressed, record
 from streamio.errors import ConfigError, DatasetError
 from streamio.storage import Store
 
-__all__ = ["DEFAULT_MAX_BYTES", "ShardPacker", "ShardSpec", "sample_members"]
+__all__ = [
+    "DEFAULT_MAX_BYTES", "EncodedSample", "ShardPacker", "ShardSpec", "compressor", "encode_sample", "sample_members",
+]
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +139,55 @@ def sample_members(sample: Mapping[str, Any], number: int) -> tuple[str, list[Me
 
 
 
+class EncodedSample(NamedTuple):
+    """One sample as it is stored: what :meth:`ShardPacker.add` appends.
+
+    Attributes:
+        key: its ``__key__``.
+        fields: its member extensions.
+        pieces: its stored bytes (tar records, or one zstd frame of them), in pieces.
+        size: how many bytes ``pieces`` hold.
+        raw_size: its tar records' bytes (decompressed).
+    """
+
+    key: str
+    fields: tuple[str, ...]
+    pieces: Iterable[bytes]
+    size: int
+    raw_size: int
+
+
+def compressor(spec: ShardSpec) -> zstandard.ZstdCompressor | None:
+    """The compressor of ``spec``'s shards (None: uncompressed)."""
+    return zstandard.ZstdCompressor(level=spec.level, write_content_size=True) if spec.compression else None
+
+
+def encode_sample(
+    sample: Mapping[str, Any], number: int, spec: ShardSpec, cctx: zstandard.ZstdCompressor | None = None,
+    *, stream: bool = False,
+) -> EncodedSample:
+    """Check ``sample`` (the ``number``-th written) and encode it as ``spec`` says (``cctx``: its
+    compressor when ``spec.compression``). With ``stream`` (uncompressed only), local files are read
+    as the pieces are consumed; otherwise the pieces are bytes, ready to be sent to another process.
+
+    Raises:
+        DatasetError: an invalid sample, or one larger than ``spec.max_sample_bytes``.
+    """
+    key, members = sample_members(sample, number)
+    raw_size = record_size(members)
+    if raw_size > spec.max_sample_bytes:
+        raise DatasetError(
+            f"sample {key!r} spans {raw_size:,} bytes of tar records, more than the {spec.max_sample_bytes:,} "
+            f"a sample may (ShardSpec.max_sample_bytes: readers of unindexed shards refuse larger ones). Split it."
+        )
+    fields = tuple(name[len(key) + 1 :] for name, _ in members)
+    if cctx is not None:
+        frame = compressed(members, cctx, raw_size)
+        return EncodedSample(key, fields, (frame,), len(frame), raw_size)
+    pieces = records(members)  # streamed into the shard: files are read there
+    return EncodedSample(key, fields, pieces if stream else (b"".join(pieces),), raw_size, raw_size)
+
+
 class ShardPacker:
     """Pack samples into shards stored at ``store`` under ``name(shard_number)``; see the module docstring.
 
@@ -155,7 +206,7 @@ class ShardPacker:
         self.store = store
         self.spec = spec
         self._name = name
-        self._cctx = zstandard.ZstdCompressor(level=spec.level, write_content_size=True) if spec.compression else None
+        self._cctx = compressor(spec)
         self._trailer = self._cctx.compress(END_OF_ARCHIVE) if self._cctx else END_OF_ARCHIVE
         self._pool = ThreadPoolExecutor(max_workers=max(1, max_pending), thread_name_prefix="streamio-upload")
         self._slots = threading.Semaphore(max(1, max_pending))
@@ -175,32 +226,25 @@ class ShardPacker:
     def write(self, sample: Mapping[str, Any]) -> None:
         """Append one sample (raises DatasetError for an invalid one, naming it; the packer stays usable)."""
         self._raise_upload_error()
-        key, members = sample_members(sample, self.samples_written)
-        if key == self._last_key:
+        self.add(encode_sample(sample, self.samples_written, self.spec, self._cctx, stream=True))
+
+    def add(self, sample: EncodedSample) -> None:
+        """Append one sample encoded by :func:`encode_sample` (here or in another process)."""
+        self._raise_upload_error()
+        if sample.key == self._last_key:
             raise DatasetError(
-                f"sample {self.samples_written}: key {key!r} repeats the previous sample's key; readers would merge "
-                f"the two. Give every sample a distinct '__key__'."
+                f"sample {self.samples_written}: key {sample.key!r} repeats the previous sample's key; readers would "
+                f"merge the two. Give every sample a distinct '__key__'."
             )
-        raw_size = record_size(members)
-        if raw_size > self.spec.max_sample_bytes:
-            raise DatasetError(
-                f"sample {key!r} spans {raw_size:,} bytes of tar records, more than the {self.spec.max_sample_bytes:,} "
-                f"a sample may (ShardSpec.max_sample_bytes: readers of unindexed shards refuse larger ones). Split it."
-            )
-        if self._cctx is not None:
-            frame = compressed(members, self._cctx, raw_size)
-            pieces, size = (frame,), len(frame)
-        else:
-            pieces, size = records(members), raw_size  # streamed into the shard: files are read here
         count = self._shard.count
         if count and (
-            self._shard.size + size + len(self._trailer) > self.spec.max_bytes
+            self._shard.size + sample.size + len(self._trailer) > self.spec.max_bytes
             or (self.spec.max_count is not None and count >= self.spec.max_count)
         ):
             self._finish_shard()
-        self.bytes_written += self._shard.add(pieces, raw_size)
-        self._last_key = key
-        self.keys.update(name[len(key) + 1 :] for name, _ in members)
+        self.bytes_written += self._shard.add(sample.pieces, sample.raw_size)
+        self._last_key = sample.key
+        self.keys.update(sample.fields)
         self.samples_written += 1
 
     def _finish_shard(self) -> None:

@@ -50,7 +50,7 @@ from typing import Any
 
 from streamio.data.format.index import INLINE_LIMIT, DatasetIndex, make_index
 from streamio.data.write import publish
-from streamio.data.write.packer import DEFAULT_MAX_BYTES, ShardPacker, ShardSpec, sample_members
+from streamio.data.write.packer import DEFAULT_MAX_BYTES, EncodedSample, ShardPacker, ShardSpec, sample_members
 from streamio.deprecation import fold_moved
 from streamio.errors import DatasetError
 from streamio.storage import Store
@@ -65,7 +65,7 @@ MOVED_INTO_SPEC = ("max_bytes", "max_count", "compression", "level", "prefix")  
 class DatasetWriter:
     """Write samples into shards at ``dest`` and the index last; see the module docstring.
 
-    Call order: ``write(sample)`` any number of times, then ``close()`` (returns the
+    Call order: ``write(sample)`` (or ``add(encoded)``) any number of times, then ``close()`` (returns the
     :class:`DatasetIndex`), or use it as a context manager (closes on success, writes no index on
     an exception).
 
@@ -124,6 +124,14 @@ class DatasetWriter:
         if self._closed:
             raise DatasetError(f"writer for {self.store.root_url} is closed")
         self._packer.write(sample)
+
+    def add(self, sample: EncodedSample) -> None:
+        """Append one sample already checked and encoded by
+        :func:`~streamio.data.write.packer.encode_sample` (e.g. in another process:
+        :func:`streamio.data.write.fanout.encoded`); the same shards as :meth:`write` of the sample."""
+        if self._closed:
+            raise DatasetError(f"writer for {self.store.root_url} is closed")
+        self._packer.add(sample)
 
     def close(self) -> DatasetIndex:
         """Finish the last shard, wait for every upload, commit ``index.json``; return the index.
