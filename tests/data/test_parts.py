@@ -3,6 +3,7 @@ create-only, retried tasks never leave a second copy, one commit in partition-id
 
 from __future__ import annotations
 
+import os
 import pickle
 import uuid
 from collections.abc import Iterator
@@ -72,7 +73,7 @@ def test_a_retried_task_rewrites_the_same_names_and_a_shorter_retry_leaves_no_or
     index = write.commit()
     assert read_keys(store) == [s["__key__"] for s in samples[:2]]
     assert {o.path for o in store.list()} == {INDEX_NAME, "data-p000000-000000.tar"}
-    assert index.samples == 2
+    assert index.samples == 2 and sorted(os.listdir(tmp_path / "ds")) == ["data-p000000-000000.tar", INDEX_NAME]
 
 
 def test_a_task_whose_partition_is_already_written_writes_nothing(tmp_path) -> None:  # type: ignore[no-untyped-def]

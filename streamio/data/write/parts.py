@@ -217,6 +217,11 @@ class PartitionedWrite:
         named = {s.path for s in shards}
         leftovers = [p for p in listing if self.generation.owns(p) and p not in named]
         publish.commit(store, self.generation, self.previous, index, self.inline_limit, leftovers=leftovers)
+        if store.is_local:  # an object store has no directories; a local one keeps the emptied _parts/
+            try:
+                store.fs.rmdir(store.url(PARTS_DIR))
+            except OSError:  # not empty: another partitioned write's summaries
+                pass
         return index
 
     def _stored_parts(self, listing: Iterable[str]) -> set[int]:
