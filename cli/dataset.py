@@ -133,7 +133,7 @@ not the files.
     help="Replace a dataset already at DEST (it stays readable until the new one is complete), or the leftovers of "
     "a write there that did not finish.",
 )
-@workers_option("Processes that read and encode samples (the shards are the same for every N)")
+@workers_option("Processes that read samples and write shards (the shards are the same for every N)")
 @json_option
 @storage_option
 def shard_cmd(  # noqa: PLR0913 - one parameter per option
@@ -143,7 +143,7 @@ def shard_cmd(  # noqa: PLR0913 - one parameter per option
 ) -> None:
     """Pack SRC (directory tree, JSONL file or .tar glob) into shards + index.json at DEST."""
     from streamio.data.format.layout import INDEX_NAME
-    from streamio.data.write.fanout import BATCH, encoded
+    from streamio.data.write.fanout import BATCH, pack_in_processes
     from streamio.data.write.publish import occupied
     from streamio.data.write.writer import DatasetWriter, ShardSpec
     from streamio.storage import Store
@@ -161,10 +161,8 @@ def shard_cmd(  # noqa: PLR0913 - one parameter per option
     with Progress("shard", unit="sample", total=samples.total) as progress, \
             DatasetWriter(target, spec=spec, overwrite=overwrite) as writer:
         if workers > 1 and (samples.total is None or samples.total > BATCH):
-            for encoded_sample in encoded(samples, spec, workers):
-                before = writer.bytes_written
-                writer.add(encoded_sample)
-                progress.update(1, writer.bytes_written - before)
+            pack_in_processes(writer, samples, workers=workers, storage_options=storage_options,
+                              progress=progress.update)
         else:  # one process (a source of one batch or less is not worth starting workers for)
             for sample in samples:
                 before = writer.bytes_written

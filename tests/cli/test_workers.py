@@ -103,3 +103,27 @@ def test_ctrl_c_with_workers_leaves_no_index_and_says_how_to_clean_up(tmp_path: 
     assert not (dest / INDEX_NAME).exists() and (dest / WRITING_NAME).exists()
     streamio("shard", str(src), str(dest), "--overwrite", "--workers", "2")  # what the message says to do
     assert {o.path for o in Store(str(dest)).list()} == {INDEX_NAME, "data-000000.tar"}
+
+
+def test_pack_in_processes_cuts_by_size_as_one_writer_does_and_names_bad_samples(tmp_path: Path) -> None:
+    from streamio.data.write.fanout import pack_in_processes
+    from streamio.data.write.writer import DatasetWriter
+    from streamio.errors import DatasetError
+
+    samples = [{"txt": "x" * (i * 97 % 3000), "cls": i} for i in range(150)]  # no __key__: numbered in order
+    spec = ShardSpec(max_bytes=20_000)
+    one = write_dataset(samples, str(tmp_path / "one"), spec=spec)
+    with DatasetWriter(str(tmp_path / "two"), spec=spec) as writer:
+        pack_in_processes(writer, samples, workers=2)
+    assert writer.close().fingerprint == one.fingerprint and len(one.shards) > 5
+    assert digests(Store(str(tmp_path / "one"))) == digests(Store(str(tmp_path / "two")))
+
+    bad = [*samples[:70], {"__key__": "a.b", "txt": "x"}]
+    with pytest.raises(DatasetError, match=r"sample 70: key 'a.b' has a dot"), \
+            DatasetWriter(str(tmp_path / "bad"), spec=spec) as writer:
+        pack_in_processes(writer, bad, workers=2)
+    assert not Store(str(tmp_path / "bad")).exists(INDEX_NAME)
+    repeated = [{"__key__": "k", "txt": "1"}, {"__key__": "k", "txt": "2"}]
+    with pytest.raises(DatasetError, match="sample 1: key 'k' repeats the previous sample's key"), \
+            DatasetWriter(str(tmp_path / "rep"), spec=spec) as writer:
+        pack_in_processes(writer, repeated, workers=2)

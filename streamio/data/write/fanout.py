@@ -4,12 +4,17 @@ Both verbs keep one process in charge of the order and the commit, and hand the 
 CPU to ``workers`` processes (started with ``spawn``: a storage client made in a parent is not
 fork-safe, so each process makes its own):
 
-* **shard** (:func:`encoded`): the workers check and encode samples (read their files, build the
-  tar records, compress each sample's zstd frame), in batches; the parent receives them in the
-  source's order and packs them into shards exactly as one process would
-  (:meth:`~streamio.data.write.packer.ShardPacker.add`). The cut, the names and the bytes depend on
-  the samples only, so the dataset is the same for every number of workers (and, with
-  ``--shuffle --seed S``, the same shuffled dataset: the order is decided by the source, here).
+* **shard** (:func:`pack_in_processes`), uncompressed: the parent checks each sample and sizes it
+  from its members' sizes (a local file is not read), cuts the stream into shards by the rule one
+  writer follows, and hands each shard's samples to a worker, which reads the files, packs the shard
+  under the name the writer gives it, stores it and returns its size, checksums and offsets; the
+  parent adopts the shards in order and commits as one writer does. ``--compress zstd``: the cut
+  depends on compressed sizes, known only after compressing, so the workers check and encode the
+  samples in batches (:func:`encoded`: files read, tar records built, each sample's frame
+  compressed) and the parent packs them in order (:meth:`~streamio.data.write.packer.ShardPacker.add`).
+  Either way the cut, the names and the bytes depend on the samples only: the dataset is the same
+  for every number of workers (and, with ``--shuffle --seed S``, the same shuffled dataset: the
+  order is decided by the source, in the parent).
 * **index** (:func:`scan_in_processes`): the shards are dealt to the workers in contiguous runs of
   about ``concurrency / workers`` (each run scanned with that many threads), so about
   ``concurrency`` shards are read at once in all; results come back in path order, into the same
@@ -31,11 +36,14 @@ from itertools import islice
 from typing import Any, TypeVar
 
 from streamio.data.format.layout import MAX_SAMPLE_BYTES, SampleLayout, ShardInfo
+from streamio.data.format.tar import END_OF_ARCHIVE
 from streamio.data.write.indexer import scan_shards
-from streamio.data.write.packer import EncodedSample, ShardSpec, compressor, encode_sample
+from streamio.data.write.packer import EncodedSample, ShardPacker, ShardSpec, compressor, encode_sample
+from streamio.data.write.writer import DatasetWriter
+from streamio.errors import DatasetError
 from streamio.storage import Store
 
-__all__ = ["BATCH", "encoded", "scan_in_processes"]
+__all__ = ["BATCH", "encoded", "pack_in_processes", "scan_in_processes"]
 
 #: Samples a shard worker encodes per batch.
 BATCH = 64
@@ -94,6 +102,87 @@ def encoded(samples: Iterable[Mapping[str, Any]], spec: ShardSpec, workers: int)
         try:
             for batch in _ordered(pool, batches(), 2 * workers):
                 yield from batch
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
+
+
+_BUFFERS: collections.deque[bytearray] = collections.deque(maxlen=2)  # a worker's shard buffers, kept between tasks
+
+
+def _write_shard(root: str, storage_options: Mapping[str, Any] | None, spec: ShardSpec, path: str,
+                 samples: list[Mapping[str, Any]]) -> Scan:
+    """One worker: pack a planned shard's samples (files read here) and store it at ``path``."""
+    store = Store(root, storage_options)
+
+    def name(i: int) -> str:
+        if i:
+            raise RuntimeError(f"the samples planned for {path} made more than one shard: a planning bug")
+        return path
+
+    packer = ShardPacker(store, spec, name, max_pending=1, buffers=_BUFFERS)
+    try:
+        for sample in samples:
+            packer.write(sample)
+        packer.flush()
+    except BaseException:
+        packer.abort()
+        raise
+    return packer.shards[0], packer.layouts[0], packer.keys
+
+
+def _planned(samples: Iterable[Mapping[str, Any]], spec: ShardSpec) -> Iterator[list[Mapping[str, Any]]]:
+    """``samples`` cut into the shards one uncompressed writer would make: the cut depends on each
+    sample's tar records' size, known from its members' sizes before any file is read."""
+    shard: list[Mapping[str, Any]] = []
+    size, last = 0, None
+    for number, sample in enumerate(samples):
+        enc = encode_sample(sample, number, spec, stream=True)  # checked and sized; nothing read yet
+        if enc.key == last:
+            raise DatasetError(
+                f"sample {number}: key {enc.key!r} repeats the previous sample's key; readers would merge the two. "
+                f"Give every sample a distinct '__key__'."
+            )
+        if shard and (size + enc.size + len(END_OF_ARCHIVE) > spec.max_bytes
+                      or (spec.max_count is not None and len(shard) >= spec.max_count)):
+            yield shard
+            shard, size = [], 0
+        shard.append({**sample, "__key__": enc.key})  # a default key is the sample's number in the whole source
+        size += enc.size
+        last = enc.key
+    if shard:
+        yield shard
+
+
+def pack_in_processes(
+    writer: DatasetWriter, samples: Iterable[Mapping[str, Any]], *, workers: int,
+    storage_options: Mapping[str, Any] | None = None, progress: Callable[[int, int], None] | None = None,
+) -> None:
+    """Write ``samples`` into ``writer``'s dataset with ``workers`` processes (see the module docstring).
+
+    Uncompressed: this process plans the shards (:func:`_planned`) and each worker packs and stores
+    whole shards under the writer's names, adopted in order. zstd (the cut needs the compressed
+    sizes): the workers encode the samples and this process packs them (:func:`encoded`).
+    ``progress(samples, nbytes)`` as samples are stored.
+
+    Raises:
+        DatasetError: an invalid sample (named), at its place in the order.
+    """
+    report = progress or (lambda n, nbytes: None)
+    spec = writer.spec
+    if spec.compression is not None:
+        for sample in encoded(samples, spec, workers):
+            before = writer.bytes_written
+            writer.add(sample)
+            report(1, writer.bytes_written - before)
+        return
+    root = writer.store.root_url
+    calls = ((_write_shard, (root, storage_options, spec, writer.shard_path(i), shard))
+             for i, shard in enumerate(_planned(samples, spec)))
+    with _pool(workers) as pool:
+        try:
+            for info, layout, keys in _ordered(pool, calls, workers + 1):
+                writer.adopt(info, layout, keys)
+                report(info.samples, info.bytes)
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
 

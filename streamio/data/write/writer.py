@@ -49,6 +49,7 @@ from types import TracebackType
 from typing import Any
 
 from streamio.data.format.index import INLINE_LIMIT, DatasetIndex, make_index
+from streamio.data.format.layout import SampleLayout, ShardInfo
 from streamio.data.write import publish
 from streamio.data.write.packer import DEFAULT_MAX_BYTES, EncodedSample, ShardPacker, ShardSpec, sample_members
 from streamio.deprecation import fold_moved
@@ -108,6 +109,7 @@ class DatasetWriter:
         self._packer = ShardPacker(self.store, spec, lambda i: spec.shard_path(i, tag), max_pending=max_pending)
         self.index: DatasetIndex | None = None
         self._closed = False
+        self._named = 0  # shard names handed to other processes (shard_path)
 
     @property
     def samples_written(self) -> int:
@@ -132,6 +134,19 @@ class DatasetWriter:
         if self._closed:
             raise DatasetError(f"writer for {self.store.root_url} is closed")
         self._packer.add(sample)
+
+    def shard_path(self, shard_id: int) -> str:
+        """The name shard ``shard_id`` of this write takes, for another process to store it there
+        (then :meth:`adopt`): a write stopped before adopting it still claims it, and says so."""
+        self._named = max(self._named, shard_id + 1)
+        return self._packer.shard_path(shard_id)
+
+    def adopt(self, shard: ShardInfo, layout: SampleLayout, keys: Iterable[str]) -> None:
+        """Take shard number ``len(shards)``, stored at :meth:`shard_path` by another process, into this
+        write (what :func:`streamio.data.write.fanout.pack_in_processes` does); ``keys``: its member extensions."""
+        if self._closed:
+            raise DatasetError(f"writer for {self.store.root_url} is closed")
+        self._packer.adopt(shard, layout, keys)
 
     def close(self) -> DatasetIndex:
         """Finish the last shard, wait for every upload, commit ``index.json``; return the index.
@@ -164,19 +179,21 @@ class DatasetWriter:
         already stored stay, unreferenced, until a write with ``overwrite=True`` removes them."""
         self._closed = True
         self._packer.abort()
-        if not self._packer.shards:
+        if not self._packer.shards and not self._named:  # nothing stored, here or by another process
             publish.discard(self.store)
 
     def _stopped(self, exc: BaseException) -> None:
         """Say what a write that stopped left behind, and how to clean it up."""
-        if not self._packer.shards:
+        stored = len(self._packer.shards)
+        if not stored and not self._named:
             return
         url = self.store.root_url
+        count = f"{stored}" if self._named <= stored else f"{stored} (or up to {self._named})"
         log.warning(
             "writing %s stopped (%s): no index was written, so %s still holds the dataset it held before, if any. "
-            "The %d shards this write stored (%s) are not part of it: the next write there with overwrite=True "
+            "The %s shards this write stored (%s) are not part of it: the next write there with overwrite=True "
             "(`streamio shard SRC %s --overwrite`) removes them.",
-            url, type(exc).__name__, url, len(self._packer.shards), self._generation.pattern, url,
+            url, type(exc).__name__, url, count, self._generation.pattern, url,
         )
 
     def __enter__(self) -> DatasetWriter:
