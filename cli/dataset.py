@@ -160,10 +160,10 @@ def shard_cmd(  # noqa: PLR0913 - one parameter per option
     workers = _workers(workers)
     with Progress("shard", unit="sample", total=samples.total) as progress, \
             DatasetWriter(target, spec=spec, overwrite=overwrite) as writer:
-        if workers > 1 and (samples.total is None or samples.total > BATCH):
+        if workers > 1 and (samples.total is None or samples.total > BATCH):  # (a source of one shard, too)
             pack_in_processes(writer, samples, workers=workers, storage_options=storage_options,
                               progress=progress.update)
-        else:  # one process (a source of one batch or less is not worth starting workers for)
+        else:
             for sample in samples:
                 before = writer.bytes_written
                 writer.write(sample)

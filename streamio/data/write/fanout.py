@@ -28,6 +28,7 @@ process does (no index; what was stored is claimed by the write's marker).
 from __future__ import annotations
 
 import collections
+import itertools
 import multiprocessing
 import signal
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -170,14 +171,32 @@ def pack_in_processes(
     report = progress or (lambda n, nbytes: None)
     spec = writer.spec
     if spec.compression is not None:
-        for sample in encoded(samples, spec, workers):
+        it = iter(samples)
+        head = list(islice(it, BATCH + 1))
+        if len(head) <= BATCH:  # one batch: not worth starting processes for
+            for sample in head:
+                before = writer.bytes_written
+                writer.write(sample)
+                report(1, writer.bytes_written - before)
+            return
+        for enc in encoded(itertools.chain(head, it), spec, workers):
             before = writer.bytes_written
-            writer.add(sample)
+            writer.add(enc)
+            report(1, writer.bytes_written - before)
+        return
+    planned = _planned(samples, spec)
+    first = next(planned, None)
+    second = next(planned, None) if first is not None else None
+    if second is None:  # one shard or none: not worth starting processes for; the same shard here
+        for sample in first or ():
+            before = writer.bytes_written
+            writer.write(sample)
             report(1, writer.bytes_written - before)
         return
     root = writer.store.root_url
+    shards = itertools.chain((first, second), planned)
     calls = ((_write_shard, (root, storage_options, spec, writer.shard_path(i), shard))
-             for i, shard in enumerate(_planned(samples, spec)))
+             for i, shard in enumerate(shards))
     with _pool(workers) as pool:
         try:
             for info, layout, keys in _ordered(pool, calls, workers + 1):
@@ -202,8 +221,10 @@ def scan_in_processes(
     ``storage_options``. Pass it as ``build_index(..., scan=partial(scan_in_processes, workers=N, ...))``.
     """
     workers = max(1, min(workers, len(paths)))
-    report = progress or (lambda done, total, nbytes: None)
     run = max(1, -(-concurrency // workers))
+    if len(paths) <= run:  # one run: not worth starting processes for; the same scans here
+        return scan_shards(store, paths, concurrency=concurrency, max_sample_bytes=max_sample_bytes, progress=progress)
+    report = progress or (lambda done, total, nbytes: None)
     calls = ((_scan_run, (store.root_url, storage_options, list(paths[i : i + run]), max_sample_bytes))
              for i in range(0, len(paths), run))
     results: list[Scan] = []
