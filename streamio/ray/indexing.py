@@ -57,8 +57,9 @@ def index(
 
     Args:
         url_or_pattern: a prefix, or a pattern below one (``s3://b/ds/shard-{000000..000999}.tar``).
-        storage_options: fsspec options for the shards and the index; shipped to the tasks in
-            memory, never written.
+        storage_options: fsspec options for the shards and the index; shipped to the tasks as
+            arguments (Ray may spill those to local disk under memory pressure: give secrets
+            through the workers' environment rather than here), never written by streamio.
         index_url: write the index here (a prefix, or a URL ending in ``.json``) instead of beside
             the shards; it then records where the shards are (as ``streamio index --index-url``).
         overwrite: replace an index already at the target.

@@ -43,7 +43,10 @@ class DatasetSink(_data.Datasink):  # type: ignore[misc,name-defined]
     Args:
         url: the dataset root (any fsspec URL the Ray workers can reach).
         spec: how shards are cut, named and compressed (default ``ShardSpec()``).
-        storage_options: fsspec options for ``url``; shipped to the tasks in memory, never written.
+        storage_options: fsspec options for ``url``; shipped to the tasks with the sink, never
+            written by streamio. Ray may spill task arguments to its local object-store spill
+            directory under memory pressure: give secrets through the workers' environment
+            (``AWS_*``, an instance role) rather than here.
         overwrite: replace a dataset at ``url`` (readable until the commit) or an unfinished write's
             leftovers.
         rows_per_task: hand each write task (one partition) at least this many rows (Ray's
