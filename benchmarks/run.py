@@ -24,6 +24,10 @@ declarative specs in :mod:`benchmarks.tables`, rendered by :mod:`benchmarks.repo
   ``benchmarks/bench_read.py --json``, a subprocess).
 * ``shard``      — writer throughput vs webdataset ``ShardWriter`` and a plain copy (issue 3's
   ``bench_shard.py --json``).
+* ``prepare``    — preparing datasets at scale (issue 27): ``streamio shard`` of ~1 GB of 100 KB
+  samples with 1 vs 2 workers (tar, zstd), through ``streamio.ray.DatasetSink`` on 2 Ray CPUs,
+  webdataset's ``ShardWriter`` and Ray's ``write_webdataset``; ``streamio index`` 1 vs 2 workers vs
+  ``streamio.ray.index``: :mod:`benchmarks.bench_prepare` (``--json``, a subprocess).
 * ``plan``       — planner cost and shuffle quality (issue 4's ``bench_plan.py``, JSON lines).
 * ``shuffle``    — shuffle quality on a data set of class-sorted shards: distinct shards and classes
   per batch, displacement; streamio's shuffles vs webdataset, iid and (``--peers mosaicml,litdata``,
@@ -73,8 +77,8 @@ from benchmarks.common import REPO, machine, machine_line  # noqa: E402
 from benchmarks.report import fmt, render  # noqa: E402
 from benchmarks.tables import REPORT  # noqa: E402
 
-SECTIONS = ("references", "dataset", "mixture", "tokens", "scale", "pipeline", "read", "shard", "plan", "shuffle",
-            "checkpoint", "sharded", "tiers", "fanout", "throttle")
+SECTIONS = ("references", "dataset", "mixture", "tokens", "scale", "pipeline", "read", "shard", "prepare", "plan",
+            "shuffle", "checkpoint", "sharded", "tiers", "fanout", "throttle")
 HERE = Path(__file__).resolve().parent
 
 
@@ -120,6 +124,16 @@ def section_shard(quick: bool, scratch: str) -> dict[str, Any]:
     else:
         args += ["--size-mb", "500", "--rounds", "2"]
     _subprocess(args, 1200)
+    res = json.loads(Path(dest).read_text())
+    res["args"] = args[2:]
+    return dict(res)
+
+
+def section_prepare(quick: bool, scratch: str) -> dict[str, Any]:
+    dest = os.path.join(scratch, "prepare.json")
+    args = ["-m", "benchmarks.bench_prepare", "--json", dest]
+    args += ["--size-mb", "64", "--rounds", "1"] if quick else ["--size-mb", "1000", "--rounds", "2"]
+    _subprocess(args, 1800)
     res = json.loads(Path(dest).read_text())
     res["args"] = args[2:]
     return dict(res)
@@ -210,7 +224,7 @@ def run_sections(names: list[str], quick: bool, scratch: str, use_nginx: bool,
 
     out: dict[str, Any] = {}
     simple: dict[str, Callable[[bool, str], dict[str, Any]]] = {
-        "references": section_references, "read": section_read, "shard": section_shard,
+        "references": section_references, "read": section_read, "shard": section_shard, "prepare": section_prepare,
         "plan": section_plan, "checkpoint": section_checkpoint, "mixture": section_mixture,
         "sharded": section_sharded, "tiers": section_tiers, "fanout": section_fanout, "throttle": section_throttle,
         "shuffle": lambda quick, _scratch: section_shuffle(quick, peers),

@@ -130,6 +130,9 @@ HEADLINES = {  # section -> its headline ratios, in the order the table lists th
     "sharded": lambda sc: [(f"sharded {target}: {k}", v) for target in ("disk", "s3")
                            for k, v in sc.get(target, {}).get("ratios", {}).items()],
     "shard": _headline_shard,
+    "prepare": lambda pr: [(f"prepare {part}: {name} / 1 worker", pr[part]["vs_one_worker"][name])
+                           for part in ("shard", "index") for name in pr[part]["vs_one_worker"]
+                           if "1 worker" not in name],
     "tiers": lambda ti: [(f"tiers: {k}", v) for k, v in ti["ratios"].items() if "(target" in k],
     "fanout": lambda fo: [("fanout: store bytes at W=4 / checkpoint", fo["cases"]["W=4 fan-out"]["store_x"]),
                           *((f"fanout: restore time {k}, fan-out / per rank", v)
@@ -523,6 +526,30 @@ SHARD = SectionSpec("Shard writing (issue 3: `benchmarks/bench_shard.py`)", key=
 ))
 
 
+# ----------------------------------------------------------------------------- prepare
+def _prepare_rows(part: str) -> Any:
+    return lambda sec: [(name, sec[part]["seconds"][name], sec[part]["MBps"][name], sec[part]["vs_one_worker"][name])
+                        for name in sec[part]["seconds"]]
+
+
+_PREPARE_COLUMNS = (_str("contender", 0), Column("seconds", lambda r: med(r[1], 2)),
+                    Column("MB/s", lambda r: med(r[2], 0)), Column("/ 1 worker", lambda r: fmt(r[3], 2)))
+
+PREPARE = SectionSpec("Preparing datasets at scale (issue 27: `benchmarks/bench_prepare.py`)", key="prepare", blocks=(
+    Text(lambda sec: [
+        f"A source tree of {sec['source_MB']:.0f} MB of {sec['sample_kb']} KB samples (incompressible, + a `.cls` "
+        f"file each) into {sec['shard_MB']:.0f} MB shards on local disk (page cache), then the shards indexed; "
+        f"arguments `{' '.join(sec.get('args', []))}`, medians of the interleaved rounds. The CLI rows are "
+        "subprocesses (their start-up included); the Ray rows run on a local Ray with 2 CPUs started once "
+        f"before timing ({sec['ray_start_s']:.1f} s, not included). The machine has 2 cores, shared."]),
+    Table(_PREPARE_COLUMNS, rows=_prepare_rows("shard")),
+    Text(lambda sec: [
+        f"Ray's `write_webdataset` shards are not a streamio dataset until indexed: `streamio index --workers 2` "
+        f"of them took {fmt(sec['shard']['write_webdataset_then_index_s'], 2)} s more."]),
+    Table(_PREPARE_COLUMNS, rows=_prepare_rows("index")),
+))
+
+
 # ----------------------------------------------------------------------------- plan
 PLAN = SectionSpec("Planner (issue 4: `benchmarks/bench_plan.py --quick`)", key="plan", blocks=(
     # one table per benchmark part; its columns are the keys of the part's JSON rows
@@ -804,6 +831,6 @@ def _shuffle_peers(res: Results) -> list[str] | None:
 
 PEERS = SectionSpec("Peers in their own environments", blocks=(Text(_peers), Text(_shuffle_peers)))
 
-SECTIONS = (REFERENCES, DATASET, MIXTURE, TOKENS, SCALE, PIPELINE, READ, SHARD, PLAN, SHUFFLE, CHECKPOINT,
+SECTIONS = (REFERENCES, DATASET, MIXTURE, TOKENS, SCALE, PIPELINE, READ, SHARD, PREPARE, PLAN, SHUFFLE, CHECKPOINT,
             SHARDED, TIERS, FANOUT, THROTTLE)  # in the suite's order
 REPORT = (INTRO, HEADLINE, *SECTIONS, PEERS)

@@ -18,6 +18,8 @@ import click
 
 #: Threads reading or scanning shards at once (``--concurrency``).
 MAX_CONCURRENCY = 1024
+#: Processes a verb starts on this machine (``--workers``).
+MAX_WORKERS = 512
 #: Seeds and epochs: int64, as resume states and numpy take them.
 MAX_SEED = 2**63 - 1
 #: Any other count (samples per shard, batch size, shuffle window): 2**40, a trillion.

@@ -14,12 +14,14 @@ usage error (2) before any I/O. ``--json`` prints the verb's one JSON document
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import click
 
-from .common import MAX_CONCURRENCY, MAX_COUNT, MAX_OBJECT_BYTES, MAX_SEED, Size, bounded, storage_option
+from .common import MAX_CONCURRENCY, MAX_COUNT, MAX_OBJECT_BYTES, MAX_SEED, MAX_WORKERS, Size, bounded, storage_option
 from .exits import exit_codes_short
 from .progress import Progress, human_bytes, plural
 from .schemas import echo_json, json_help, json_option, summary
@@ -34,6 +36,18 @@ def _plain_prefix(ctx: click.Context, param: click.Parameter, value: str) -> str
     if reason:
         raise click.BadParameter(f"{value!r} cannot start a shard file name: {reason}")
     return value
+
+
+def workers_option(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--workers N``: processes on this machine (default: its CPU count)."""
+    return click.option(
+        "--workers", type=bounded(1, MAX_WORKERS), default=None, metavar="N",
+        help=f"{what}. Default: the CPU count.",
+    )
+
+
+def _workers(given: int | None) -> int:
+    return given if given is not None else max(1, os.cpu_count() or 1)
 
 
 def counts(doc: dict[str, Any]) -> str:
@@ -119,15 +133,17 @@ not the files.
     help="Replace a dataset already at DEST (it stays readable until the new one is complete), or the leftovers of "
     "a write there that did not finish.",
 )
+@workers_option("Processes that read samples and write shards (the shards are the same for every N)")
 @json_option
 @storage_option
 def shard_cmd(  # noqa: PLR0913 - one parameter per option
     src: str, dest: str, max_size: int, max_count: int | None, compress: str | None, shuffle: bool, seed: int,
     prefix: str, file_fields: tuple[str, ...], split_fields: bool, follow_symlinks: bool, overwrite: bool,
-    as_json: bool, storage_options: dict[str, Any],
+    workers: int | None, as_json: bool, storage_options: dict[str, Any],
 ) -> None:
     """Pack SRC (directory tree, JSONL file or .tar glob) into shards + index.json at DEST."""
     from streamio.data.format.layout import INDEX_NAME
+    from streamio.data.write.fanout import BATCH, pack_in_processes
     from streamio.data.write.publish import occupied
     from streamio.data.write.writer import DatasetWriter, ShardSpec
     from streamio.storage import Store
@@ -141,12 +157,17 @@ def shard_cmd(  # noqa: PLR0913 - one parameter per option
             f"complete; leftovers are removed)"
         )
     spec = ShardSpec(max_bytes=max_size, max_count=max_count, compression=compress, prefix=prefix)
+    workers = _workers(workers)
     with Progress("shard", unit="sample", total=samples.total) as progress, \
             DatasetWriter(target, spec=spec, overwrite=overwrite) as writer:
-        for sample in samples:
-            before = writer.bytes_written
-            writer.write(sample)
-            progress.update(1, writer.bytes_written - before)
+        if workers > 1 and (samples.total is None or samples.total > BATCH):  # (a source of one shard, too)
+            pack_in_processes(writer, samples, workers=workers, storage_options=storage_options,
+                              progress=progress.update)
+        else:
+            for sample in samples:
+                before = writer.bytes_written
+                writer.write(sample)
+                progress.update(1, writer.bytes_written - before)
     doc = summary(target, writer.close(), target.url(INDEX_NAME))
     if as_json:
         echo_json(doc)
@@ -180,10 +201,12 @@ def _framing_note(input_bytes: int, doc: dict[str, Any]) -> None:
     "--concurrency", type=bounded(1, MAX_CONCURRENCY), default=8, show_default=True, help="Shards scanned at once."
 )
 @click.option("--overwrite", is_flag=True, help="Replace an index already at the target.")
+@workers_option("Processes that scan shards, --concurrency shards at once in all (the index is the same for every N)")
 @json_option
 @storage_option
-def index_cmd(
-    url: str, index_url: str | None, concurrency: int, overwrite: bool, as_json: bool, storage_options: dict[str, Any]
+def index_cmd(  # noqa: PLR0913 - one parameter per option
+    url: str, index_url: str | None, concurrency: int, overwrite: bool, workers: int | None, as_json: bool,
+    storage_options: dict[str, Any],
 ) -> None:
     """Index existing WebDataset shards: URL is a prefix or a pattern (shard-{000000..000099}.tar).
 
@@ -194,6 +217,7 @@ def index_cmd(
     from streamio.data.format.layout import INDEX_NAME
     from streamio.data.format.patterns import split_pattern
     from streamio.data.locate import absolute_url, same_location, split_index_url
+    from streamio.data.write.fanout import scan_in_processes
     from streamio.data.write.indexer import build_index
     from streamio.errors import ConfigError, StoragePermissionError, WriteConflictError
     from streamio.storage import Store
@@ -209,8 +233,10 @@ def index_cmd(
     target = Store(directory, storage_options) if index_url is not None else store
     if not overwrite and target.exists(name):
         raise click.UsageError(_index_exists(target.url(name)))
+    workers = _workers(workers)
+    scan = partial(scan_in_processes, storage_options=storage_options, workers=workers) if workers > 1 else None
     with Progress("index", unit="shard") as progress:
-        index = build_index(store, pattern, concurrency=concurrency, progress=progress.report)
+        index = build_index(store, pattern, concurrency=concurrency, progress=progress.report, scan=scan)
     index = replace(index, shards_url=shards_url) if shards_url is not None else index
     try:
         write_index(target, index, path=name, mode="overwrite" if overwrite else "create")

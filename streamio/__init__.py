@@ -26,6 +26,8 @@ _EXPORTS = {
     "KeepLast": "streamio.checkpoint",
     "LocalTier": "streamio.checkpoint",
     "Pack": "streamio.data.plan",
+    "PartSummary": "streamio.data.write.parts",
+    "PartitionedWrite": "streamio.data.write.parts",
     "PrefetchConfig": "streamio.data.read.prefetch",
     "RNGState": "streamio.checkpoint",
     "RetentionPolicy": "streamio.checkpoint",
@@ -46,8 +48,9 @@ _EXPORTS = {
 
 __all__ = [
     "CacheConfig", "CheckpointManager", "DatasetIndex", "DatasetOptions", "KeepAll", "KeepBest", "KeepEvery",
-    "KeepLast", "LocalTier", "Pack", "PrefetchConfig", "RNGState", "RetentionPolicy", "RetryPolicy", "SaveOptions",
-    "SaveStats", "ShardSpec", "Shuffle", "Store", "Stream", "StreamingDataLoader", "StreamingDataset", "__version__",
+    "KeepLast", "LocalTier", "Pack", "PartSummary", "PartitionedWrite", "PrefetchConfig", "RNGState", "RetentionPolicy",
+    "RetryPolicy", "SaveOptions", "SaveStats", "ShardSpec", "Shuffle", "Store", "Stream", "StreamingDataLoader",
+    "StreamingDataset", "__version__",
     "build_index", "errors", "load_index", "select", "write_dataset",
 ]
 
@@ -74,6 +77,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the names, eagerly
     from streamio.data.read.prefetch import PrefetchConfig
     from streamio.data.select import select
     from streamio.data.write.indexer import build_index
+    from streamio.data.write.parts import PartitionedWrite, PartSummary
     from streamio.data.write.writer import ShardSpec, write_dataset
     from streamio.storage import RetryPolicy, Store
 

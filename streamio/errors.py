@@ -37,6 +37,8 @@ refines, so callers can catch either (``except FileNotFoundError`` keeps working
     │   └── CacheWriteError                           the system refused a cache write (file-size
     │                                                 limit, full disk, read-only, permissions,
     │                                                 directory removed): bypassed or raised
+    ├── MissingDependencyError (ImportError)      an optional extra is not installed (the
+    │                                             message gives the `pip install` that adds it)
     └── CheckpointError                           a checkpoint cannot be saved or restored
         ├── CheckpointNotFoundError (FileNotFoundError)
         ├── CheckpointFormatError (ValueError)        unknown version, foreign layout
@@ -188,6 +190,10 @@ class CacheWriteError(CacheError):
 
     ``CacheConfig(on_error="bypass")`` (the default) reads on without the cache instead of raising it.
     """
+
+
+class MissingDependencyError(StreamioError, ImportError):
+    """An optional extra is not installed (``streamio.ray`` without Ray): the message says what to install."""
 
 
 class CheckpointError(StreamioError):

@@ -74,3 +74,11 @@ def test_llm_token_stream_draws_the_mixture(s3: S3Endpoint) -> None:
     assert "step 3 epoch 0" in out and "step 6 epoch 0" in out and "finished at step 6" in out
     web, code = map(int, re.search(r"blocks drawn: web (\d+)%, code (\d+)%", out).groups())  # type: ignore[union-attr]
     assert web + code in (99, 100, 101) and 60 <= web <= 90  # the 75/25 mixture, over 6 batches of 16
+
+
+def test_prepare_in_processes_retries_a_partition_and_commits_once(s3: S3Endpoint) -> None:
+    out = run([sys.executable, str(EXAMPLES / "prepare_in_processes.py"), "--url", s3.url("prepared")], s3)
+    assert "partition 2: worker lost (first attempt): running partition 2 again" in out
+    assert "committed s3://" in out and "18 shards, 1500 samples" in out
+    verified = run([sys.executable, "-m", "streamio.cli.main", "verify", s3.url("prepared")], s3)
+    assert "all 18 shards OK" in verified

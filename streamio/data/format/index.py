@@ -114,6 +114,10 @@ class DatasetIndex:
         fields = [set(self._tokens.get(i, {})) for i, s in enumerate(self.shards) if s.samples]
         return tuple(sorted(set.intersection(*fields))) if fields else ()
 
+    def shard_tokens(self, i: int) -> dict[str, tuple[int, ...]]:
+        """Shard ``i``'s per-sample token counts by field (``{}``: none recorded)."""
+        return dict(self._tokens.get(i, {}))
+
     def token_counts(self, member: str) -> list[tuple[int, ...]]:
         """Each shard's per-sample token counts of ``member`` (what a packing plan takes).
 

@@ -54,13 +54,17 @@ class Generation:
         return f"{self.stem}*.tar*"
 
     def owns(self, path: str) -> bool:
-        """Whether ``path`` is one of this write's shards or their layout sidecars."""
+        """Whether ``path`` is one of this write's shards, their layout sidecars, or (a partitioned
+        write) one of its partition summaries."""
         return _names(self.prefix, self.tag).match(path) is not None
 
 
 def _names(prefix: str, tag: str) -> re.Pattern[str]:
     stem = re.escape(f"{prefix}-{tag}-" if tag else f"{prefix}-")
-    return re.compile(rf"^(?:_layout/)?{stem}[0-9]{{6,}}\.tar(?:\.zst)?(?:\.bin)?$")
+    # a partitioned write (streamio.data.write.parts) adds the partition: data-p000003-000000.tar,
+    # and keeps each partition's summary in _parts/data-p000003.json until its commit
+    shards = rf"(?:_layout/)?{stem}(?:p[0-9]{{6,}}-)?[0-9]{{6,}}\.tar(?:\.zst)?(?:\.bin)?"
+    return re.compile(rf"^(?:{shards}|_parts/{stem}p[0-9]{{6,}}\.json)$")
 
 
 def encode_marker(generation: Generation) -> bytes:

@@ -46,7 +46,7 @@ from streamio.data.format.tar import iter_members
 from streamio.errors import DatasetError, ObjectNotFoundError, ShardFormatError
 from streamio.storage import Store
 
-__all__ = ["build_index", "scan_chunks", "scan_shard"]
+__all__ = ["build_index", "index_of_scans", "scan_chunks", "scan_shard", "scan_shards", "shard_paths"]
 
 _WHOLE_FRAME = 16 << 20  # a scanned frame declaring up to this is decompressed in one call, larger ones in pieces
 
@@ -195,11 +195,17 @@ def _scan(tee: _Tee, url: str, path: str, max_sample_bytes: int) -> tuple[ShardI
     return ShardInfo(path, tee.whole.size, len(starts), tee.whole.hexdigest()), layout, keys
 
 
-def _scan_all(
-    store: Store, paths: list[str], concurrency: int, max_sample_bytes: int,
-    progress: Callable[[int, int, int], None] | None,
+#: What scans shards for :func:`build_index`: ``scan(store, paths, *, concurrency, max_sample_bytes,
+#: progress)`` -> one ``(ShardInfo, SampleLayout, keys)`` per path, in path order.
+ScanShards = Callable[..., "list[tuple[ShardInfo, SampleLayout, set[str]]]"]
+
+
+def scan_shards(
+    store: Store, paths: Sequence[str], *, concurrency: int = 8, max_sample_bytes: int = MAX_SAMPLE_BYTES,
+    progress: Callable[[int, int, int], None] | None = None,
 ) -> list[tuple[ShardInfo, SampleLayout, set[str]]]:
-    """Scan ``paths`` ``concurrency`` at a time; results in path order, progress as scans end."""
+    """:func:`scan_shard` on each of ``paths``, ``concurrency`` at a time; results in path order,
+    ``progress(done, total, nbytes)`` as scans end (see :func:`build_index`)."""
     report = progress or (lambda done, total, nbytes: None)
     report(0, len(paths), 0)
     results: list[tuple[ShardInfo, SampleLayout, set[str]] | None] = [None] * len(paths)
@@ -228,12 +234,15 @@ def build_index(
     concurrency: int = 8,
     progress: Callable[[int, int, int], None] | None = None,
     max_sample_bytes: int = MAX_SAMPLE_BYTES,
+    scan: ScanShards | None = None,
 ) -> DatasetIndex:
     """Index existing WebDataset shards: ``.tar`` written by anything (webdataset, ``tar``, ...), and
     ``.tar.zst`` with one zstd frame per sample.
 
     Shards are streamed (never held whole) and scanned ``concurrency`` at a time. The result is
-    not written: pass it to :func:`write_index`.
+    not written: pass it to :func:`write_index`. The same index from scans made elsewhere (other
+    processes, Ray tasks): :func:`shard_paths`, then :func:`scan_shard` on each, then
+    :func:`index_of_scans`.
 
     Args:
         store: the dataset root; shard paths in the index are relative to it.
@@ -245,12 +254,27 @@ def build_index(
             calling thread.
         max_sample_bytes: the largest sample accepted (its tar records, decompressed); larger
             ones are refused rather than held.
+        scan: what scans the shards, called as :func:`scan_shards` is (the default); e.g.
+            :func:`streamio.data.write.fanout.scan_in_processes` for all cores of the machine.
 
     Raises:
         ObjectNotFoundError: nothing to index: no shard under the root (empty or missing) or none
             matching the patterns, or a shard named by a pattern does not exist.
         DatasetError: a matched path cannot be named in an index.
         ShardFormatError: a shard is not a readable tar (the message names it).
+    """
+    paths = shard_paths(store, patterns)
+    scans = (scan or scan_shards)(
+        store, paths, concurrency=concurrency, max_sample_bytes=max_sample_bytes, progress=progress
+    )
+    return index_of_scans(scans)
+
+
+def shard_paths(store: Store, patterns: str | Sequence[str] | None = None) -> list[str]:
+    """The shards :func:`build_index` would scan, in index order, each checked to be one an index may name.
+
+    Raises:
+        as :func:`build_index`, except ShardFormatError for a shard's content.
     """
     paths = expand_patterns(store, patterns)
     if not paths and patterns is None:
@@ -291,9 +315,12 @@ def build_index(
                 f"{store.url(path)} cannot be named in an index: its path {path!r} below {store.root_url} is not a "
                 f"plain relative name ({problem}). Index from a root that holds it without '..' or schemes."
             )
+    return paths
 
-    results = _scan_all(store, paths, concurrency, max_sample_bytes, progress)
+
+def index_of_scans(scans: Sequence[tuple[ShardInfo, SampleLayout, set[str]]]) -> DatasetIndex:
+    """The index of shards scanned by :func:`scan_shard`, given in :func:`shard_paths` order."""
     keys: set[str] = set()
-    for _, _, k in results:
+    for _, _, k in scans:
         keys |= k
-    return make_index([r[0] for r in results], {i: r[1] for i, r in enumerate(results)}, keys)
+    return make_index([r[0] for r in scans], {i: r[1] for i, r in enumerate(scans)}, keys)

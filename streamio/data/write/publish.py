@@ -34,7 +34,7 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -114,9 +114,13 @@ def begin(
     return generation, previous
 
 
-def commit(store: Store, generation: Generation, previous: Previous, index: DatasetIndex, inline_limit: int) -> None:
+def commit(
+    store: Store, generation: Generation, previous: Previous, index: DatasetIndex, inline_limit: int,
+    *, leftovers: Iterable[str] = (),
+) -> None:
     """Write ``index.json`` in one conditional PUT, then delete what the old dataset named and the new one
-    does not, and the marker (steps 3 and 4 of the module docstring).
+    does not, then ``leftovers`` (this write's objects the index does not name), and the marker
+    (steps 3 and 4 of the module docstring).
 
     Raises:
         DatasetError: the index changed since the write began (another writer committed): nothing
@@ -133,6 +137,8 @@ def commit(store: Store, generation: Generation, previous: Previous, index: Data
     for path in previous.paths:
         if path not in named:
             _delete(store, path)
+    for path in leftovers:
+        _delete(store, path)
     _delete(store, WRITING_NAME)
 
 
