@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import uuid
 from collections.abc import Iterator
 
+import numpy as np
 import pytest
 
 from streamio.data.format.index import load_index, write_index
@@ -132,6 +134,8 @@ def test_existing_dataset_is_not_overwritten_by_accident(tmp_path) -> None:
         ([{"__key__": "k", "x": b"1"}, {"__key__": "k", "y": b"2"}], "repeats the previous sample's key"),
         ([{"__key__": "k", "x": 1.5}], "field 'x' is a float"),
         ([{"__key__": "k", "a/b": b""}], "not a valid extension"),
+        ([{"__key__": "k", "npy": np.array([{}, 1], dtype=object)}], "array of Python objects"),
+        ([{"__key__": "k", "bin": np.arange(3)}], "field 'bin' is a ndarray.*a numpy array for a '.npy' field"),
     ],
 )
 def test_bad_samples_get_a_clear_error(samples: list[dict], message: str) -> None:
@@ -139,6 +143,15 @@ def test_bad_samples_get_a_clear_error(samples: list[dict], message: str) -> Non
     with pytest.raises(DatasetError, match=message):
         write_dataset(samples, store)
     assert not store.exists(INDEX_NAME)
+
+
+def test_a_numpy_array_in_a_npy_field_is_stored_as_npy_with_its_token_count() -> None:
+    store = Store(f"memory://w-{uuid.uuid4().hex}")
+    tokens = np.arange(17, dtype=np.uint16)
+    index = write_dataset([{"__key__": "doc", "tokens.npy": tokens}], store)
+    (got,) = read_all(store)
+    assert np.array_equal(np.load(io.BytesIO(got["tokens.npy"]), allow_pickle=False), tokens)
+    assert index.token_counts("tokens.npy") == [(17,)]
 
 
 def test_values_are_encoded_by_type() -> None:

@@ -1,6 +1,6 @@
 """Samples -> shards, with no dataset around them: what every writer of shards shares.
 
-:class:`ShardPacker` packs samples (``{"__key__": str, "<ext>": bytes | str | JSON value, ...}``)
+:class:`ShardPacker` packs samples (``{"__key__": str, "<ext>": bytes | str | JSON | ndarray (.npy), ...}``)
 into WebDataset tar shards cut, named and compressed as a :class:`ShardSpec` says, uploads each
 finished shard in the background, and records each shard's :class:`ShardInfo` and
 :class:`SampleLayout` as the bytes pass. It does not decide what the shards become: a
@@ -15,6 +15,7 @@ Design and reasons (the bytes a sample becomes, memory, overlap): see
 from __future__ import annotations
 
 import collections
+import io
 import json
 import logging
 import threading
@@ -23,6 +24,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+import numpy as np
 import zstandard
 
 from streamio.checksum import format_checksum
@@ -98,10 +100,22 @@ def _field_bytes(key: str, ext: str, value: Any) -> bytes | LocalFile:
         return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
     if isinstance(value, int) and not isinstance(value, bool):
         return str(value).encode()
+    if ext.endswith("npy") and isinstance(value, np.ndarray):
+        return _npy_bytes(key, ext, value)
     raise DatasetError(
-        f"sample {key!r}: field {ext!r} is a {type(value).__name__}; give bytes, str, an int, a LocalFile, or a "
-        f"JSON value for a '.json' field (encode anything else yourself)"
+        f"sample {key!r}: field {ext!r} is a {type(value).__name__}; give bytes, str, an int, a LocalFile, a "
+        f"JSON value for a '.json' field or a numpy array for a '.npy' field (encode anything else yourself)"
     )
+
+
+def _npy_bytes(key: str, ext: str, value: np.ndarray) -> bytes:  # type: ignore[type-arg]
+    """``value`` as the bytes of a ``.npy`` file (never pickled: readers load with ``allow_pickle=False``)."""
+    if value.dtype.hasobject:
+        raise DatasetError(f"sample {key!r}: field {ext!r} is a numpy array of Python objects ({value.dtype}), which "
+                           f".npy stores only pickled; give numbers, or encode it yourself")
+    buf = io.BytesIO()
+    np.save(buf, value, allow_pickle=False)
+    return buf.getvalue()
 
 
 def sample_members(sample: Mapping[str, Any], number: int) -> tuple[str, list[Member]]:

@@ -1,6 +1,6 @@
 """Samples -> shards + ``index.json`` at any fsspec URL (what ``streamio shard`` runs).
 
-``DatasetWriter`` packs samples (``{"__key__": str, "<ext>": bytes | str | JSON value, ...}``) into
+``DatasetWriter`` packs samples (``{"__key__": str, "<ext>": bytes | str | JSON | ndarray (.npy), ...}``) into
 WebDataset tar shards named ``{prefix}-{i:06d}.tar`` (``.tar.zst`` with ``compression="zstd"``)
 and, when closed, writes ``index.json`` last. How shards are cut, named and compressed is one
 frozen :class:`ShardSpec` value; the packing itself is :mod:`streamio.data.write.packer`'s (shared
