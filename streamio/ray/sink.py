@@ -51,7 +51,9 @@ class DatasetSink(_data.Datasink):  # type: ignore[misc,name-defined]
             leftovers.
         rows_per_task: hand each write task (one partition) at least this many rows (Ray's
             ``min_rows_per_write``); each partition ends in a shard that is not full, so fewer,
-            larger partitions make fewer small shards. None: Ray's blocks as they come.
+            larger partitions make fewer small shards. None: ``spec.max_count`` when the shards
+            are cut by count (at most one part-filled shard per full one), else Ray's blocks as
+            they come.
         inline_limit: datasets up to this many samples keep their offsets inside ``index.json``.
 
     Raises:
@@ -81,8 +83,8 @@ class DatasetSink(_data.Datasink):  # type: ignore[misc,name-defined]
 
     @property
     def min_rows_per_write(self) -> int | None:
-        """Ray's bundling of rows into write tasks (``rows_per_task``)."""
-        return self.rows_per_task
+        """Ray's bundling of rows into write tasks (``rows_per_task``, or ``spec.max_count``)."""
+        return self.rows_per_task if self.rows_per_task is not None else self.spec.max_count
 
     def on_write_start(self, schema: Any = None) -> None:
         """Driver, once: put the marker and choose the shard names."""

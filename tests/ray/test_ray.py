@@ -117,6 +117,14 @@ def test_a_task_that_fails_once_is_retried_and_the_dataset_has_every_row_once(
     assert {o.path for o in store.list()} == {INDEX_NAME, *named}  # no orphan shard, no summary, no marker
 
 
+def test_small_blocks_are_bundled_into_tasks_of_a_shards_worth_of_rows(tmp_path: Path) -> None:
+    """40 rows in 20 blocks made 20 partitions of one 2-row shard each; a task now takes >= max_count rows."""
+    sink = streamio.ray.DatasetSink(str(tmp_path / "ds"), spec=ShardSpec(max_count=10))
+    ray.data.from_items(rows(40), override_num_blocks=20).write_datasink(sink)
+    assert sink.index is not None and sink.index.samples == 40
+    assert len(sink.index.shards) <= 8, [s.samples for s in sink.index.shards]
+
+
 def test_the_sink_refuses_a_dataset_already_there(tmp_path: Path) -> None:
     url = str(tmp_path / "ds")
     write_dataset([{"__key__": "a", "txt": "x"}], url)
