@@ -81,20 +81,25 @@ class TokenPacker:
         self.reader, self.member = reader, member
 
     def read(self, plan: PackPlan, stream: PackStream, skip: int = 0) -> Iterator[dict[str, Any]]:
-        """The sequences of ``stream`` in order, after its first ``skip``."""
+        """The sequences of ``stream`` in order, after its first ``skip``.
+
+        The reader schedules every window up front (runs: a few per batch); each batch's layout
+        (a piece per document) is computed again when the batch is filled rather than kept for
+        the whole stream, so memory does not grow with the documents a worker reads in an epoch.
+        """
         batches = _skip(stream.batches, skip)
-        layouts, windows = [], []
+        windows = []
         reuse: set[tuple[int, int]] = set()
         for b in batches:
             layout = plan.layout(b)
             runs = _runs(layout.segments, reuse)
             if runs:
                 windows.append(Window(runs, None))
-            layouts.append(layout)
             reuse = _last_docs(layout.segments)
         docs = self.reader.read(windows)
         kept: dict[tuple[int, int], np.ndarray] = {}
-        for b, layout in zip(batches, layouts, strict=True):
+        for b in batches:
+            layout = plan.layout(b)
             filled = []
             for seg in layout.segments:
                 filled.append(self._fill(plan, seg, docs, kept))
