@@ -72,8 +72,8 @@ from streamio.data.position import (
     state_of,
     warn_plain_workers,
 )
-from streamio.data.read.packer import TokenPacker
 from streamio.data.read.reader import WindowReader
+from streamio.data.read.sequences import TokenPacker
 from streamio.data.sharing import OpenGroup, check_agreement
 from streamio.deprecation import fold_moved
 from streamio.distributed import rank_and_world
