@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from streamio.data.dataset import StreamingDataset  # imported here: torch's import is not the parser's budget
 from streamio.data.format.index import load_index
 from streamio.data.format.samples import iter_samples
 from streamio.data.write.indexer import build_index, scan_chunks
@@ -106,11 +107,9 @@ def test_verified_read_refuses(name: str) -> None:
 
 @pytest.mark.parametrize("name", CASES)
 def test_streaming_dataset_refuses(name: str) -> None:
-    import streamio
-
     case = CASES[name]
     store, url = stored(case)
-    _, error = bounded(lambda: list(streamio.StreamingDataset(store.root_url)))
+    _, error = bounded(lambda: list(StreamingDataset(store.root_url)))
     assert_refused(error, case.error, url)
 
 
