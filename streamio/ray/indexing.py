@@ -15,17 +15,17 @@ from dataclasses import replace
 from typing import Any
 
 from streamio.data.format.index import INLINE_LIMIT, DatasetIndex, write_index
-from streamio.data.format.layout import INDEX_NAME, MAX_SAMPLE_BYTES, SampleLayout, ShardInfo
+from streamio.data.format.layout import INDEX_NAME, MAX_SAMPLE_BYTES
 from streamio.data.format.patterns import split_pattern
 from streamio.data.locate import absolute_url, same_location, split_index_url
-from streamio.data.write.indexer import index_of_scans, scan_shards, shard_paths
+from streamio.data.write.indexer import ShardScan, index_of_scans, scan_shards, shard_paths
 from streamio.errors import DatasetError, WriteConflictError
 from streamio.ray.requirement import require
 from streamio.storage import Store
 
 __all__ = ["index"]
 
-Scan = tuple[ShardInfo, SampleLayout, set[str]]
+Scan = ShardScan
 
 
 def _scan_run(

@@ -179,7 +179,7 @@ def test_fuzz_tar_reader(data: bytes, chunk: int) -> None:
     _check_samples(got, len(data))
     scanned = bounded(lambda: scan_chunks(pieces(data, chunk), url=url, path="data-000000.tar", max_sample_bytes=LIMIT))
     if scanned is not None:
-        info, layout, _ = scanned
+        info, layout, _, _ = scanned
         assert info.bytes == len(data) and layout.offsets[-1] <= len(data)
         assert all(b > a for a, b in zip(layout.offsets, layout.offsets[1:], strict=False))
     if data:  # everything as one sample, with a checksum that matches: the verified path parses it

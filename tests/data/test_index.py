@@ -213,7 +213,7 @@ def test_scanning_foreign_tars_in_any_chunking_gives_layouts_that_read_back(memb
     pieces = [raw[i : i + chunk] for i in range(0, len(raw), chunk)]
     expected = list(iter_samples(pieces, url="t.tar", handler=lambda e: True))  # duplicates skipped the same way
     try:
-        shard, layout, _ = scan_chunks(pieces, url="t.tar", path="t.tar")
+        shard, layout, _, _ = scan_chunks(pieces, url="t.tar", path="t.tar")
     except ShardFormatError as exc:  # a repeated field: the indexer refuses it, naming it
         assert "repeats field" in str(exc)
         return

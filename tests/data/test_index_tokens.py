@@ -171,3 +171,31 @@ def test_load_tokens_on_garbage_raises_what_the_packer_names(head: bytes, data: 
         load_tokens(head + data)
     except (ValueError, OSError, EOFError):
         pass
+
+
+@pytest.mark.parametrize("compression", [None, "zstd"])
+def test_indexing_existing_shards_records_the_token_counts_a_writer_records(tmp_path, compression) -> None:  # type: ignore[no-untyped-def]
+    """`streamio index` of token shards written by anything: Pack can plan them (their counts from the .npy headers)."""
+    from streamio.data.write.indexer import build_index
+    from streamio.data.write.writer import ShardSpec, write_dataset
+    from streamio.storage import Store
+
+    docs = [{"__key__": f"d{i:03d}", "npy": np.arange(1 + i * 7, dtype=np.uint16), "txt": "x"} for i in range(30)]
+    written = write_dataset(docs, str(tmp_path), spec=ShardSpec(max_count=8, compression=compression))
+    scanned = build_index(Store(str(tmp_path)), "data-*")
+    assert scanned.token_counts("npy") == written.token_counts("npy")
+    assert scanned.token_fields() == ("npy",) and scanned.fingerprint == written.fingerprint
+
+
+def test_a_sample_with_more_token_fields_than_an_index_holds_still_makes_a_readable_index(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """20 one-dimensional .npy fields a sample: the index recorded all 20, then refused itself on load (16 at most)."""
+    from streamio.data.format.index_schema import MAX_TOKEN_FIELDS
+    from streamio.data.write.writer import write_dataset
+    from streamio.storage import Store
+
+    fields = [f"f{j:02d}.npy" for j in range(MAX_TOKEN_FIELDS + 4)]
+    write_dataset([{"__key__": f"d{i}", **{f: np.arange(i + 1, dtype=np.uint16) for f in fields}} for i in range(3)],
+                  str(tmp_path))
+    index = load_index(Store(str(tmp_path)))
+    assert index.token_fields() == tuple(fields[:MAX_TOKEN_FIELDS])
+    assert index.token_counts(fields[0]) == [(1, 2, 3)]

@@ -56,7 +56,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from streamio.checksum import crc32c, format_checksum
-from streamio.data.format.index_schema import check_document, check_layout
+from streamio.data.format.index_schema import MAX_TOKEN_FIELDS, check_document, check_layout
 from streamio.data.format.layout import FORMAT, INDEX_NAME, LAYOUT_DIR, SampleLayout, ShardInfo, sidecar_path
 from streamio.errors import CorruptDataError, DatasetError, IndexFormatError, IndexNotFoundError, ObjectTooLargeError
 from streamio.limits import MAX_JSON_BYTES, load_json
@@ -123,8 +123,8 @@ class DatasetIndex:
 
         Raises:
             DatasetError: a shard records no token counts for ``member`` (an index written before
-                they existed, by ``streamio index``, or a data set whose ``member`` is not a 1-D
-                integer ``.npy`` in every sample); the message names the shard and the fix.
+                they existed, or a data set whose ``member`` is not a 1-D integer ``.npy`` in every
+                sample); the message names the shard and the fix.
         """
         out = []
         for i, shard in enumerate(self.shards):
@@ -133,9 +133,10 @@ class DatasetIndex:
                 have = sorted(self._tokens.get(i, {}))
                 raise DatasetError(
                     f"shard {shard.path!r} records no token counts for member {member!r} (it records "
-                    f"{have or 'none'}): packing needs each document's count in the index. Write the data set "
-                    f"with write_dataset() or `streamio shard`, which record them for every 1-D integer .npy "
-                    f"member, or give Pack(member=...) one of {list(self.token_fields())}."
+                    f"{have or 'none'}): packing needs each document's count in the index. Index the shards "
+                    f"again (`streamio index URL --overwrite`) or write the data set with write_dataset() or "
+                    f"`streamio shard`, which record them for every 1-D integer .npy member, or give "
+                    f"Pack(member=...) one of {list(self.token_fields())}."
                 )
             out.append(counts or ())
         return out
@@ -205,7 +206,10 @@ def make_index(
     """Assemble a :class:`DatasetIndex` from shards, their layouts and token counts (writer / build_index)."""
     kinds = {s.compression for s in shards}
     compression = kinds.pop() if len(kinds) == 1 else (None if not kinds else "mixed")
-    counts = {i: {ext: tuple(c) for ext, c in fields.items()} for i, fields in (tokens or {}).items() if fields}
+    counts = {  # at most what a reader accepts (the first fields by name): an index must load again
+        i: {ext: tuple(fields[ext]) for ext in sorted(fields)[:MAX_TOKEN_FIELDS]}
+        for i, fields in (tokens or {}).items() if fields
+    }
     return DatasetIndex(
         tuple(shards), sum(s.samples for s in shards), tuple(sorted(set(keys))), compression, _inline=dict(layouts),
         _tokens=counts,

@@ -227,7 +227,7 @@ def iter_members(
     handler: Handler | None = None,
     on_end: Callable[[int], None] | None = None,
     max_sample_bytes: int = MAX_SAMPLE_BYTES,
-    keep_data: bool = True,
+    keep_data: bool | Callable[[str], int] = True,
 ) -> Iterator[tuple[int, str, bytes]]:
     """Regular-file members of a tar byte stream: ``(offset of its first header, name, data)``.
 
@@ -246,7 +246,8 @@ def iter_members(
         on_end: called with the offset of the end-of-archive block when the parser reaches it.
         max_sample_bytes: a member declaring more is refused (a handler may skip it).
         keep_data: False passes over member data without keeping it (``data`` is ``b""``): what
-            an index scan needs.
+            an index scan needs; a function of the member's name keeps that many first bytes of
+            it, as a :class:`MemberHead` that also says the whole member's size (0: ``b""``).
 
     Raises:
         ShardFormatError: truncated or non-tar bytes, an invalid or over-limit header field, an
@@ -279,7 +280,8 @@ def iter_members(
             if handler is None or not handler(exc):
                 raise exc
         wanted = problem is None and typeflag in _REGULAR
-        data = _member_data(src, size, url, at, name, keep=keep_data and wanted)
+        keep = keep_data(name) if callable(keep_data) and wanted else keep_data is True and wanted
+        data = _member_data(src, size, url, at, name, keep=keep)
         if wanted:
             yield member_start, name, data
 
@@ -362,20 +364,26 @@ def _problem(typeflag: bytes, name: str, start: int, size: int, limit: int) -> s
     return None
 
 
-def _member_data(src: ChunkReader, size: int, url: str, at: int, name: str, *, keep: bool) -> bytes:
-    """The ``size`` data bytes of the member whose header is at ``at`` (and its padding); b"" unless ``keep``."""
-    pad = -size % BLOCK
-    if keep:
-        data = src.take(size)
-        got = len(data)
-    else:
-        data, got = b"", src.skip(size)
+class MemberHead(bytes):
+    """The first bytes of a member's data; :attr:`size` is the whole member's (``iter_members(keep_data=f)``)."""
+    size: int
+
+
+def _member_data(src: ChunkReader, size: int, url: str, at: int, name: str, *, keep: bool | int) -> bytes:
+    """The member's data (padding passed over): all (``keep=True``), ``b""`` or a :class:`MemberHead` of ``keep``."""
+    pad, want = -size % BLOCK, size if keep is True else min(int(keep), size)
+    data = src.take(want) if want else b""
+    got = len(data) + (src.skip(size - want) if len(data) == want else 0)
     if got < size or (pad and src.skip(pad) < pad):
         raise ShardFormatError(
             f"shard {url!r} ends at byte {src.offset} inside member {name!r} "
             f"(header at {at}, {size} bytes announced): it is truncated. Re-fetch it or re-run `streamio verify`."
         )
-    return data
+    if isinstance(keep, bool):
+        return data
+    head = MemberHead(data)
+    head.size = size
+    return head
 
 
 def _name(block: bytes, ext: _Extended | None) -> str:

@@ -38,7 +38,7 @@ from typing import Any, TypeVar
 
 from streamio.data.format.layout import MAX_SAMPLE_BYTES, SampleLayout, ShardInfo
 from streamio.data.format.tar import END_OF_ARCHIVE
-from streamio.data.write.indexer import scan_shards
+from streamio.data.write.indexer import ShardScan, scan_shards
 from streamio.data.write.packer import EncodedSample, ShardPacker, ShardSpec, compressor, encode_sample
 from streamio.data.write.writer import DatasetWriter
 from streamio.errors import DatasetError
@@ -50,7 +50,7 @@ __all__ = ["BATCH", "encoded", "pack_in_processes", "scan_in_processes"]
 BATCH = 64
 
 T = TypeVar("T")
-Scan = tuple[ShardInfo, SampleLayout, set[str]]
+Scan = ShardScan
 Packed = tuple[ShardInfo, SampleLayout, set[str], dict[str, list[int]]]  # and its documents' token counts
 
 

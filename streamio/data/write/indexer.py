@@ -3,7 +3,9 @@
 What ``streamio index URL`` runs. :func:`build_index` expands the patterns
 (:mod:`streamio.data.format.patterns`), checks that every path can be named in an index, and scans the
 shards ``concurrency`` at a time; :func:`scan_shard` streams one shard once and records its size,
-whole CRC32C, the offset and CRC32C of every sample and the member extensions it holds.
+whole CRC32C, the offset and CRC32C of every sample, the member extensions it holds and, for a
+field that is a 1-D integer ``.npy`` in every sample, each document's token count (read from the
+member's first :data:`~streamio.data.format.tokens.NPY_HEAD` bytes, as a writer records it).
 
 * ``.tar`` from any writer (webdataset, ``tar``, ...): the tar records are parsed by
   :func:`streamio.data.format.tar.iter_members` without keeping member data, and each sample's CRC32C is
@@ -20,9 +22,10 @@ written: pass it to :func:`streamio.data.format.index.write_index`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import closing
+from typing import NamedTuple
 
 import zstandard
 
@@ -42,13 +45,41 @@ from streamio.data.format.layout import (
 from streamio.data.format.marker import read_marker
 from streamio.data.format.patterns import expand_patterns, gzip_shards
 from streamio.data.format.samples import group_samples
-from streamio.data.format.tar import iter_members
+from streamio.data.format.tar import MemberHead, iter_members
+from streamio.data.format.tokens import NPY_HEAD, token_fields
 from streamio.errors import DatasetError, ObjectNotFoundError, ShardFormatError
 from streamio.storage import Store
 
-__all__ = ["build_index", "index_of_scans", "scan_chunks", "scan_shard", "scan_shards", "shard_paths"]
+__all__ = ["ShardScan", "build_index", "index_of_scans", "scan_chunks", "scan_shard", "scan_shards", "shard_paths"]
 
 _WHOLE_FRAME = 16 << 20  # a scanned frame declaring up to this is decompressed in one call, larger ones in pieces
+
+
+class ShardScan(NamedTuple):
+    """What one scan of a shard found: its :class:`ShardInfo`, its samples' layout, the member
+    extensions it holds and its documents' token counts by field (``{}``: no token field)."""
+
+    info: ShardInfo
+    layout: SampleLayout
+    keys: set[str]
+    tokens: dict[str, list[int]]
+
+
+def _npy_head(name: str) -> int:
+    """How much of a member an index scan keeps: the head of a ``.npy`` (its header), nothing else."""
+    return NPY_HEAD if name.endswith(".npy") else 0
+
+
+def _sample_tokens(sample: Mapping[str, object]) -> dict[str, int]:
+    return token_fields({ext: (v, v.size) for ext, v in sample.items() if isinstance(v, MemberHead)})
+
+
+def _common(tokens: list[dict[str, int]]) -> dict[str, list[int]]:
+    """Per field found in every sample, each sample's count (what the index records)."""
+    if not tokens:
+        return {}
+    fields = set.intersection(*(set(t) for t in tokens))
+    return {ext: [t[ext] for t in tokens] for ext in sorted(fields)}
 
 
 class _Tee:
@@ -90,7 +121,7 @@ class _Tee:
 
 def scan_shard(
     store: Store, path: str, *, max_sample_bytes: int = MAX_SAMPLE_BYTES
-) -> tuple[ShardInfo, SampleLayout, set[str]]:
+) -> ShardScan:
     """Stream one shard once: size, whole CRC32C, sample offsets and per-sample CRC32C, keys.
 
     ``.tar`` shards from any writer; ``.tar.zst`` shards only with one zstd frame per sample (as
@@ -108,7 +139,7 @@ def scan_shard(
 
 def scan_chunks(
     chunks: Iterable[bytes], *, url: str, path: str, max_sample_bytes: int = MAX_SAMPLE_BYTES
-) -> tuple[ShardInfo, SampleLayout, set[str]]:
+) -> ShardScan:
     """:func:`scan_shard` on bytes from anywhere (chunks of any size); ``path`` names the shard in the result."""
     if path.endswith(".zst"):
         return _scan_zstd(chunks, url, path, max_sample_bytes)
@@ -130,11 +161,12 @@ class _Counted:
 
 def _scan_zstd(
     chunks: Iterable[bytes], url: str, path: str, max_sample_bytes: int
-) -> tuple[ShardInfo, SampleLayout, set[str]]:
+) -> ShardScan:
     whole = Crc32c()
     starts: list[int] = []
     crcs: list[int] = []
     keys: set[str] = set()
+    tokens: list[dict[str, int]] = []
     biggest = 0
     end_of_samples: int | None = None
     frame_limit = max_sample_bytes + (max_sample_bytes >> 10) + 1024  # raw blocks: 3 bytes per 128 KiB, headers
@@ -148,7 +180,7 @@ def _scan_zstd(
         ))
         ends: list[int] = []
         members = iter_members(raw, url=url, require_end=False, on_end=ends.append, max_sample_bytes=max_sample_bytes,
-                               keep_data=False)
+                               keep_data=_npy_head)
         found = list(group_samples(members, url=url, max_sample_bytes=max_sample_bytes))  # data not kept: small
         if len(found) > 1 or (found and ends):
             raise ShardFormatError(
@@ -160,6 +192,7 @@ def _scan_zstd(
             starts.append(start)
             crcs.append(crc32c(frame))
             keys.update(k for k in found[0][1] if k != "__key__")
+            tokens.append(_sample_tokens(found[0][1]))
             biggest = max(biggest, raw.total)
         elif ends:
             end_of_samples = start
@@ -170,15 +203,16 @@ def _scan_zstd(
     if end_of_samples is None:
         raise ShardFormatError(f"shard {url!r} ends without the end-of-archive blocks: it is truncated")
     layout = SampleLayout(tuple(starts) + (end_of_samples,), tuple(crcs), biggest)
-    return ShardInfo(path, whole.size, len(starts), whole.hexdigest()), layout, keys
+    return ShardScan(ShardInfo(path, whole.size, len(starts), whole.hexdigest()), layout, keys, _common(tokens))
 
 
-def _scan(tee: _Tee, url: str, path: str, max_sample_bytes: int) -> tuple[ShardInfo, SampleLayout, set[str]]:
+def _scan(tee: _Tee, url: str, path: str, max_sample_bytes: int) -> ShardScan:
     starts: list[int] = []
     crcs: list[int] = []
     keys: set[str] = set()
     ends: list[int] = []
-    members = iter_members(tee, url=url, on_end=ends.append, max_sample_bytes=max_sample_bytes, keep_data=False)
+    tokens: list[dict[str, int]] = []
+    members = iter_members(tee, url=url, on_end=ends.append, max_sample_bytes=max_sample_bytes, keep_data=_npy_head)
     for start, sample in group_samples(members, url=url, max_sample_bytes=max_sample_bytes):
         if starts:
             crcs.append(tee.range_crc(start))
@@ -186,29 +220,30 @@ def _scan(tee: _Tee, url: str, path: str, max_sample_bytes: int) -> tuple[ShardI
             tee.range_crc(start)  # bytes before the first sample (directory entries) belong to none
         starts.append(start)
         keys.update(k for k in sample if k != "__key__")
+        tokens.append(_sample_tokens(sample))
     end_of_samples = ends[0]  # the end-of-archive block that stopped the parser
     if starts:
         crcs.append(tee.range_crc(end_of_samples))
     for _ in tee:  # drain the trailer so the whole-object CRC covers every byte
         pass
     layout = SampleLayout(tuple(starts) + (end_of_samples,), tuple(crcs))
-    return ShardInfo(path, tee.whole.size, len(starts), tee.whole.hexdigest()), layout, keys
+    return ShardScan(ShardInfo(path, tee.whole.size, len(starts), tee.whole.hexdigest()), layout, keys, _common(tokens))
 
 
 #: What scans shards for :func:`build_index`: ``scan(store, paths, *, concurrency, max_sample_bytes,
 #: progress)`` -> one ``(ShardInfo, SampleLayout, keys)`` per path, in path order.
-ScanShards = Callable[..., "list[tuple[ShardInfo, SampleLayout, set[str]]]"]
+ScanShards = Callable[..., "list[ShardScan]"]
 
 
 def scan_shards(
     store: Store, paths: Sequence[str], *, concurrency: int = 8, max_sample_bytes: int = MAX_SAMPLE_BYTES,
     progress: Callable[[int, int, int], None] | None = None,
-) -> list[tuple[ShardInfo, SampleLayout, set[str]]]:
+) -> list[ShardScan]:
     """:func:`scan_shard` on each of ``paths``, ``concurrency`` at a time; results in path order,
     ``progress(done, total, nbytes)`` as scans end (see :func:`build_index`)."""
     report = progress or (lambda done, total, nbytes: None)
     report(0, len(paths), 0)
-    results: list[tuple[ShardInfo, SampleLayout, set[str]] | None] = [None] * len(paths)
+    results: list[ShardScan | None] = [None] * len(paths)
     nbytes = 0
     with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
         futures = {
@@ -318,9 +353,10 @@ def shard_paths(store: Store, patterns: str | Sequence[str] | None = None) -> li
     return paths
 
 
-def index_of_scans(scans: Sequence[tuple[ShardInfo, SampleLayout, set[str]]]) -> DatasetIndex:
+def index_of_scans(scans: Sequence[ShardScan]) -> DatasetIndex:
     """The index of shards scanned by :func:`scan_shard`, given in :func:`shard_paths` order."""
     keys: set[str] = set()
-    for _, _, k in scans:
-        keys |= k
-    return make_index([r[0] for r in scans], {i: r[1] for i, r in enumerate(scans)}, keys)
+    for scan in scans:
+        keys |= scan.keys
+    return make_index([r.info for r in scans], {i: r.layout for i, r in enumerate(scans)}, keys,
+                      {i: r.tokens for i, r in enumerate(scans)})
