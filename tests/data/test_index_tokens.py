@@ -199,3 +199,22 @@ def test_a_sample_with_more_token_fields_than_an_index_holds_still_makes_a_reada
     index = load_index(Store(str(tmp_path)))
     assert index.token_fields() == tuple(fields[:MAX_TOKEN_FIELDS])
     assert index.token_counts(fields[0]) == [(1, 2, 3)]
+
+
+def test_verify_names_a_document_whose_tokens_disagree_with_the_index(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """`streamio verify --deep` reads every byte: the token counts planning relies on are checked against them too."""
+    from streamio.data.write.verify import validate
+    from streamio.data.write.writer import ShardSpec, write_dataset
+    from streamio.storage import Store
+
+    docs = [{"__key__": f"d{i:03d}", "npy": np.arange(5 + i, dtype=np.uint16)} for i in range(6)]
+    write_dataset(docs, str(tmp_path), spec=ShardSpec(max_count=3))
+    store = Store(str(tmp_path))
+    assert validate(store, load_index(store), deep=True).ok
+    doc = json.loads((tmp_path / "index.json").read_text())
+    doc["shards"][1]["tokens"]["npy"][2] = 99  # sample d005 holds 10 tokens
+    (tmp_path / "index.json").write_text(json.dumps(doc))
+    report = validate(store, load_index(store), deep=True)
+    (bad,) = report.bad
+    assert bad.path == doc["shards"][1]["path"]
+    assert "sample 2 ('d005')" in bad.reason and "10 tokens, the index says 99" in bad.reason

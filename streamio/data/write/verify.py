@@ -3,7 +3,8 @@
 What ``streamio verify`` runs. :func:`validate` lists the root once and compares every shard's
 size with the index (shallow), then, with ``deep=True``, re-reads every shard (streamed,
 ``concurrency`` at a time) through the verified reader of :mod:`streamio.data.format.samples`, comparing
-its size, whole CRC32C, every sample's CRC32C and the sample count with the index.
+its size, whole CRC32C, every sample's CRC32C and the sample count with the index, and each
+document's token count (where the index records them) with its ``.npy`` header.
 
 The deep check covers the shard's whole extent, not only the samples the index lists: the bytes
 before the first indexed sample may hold tar headers of directories only, and the bytes after the
@@ -32,6 +33,7 @@ from streamio.data.format.layout import SampleLayout
 from streamio.data.format.samples import SampleSpan, iter_samples
 from streamio.data.format.tar import iter_members
 from streamio.data.format.tarfields import BLOCK
+from streamio.data.format.tokens import NPY_HEAD, npy_tokens
 from streamio.errors import ShardFormatError, StorageError, StreamioError
 from streamio.storage import Store
 
@@ -137,7 +139,20 @@ def _tail_problem(chunks: Iterable[bytes], url: str, compression: str | None, st
     return None
 
 
-def _check_extent(src: _Cursor, layout: SampleLayout, url: str, compression: str | None) -> tuple[int, str | None]:
+def _token_problem(sample: dict[str, object], j: int, tokens: dict[str, tuple[int, ...]]) -> str | None:
+    """How sample ``j``'s token documents disagree with the counts the index records, if they do."""
+    for ext, counts in tokens.items():
+        data = sample.get(ext)
+        got = npy_tokens(bytes(data[:NPY_HEAD]), len(data)) if isinstance(data, (bytes, memoryview)) else None
+        if j < len(counts) and got != counts[j]:
+            return (f"sample {j} ({sample.get('__key__')!r}): its {ext!r} holds "
+                    f"{'no token document' if got is None else f'{got} tokens'}, the index says {counts[j]}")
+    return None
+
+
+def _check_extent(
+    src: _Cursor, layout: SampleLayout, url: str, compression: str | None, tokens: dict[str, tuple[int, ...]],
+) -> tuple[int, str | None]:
     """Read the whole shard from ``src``: ``(samples read, the first problem outside them or None)``."""
     first, end = layout.offsets[0], layout.offsets[-1]
     problem = None
@@ -146,7 +161,10 @@ def _check_extent(src: _Cursor, layout: SampleLayout, url: str, compression: str
         for _ in src.region(first - src.pos):  # whatever the head's parser left unread
             pass
     samples = src.region(end - first)
-    n = sum(1 for _ in iter_samples(samples, url=url, span=SampleSpan(first), layout=layout, compression=compression))
+    n = 0
+    for sample in iter_samples(samples, url=url, span=SampleSpan(first), layout=layout, compression=compression):
+        problem = problem or (_token_problem(sample, n, tokens) if tokens else None)
+        n += 1
     for _ in samples:
         pass
     tail = src.region(None)
@@ -163,7 +181,7 @@ def _deep_check(store: Store, index: DatasetIndex, i: int) -> str | None:
         layout = index.layout(i, store)
         with closing(store.iter_bytes(shard.path)) as raw:
             src = _Cursor(raw)
-            n, problem = _check_extent(src, layout, url, shard.compression)
+            n, problem = _check_extent(src, layout, url, shard.compression, index.shard_tokens(i))
         whole = src.whole
     except FileNotFoundError:
         return "missing: the object does not exist"
@@ -177,7 +195,7 @@ def _deep_check(store: Store, index: DatasetIndex, i: int) -> str | None:
         return f"checksum {whole.hexdigest()}, the index says {shard.checksum}: the shard is corrupt"
     if n != shard.samples:
         return f"{n} samples, the index says {shard.samples}"
-    return problem  # bytes the index does not account for, in a shard that matches it otherwise
+    return problem  # bytes or token counts the index does not account for, in a shard that matches it otherwise
 
 
 def _read_all(
