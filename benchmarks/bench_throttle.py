@@ -67,18 +67,6 @@ def run(rate: float, threads: int, objects: int, reps: int) -> dict[str, Any]:
     return out
 
 
-def _split(log: list[Any], saves: int) -> list[tuple[int, int]]:
-    """(admitted, refused) writes of each save, split at the ``between-N`` marks in the log."""
-    counts = [[0, 0] for _ in range(saves)]
-    i = 0
-    for r in log:
-        if "between-" in r.path:
-            i = min(i + 1, saves - 1)
-        elif r.method in ("PUT", "POST", "DELETE"):
-            counts[i][r.fault == "throttled"] += 1
-    return [(a, b) for a, b in counts]
-
-
 RANK_CASES = {  # name: (rank mode, job's write cap, store limit on)
     "no limit (this machine's floor)": ("save-paced", "none", False),
     "unpaced (before)": ("save-unpaced", "none", True),
@@ -92,6 +80,7 @@ def run_ranks(world: int, rate: float, size_mb: int, saves: int, log: Any = prin
     per case of :data:`RANK_CASES`; each save's time, writes admitted and refused."""
     from benchmarks.bench_fanout import torchrun_ranks
     from streamio.testing import FaultProxy, MotoServer, S3Endpoint
+    from streamio.testing.ratelimit import writes_per_segment
 
     clean_aws_env()
     server = MotoServer()
@@ -108,7 +97,7 @@ def run_ranks(world: int, rate: float, size_mb: int, saves: int, log: Any = prin
                 results = torchrun_ranks(world, mode, s3.new_bucket().url("ckpt"), size_mb, options,
                                          Path(scratch, f"{len(cases)}"), env=env)
                 each = [max(r["each"][i] for r in results) for i in range(saves)]
-                split = _split(proxy.log(), saves)
+                split = writes_per_segment(proxy.log(), "between-", saves)
                 cases[name] = [{"seconds": s, "admitted": a, "refused": b / (a + b)}
                                for s, (a, b) in zip(each, split, strict=True)]
                 log(f"{world} ranks, {name:>32}: " + "; ".join(

@@ -8,10 +8,10 @@ of the package's modules: docs/design.md "Layout and the direction of dependenci
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from streamio import errors  # the error tree imports nothing else: cheap, and a submodule __getattr__ would miss
+from streamio.lazy import lazy_exports
 from streamio.version import __version__  # the same as pyproject.toml and CHANGELOG.md (tests/core/test_version.py)
 
 #: public name -> the module that defines it
@@ -82,14 +82,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the names, eagerly
     from streamio.storage import RetryPolicy, Store
 
 
-def __getattr__(name: str) -> Any:
-    """Import the module defining ``name`` on first use, then keep it in the module's globals."""
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'streamio' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later lookups do not come here
-    return value
+__getattr__ = lazy_exports(__name__, _EXPORTS, globals())  # each name imported on first use
 
 
 def __dir__() -> list[str]:

@@ -13,8 +13,9 @@ this package's modules ("Layout and the direction of dependencies"); what a root
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from streamio.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from streamio.checkpoint.dcp.reader import StreamioReader
@@ -60,11 +61,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    """Import the module defining ``name`` on first use."""
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _EXPORTS, globals())  # each name imported on first use

@@ -19,8 +19,9 @@ docs/design.md "Writing a dataset from many tasks" describes the protocol and it
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from streamio.lazy import lazy_exports
 
 __all__ = ["DatasetSink", "index"]
 
@@ -31,14 +32,7 @@ if TYPE_CHECKING:
     from streamio.ray.sink import DatasetSink
 
 
-def __getattr__(name: str) -> Any:
-    """Import the adapter defining ``name`` (and Ray with it) on first use."""
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'streamio.ray' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _EXPORTS, globals())  # each name imported on first use
 
 
 def __dir__() -> list[str]:

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
-__all__ = ["RateLimit"]
+__all__ = ["RateLimit", "writes_per_segment"]
 
 
 @dataclass
@@ -72,3 +73,19 @@ class RateLimit:
             else:
                 self.refused += 1
             return ok
+
+
+def writes_per_segment(
+    log: Iterable[Any], mark: str, segments: int, methods: tuple[str, ...] = ("PUT", "POST", "DELETE"),
+) -> list[tuple[int, int]]:
+    """``(admitted, refused)`` writes in each of ``segments`` parts of a proxy's request log (its
+    :class:`~streamio.testing.faults.RequestRecord` s), cut at each request whose path contains
+    ``mark`` (e.g. a marker object a test puts between two saves; the marks are not counted)."""
+    counts = [[0, 0] for _ in range(segments)]
+    i = 0
+    for r in log:
+        if mark in r.path:
+            i = min(i + 1, segments - 1)
+        elif r.method in methods:
+            counts[i][r.fault == "throttled"] += 1
+    return [(a, b) for a, b in counts]

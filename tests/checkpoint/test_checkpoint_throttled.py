@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from streamio.testing import FaultProxy, S3Endpoint
+from streamio.testing.ratelimit import writes_per_segment
 from support.ckpt_fanout import run_ranks
 
 pytestmark = pytest.mark.slow
@@ -33,18 +33,6 @@ def s3_proxy(moto_endpoint: str) -> Iterator[FaultProxy]:
         yield proxy
 
 
-def _per_save(log: list[Any], saves: int) -> list[tuple[int, int]]:
-    """(admitted, refused) writes of each save, split at the ``between-N`` marks rank 0 writes."""
-    counts = [[0, 0] for _ in range(saves)]
-    i = 0
-    for r in log:
-        if "between-" in r.path:
-            i += 1
-        elif r.method in ("PUT", "POST", "DELETE"):
-            counts[i][r.fault == "throttled"] += 1
-    return [(a, b) for a, b in counts]
-
-
 def _save(s3: S3Endpoint, proxy: FaultProxy, tmp_path: Path, name: str, env: dict[str, str]) -> list[dict[str, float]]:
     """One 8-rank job saving ``SAVES`` steps through the limit: each save's time (the slowest
     rank), writes admitted and the share refused."""
@@ -54,7 +42,7 @@ def _save(s3: S3Endpoint, proxy: FaultProxy, tmp_path: Path, name: str, env: dic
     assert all(r["ok"] for r in results), results
     saves = len(results[0]["each"])
     out = []
-    for i, (admitted, refused) in enumerate(_per_save(proxy.log(), saves)):
+    for i, (admitted, refused) in enumerate(writes_per_segment(proxy.log(), "between-", saves)):
         seconds = max(r["each"][i] for r in results)
         out.append({"seconds": seconds, "admitted": admitted, "refused": refused / (admitted + refused)})
         print(f"{name} save {i + 1}: {admitted} writes in {seconds:.1f} s (the limit allows {admitted / RATE:.1f} s), "

@@ -173,16 +173,23 @@ def test_load_tokens_on_garbage_raises_what_the_packer_names(head: bytes, data: 
         pass
 
 
-@pytest.mark.parametrize("compression", [None, "zstd"])
-def test_indexing_existing_shards_records_the_token_counts_a_writer_records(tmp_path, compression) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize(("compression", "where"), [(None, "file"), ("zstd", "file"), (None, "s3")])
+def test_indexing_existing_shards_records_the_token_counts_a_writer_records(  # type: ignore[no-untyped-def]
+    tmp_path, request, compression, where
+) -> None:
     """`streamio index` of token shards written by anything: Pack can plan them (their counts from the .npy headers)."""
     from streamio.data.write.indexer import build_index
     from streamio.data.write.writer import ShardSpec, write_dataset
     from streamio.storage import Store
 
+    if where == "s3":  # streamed from moto over HTTP in chunks, not read from a file
+        s3 = request.getfixturevalue("s3")
+        store = Store(s3.url("tok"), s3.storage_options())
+    else:
+        store = Store(str(tmp_path))
     docs = [{"__key__": f"d{i:03d}", "npy": np.arange(1 + i * 7, dtype=np.uint16), "txt": "x"} for i in range(30)]
-    written = write_dataset(docs, str(tmp_path), spec=ShardSpec(max_count=8, compression=compression))
-    scanned = build_index(Store(str(tmp_path)), "data-*")
+    written = write_dataset(docs, store, spec=ShardSpec(max_count=8, compression=compression))
+    scanned = build_index(store, "data-*")
     assert scanned.token_counts("npy") == written.token_counts("npy")
     assert scanned.token_fields() == ("npy",) and scanned.fingerprint == written.fingerprint
 
@@ -218,3 +225,24 @@ def test_verify_names_a_document_whose_tokens_disagree_with_the_index(tmp_path) 
     (bad,) = report.bad
     assert bad.path == doc["shards"][1]["path"]
     assert "sample 2 ('d005')" in bad.reason and "10 tokens, the index says 99" in bad.reason
+
+
+@pytest.mark.parametrize("cut", [100, 600, 2000])
+def test_an_index_scan_of_a_shard_cut_inside_a_npy_member_names_the_truncation(cut: int) -> None:
+    """The scan keeps a .npy member's head and passes over the rest: a shard that ends there is refused, named."""
+    import tarfile
+
+    from streamio.data.write.indexer import scan_chunks
+    from streamio.errors import ShardFormatError
+
+    buf = io.BytesIO()
+    np.save(buf, np.arange(2000, dtype=np.uint16))
+    payload = buf.getvalue()
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        info = tarfile.TarInfo("d0.npy")
+        info.size = len(payload)
+        tar.addfile(info, io.BytesIO(payload))
+    data = raw.getvalue()[: 512 + cut]  # the header, then part of the member's data
+    with pytest.raises(ShardFormatError, match=r"inside member 'd0\.npy'.*truncated"):
+        scan_chunks([data], url="s3://b/t.tar", path="t.tar")

@@ -236,3 +236,16 @@ def test_proxy_answers_writes_over_the_rate_with_slowdown(moto_endpoint: str) ->
         throttled = [r for r in proxy.log() if r.fault == "throttled"]
         assert throttled and all(r.status == 503 for r in throttled)
         assert client.get_object(Bucket=s3.bucket, Key="aa/0")["Body"].read() == b"x"  # reads pass
+
+
+def test_writes_per_segment_cuts_the_log_at_its_marks() -> None:
+    from streamio.testing import RequestRecord
+    from streamio.testing.ratelimit import writes_per_segment
+
+    def rec(method: str, path: str, fault: str | None = None) -> RequestRecord:
+        return RequestRecord(method, path, "", None, 503 if fault else 200, 0, 0, fault)
+
+    log = [rec("PUT", "/b/a"), rec("PUT", "/b/a", "throttled"), rec("GET", "/b/a"), rec("PUT", "/b/between-2"),
+           rec("DELETE", "/b/c"), rec("PUT", "/b/between-3"), rec("POST", "/b/d", "throttled")]
+    assert writes_per_segment(log, "between-", 3) == [(1, 1), (1, 0), (0, 1)]
+    assert writes_per_segment(log, "between-", 2) == [(1, 1), (1, 1)]  # marks past the last segment fold into it

@@ -122,13 +122,7 @@ def _write_shard(root: str, storage_options: Mapping[str, Any] | None, spec: Sha
         return path
 
     packer = ShardPacker(store, spec, name, max_pending=1, buffers=_BUFFERS)
-    try:
-        for sample in samples:
-            packer.write(sample)
-        packer.flush()
-    except BaseException:
-        packer.abort()
-        raise
+    packer.write_all(samples)
     return packer.shards[0], packer.layouts[0], packer.keys, packer.tokens[0]
 
 

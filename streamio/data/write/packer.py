@@ -319,6 +319,16 @@ class ShardPacker:
         self.samples_written += shard.samples
         self.bytes_written += shard.bytes
 
+    def write_all(self, samples: Iterable[Mapping[str, Any]]) -> None:
+        """:meth:`write` every sample, then :meth:`flush`; on any error (or interrupt), :meth:`abort` and raise."""
+        try:
+            for sample in samples:
+                self.write(sample)
+            self.flush()
+        except BaseException:
+            self.abort()
+            raise
+
     def flush(self) -> None:
         """Finish the last shard and wait for every upload (raises the first upload error)."""
         try:

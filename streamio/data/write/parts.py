@@ -151,13 +151,7 @@ class PartitionedWrite:
             log.info("partition %d of %s was already written (a retried task): skipped", part, self.url)
             return _summarize(part, done)
         packer = ShardPacker(store, self.spec, lambda i: self.shard_path(part, i), max_pending=max_pending)
-        try:
-            for sample in samples:
-                packer.write(sample)
-            packer.flush()
-        except BaseException:
-            packer.abort()
-            raise
+        packer.write_all(samples)
         index = make_index(packer.shards, packer.layouts, packer.keys, packer.tokens)
         try:
             store.put(self.summary_path(part), _encode(index, store, part), mode="create")
