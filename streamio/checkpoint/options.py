@@ -52,6 +52,12 @@ class SaveOptions:
             provider documents for a new prefix (AWS S3: 3,500; Google Cloud Storage: 1,000), none
             for other endpoints (MinIO, emulators); ``None``: no cap. Either way the ranks pace
             together at the rate the store taught them (docs/design.md "Request rates").
+        key_prefixes: how many key prefixes below the root a save of many ranks spreads its
+            parts and done markers over (rank ``r`` writes below ``p-{r mod N:02x}/``; at most the
+            world size, at most 256; 1: everything in the save directory, as before format 4).
+            Every save reuses the same prefixes, which an object store that partitions its key
+            space under sustained load (S3) can serve beyond one prefix's limit; a new
+            ``step-*/`` prefix never gets that far (docs/design.md "Request rates").
         restore_fanout: under ``torch.distributed``, a restore reads the parts several ranks
             need (replicated state) from the store once per job, each rank a share balanced by
             bytes, and the ranks exchange them over the process group; ``False`` makes every
@@ -69,6 +75,7 @@ class SaveOptions:
     parts_per_save: int = 16384
     restore_fanout: bool = True
     write_rate: float | str | None = "store"
+    key_prefixes: int = 16
 
     def __post_init__(self) -> None:
         if self.part_size < 4096:
@@ -87,6 +94,10 @@ class SaveOptions:
         if self.write_rate not in (None, "store") and not _positive_finite(self.write_rate):
             raise ConfigError(f"write_rate must be a positive number of writes per second, 'store' or None, got "
                               f"{self.write_rate!r}")
+        if isinstance(self.key_prefixes, bool) or not isinstance(self.key_prefixes, int) or not (
+            1 <= self.key_prefixes <= 256  # format.layout.MAX_PREFIXES (p-00 ... p-ff)
+        ):
+            raise ConfigError(f"key_prefixes must be a whole number in 1..256, got {self.key_prefixes!r}")
         object.__setattr__(self, "per_rank", frozenset(self.per_rank))
 
 

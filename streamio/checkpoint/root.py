@@ -15,16 +15,14 @@ earlier run of this one, may have written the root since; a document is read who
 A *save* is one save directory (:func:`~.format.layout.save_dir`); it is *committed* iff its
 ``manifest.json`` exists. A step may have several saves, one per timeline that saved it
 (:mod:`.format.timeline`); the pointer names the current one and the current timeline, and is
-replaced by a compare-and-swap on the version read before it (:func:`swap_pointer`). Deleting a
-save removes its manifest first, so a half-deleted save is never taken for a complete one, then on
-a local root the directories it leaves empty (:func:`remove_empty_dirs`: only while empty).
+replaced by a compare-and-swap on the version read before it (:func:`swap_pointer`). A save's
+manifest is deleted first (:func:`delete_save`), so a half-deleted save never looks complete.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import posixpath
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -49,9 +47,9 @@ __all__ = [
     "ABSENT", "UNREAD", "PhaseHook", "SaveRef", "committed_saves", "committed_steps", "create_manifest",
     "delete_objects", "delete_save", "delete_share", "has_manifest", "has_pointer", "manifest_digest", "objects",
     "parse_manifest", "pointed_step", "pointer_url", "pointer_version", "read_bad", "read_manifest",
-    "read_manifest_bytes", "read_manifest_digest",
-    "read_manifests", "read_markers", "read_pointer", "read_retention", "record_bad", "record_retention",
-    "remove_empty_dirs", "resolve_save", "swap_pointer", "write_marker",
+    "read_manifest_bytes", "read_manifest_digest", "read_manifests", "read_markers", "read_pointer",
+    "read_retention", "record_bad", "record_retention", "remove_empty_dirs", "resolve_save", "swap_pointer",
+    "write_marker",
 ]
 
 log = logging.getLogger(__name__)
@@ -280,14 +278,16 @@ def create_manifest(store: Store, sdir: str, manifest: Manifest) -> str:
     return checksum_bytes(data)
 
 
-def write_marker(store: Store, sdir: str, marker: DoneMarker) -> None:
-    """Write a rank's done marker into ``sdir``, create-only."""
-    store.put(f"{sdir}/{layout.marker_path(marker.rank, marker.save_id)}", mf.marker_to_bytes(marker), mode="create")
+def write_marker(store: Store, place: layout.Placement, marker: DoneMarker) -> None:
+    """Write a rank's done marker of the save at ``place``, create-only."""
+    store.put(place.marker(marker.rank, marker.save_id), mf.marker_to_bytes(marker), mode="create")
 
 
-def read_markers(store: Store, sdir: str, save_id: str, world: int, *, concurrency: int) -> list[DoneMarker]:
-    """Every rank's done marker of the save ``save_id`` in ``sdir``, parsed (index = rank)."""
-    paths = [f"{sdir}/{layout.marker_path(r, save_id)}" for r in range(world)]
+def read_markers(
+    store: Store, place: layout.Placement, save_id: str, world: int, *, concurrency: int
+) -> list[DoneMarker]:
+    """Every rank's done marker of the save ``save_id`` at ``place``, parsed (index = rank)."""
+    paths = [place.marker(r, save_id) for r in range(world)]
     found = run_parallel(functools.partial(_read, store), paths, concurrency=concurrency, name="streamio-markers")
     return [mf.marker_from_bytes(b) for b in found]
 
@@ -333,59 +333,59 @@ def record_retention(store: Store, policy: RetentionPolicy, recorded: str) -> No
 
 
 # ------------------------------------------------------------------------------ deleting
-def delete_save(store: Store, sdir: str, *, save_id: str | None = None, on_phase: PhaseHook | None = None) -> None:
+def delete_save(store: Store, sdir: str, *, save_id: str | None = None, prefixes: int | None = None,
+                on_phase: PhaseHook | None = None) -> None:
     """Delete one save: its manifest first (so it is never seen half-deleted), then the rest.
 
     In a step's own directory, which other saves of the step may share, only the objects of
     ``save_id`` go (with the bad-save record); a suffixed directory is the save's alone.
 
     Args:
-        save_id: the save's id; ``None`` (manifest unreadable): everything in the directory.
+        save_id, prefixes: the save's id and key prefixes, as its manifest records them; ``None``
+            (manifest unreadable): everything of the directory, found in one listing of the root.
         on_phase: called with ``"delete"`` between the manifest and the rest (a test hook).
     """
     store.delete(layout.manifest_at(sdir))
     if on_phase is not None:
         on_phase("delete")
-    parsed = layout.parse_save_dir(sdir)
-    shared = save_id is not None and parsed is not None and parsed[1] == ""
+    shared = save_id is not None and (layout.parse_save_dir(sdir) or (0, "-"))[1] == ""
+    listing = (store.list() if prefixes is None
+               else [o for d in layout.Placement(sdir, prefixes).dirs() for o in store.list(d + "/")])
     dirs = {sdir}
-    for o in store.list(sdir + "/"):
-        rest = o.path[len(sdir) + 1:]
-        if not shared or rest == layout.BAD or layout.object_save_id(rest) == save_id:
+    for o in listing:
+        sdir_of, rest = layout.locate(o.path) or ("", "")
+        if sdir_of == sdir and (not shared or rest == layout.BAD or layout.object_save_id(rest) == save_id):
             store.delete(o.path)
-            dirs.add(posixpath.dirname(o.path))
+            dirs.update(layout.parents(o.path))
     remove_empty_dirs(store, dirs)
 
 
-def delete_objects(
-    store: Store, paths: Sequence[str], *, dirs: Iterable[str] = (), on_deleted: Callable[[int], None] | None = None
-) -> None:
+def delete_objects(store: Store, paths: Sequence[str], *, dirs: Iterable[str] = (),
+                   on_deleted: Callable[[int], None] | None = None) -> None:
     """Delete ``paths`` in their order (manifests first: the caller orders them), then the
     directories above them and ``dirs`` that are left empty. ``on_deleted(n)`` after the n-th."""
     for n, path in enumerate(paths, 1):
         store.delete(path)
         if on_deleted is not None:
             on_deleted(n)
-    remove_empty_dirs(store, {"/".join(parts[:i]) for p in paths for parts in [p.split("/")]
-                              for i in range(1, len(parts))} | set(dirs))
+    remove_empty_dirs(store, {d for p in paths for d in layout.parents(p)} | set(dirs))
 
 
-def delete_share(store: Store, sdir: str, save_id: str, rank: int) -> None:
-    """Delete ``rank``'s objects of the save ``save_id`` in ``sdir`` (parts, done marker: the names
-    carrying the save id below its rank directory) and its unfinished multipart uploads there,
-    then the directories left empty. Never another save's objects."""
-    prefix = f"{sdir}/{layout.rank_dir(rank)}/"
-
-    def ours(path: str) -> bool:
-        return layout.object_save_id(path[len(sdir) + 1:]) == save_id
-
+def delete_share(store: Store, place: layout.Placement, save_id: str, rank: int) -> None:
+    """Delete ``rank``'s objects of the save ``save_id`` at ``place`` (parts, marker, unfinished uploads:
+    the names carrying the save id below its rank directory), then the directories left empty."""
+    prefix = place.rank_dir(rank) + "/"
     for o in store.list(prefix):
-        if ours(o.path):
+        if _save_id_of(o.path) == save_id:
             store.delete(o.path)
     for upload in store.incomplete_uploads(prefix):
-        if ours(upload.path):
+        if _save_id_of(upload.path) == save_id:
             store.abort_upload(upload)
-    remove_empty_dirs(store, [prefix.rstrip("/"), sdir])
+    remove_empty_dirs(store, [*layout.parents(prefix + "x"), place.sdir])
+
+
+def _save_id_of(path: str) -> str | None:
+    return layout.object_save_id((layout.locate(path) or ("", ""))[1])
 
 
 def remove_empty_dirs(store: Store, paths: Iterable[str]) -> None:

@@ -97,7 +97,7 @@ def test_a_share_that_does_not_verify_fails_the_restore_on_every_rank(
 ) -> None:
     root, options, store, sdir, manifest = _saved(s3, s3_proxy, tmp_path, "fanout-bad")
     victim = max((f for f in manifest.files), key=lambda f: f.size)  # a replicated part: every rank wants it
-    key = f"{sdir}/{victim.path}"
+    key = manifest.place(sdir).path(victim.rank, victim.path)
     data = bytearray(store.read(key))
     data[len(data) // 2] ^= 0xFF
     store.put(key, bytes(data))

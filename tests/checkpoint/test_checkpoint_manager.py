@@ -203,7 +203,7 @@ def _verify_cli(store: Store, *args: str) -> Any:
 
 def _damage(store: Store, m2: mf.Manifest, how: str) -> str:
     """Damage step 2 (or the pointer) the way ``how`` says; returns what verify must name."""
-    part = f"{layout.step_dir(2)}/{m2.files[1].path}"
+    part = m2.place(layout.step_dir(2)).path(m2.files[1].rank, m2.files[1].path)
     if how == "flip-byte":
         data = bytearray(store.read(part))
         data[len(data) // 2] ^= 0xFF

@@ -116,7 +116,7 @@ def test_a_plain_modules_checkpoint_restores_into_fsdp(zygote: Zygote, tmp_path:
 def test_a_corrupt_part_walks_back_to_the_previous_step(zygote: Zygote, tmp_path: Path) -> None:
     root = tmp_path / "root"
     zygote.run("save", 2, {"root": str(root), "storage": {}, "steps": [1, 2]})
-    part = sorted(root.glob("step-000000002/rank-00001/part-*.bin"))[0]
+    part = sorted(root.glob("p-01/step-000000002/rank-00001/part-*.bin"))[0]  # two ranks: two key prefixes
     raw = bytearray(part.read_bytes())
     raw[len(raw) // 3] ^= 0x01
     part.write_bytes(bytes(raw))
@@ -132,7 +132,7 @@ def test_kill_minus_9_mid_upload_on_both_ranks_keeps_the_previous_checkpoint(zyg
     wait_gone(pids, 120)
     store = Store(root)
     assert check_pointer(store) == (1, []) and verify_checkpoint(store, 1) == []
-    assert any(Path(root).glob("step-000000002/rank-*/part-*.bin"))  # it died mid-upload, parts written
+    assert any(Path(root).glob("p-*/step-000000002/rank-*/part-*.bin"))  # it died mid-upload, parts written
     assert not (Path(root) / "step-000000002" / "manifest.json").exists()
     results = zygote.run("restore", 2, {"root": root, "storage": {}, "saved_world": 2})
     assert all(r["step"] == 1 and all(v for k, v in r["checks"].items() if k != "bad") for r in results), results

@@ -80,13 +80,14 @@ def _corrupt(local: Path, rank: int, step: int) -> str:
     the part's path in the save."""
     store = _rank_root(local, rank)
     sdir = _sdir(store, step)
-    part = next(f for f in root.read_manifest(store, step, path=sdir).files if f.rank == rank and f.path.endswith(
-        "-00000.bin"))
-    path = local / f"rank-{rank:05d}" / sdir / part.path
+    m = root.read_manifest(store, step, path=sdir)
+    part = next(f for f in m.files if f.rank == rank and f.path.endswith("-00000.bin"))
+    key = m.place(sdir).path(part.rank, part.path)
+    path = local / f"rank-{rank:05d}" / key
     data = bytearray(path.read_bytes())
     data[10] ^= 0xFF
     path.write_bytes(bytes(data))
-    return f"{sdir}/{part.path}"
+    return key
 
 
 def _behind(local: Path, rank: int) -> None:
@@ -129,7 +130,8 @@ def _restore(zygote: Zygote, saved: dict[str, Any], kind: str, tmp_path: Path,
 def _parts_of(saved: dict[str, Any], kind: str, rank: int, step: int) -> set[str]:
     store = Store(saved[kind]["root"], saved["s3"].storage_options())
     sdir = _sdir(store, step)
-    return {f"{sdir}/{f.path}" for f in root.read_manifest(store, step, path=sdir).files if f.rank == rank}
+    m = root.read_manifest(store, step, path=sdir)
+    return {m.place(sdir).path(f.rank, f.path) for f in m.files if f.rank == rank}
 
 
 @pytest.mark.parametrize("kind", ["plain", "fsdp"])

@@ -20,6 +20,7 @@ from streamio.checkpoint.admin.describe import describe
 from streamio.checkpoint.format import manifest as mf
 from streamio.checkpoint.format.checks import ManifestError
 from streamio.checkpoint.format.entries import ChunkEntry, FileEntry, Section, ShardedEntry
+from streamio.checkpoint.format.layout import Placement
 from streamio.checkpoint.format.manifest import Manifest
 from streamio.checkpoint.tensors.boxes import BoxSource, byte_span, narrow
 from streamio.checkpoint.tensors.fetch import Span, fetch_spans, plan_reads
@@ -145,7 +146,8 @@ def test_fetch_spans_verifies_blocks_and_reads_only_the_blocks_needed(tmp_path: 
     raw = np.random.default_rng(0).integers(0, 256, 10_000, dtype=np.uint8).tobytes()
     part = _part("rank-00000/part-x-00000.bin", 0, 0, raw)
     store.put(f"s/{part.path}", raw)
-    pieces = fetch_spans(store, [part], [Span(0, 2100, 2200), Span(0, 9000, 9100)], sdir="s")
+    pieces = fetch_spans(store, [part], [Span(0, 2100, 2200), Span(0, 9000, 9100)],
+                         place=Placement("s"))
     assert sorted((start, len(b)) for start, b in pieces[0].items()) == [(2048, 1024), (8192, 1024)]
     seg = StreamReader(pieces[0], 0, "s").segments(2100, 100)
     assert b"".join(bytes(s) for s in seg) == raw[2100:2200]
@@ -154,9 +156,9 @@ def test_fetch_spans_verifies_blocks_and_reads_only_the_blocks_needed(tmp_path: 
     damaged = bytearray(raw)
     damaged[5000] ^= 0xFF
     path.write_bytes(bytes(damaged))
-    fetch_spans(store, [part], [Span(0, 2100, 2200)], sdir="s")
+    fetch_spans(store, [part], [Span(0, 2100, 2200)], place=Placement("s"))
     with pytest.raises(CorruptDataError, match="block 4 .* the object is corrupt"):
-        fetch_spans(store, [part], [Span(0, 4500, 4600)], sdir="s")
+        fetch_spans(store, [part], [Span(0, 4500, 4600)], place=Placement("s"))
 
 
 # ------------------------------------------------------------------------------------ boxes

@@ -181,7 +181,8 @@ def save(args: dict[str, Any]) -> dict[str, Any]:
 
     from streamio.checkpoint import CheckpointManager, KeepLast, SaveOptions, StreamioWriter
 
-    options = SaveOptions(part_size=32 << 10, block_size=1024, concurrency=4)
+    options = SaveOptions(part_size=32 << 10, block_size=1024, concurrency=4,
+                          key_prefixes=args.get("key_prefixes", SaveOptions.key_prefixes))
     out: dict[str, Any] = {"stats": []}
     kind, tp_mesh = args.get("kind", "fsdp"), args.get("tp_mesh", "1d")
     if args.get("steps"):

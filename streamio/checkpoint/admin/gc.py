@@ -120,9 +120,12 @@ def _doomed(
     unfinished: Callable[[tuple[int, str], str], bool],
 ) -> bool:
     """Whether the object at ``path`` is garbage (see :func:`collect_garbage`)."""
-    head, _, rest = path.partition("/")
+    found = layout.locate(path)
+    if found is None:
+        return False
+    head, rest = found
     parsed = layout.parse_save_dir(head)
-    if parsed is None or not rest:
+    if parsed is None:
         return False
     if head in whole:
         return True

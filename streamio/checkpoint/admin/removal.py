@@ -63,7 +63,7 @@ def plan_removal(store: Store, step: int, *, force: bool = False) -> Removal:
     """
     version = pointer_version(store)  # before the pointer itself
     listing = root.objects(store)
-    dirs = sorted({o.path.split("/", 1)[0] for o in listing if _step_of(o) == step})
+    dirs = sorted({_save_of(o)[0] for o in listing if _step_of(o) == step})
     if not dirs:
         raise CheckpointNotFoundError(
             f"no checkpoint of step {step} under {store.root_url}: `streamio ckpt ls {store.root_url}` lists the "
@@ -114,10 +114,14 @@ def _refuse(removal: Removal, why: str) -> Removal:
     return Removal(removal.step, removal.dirs, removal.objects, refusal=why)
 
 
+def _save_of(o: ObjectInfo) -> tuple[str, str]:
+    """The save directory ``o`` belongs to and its path within the save (``("", "")``: none)."""
+    return layout.locate(o.path) or ("", "")
+
+
 def _step_of(o: ObjectInfo) -> int | None:
-    head, _, rest = o.path.partition("/")
-    parsed = layout.parse_save_dir(head)
-    return parsed[0] if parsed is not None and rest else None
+    parsed = layout.parse_save_dir(_save_of(o)[0])
+    return parsed[0] if parsed is not None else None
 
 
 def _fallback(store: Store, tip: Tip, listing: list[ObjectInfo], removed: set[str]) -> Pointer | None:
@@ -139,7 +143,8 @@ def _complete(store: Store, ref: SaveRef, sizes: dict[str, int], tip: Tip) -> Po
         return None
     if not contains(tip, m.line.id, m.step):
         return None
-    if any(sizes.get(f"{ref.path}/{f.path}") != f.size for f in m.files):
+    place = m.place(ref.path)
+    if any(sizes.get(place.path(f.rank, f.path)) != f.size for f in m.files):
         return None
     at = retreat(tip, m.line.id, m.step)
     return Pointer(m.step, ref.path, digest, m.save_id, m.created, at.timeline)

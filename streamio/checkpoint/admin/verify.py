@@ -108,10 +108,11 @@ def verify_checkpoint(
     report = progress or (lambda done, total, nbytes: None)
     report(0, len(manifest.files), 0)
     nbytes = 0
+    place = manifest.place(sdir)
     for done, f in enumerate(manifest.files, 1):
-        url = store.url(f"{sdir}/{f.path}")
+        url = store.url(place.path(f.rank, f.path))
         try:
-            data = store.read_view(f"{sdir}/{f.path}")
+            data = store.read_view(place.path(f.rank, f.path))
             verify_file(data, f, url)
             parts.setdefault(f.rank, {})[f.start] = raw = decode_part(data, f, url)
             if f.blocks:  # what ranged reads of sharded state are verified against

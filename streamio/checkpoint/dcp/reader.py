@@ -205,7 +205,7 @@ class StreamioReader(StepCheckpointId, StorageReader):
                 check_cover(fqn, reqs, _held(planner, fqn))
             except CheckpointFormatError as exc:
                 raise CheckpointFormatError(f"{self._what}: {exc}") from exc
-        pieces = fetch_spans(self._parts, m.files, [b[0] for b in boxes], sdir=self._path,
+        pieces = fetch_spans(self._parts, m.files, [b[0] for b in boxes], place=m.place(self._path),
                              concurrency=self.concurrency)
         values = self._values(m, [r for r in plan.items if r.type == LoadItemType.BYTE_IO])
         streams = {rank: StreamReader(p, rank, self.store.url(self._path)) for rank, p in pieces.items()}

@@ -9,6 +9,7 @@ Layout of a checkpoint root::
     ROOT/step-000045000/rank-00003/done-<save id>.json        rank 3's done marker
     ROOT/step-000045000/bad.json             only if a restore rejected this save
     ROOT/step-000045000-<save id>/...        a later save of step 45000 (another timeline)
+    ROOT/p-03/step-000045000/rank-00003/...  rank 3's parts and marker in a save spread over key prefixes
 
 A *save directory* holds one save of a step. It is the step's directory (zero-padded so that
 names sort by step) unless that step already has a manifest when the save starts (a step saved
@@ -22,6 +23,16 @@ A save id is 8 hex digits of the Unix time the save started and 8 random ones
 (:func:`new_save_id`): unique, and it tells ``gc`` how old an unfinished save's objects are
 without the store's modification times (:func:`save_started`).
 
+A save of many ranks spreads its ranks' objects over *key prefixes* that every save of the root
+reuses (:class:`Placement`, ``SaveOptions.key_prefixes``; docs/design.md "Request rates"): rank
+``r``'s parts and marker go below ``p-{r mod N:02x}/<save directory>/`` instead of ``<save
+directory>/``, so one save's writes do not all land on one new prefix, which S3 serves at about
+3,500 writes per second until it partitions it. The save's manifest (and ``bad.json``) stay in
+the save directory, and the manifest records ``N``; a manifest that does not (every save before
+format 4, and saves of one rank) has its objects in the save directory. Whatever the layout, a
+part's path *within its save* (``rank-00003/part-...``) is what documents record, and
+:func:`locate` maps any object of the root back to ``(save directory, path within the save)``.
+
 Each rank writes a byte *stream* (its tensors, 64-byte aligned, one after another) cut into parts
 of bounded size (:func:`split_ranges`); a tensor is located by ``(rank, offset, nbytes)`` in that
 stream and may span consecutive parts.
@@ -34,20 +45,26 @@ training stack.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from streamio.errors import ConfigError
 
 __all__ = [
     "BAD",
     "MANIFEST",
+    "MAX_PREFIXES",
+    "Placement",
     "RETENTION",
     "bad_path",
     "manifest_at",
     "manifest_path",
     "marker_path",
     "new_save_id",
+    "is_spread_dir",
+    "locate",
     "object_save_id",
     "parse_save_dir",
+    "parents",
     "parse_step_dir",
     "part_path",
     "rank_dir",
@@ -65,6 +82,10 @@ _STEP_RE = re.compile(r"^step-(\d{9,})$")
 _SAVE_DIR_RE = re.compile(r"^step-(\d{9,})(?:-([A-Za-z0-9_-]{1,64}))?$")
 _OBJECT_ID_RE = re.compile(r"^rank-\d{5,}/(?:part-(.+)-\d{5,}\.bin|done-(.+)\.json)$")
 _TIMED_ID_RE = re.compile(r"^[0-9a-f]{16}$")
+_SPREAD_RE = re.compile(r"^p-[0-9a-f]{2}$")
+
+MAX_PREFIXES = 256
+"""The most key prefixes a save spreads over (``p-00`` ... ``p-ff``)."""
 
 
 def step_dir(step: int) -> str:
@@ -153,3 +174,77 @@ def split_ranges(total: int, part_size: int) -> list[tuple[int, int]]:
     if part_size <= 0:
         raise ConfigError(f"part_size must be positive, got {part_size}")
     return [(s, min(s + part_size, total)) for s in range(0, total, part_size)]
+
+
+# ------------------------------------------------------------------------------ key prefixes
+@dataclass(frozen=True)
+class Placement:
+    """Where one save's objects live: its directory, and the key prefixes its ranks' objects are
+    spread over (``prefixes == 1``: all in the save directory, the layout before format 4).
+
+    Attributes:
+        sdir: the save directory (holds the manifest and ``bad.json`` whatever ``prefixes`` is).
+        prefixes: how many key prefixes the ranks' parts and markers are spread over.
+    """
+
+    sdir: str
+    prefixes: int = 1
+
+    def __post_init__(self) -> None:
+        if isinstance(self.prefixes, bool) or not isinstance(self.prefixes, int) or not (
+            1 <= self.prefixes <= MAX_PREFIXES
+        ):
+            raise ConfigError(f"key prefixes must be a whole number in 1..{MAX_PREFIXES}, got {self.prefixes!r}")
+
+    def rank_dir(self, rank: int) -> str:
+        """The directory of ``rank``'s parts and marker, relative to the root."""
+        return f"{self._base(rank)}/{rank_dir(rank)}"
+
+    def path(self, rank: int, rest: str) -> str:
+        """Where the object ``rest`` of ``rank`` (its path within the save, as documents record
+        it: ``rank-00003/part-...bin``) lives, relative to the root."""
+        return f"{self._base(rank)}/{rest}"
+
+    def marker(self, rank: int, save_id: str) -> str:
+        """Where ``rank``'s done marker of the save ``save_id`` lives, relative to the root."""
+        return self.path(rank, marker_path(rank, save_id))
+
+    def dirs(self) -> list[str]:
+        """Every directory that holds objects of the save, relative to the root: the save
+        directory, then one per key prefix."""
+        spread = range(self.prefixes) if self.prefixes > 1 else range(0)
+        return [self.sdir, *(f"{spread_dir(i)}/{self.sdir}" for i in spread)]
+
+    def _base(self, rank: int) -> str:
+        return self.sdir if self.prefixes == 1 else f"{spread_dir(rank % self.prefixes)}/{self.sdir}"
+
+
+def spread_dir(index: int) -> str:
+    """``3`` -> ``"p-03"``: the name of key prefix ``index`` below the root."""
+    return f"p-{index:02x}"
+
+
+def parents(path: str) -> list[str]:
+    """The directories above ``path``, deepest first (``"a/b/c"`` -> ``["a/b", "a"]``)."""
+    parts = path.split("/")
+    return ["/".join(parts[:i]) for i in range(len(parts) - 1, 0, -1)]
+
+
+def is_spread_dir(name: str) -> bool:
+    """Whether ``name`` (a directory below the root) is a key prefix's (``p-03``)."""
+    return _SPREAD_RE.match(name) is not None
+
+
+def locate(path: str) -> tuple[str, str] | None:
+    """The save directory an object of the root belongs to and its path within the save
+    (``"p-03/step-000045000/rank-00003/done-x.json"`` -> ``("step-000045000", "rank-00003/done-x.json")``,
+    ``"step-000045000/manifest.json"`` -> ``("step-000045000", "manifest.json")``); ``None`` for
+    objects of no save (``latest.json``, ``retention.json``, anything else)."""
+    head, _, rest = path.partition("/")
+    if _SPREAD_RE.match(head):
+        head, _, rest = rest.partition("/")
+        if not rest.startswith("rank-"):  # only ranks' objects are spread
+            return None
+    if not rest or parse_save_dir(head) is None:
+        return None
+    return head, rest

@@ -19,8 +19,12 @@ Format 2 (timelines, docs/checkpoint-lifecycle.md) adds to the manifest the ``ti
 job that wrote it and its ``parent`` save. Format 3 (docs/sharded-checkpoints.md) is format 2 plus
 a ``sharded`` section (DTensors saved as chunks by the ranks that held them) and block checksums
 on the parts; it is written only when the state held sharded tensors, so other saves stay
-readable by older streamio. Format 1 and 2 documents are still read (format 1's timeline is
-``""``); a newer format is refused with "upgrade streamio".
+readable by older streamio. Format 4 (docs/design.md "Request rates") is format 3 with the
+``sharded`` section optional and a ``key_prefixes`` count: the ranks' parts and markers are spread
+over that many key prefixes below the root (:class:`~.layout.Placement`); it is written only when
+they are (saves of more than one rank, by default), so older streamio, which would look for the
+parts in the save directory, refuses it as a newer format. Format 1 and 2 documents are still
+read (format 1's timeline is ``""``); a newer format is refused with "upgrade streamio".
 
 These documents are read back from storage that others can write, so the parsers here trust
 nothing: size and nesting are bounded (:mod:`streamio.limits`), every field is checked, paths
@@ -39,18 +43,19 @@ from streamio.checkpoint.format import checks
 from streamio.checkpoint.format import entries as ent
 from streamio.checkpoint.format.checks import ManifestError
 from streamio.checkpoint.format.entries import FileEntry, Section, ShardedEntry, TensorEntry
-from streamio.checkpoint.format.layout import parse_save_dir
+from streamio.checkpoint.format.layout import MAX_PREFIXES, Placement, parse_save_dir
 from streamio.checkpoint.format.timeline import Timeline, timeline_from_json, timeline_to_json
 from streamio.checksum import checksum_bytes
 from streamio.limits import MAX_JSON_BYTES
 
 __all__ = [
-    "FORMAT", "MARKER_FORMAT", "SHARDED_FORMAT", "DoneMarker", "Manifest", "build_manifest", "manifest_from_bytes",
-    "manifest_to_bytes", "marker_from_bytes", "marker_to_bytes",
+    "FORMAT", "MARKER_FORMAT", "SHARDED_FORMAT", "SPREAD_FORMAT", "DoneMarker", "Manifest", "build_manifest",
+    "manifest_from_bytes", "manifest_to_bytes", "marker_from_bytes", "marker_to_bytes",
 ]
 
 FORMAT = "streamio.checkpoint/2"
 SHARDED_FORMAT = "streamio.checkpoint/3"  # a manifest with sharded tensors (else FORMAT)
+SPREAD_FORMAT = "streamio.checkpoint/4"  # a manifest whose parts are spread over key prefixes
 _FORMAT_V1 = "streamio.checkpoint/1"
 MARKER_FORMAT = "streamio.checkpoint.done/1"
 _FORMAT_FAMILY = "streamio.checkpoint/"
@@ -80,6 +85,8 @@ class Manifest:
             one the job restored); ``""`` if none or not recorded.
         sharded: key -> tensor saved as chunks (format 3; the trees refer to them with
             ``{"$t": "dtensor", "k": key}``); empty when the state held no sharded tensor.
+        key_prefixes: how many key prefixes the ranks' parts and markers are spread over
+            (format 4; 1: all in the save directory).
     """
 
     step: int
@@ -95,6 +102,11 @@ class Manifest:
     timeline: Timeline | None = None
     parent: str = ""
     sharded: Mapping[str, ShardedEntry] = field(default_factory=dict)
+    key_prefixes: int = 1
+
+    def place(self, sdir: str) -> Placement:
+        """Where the objects of this save, in the save directory ``sdir``, live."""
+        return Placement(sdir, self.key_prefixes)
 
     @property
     def line(self) -> Timeline:
@@ -127,7 +139,7 @@ class DoneMarker:
 def manifest_to_bytes(m: Manifest) -> bytes:
     """Serialize a manifest (UTF-8 JSON, keys in a stable order), sealed with its own checksum."""
     doc = {
-        "format": SHARDED_FORMAT if m.sharded else FORMAT,
+        "format": SPREAD_FORMAT if m.key_prefixes > 1 else SHARDED_FORMAT if m.sharded else FORMAT,
         "step": m.step,
         "save_id": m.save_id,
         "world_size": m.world_size,
@@ -142,6 +154,8 @@ def manifest_to_bytes(m: Manifest) -> bytes:
     }
     if m.sharded:
         doc["sharded"] = ent.sharded_to_json(m.sharded)
+    if m.key_prefixes > 1:
+        doc["key_prefixes"] = m.key_prefixes
     return checks.seal(ent.dump(doc, f"manifest of step {m.step}"))
 
 
@@ -162,7 +176,7 @@ def manifest_from_bytes(data: bytes, *, step: int | None = None, checksum: str |
     data = bytes(data)
     doc = _load_json(data, what)
     # first: a newer format is "upgrade", not "damaged"
-    fmt = ent.check_format(doc, (SHARDED_FORMAT, FORMAT, _FORMAT_V1), _FORMAT_FAMILY, what)
+    fmt = ent.check_format(doc, (SPREAD_FORMAT, SHARDED_FORMAT, FORMAT, _FORMAT_V1), _FORMAT_FAMILY, what)
     if checksum is not None and checksum_bytes(data) != checksum:
         raise ManifestError(
             f"{what} has checksum {checksum_bytes(data)}, but latest.json recorded {checksum} when it was committed: "
@@ -180,7 +194,9 @@ def manifest_from_bytes(data: bytes, *, step: int | None = None, checksum: str |
     files = ent.files_field(doc, what)
     replicated = ent.section_from_json(doc.get("replicated"), f"{what}, replicated section")
     per_rank = tuple(ent.section_from_json(s, f"{what}, rank {r}'s section") for r, s in enumerate(per_rank_docs))
-    sharded = ent.sharded_from_json(doc["sharded"], what) if fmt == SHARDED_FORMAT else {}
+    has_sharded = fmt == SHARDED_FORMAT or (fmt == SPREAD_FORMAT and "sharded" in doc)
+    sharded = ent.sharded_from_json(doc.get("sharded"), what) if has_sharded else {}
+    prefixes = _key_prefixes(doc, what) if fmt == SPREAD_FORMAT else 1
     for r, section in enumerate(per_rank):
         for key, t in section.tensors.items():
             if t.rank != r:
@@ -202,7 +218,15 @@ def manifest_from_bytes(data: bytes, *, step: int | None = None, checksum: str |
         timeline=timeline,
         parent=parent,
         sharded=sharded,
+        key_prefixes=prefixes,
     )
+
+
+def _key_prefixes(doc: Mapping[str, Any], what: str) -> int:
+    n = checks.integer(doc, "key_prefixes", what)
+    if not 2 <= n <= MAX_PREFIXES:
+        raise ManifestError(f"{what}: key_prefixes {n} is outside 2..{MAX_PREFIXES}")
+    return n
 
 
 def _chunks(sharded: Mapping[str, ShardedEntry]) -> list[tuple[str, Any]]:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from streamio.checkpoint.comm import Comm
 from streamio.checkpoint.format.entries import TensorEntry
+from streamio.checkpoint.format.layout import Placement
 from streamio.checkpoint.format.manifest import Manifest
 from streamio.checkpoint.restore.candidates import Candidate
 from streamio.checkpoint.root import read_manifest_bytes
@@ -90,9 +91,11 @@ class SharedReads:
             reads = plan_reads(found.manifest.files, tensor_spans(found.wanted))
             held = {r.key for r in reads if len(found.parts.of(r.file)) > 1}  # on this node's local tier
         parts = found.parts if found is not None else places_of(self.part_store)
+        # a rank reads only requests it wants itself (:func:`~..tensors.fanout.assign`): it has the manifest
+        place = found.manifest.place(c.path) if found is not None else Placement(c.path)
 
         def read(r: Read) -> bytes | memoryview:
-            return read_nearest(parts, f"{c.path}/{r.file.path}", r)
+            return read_nearest(parts, place.path(r.file.rank, r.file.path), r)
 
         return share_reads(self.comm, reads, read, concurrency=self.concurrency, where=self.store.url(c.path),
                            held=held)

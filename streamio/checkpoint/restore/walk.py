@@ -295,7 +295,8 @@ class Restorer:
         sources, pending = sources_for(manifest.sharded)  # DTensors: bound to the live ones while decoding
         plan = decode_state(state, manifest.replicated.tree, manifest.per_rank[src_rank].tree, {**tensors, **sources})
         if pending:  # read and verify just the boxes this rank holds now (any sharding), before loading
-            plan.copies.extend(read_pending(parts, manifest.files, pending, sdir=c.path, concurrency=self.concurrency))
+            plan.copies.extend(read_pending(parts, manifest.files, pending, place=manifest.place(c.path),
+                                            concurrency=self.concurrency))
         return plan
 
 

@@ -24,6 +24,7 @@ import errno
 import logging
 from collections.abc import Iterator
 
+from streamio.checkpoint.format.layout import Placement
 from streamio.checkpoint.root import delete_share, read_manifest
 from streamio.errors import CheckpointError, CheckpointNotFoundError
 from streamio.storage import Store
@@ -66,20 +67,20 @@ def writing(url: str) -> Iterator[None]:
         ) from exc
 
 
-def discard_share(store: Store, sdir: str, save_id: str, rank: int) -> bool:
-    """Delete ``rank``'s objects of the uncommitted save ``save_id`` in ``sdir``; see the module docstring.
+def discard_share(store: Store, place: Placement, save_id: str, rank: int) -> bool:
+    """Delete ``rank``'s objects of the uncommitted save ``save_id`` at ``place``; see the module docstring.
 
     Returns:
         Whether everything went (else logged; the caller tries again later).
     """
     try:
-        delete_share(store, sdir, save_id, rank)
+        delete_share(store, place, save_id, rank)
     except Exception as exc:  # noqa: BLE001 - the save's own error is the one raised; this is housekeeping
         log.warning("could not remove rank %d's share of the failed save %s at %s (%s: %s): the next save tries "
-                    "again; `streamio ckpt gc` removes it too", rank, save_id, store.url(sdir), type(exc).__name__,
-                    exc)
+                    "again; `streamio ckpt gc` removes it too", rank, save_id, store.url(place.sdir),
+                    type(exc).__name__, exc)
         return False
-    log.info("removed rank %d's share of the failed save %s at %s", rank, save_id, store.url(sdir))
+    log.info("removed rank %d's share of the failed save %s at %s", rank, save_id, store.url(place.sdir))
     return True
 
 
@@ -104,12 +105,12 @@ class FailedShares:
 
     def __init__(self, store: Store, rank: int) -> None:
         self.store, self.rank = store, rank
-        self._left: list[tuple[str, str]] = []  # (save directory, save id) not removed yet
+        self._left: list[tuple[Placement, str]] = []  # (where the save is, its id) not removed yet
 
-    def discard(self, sdir: str, save_id: str) -> None:
-        """Remove this rank's share of the uncommitted save ``save_id`` in ``sdir``."""
-        if not discard_share(self.store, sdir, save_id, self.rank):
-            self._left.append((sdir, save_id))
+    def discard(self, place: Placement, save_id: str) -> None:
+        """Remove this rank's share of the uncommitted save ``save_id`` at ``place``."""
+        if not discard_share(self.store, place, save_id, self.rank):
+            self._left.append((place, save_id))
 
     def retry(self) -> None:
         """Try again to remove the shares that could not be removed before."""

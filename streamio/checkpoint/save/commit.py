@@ -153,7 +153,8 @@ class Committer:
         if comm.rank == 0:
             try:
                 self._self_fenced(offline)
-                plan = self.planner.plan(step, offline=offline, own_dir=own_dir)
+                plan = self.planner.plan(step, offline=offline, own_dir=own_dir,
+                                         prefixes=min(self.options.key_prefixes, comm.world))
             except Exception as exc:  # reported to every rank, raised here
                 plan_exc = exc
         shared = comm.broadcast(plan if plan is not None else f"{type(plan_exc).__name__}: {plan_exc}")
@@ -186,7 +187,7 @@ class Committer:
             failure, own_exc = f"rank {comm.rank}: {type(exc).__name__}: {exc}", exc
         bad = [o for o in comm.all_gather(failure) if o is not None]  # the barrier
         if bad:  # every rank knows: no manifest of this save was or will be written
-            self._failed.discard(plan.sdir, plan.save_id)
+            self._failed.discard(plan.place, plan.save_id)
             if isinstance(own_exc, CheckpointError):
                 raise own_exc
             raise CheckpointError(
@@ -216,7 +217,7 @@ class Committer:
                 discard = uncommitted(store, plan.step, plan.sdir, plan.save_id)
         result, discard = comm.broadcast((result, discard))
         if discard:
-            self._failed.discard(plan.sdir, plan.save_id)
+            self._failed.discard(plan.place, plan.save_id)
         if commit_exc is not None:
             raise commit_exc
         if result is not None:
@@ -242,19 +243,19 @@ class Committer:
 
     def _upload_rank(self, save: LocalSave) -> list[FileEntry]:
         """This rank's share of a local save: its files uploaded as they are, then its marker."""
-        copy_share(save.store, self.store, save.plan.sdir, save.share, concurrency=self.options.concurrency)
+        copy_share(save.store, self.store, save.plan.place, save.share, concurrency=self.options.concurrency)
         self._phase("parts")
         self._write_marker(save.plan, save.share.marker)
         return list(save.share.files)
 
     def _write_marker(self, plan: SavePlan, marker: DoneMarker) -> None:
-        with writing(self.store.url(f"{plan.sdir}/{layout.marker_path(marker.rank, plan.save_id)}")):
-            root.write_marker(self.store, plan.sdir, marker)
+        with writing(self.store.url(plan.place.marker(marker.rank, plan.save_id))):
+            root.write_marker(self.store, plan.place, marker)
         self._phase("markers")
 
     def _assemble(self, job: Snapshot, plan: SavePlan, world: int) -> Manifest:
         """Rank 0: the manifest from every rank's marker in the root."""
-        markers = root.read_markers(self.store, plan.sdir, plan.save_id, world, concurrency=self.options.concurrency)
+        markers = root.read_markers(self.store, plan.place, plan.save_id, world, concurrency=self.options.concurrency)
         return assemble_manifest(plan, markers, job)
 
     def _publish(self, plan: SavePlan, manifest: Manifest) -> Manifest:

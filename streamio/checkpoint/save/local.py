@@ -91,7 +91,7 @@ class LocalCommitter:
         share: Share | None = None
         try:
             share = write_share(store, job, plan, comm.rank, self.options, world=comm.world)
-            root.write_marker(store, plan.sdir, share.marker)
+            root.write_marker(store, plan.place, share.marker)
             self._phase("local-parts")
         except Exception as exc:  # reported to every rank below
             failure = f"rank {comm.rank}: {type(exc).__name__}: {exc}"
@@ -147,7 +147,7 @@ class LocalCommitter:
         current = [s.path for s in saves if _on(tip, self._lines[s.path], s.step)]
         keep = set(current[-self.tier.keep:]) | keep_also
         dirs = {s.path: s.step for s in saves}
-        heads = [o.path.partition("/")[0] for o in listing]  # a killed commit's: parts, markers, no manifest
+        heads = [found[0] for o in listing if (found := layout.locate(o.path))]  # a killed commit's: no manifest
         for head in [*heads, *_dir_names(self.tier.rank_root(self.comm.rank))]:  # a killed deletion's: empty
             parsed = layout.parse_save_dir(head)
             if parsed is not None:
@@ -159,21 +159,21 @@ class LocalCommitter:
                 self._lines.pop(sdir, None)
             for upload in stale:
                 store.abort_upload(upload)
-            root.remove_empty_dirs(store, {p for u in stale for p in _parents(u.path)})
+            root.remove_empty_dirs(store, {p for u in stale for p in layout.parents(u.path)})
         except OSError as exc:  # a note: the next save prunes again
             log.warning("could not delete old local checkpoint copies under %s: %s", store.root_url, exc)
 
     def drop(self, plan: SavePlan) -> None:
         """Remove this rank's copy of ``plan``'s save (another rank's did not commit)."""
         try:
-            root.delete_save(self.store, plan.sdir, save_id=plan.save_id)
+            root.delete_save(self.store, plan.sdir, save_id=plan.save_id, prefixes=plan.prefixes)
         except Exception as exc:  # noqa: BLE001 - the next save prunes it
             log.debug("could not remove the local copy of step %d: %s", plan.step, exc)
 
     def _discard(self, plan: SavePlan) -> None:
         """Remove what this rank wrote of a local save that did not commit (never raises)."""
         try:
-            root.delete_share(self.store, plan.sdir, plan.save_id, self.comm.rank)
+            root.delete_share(self.store, plan.place, plan.save_id, self.comm.rank)
             root.remove_empty_dirs(self.store, [plan.sdir])
         except Exception as exc:  # noqa: BLE001 - the disk may be what failed; the next save prunes
             log.debug("could not remove the local leftovers of step %d: %s", plan.step, exc)
@@ -188,28 +188,36 @@ def _on(tip: Tip, line: Timeline | None, step: int) -> bool:
     return line is not None and classify(tip, line, step) == "current"
 
 
-def _dir_names(local_root: str) -> list[str]:
-    """The directories in a local root (none if it cannot be listed)."""
-    path = local_root.removeprefix("file://")
+def _subdirs(path: str) -> list[str]:
+    """The names of the directories in ``path`` (none if it cannot be listed)."""
     try:
         return [e.name for e in os.scandir(path) if e.is_dir(follow_symlinks=False)]
     except OSError:
         return []
 
 
+def _spread_names(base: str) -> list[str]:
+    """The key-prefix directories (``p-03``) in the local root at ``base``."""
+    return [n for n in _subdirs(base) if layout.is_spread_dir(n)]
+
+
+def _dir_names(local_root: str) -> list[str]:
+    """The directories in a local root and in its key-prefix directories."""
+    base = local_root.removeprefix("file://")
+    return [*_subdirs(base), *(n for s in _spread_names(base) for n in _subdirs(os.path.join(base, s)))]
+
+
 def _remove_empty_tree(local_root: str, sdir: str) -> None:
-    """Remove the directories left empty under ``sdir`` (a deletion killed before its ``rmdir``s
-    leaves a tree without a file, which no listing of objects shows), deepest first."""
-    top = os.path.join(local_root.removeprefix("file://"), sdir)
-    for path, _, files in os.walk(top, topdown=False):
-        if not files:
-            try:
-                os.rmdir(path)
-            except OSError:  # not empty after all (a subdirectory with a file), or gone
-                continue
+    """Remove the directories left empty under ``sdir`` and its key prefixes' ``p-*/sdir`` (a
+    deletion killed before its ``rmdir``s leaves a tree without a file, which no listing of
+    objects shows), deepest first."""
+    base = local_root.removeprefix("file://")
+    tops = [os.path.join(base, sdir), *(os.path.join(base, n, sdir) for n in _spread_names(base))]
+    for top in tops:
+        for path, _, files in os.walk(top, topdown=False):
+            if not files:
+                try:
+                    os.rmdir(path)
+                except OSError:  # not empty after all (a subdirectory with a file), or gone
+                    continue
 
-
-def _parents(path: str) -> list[str]:
-    """The directories above ``path``, deepest first."""
-    parts = path.split("/")
-    return ["/".join(parts[:i]) for i in range(len(parts) - 1, 0, -1)]

@@ -88,8 +88,9 @@ def write_share(
         size = job.block_size if options.compression is None else 0  # blocks: ranged reads of sharded state
         blocks = block_checksums(job.stream[start:end], size) if size else ()
         entry = FileEntry(path, rank, start, end - start, len(data), checksum, options.compression, size, blocks)
-        with writing(store.url(f"{plan.sdir}/{entry.path}")):
-            store.put(f"{plan.sdir}/{entry.path}", data)
+        key = plan.place.path(rank, entry.path)
+        with writing(store.url(key)):
+            store.put(key, data)
         return entry
 
     threads = max(1, options.concurrency)
@@ -97,7 +98,7 @@ def write_share(
         entries_future = pool.submit(job.entries)  # tensor checksums, beside the uploads
         files = gather(pool, put, range(len(ranges)))
         rep_entries, rank_entries = entries_future.result()
-    check_written(store, plan.sdir, rank, files)
+    check_written(store, plan.place, rank, files)
     marker = DoneMarker(
         rank=rank, save_id=plan.save_id, files=tuple(files), replicated_tensors=rep_entries,
         per_rank=Section(tree=job.per_rank_tree, tensors=rank_entries), replicated_tree=job.replicated_tree,
@@ -106,31 +107,31 @@ def write_share(
     return Share(tuple(files), marker)
 
 
-def copy_share(source: Store, dest: Store, sdir: str, share: Share, *, concurrency: int) -> None:
+def copy_share(source: Store, dest: Store, place: layout.Placement, share: Share, *, concurrency: int) -> None:
     """Upload ``share``'s parts from ``source`` to ``dest`` as they are (same names and bytes), and
     check they arrived with their sizes. The bytes are checked against their CRC32C first: a
     local copy damaged since it was written is never published."""
     def put(f: FileEntry) -> None:
-        path = f"{sdir}/{f.path}"
+        path = place.path(f.rank, f.path)
         data = source.read_view(path)
         verify_file(data, f, source.url(path))
         with writing(dest.url(path)):
             dest.put(path, data)
 
     run_parallel(put, share.files, concurrency=max(1, concurrency), name="streamio-ckpt-upload")
-    check_written(dest, sdir, share.marker.rank, share.files)
+    check_written(dest, place, share.marker.rank, share.files)
 
 
-def check_written(store: Store, sdir: str, rank: int, files: Sequence[FileEntry]) -> None:
-    """Every part of ``rank`` in ``sdir`` is listed with the size it was written with."""
+def check_written(store: Store, place: layout.Placement, rank: int, files: Sequence[FileEntry]) -> None:
+    """Every part of ``rank`` in the save at ``place`` is listed with the size it was written with."""
     if not files:
         return
-    listed = {o.path: o.size for o in store.list(f"{sdir}/{layout.rank_dir(rank)}")}
+    listed = {o.path: o.size for o in store.list(place.rank_dir(rank))}
     for f in files:
-        size = listed.get(f"{sdir}/{f.path}")
+        size = listed.get(place.path(rank, f.path))
         if size != f.size:
             raise CheckpointError(
-                f"{store.url(f'{sdir}/{f.path}')} holds {size} bytes after upload, expected {f.size}: "
+                f"{store.url(place.path(rank, f.path))} holds {size} bytes after upload, expected {f.size}: "
                 f"the store did not keep the part; the save is abandoned"
             )
 
@@ -140,4 +141,4 @@ def assemble_manifest(plan: SavePlan, markers: Sequence[DoneMarker], job: Snapsh
     created = datetime.now(timezone.utc).isoformat(timespec="seconds")
     manifest = mf.build_manifest(plan.step, list(markers), metrics=job.metrics, software=software_stack(),
                                  created=created)
-    return dataclasses.replace(manifest, timeline=plan.timeline, parent=plan.parent)
+    return dataclasses.replace(manifest, timeline=plan.timeline, parent=plan.parent, key_prefixes=plan.prefixes)

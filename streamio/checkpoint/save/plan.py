@@ -45,6 +45,7 @@ class SavePlan:
         sdir: its save directory.
         timeline: the timeline it extends.
         parent: the save directory this save follows (``""`` if none).
+        prefixes: how many key prefixes the ranks' parts and markers are spread over.
     """
 
     step: int
@@ -52,6 +53,12 @@ class SavePlan:
     sdir: str
     timeline: Timeline
     parent: str
+    prefixes: int = 1
+
+    @property
+    def place(self) -> layout.Placement:
+        """Where the save's objects go."""
+        return layout.Placement(self.sdir, self.prefixes)
 
 
 class Planner:
@@ -75,7 +82,7 @@ class Planner:
         self._restored, self._timeline, self._last = True, None, None
         self._parent = point
 
-    def plan(self, step: int, *, offline: bool = False, own_dir: bool = False) -> SavePlan:
+    def plan(self, step: int, *, offline: bool = False, own_dir: bool = False, prefixes: int = 1) -> SavePlan:
         """The save of ``step``: its id, directory and timeline.
 
         Args:
@@ -83,6 +90,7 @@ class Planner:
             own_dir: always a save directory of its own (``step-N-<save id>``): a save that
                 also lives on a local tier, where the step's own directory may hold another
                 save of the step than the root's.
+            prefixes: how many key prefixes the ranks' objects are spread over.
 
         Raises:
             CheckpointConflictError: the step is not past this job's last save on its timeline,
@@ -113,7 +121,7 @@ class Planner:
             parent = start.path if start else ""
         save_id = layout.new_save_id(time.time(), uuid.uuid4().hex)
         taken = offline or own_dir or root.has_manifest(self.store, layout.step_dir(step))
-        return SavePlan(step, save_id, layout.save_dir(step, save_id if taken else ""), timeline, parent)
+        return SavePlan(step, save_id, layout.save_dir(step, save_id if taken else ""), timeline, parent, prefixes)
 
     def committed(self, plan: SavePlan) -> None:
         """``plan``'s save is committed: the job is on its timeline, and it is the job's last

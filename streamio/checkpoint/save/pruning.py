@@ -144,8 +144,9 @@ class Pruner:
         return None
 
     def _delete(self, ref: SaveRef, m: Manifest | StreamioError | None, why: str | None, current: int) -> None:
-        save_id = m.save_id if isinstance(m, Manifest) else None
-        delete_save(self.store, ref.path, save_id=save_id, on_phase=self._on_phase)
+        known = m if isinstance(m, Manifest) else None
+        delete_save(self.store, ref.path, save_id=known and known.save_id, prefixes=known and known.key_prefixes,
+                    on_phase=self._on_phase)
         self._manifests.pop(ref.path, None)
         if why is None:
             log.info("retention deleted checkpoint step %d at %s", ref.step, self.store.url(ref.path))

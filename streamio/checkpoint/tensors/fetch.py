@@ -172,15 +172,16 @@ def verify_blocks(data: bytes | memoryview, f: FileEntry, start: int, url: str) 
 
 
 def fetch_spans(
-    store: Store | Places, files: Sequence[FileEntry], spans: Iterable[Span], *, sdir: str, concurrency: int = 8,
-    fetched: Mapping[tuple[str, int, int], bytes | memoryview] | None = None,
+    store: Store | Places, files: Sequence[FileEntry], spans: Iterable[Span], *, place: layout.Placement,
+    concurrency: int = 8, fetched: Mapping[tuple[str, int, int], bytes | memoryview] | None = None,
 ) -> dict[int, dict[int, bytes | memoryview]]:
     """Read and verify what ``spans`` need; returns ``rank -> {stream offset: raw bytes}``.
 
     Args:
-        store: where the parts are (the save directory ``sdir`` below its root), or the
-            :class:`Places` they may be read from, nearest first.
+        store: the root the parts are in, or the :class:`Places` they may be read from,
+            nearest first.
         files: the manifest's parts.
+        place: where the save's parts are below the root (:meth:`~..format.manifest.Manifest.place`).
         spans: the byte spans wanted.
         concurrency: parallel GETs (each verifies its own blocks, in its own thread).
         fetched: the stored bytes of some requests (:attr:`Read.key`), already read by another
@@ -194,7 +195,7 @@ def fetch_spans(
     fetched = fetched or {}
 
     def fetch(r: Read) -> bytes | memoryview:
-        path = f"{sdir}/{r.file.path}"
+        path = place.path(r.file.rank, r.file.path)
         url = places.root.url(path)
         if r.key in fetched:  # read by another rank, exchanged over the group (:mod:`.fanout`)
             return check_raw(fetched[r.key], r, url)
@@ -280,8 +281,8 @@ def load_tensors(
     # verified in the reading threads: checksums overlap the other GETs (CRC32C drops the GIL);
     # whole parts (local: mapped, verified and copied from the page cache), or with block
     # checksums (saves with sharded state) only the blocks holding ``wanted``
-    parts = fetch_spans(store, manifest.files, tensor_spans(wanted), sdir=sdir, concurrency=concurrency,
-                        fetched=fetched)
+    parts = fetch_spans(store, manifest.files, tensor_spans(wanted), place=manifest.place(sdir),
+                        concurrency=concurrency, fetched=fetched)
     url = places_of(store).root.url(sdir)
     readers = {r: StreamReader(p, r, url) for r, p in parts.items()}
 

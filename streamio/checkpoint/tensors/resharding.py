@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from streamio.checkpoint.format.entries import ChunkEntry, FileEntry, ShardedEntry
+from streamio.checkpoint.format.layout import Placement
 from streamio.checkpoint.tensors.boxes import BoxSource, byte_span, narrow
 from streamio.checkpoint.tensors.fetch import Places, Span, fetch_spans, places_of
 from streamio.checkpoint.tensors.serialize import StreamReader
@@ -169,7 +170,8 @@ def check_cover(key: str, items: list[Any], numel: int | None) -> None:
 
 
 def read_pending(
-    store: Store | Places, files: tuple[FileEntry, ...], pending: list[PendingRead], *, sdir: str, concurrency: int,
+    store: Store | Places, files: tuple[FileEntry, ...], pending: list[PendingRead], *, place: Placement,
+    concurrency: int,
 ) -> list[tuple[BoxSource, torch.Tensor]]:
     """Plan, read and verify every pending sharded tensor; the copies that load them.
 
@@ -178,8 +180,8 @@ def read_pending(
         CorruptDataError: a block or part differs from its checksum, or is not listed.
     """
     reads = [r for p in pending for r in plan_boxes(p.key, p.entry, p.target)]
-    pieces = fetch_spans(store, files, [r.span for r in reads], sdir=sdir, concurrency=concurrency)
-    url = places_of(store).root.url(sdir)
+    pieces = fetch_spans(store, files, [r.span for r in reads], place=place, concurrency=concurrency)
+    url = places_of(store).root.url(place.sdir)
     streams = {rank: StreamReader(got, rank, url) for rank, got in pieces.items()}
     copies = []
     for r in reads:
