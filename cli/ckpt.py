@@ -255,9 +255,11 @@ def rm_cmd(store: Store, step: int, force: bool, dry_run: bool, as_json: bool) -
               help="Each node's network bandwidth to the store, Gbit/s.")
 @click.option("--sharded", is_flag=True, help="FSDP/DTensor state: each rank restores only its share.")
 @click.option("--no-fanout", is_flag=True, help="Every rank reads the replicated state itself (restore_fanout=False).")
+@click.option("--key-prefixes", type=bounded(1, 256), default=16, show_default=True,
+              help="SaveOptions.key_prefixes: the key prefixes a save's objects are spread over.")
 @json_option
 def plan_cmd(state_bytes: int, world: int, ranks_per_node: int, part_size: int, store: str, node_gbps: float,
-             sharded: bool, no_fanout: bool, as_json: bool) -> None:
+             sharded: bool, no_fanout: bool, key_prefixes: int, as_json: bool) -> None:
     """What a save and a restore of a checkpoint cost the store, on paper (no store is contacted).
 
     Requests, bytes per node and a lower bound of the time (the requests at the store's per-prefix
@@ -270,7 +272,7 @@ def plan_cmd(state_bytes: int, world: int, ranks_per_node: int, part_size: int, 
     from streamio.checkpoint.admin import GCS, S3, plan_requests
 
     limits = {"s3": S3, "gcs": GCS}[store]
-    options = SaveOptions(part_size=part_size, restore_fanout=not no_fanout)
+    options = SaveOptions(part_size=part_size, restore_fanout=not no_fanout, key_prefixes=key_prefixes)
     got = plan_requests(state_bytes, world, options=options, sharded=sharded, limits=limits,
                         ranks_per_node=ranks_per_node, node_bytes_per_s=node_gbps * 1e9 / 8)
     if as_json:
@@ -282,6 +284,9 @@ def plan_cmd(state_bytes: int, world: int, ranks_per_node: int, part_size: int, 
                f">= {got.save_s:.1f} s ({got.save_bound})")
     click.echo(f"  restore    {got.restore_requests:,} read requests, {_size(got.restore_store_bytes)} from the store, "
                f"{_size(got.restore_bytes_per_node)} per node: >= {got.restore_s:.1f} s ({got.restore_bound})")
+    if got.key_prefixes > 1:
+        click.echo(f"  spread     over {got.key_prefixes} key prefixes, once the store serves each at that rate: "
+                   f"save >= {got.save_s_spread:.1f} s, restore >= {got.restore_s_spread:.1f} s")
 
 
 def register(group: click.Group) -> None:

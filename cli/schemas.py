@@ -129,6 +129,9 @@ SCHEMAS: dict[str, Schema] = {
         "restore_bytes_per_node": "bytes each node downloads",
         "restore_s": "lower bound of the restore's time, seconds",
         "restore_bound": "\"request rate\" or \"node bandwidth\": what sets restore_s",
+        "key_prefixes": "the key prefixes a save's objects are spread over",
+        "save_s_spread": "lower bound of the save's time once the store serves each key prefix at its rate",
+        "restore_s_spread": "lower bound of the restore's time once the store serves each key prefix at its rate",
         "store": "the limits assumed",
     }),
     "ckpt inspect": Schema("object", {
@@ -145,6 +148,7 @@ SCHEMAS: dict[str, Schema] = {
         "per_rank": "each rank's own non-tensor state",
         "bytes": "total bytes",
         "files": "number of files",
+        "key_prefixes": "the key prefixes its ranks' parts are spread over (1: all in its save directory)",
         "tensors": "[{\"section\", \"key\", \"dtype\", \"shape\", \"nbytes\", \"rank\"}]",
     }),
     "ckpt verify": Schema("object", {

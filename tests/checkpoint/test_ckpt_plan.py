@@ -72,3 +72,18 @@ def test_ckpt_plan_prints_and_answers_json() -> None:
 def test_a_size_or_count_that_is_not_positive_is_refused(state: int, world: int, per_node: int) -> None:
     with pytest.raises(ConfigError, match="must be positive"):
         plan_requests(state, world, ranks_per_node=per_node)
+
+
+def test_spreading_over_key_prefixes_divides_the_request_bound_once_the_store_partitions_them() -> None:
+    p = plan_requests(10 * TB, 16384)
+    assert p.key_prefixes == 16 and p.save_s == p.save_requests / 3500  # one prefix: the bound as before
+    busiest = 16384 // 16 * (p.objects_per_rank + 1)  # 1,024 ranks per prefix: parts and markers
+    assert p.save_s_spread == pytest.approx(busiest / 3500) and p.save_s_spread < p.save_s / 15
+    flat = plan_requests(10 * TB, 16384, options=SaveOptions(key_prefixes=1))
+    assert flat.key_prefixes == 1 and flat.save_s_spread >= flat.save_s - 0.01 and flat.restore_s_spread >= (
+        flat.restore_s - 0.01)
+    assert plan_requests(TB, 3).key_prefixes == 3  # never more prefixes than ranks
+    out = CliRunner().invoke(cli, ["ckpt", "plan", "--state-bytes", "10TB", "--world", "16384"]).output
+    assert "spread     over 16 key prefixes" in out and "save >= 3.2 s" in out
+    assert "spread" not in CliRunner().invoke(cli, ["ckpt", "plan", "--state-bytes", "10TB", "--world", "16384",
+                                                    "--key-prefixes", "1"]).output

@@ -96,6 +96,7 @@ def describe(
         "per_rank": [readable(s.tree) or {} for s in m.per_rank],
         "bytes": m.total_bytes,
         "files": len(m.files),
+        "key_prefixes": m.key_prefixes,
         "tensors": [{"section": s, "key": k, "dtype": e.dtype, "shape": list(e.shape), "nbytes": e.nbytes,
                      "rank": e.rank} for s, k, e in tensors] + [_sharded_row(k, e) for k, e in m.sharded.items()],
     }

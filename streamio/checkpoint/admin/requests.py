@@ -9,8 +9,10 @@ multipart threshold going up as a multipart upload (one request to start, one pe
 complete); then one done marker per rank, the manifest and the pointer. A restore reads every part
 once per rank that needs it: replicated state once per job with fan-out (``W`` times without),
 sharded state once (each rank its own). Times are lower bounds: the requests at the store's
-per-prefix rate (one prefix: a step's keys share one) and the bytes at each node's bandwidth,
-whichever is longer.
+per-prefix rate and the bytes at each node's bandwidth, whichever is longer; twice: with every
+request on one prefix (a new one, or a root the store has not partitioned), and with the save's
+objects spread over ``min(key_prefixes, world)`` key prefixes (:class:`~..format.layout.Placement`)
+that the store serves each at that rate once it has partitioned them.
 """
 
 from __future__ import annotations
@@ -63,6 +65,9 @@ class Plan:
     restore_s: float
     save_bound: str
     restore_bound: str
+    key_prefixes: int = 1
+    save_s_spread: float = 0.0
+    restore_s_spread: float = 0.0
 
 
 def plan_requests(
@@ -74,8 +79,9 @@ def plan_requests(
     Args:
         state_bytes: the checkpoint's size (replicated, or the sum of the shards with ``sharded``).
         world: ranks; ``ranks_per_node`` of them share a node's bandwidth (``node_bytes_per_s``).
-        options: how each rank cuts its share (``part_size``, ``concurrency``, ``parts_per_save``)
-            and whether a restore fans out (``restore_fanout``: replicated state read once per job).
+        options: how each rank cuts its share (``part_size``, ``concurrency``, ``parts_per_save``),
+            over how many key prefixes (``key_prefixes``) and whether a restore fans out
+            (``restore_fanout``: replicated state read once per job).
         sharded: each rank restores only its own share (FSDP); else every rank needs all of it.
         limits: the store's per-prefix request rates.
 
@@ -95,14 +101,19 @@ def plan_requests(
     save_requests = world * (objects * per_object + 1) + 2  # parts, markers, manifest, pointer
     save_node = share * min(ranks_per_node, world)
     save_s, save_bound = _bound(save_requests / limits.writes_per_s, save_node / node_bytes_per_s)
+    prefixes = min(options.key_prefixes, world)
+    busiest = -(-world // prefixes)  # ranks on the busiest prefix (rank r on r mod prefixes)
+    save_spread = max(busiest * (objects * per_object + 1) / limits.writes_per_s, save_node / node_bytes_per_s)
     readers = 1 if sharded or fanout else world  # how many times each part is read from the store
     gets_per_object = 1 if part <= _MULTIPART_THRESHOLD else -(-part // _MULTIPART_PART)  # ranged reads
     restore_requests = readers * world * objects * gets_per_object + 2  # parts, manifest and pointer once
     store_bytes = readers * share * world
     restore_node = store_bytes // nodes if readers == 1 else state_bytes * min(ranks_per_node, world)
     restore_s, restore_bound = _bound(restore_requests / limits.reads_per_s, restore_node / node_bytes_per_s)
+    restore_spread = max(readers * busiest * objects * gets_per_object / limits.reads_per_s,
+                         restore_node / node_bytes_per_s)
     return Plan(world, state_bytes, part, objects, save_requests, save_node, save_s, restore_requests, store_bytes,
-                restore_node, restore_s, save_bound, restore_bound)
+                restore_node, restore_s, save_bound, restore_bound, prefixes, save_spread, restore_spread)
 
 
 def _bound(rate_s: float, bandwidth_s: float) -> tuple[float, str]:
