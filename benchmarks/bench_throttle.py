@@ -14,7 +14,11 @@ writes per second, per case: no limit (what this machine takes anyway: the ranks
 share its cores), unpaced (before issue 26), paced with the job's rate shared among the ranks
 (:mod:`streamio.checkpoint.save.rates`), and capped at the limit (``SaveOptions(write_rate=R)``,
 what the default ``"store"`` does on AWS S3 and GCS). Each save's ideal time is the larger of
-``writes / R`` and the no-limit case's time.
+``writes / R`` and the no-limit case's time. Two more cases model a store that has partitioned the
+root's key prefixes (S3 after sustained load): the limit applies per prefix (``ckpt/p-03``; every
+flat key shares ``ckpt/step``), once with every rank's objects in the save directory
+(``key_prefixes=1``, the layout before format 4) and once spread over the ranks' prefixes (the
+default); there the ideal is the no-limit time.
 
 Run:  .venv/bin/python -m benchmarks.bench_throttle [--rate 60] [--threads 16] [--objects 300] [--ranks 8]
 """
@@ -67,12 +71,15 @@ def run(rate: float, threads: int, objects: int, reps: int) -> dict[str, Any]:
     return out
 
 
-RANK_CASES = {  # name: (rank mode, job's write cap, store limit on)
-    "no limit (this machine's floor)": ("save-paced", "none", False),
-    "unpaced (before)": ("save-unpaced", "none", True),
-    "paced, rate shared": ("save-paced", "none", True),
-    "paced, capped at the limit": ("save-paced", "rate", True),
+RANK_CASES = {  # name: (rank mode, job's write cap, store limit on, limit per key prefix, SaveOptions.key_prefixes)
+    "no limit (this machine's floor)": ("save-paced", "none", False, False, 16),
+    "unpaced (before)": ("save-unpaced", "none", True, False, 16),
+    "paced, rate shared": ("save-paced", "none", True, False, 16),
+    "paced, capped at the limit": ("save-paced", "rate", True, False, 16),
+    "partitioned store, flat keys": ("save-paced", "none", True, True, 1),
+    "partitioned store, spread keys": ("save-paced", "none", True, True, 16),
 }
+_PREFIX_CHARS = len("ckpt/p-00")  # a store that has partitioned the root's key prefixes (flat: "ckpt/step")
 
 
 def run_ranks(world: int, rate: float, size_mb: int, saves: int, log: Any = print) -> dict[str, Any]:
@@ -90,10 +97,11 @@ def run_ranks(world: int, rate: float, size_mb: int, saves: int, log: Any = prin
         with FaultProxy(endpoint) as proxy, tempfile.TemporaryDirectory() as scratch:
             s3 = S3Endpoint(endpoint, "unused").new_bucket()
             options = s3.storage_options(proxy.endpoint_url)
-            for name, (mode, cap, limited) in RANK_CASES.items():
+            for name, (mode, cap, limited, per_prefix, prefixes) in RANK_CASES.items():
                 proxy.clear()
-                proxy.limit_rate(rate if limited else 1e9)
-                env = {"BENCH_SAVES": str(saves), "BENCH_WRITE_RATE": str(rate) if cap == "rate" else "none"}
+                proxy.limit_rate(rate if limited else 1e9, prefix_chars=_PREFIX_CHARS if per_prefix else None)
+                env = {"BENCH_SAVES": str(saves), "BENCH_WRITE_RATE": str(rate) if cap == "rate" else "none",
+                       "BENCH_KEY_PREFIXES": str(prefixes)}
                 results = torchrun_ranks(world, mode, s3.new_bucket().url("ckpt"), size_mb, options,
                                          Path(scratch, f"{len(cases)}"), env=env)
                 each = [max(r["each"][i] for r in results) for i in range(saves)]
@@ -106,9 +114,11 @@ def run_ranks(world: int, rate: float, size_mb: int, saves: int, log: Any = prin
     finally:
         server.stop()
     floor = cases["no limit (this machine's floor)"]
-    for runs in cases.values():
+    for name, runs in cases.items():
+        _, _, _, per_prefix, prefixes = RANK_CASES[name]
+        served = rate * (min(prefixes, world) if per_prefix else 1)  # the ranks' prefixes, each at the limit
         for i, c in enumerate(runs):  # the floor's own ideal is itself: no limit to wait for
-            c["ideal_s"] = floor[i]["seconds"] if runs is floor else max(c["admitted"] / rate, floor[i]["seconds"])
+            c["ideal_s"] = floor[i]["seconds"] if runs is floor else max(c["admitted"] / served, floor[i]["seconds"])
             c["over_ideal"] = c["seconds"] / c["ideal_s"]
     return {"world": world, "rate": rate, "size_mb": size_mb, "cases": cases}
 

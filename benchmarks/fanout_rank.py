@@ -10,7 +10,9 @@ MODE ``save-paced`` / ``save-unpaced`` (:mod:`benchmarks.bench_throttle`) saves 
 ``BENCH_SAVES`` in parts of ``BENCH_PART_KB`` KiB (many small writes), with the job's writes capped at
 ``BENCH_WRITE_RATE`` per second (``none``: no cap), paced or not (``RetryPolicy(pace_writes=...)``);
 rank 0 puts ``between-N`` into the root before step N (a mark in the store's log); the result
-has ``"each"``: every save's seconds.
+has ``"each"``: every save's seconds. ``BENCH_KEY_PREFIXES``: ``SaveOptions.key_prefixes``;
+``BENCH_PACER_LOG=FILE``: each rank appends a line per save with what its pacer met (writes
+admitted, seconds, throttles), to find the rank a slow save waited for.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from streamio.checkpoint import CheckpointManager, SaveOptions
-from streamio.storage import RetryPolicy
+from streamio.storage import RetryPolicy, write_pacer
 
 WIDTH = 1024
 
@@ -48,6 +50,12 @@ def saves(mgr: CheckpointManager, size_mb: int) -> list[float]:
         t0 = time.perf_counter()
         mgr.save(step, state)
         each.append(time.perf_counter() - t0)
+        pacer = write_pacer(mgr.store)
+        share = pacer.last_share if pacer is not None else None
+        if share is not None and os.environ.get("BENCH_PACER_LOG"):  # a diagnosis of the pacing, one line a save
+            with open(os.environ["BENCH_PACER_LOG"], "a") as f:
+                f.write(f"rank {dist.get_rank()} save {step}: {each[-1]:.1f} s, admitted {share.admitted} in "
+                        f"{share.seconds:.1f} s, {share.throttles} throttles, rate now {pacer.rate:.1f}/s\n")
     return each
 
 
@@ -56,7 +64,8 @@ def _options(mode: str) -> tuple[SaveOptions, RetryPolicy]:
         return SaveOptions(restore_fanout=mode != "restore-nofanout"), RetryPolicy()
     rate = os.environ.get("BENCH_WRITE_RATE", "none")
     save_options = SaveOptions(part_size=int(os.environ.get("BENCH_PART_KB", "128")) << 10,
-                               write_rate=None if rate == "none" else float(rate))
+                               write_rate=None if rate == "none" else float(rate),
+                               key_prefixes=int(os.environ.get("BENCH_KEY_PREFIXES", "16")))
     return save_options, RetryPolicy(max_attempts=30, max_total=600, pace_writes=mode == "save-paced")
 
 

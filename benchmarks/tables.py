@@ -779,7 +779,11 @@ THROTTLE = SectionSpec("Writers through a rate limit (issue 26: `benchmarks/benc
         f"{sec['job']['size_mb']} MB model in 128 KiB parts through a limit of {sec['job']['rate']:g} writes/s. "
         "Ideal = the larger of writes / limit and the time of the same save with no limit (the ranks, moto and the "
         "proxy share this machine's cores); rate shared = the default (streamio.checkpoint.save.rates), capped = "
-        "`SaveOptions(write_rate=limit)` (the default `\"store\"` caps at the documented limit on AWS S3 / GCS)."]),
+        "`SaveOptions(write_rate=limit)` (the default `\"store\"` caps at the documented limit on AWS S3 / GCS). "
+        "The limit applies to the whole bucket, except in the two \"partitioned store\" cases: there it applies per "
+        "key prefix (`ckpt/p-03`), as on a store that has split the root's prefixes apart, with the ranks' "
+        "objects in the save directory (flat keys: `key_prefixes=1`, every save before manifest format 4) or "
+        "spread over the ranks' prefixes (the default); the ideal there is writes / (limit x prefixes) at least."]),
     Table((_name("case, save"), Column("seconds", lambda kv: fmt(kv[1]["seconds"], 1)),
            Column("writes", lambda kv: str(kv[1]["admitted"])),
            Column("time / ideal", lambda kv: fmt(kv[1]["over_ideal"], 2)),

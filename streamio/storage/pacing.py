@@ -78,7 +78,6 @@ class Pacer:
         self._refilled = clock()
         self._last_max = 0.0
         self._cut_at = -float("inf")
-        self._first: float | None = None  # the first answer
         self._answers: collections.deque[float] = collections.deque()  # their times, the last second
         self.throttles = 0
         self.admitted = 0
@@ -108,7 +107,7 @@ class Pacer:
             measured = self._measured(now)
             self.admitted += 1
             if self.enabled:  # an idle writer's rate does not grow past what it last had
-                self._set_rate(min(self._cubic(now), max(2 * measured, self._last_max)))
+                self._set_rate(min(self._cubic(now), max(2 * (measured or 0.0), self._last_max)))
 
     def throttled(self) -> None:
         """An attempt was answered "slow down": cut the rate (once per cooldown)."""
@@ -118,7 +117,10 @@ class Pacer:
             self.throttles += 1
             if now - self._cut_at < self.cooldown:
                 return
-            current = min(measured, self.rate) if self.enabled else measured
+            if self.enabled:  # what it sent at; a lone answer: the rate it was about to send at
+                current = self.rate if measured is None else min(measured, self.rate)
+            else:
+                current = measured if measured is not None else 1 / _SHORTEST_S
             self._last_max = max(current, _MIN_RATE)
             self._cut_at = now
             self.enabled = True
@@ -183,15 +185,17 @@ class Pacer:
     def _cubic(self, now: float) -> float:
         return _SCALE * (now - self._cut_at - self._plateau()) ** 3 + self._last_max
 
-    def _measured(self, now: float) -> float:
-        """Count an answer at ``now``; answers per second over the last second (over the time
-        since the first answer, when that is shorter: a burst at start-up is measured at once)."""
-        if self._first is None:
-            self._first = now
+    def _measured(self, now: float) -> float | None:
+        """Count an answer at ``now``; the rate of the answers of the last second, over the time
+        they span (``None`` for a lone answer: no rate to tell). A burst after an idle spell (the
+        start of a save) is measured at its own rate, not diluted by the idle part of the second:
+        that cut a rank whose first writes met a throttle to a crawl (0.7 writes/s)."""
         self._answers.append(now)
         while self._answers and self._answers[0] < now - _WINDOW_S:
             self._answers.popleft()
-        return len(self._answers) / min(_WINDOW_S, max(now - self._first, _SHORTEST_S))
+        if len(self._answers) < 2:
+            return None
+        return (len(self._answers) - 1) / max(now - self._answers[0], _SHORTEST_S)
 
 
 _pacers: dict[tuple[str, str, str], Pacer] = {}
