@@ -11,6 +11,7 @@ else. Example counts come from the hypothesis profile (tests/conftest.py: ``ci``
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 import tracemalloc
@@ -62,6 +63,7 @@ def _manifest() -> Manifest:
 
 
 MANIFEST = mf.manifest_to_bytes(_manifest())
+SPREAD = mf.manifest_to_bytes(dataclasses.replace(_manifest(), key_prefixes=2))  # format 4
 MARKER = mf.marker_to_bytes(DoneMarker(0, "abc", _manifest().files[:2], {"model/w": _tensor(0, 0, 128)},
                                        Section({"rng": 1}, {"rng": _tensor(0, 128, 64)}), {"model": {"w": 1}}))
 POINTER = ptr.pointer_to_bytes(Pointer(7, layout.step_dir(7), "crc32c:0123abcd", "abc", "2026-01-01T00:00:00+00:00"))
@@ -151,13 +153,16 @@ FUZZ = settings(suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_to
 
 
 @FUZZ
-@given(mutated(MANIFEST), st.sampled_from([None, 7, 8]))
+@given(st.one_of(mutated(MANIFEST), mutated(SPREAD)), st.sampled_from([None, 7, 8]))
 def test_manifest_parser_under_mutation(data: bytes, step: int | None) -> None:
     m = _parse_within_budget(lambda d: mf.manifest_from_bytes(d, step=step), data)
     if m is None:
         return
     assert isinstance(m, Manifest) and (step is None or m.step == step)
     _assert_confined(m.files)
+    assert 1 <= m.key_prefixes <= layout.MAX_PREFIXES
+    for f in m.files:  # wherever a part is placed, it stays below the root, named by its save
+        assert layout.locate(m.place("step-000000007").path(f.rank, f.path)) == ("step-000000007", f.path)
     assert m.world_size == len(m.per_rank) >= 1
     checks.streams(m.files, [*m.replicated.tensors.items(), *(i for s in m.per_rank for i in s.tensors.items())],
                      world_size=m.world_size, what="re-check")

@@ -119,6 +119,17 @@ def test_a_format_4_manifest_with_a_bad_prefix_count_is_refused(value: object, m
         mf.manifest_from_bytes(json.dumps(doc).encode())
 
 
+@pytest.mark.parametrize("path", ["part-abc-00000.bin", "rank-00002/part-abc-00000.bin", "rank-000010/x"])
+def test_a_format_4_part_outside_its_ranks_directory_is_refused(path: str) -> None:
+    """Where a spread save's part lives follows from its rank; one named elsewhere would be an
+    object no listing ties to its save (gc could never remove it)."""
+    doc = json.loads(mf.manifest_to_bytes(_manifest(2)))
+    doc["files"][1]["path"] = path  # rank 1's
+    del doc[SEAL_KEY]
+    with pytest.raises(ManifestError, match=r"part .* of rank 1 is not below rank-00001/"):
+        mf.manifest_from_bytes(json.dumps(doc).encode())
+
+
 # ------------------------------------------------------------------------------ deleting
 def _fill(store: Store, place: Placement, save_id: str, ranks: int) -> list[str]:
     paths = [place.path(r, layout.part_path(r, save_id, i)) for r in range(ranks) for i in range(2)]

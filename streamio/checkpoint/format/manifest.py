@@ -43,7 +43,7 @@ from streamio.checkpoint.format import checks
 from streamio.checkpoint.format import entries as ent
 from streamio.checkpoint.format.checks import ManifestError
 from streamio.checkpoint.format.entries import FileEntry, Section, ShardedEntry, TensorEntry
-from streamio.checkpoint.format.layout import MAX_PREFIXES, Placement, parse_save_dir
+from streamio.checkpoint.format.layout import MAX_PREFIXES, Placement, parse_save_dir, rank_dir
 from streamio.checkpoint.format.timeline import Timeline, timeline_from_json, timeline_to_json
 from streamio.checksum import checksum_bytes
 from streamio.limits import MAX_JSON_BYTES
@@ -196,7 +196,7 @@ def manifest_from_bytes(data: bytes, *, step: int | None = None, checksum: str |
     per_rank = tuple(ent.section_from_json(s, f"{what}, rank {r}'s section") for r, s in enumerate(per_rank_docs))
     has_sharded = fmt == SHARDED_FORMAT or (fmt == SPREAD_FORMAT and "sharded" in doc)
     sharded = ent.sharded_from_json(doc.get("sharded"), what) if has_sharded else {}
-    prefixes = _key_prefixes(doc, what) if fmt == SPREAD_FORMAT else 1
+    prefixes = _key_prefixes(doc, files, what) if fmt == SPREAD_FORMAT else 1
     for r, section in enumerate(per_rank):
         for key, t in section.tensors.items():
             if t.rank != r:
@@ -222,10 +222,16 @@ def manifest_from_bytes(data: bytes, *, step: int | None = None, checksum: str |
     )
 
 
-def _key_prefixes(doc: Mapping[str, Any], what: str) -> int:
+def _key_prefixes(doc: Mapping[str, Any], files: Sequence[FileEntry], what: str) -> int:
+    """The key prefixes of a format-4 manifest, whose parts must each be below their rank's
+    directory (what places them: :class:`~.layout.Placement`)."""
     n = checks.integer(doc, "key_prefixes", what)
     if not 2 <= n <= MAX_PREFIXES:
         raise ManifestError(f"{what}: key_prefixes {n} is outside 2..{MAX_PREFIXES}")
+    for f in files:
+        if not f.path.startswith(f"{rank_dir(f.rank)}/"):
+            raise ManifestError(f"{what}: part {f.path!r} of rank {f.rank} is not below {rank_dir(f.rank)}/, "
+                                f"where a save spread over key prefixes keeps each rank's parts")
     return n
 
 
