@@ -3,7 +3,8 @@
 Saving and restoring are collective: ranks agree on a save id, on whether every rank's parts
 are in the store (the barrier), and on the outcome of each restore attempt. These run in the
 manager's background thread while the training loop runs its own collectives (NCCL or gloo) on
-the default group, so they go through gloo groups of their own and never interleave with those.
+the default group, so they go through gloo groups of their own and never interleave with those;
+in an NCCL job a restore's large broadcasts take an NCCL group of their own (:mod:`.lane`).
 Without an initialised process group everything is a single process: rank 0 of 1, and every
 collective returns this rank's own value.
 
@@ -36,6 +37,7 @@ import numpy
 import torch
 import torch.distributed as dist
 
+from streamio.checkpoint.lane import MIN_BYTES, broadcast_staged, lane_device
 from streamio.checkpoint.options import SaveOptions
 from streamio.distributed import group_initialized, rank_and_world
 from streamio.errors import CheckpointError
@@ -84,6 +86,7 @@ class Comm:
         self._stranded: list[Any] = []  # works of a failed arrival: their buffers stay alive
         self._arrivals: dist.ProcessGroup | None = None
         self._group: dist.ProcessGroup | None = None
+        self._lane: dist.ProcessGroup | None = None  # NCCL jobs: large broadcasts over the GPUs
         if self.active and self.world > 1:
             try:
                 # gloo connects every pair when a group is made: a rank that never makes its
@@ -91,6 +94,8 @@ class Comm:
                 self._arrivals = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
                 backstop = max(timeout_s, TRANSFER_BACKSTOP_S)
                 self._group = dist.new_group(backend="gloo", timeout=timedelta(seconds=backstop))
+                if lane_device() is not None:
+                    self._lane = dist.new_group(backend="nccl", timeout=timedelta(seconds=backstop))
             except RuntimeError as exc:  # DistStoreError, DistBackendError
                 raise CheckpointError(
                     f"rank {self.rank}: not every one of the {self.world} ranks constructed its CheckpointManager "
@@ -226,7 +231,8 @@ class Comm:
         return box[0]
 
     def broadcast_bytes(self, data: bytes | memoryview | None, *, src: int, size: int) -> memoryview:
-        """Rank ``src``'s ``size`` bytes ``data`` on every rank (raw bytes: nothing is pickled)."""
+        """Rank ``src``'s ``size`` bytes ``data`` on every rank (raw bytes: nothing is pickled);
+        in an NCCL job, payloads from :data:`~.lane.MIN_BYTES` up go over the GPUs (:mod:`.lane`)."""
         if self._group is None:
             assert data is not None
             return memoryview(data)
@@ -237,7 +243,11 @@ class Comm:
             buf.numpy()[:] = numpy.frombuffer(data, dtype=numpy.uint8)
         if size:
             try:
-                dist.broadcast(buf, src=src, group=self._group)
+                device = lane_device() if self._lane is not None and size >= MIN_BYTES else None
+                if device is not None:  # the device the rank uses now (set_device may follow the manager)
+                    broadcast_staged(buf, src=src, rank=self.rank, group=self._lane, device=device)
+                else:
+                    dist.broadcast(buf, src=src, group=self._group)
             except RuntimeError as exc:
                 raise self._lost(exc) from exc
         return memoryview(buf.numpy()).cast("B")
