@@ -49,8 +49,10 @@ class SaveOptions:
         write_rate: the most write requests per second the whole job's save sends to the store,
             shared among the ranks in proportion to their writes, so that even a job's first save
             does not burst past the store's limit. ``"store"`` (the default): the limit the
-            provider documents for a new prefix (AWS S3: 3,500; Google Cloud Storage: 1,000), none
-            for other endpoints (MinIO, emulators); ``None``: no cap. Either way the ranks pace
+            provider documents for a new prefix (AWS S3: 3,500; Google Cloud Storage: 1,000),
+            doubled after 20 minutes of saves the store never throttled, up to ``key_prefixes``
+            times it, halved after a throttled save; none for other endpoints (MinIO,
+            emulators); a number: that cap, fixed; ``None``: no cap. Either way the ranks pace
             together at the rate the store taught them (docs/design.md "Request rates").
         key_prefixes: how many key prefixes below the root a save of many ranks spreads its
             parts and done markers over (rank ``r`` writes below ``p-{r mod N:02x}/``; at most the

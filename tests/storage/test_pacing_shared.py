@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from streamio.checkpoint.save.rates import job_rate
+from streamio.checkpoint.save.rates import RAMP_S, WriteCap, job_rate
+from streamio.storage import Store
 from streamio.storage.pacing import BETA, Pacer, ShareOutcome
 
 
@@ -136,3 +137,70 @@ def test_a_throttle_on_the_first_writes_of_a_save_cuts_from_the_share_not_from_t
         pacer.wait()
         pacer.throttled()
         assert pacer.rate >= 0.5 * 5.0 * BETA * BETA
+
+
+# ------------------------------------------------------------------------------ the job's cap
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _aws_cap(clock: _Clock, monkeypatch: pytest.MonkeyPatch) -> WriteCap:
+    for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.delenv(name, raising=False)
+    return WriteCap("store", Store("s3://bucket/ckpt"), clock=clock)
+
+
+def test_a_documented_cap_doubles_after_twenty_unthrottled_minutes_up_to_the_prefixes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = _Clock()
+    cap = _aws_cap(clock, monkeypatch)
+    caps = []
+    for _ in range(8):  # a save every 15 minutes, never throttled
+        caps.append(cap.next(prefixes=4, throttled=False, due=cap.due()))
+        clock.now += 15 * 60
+    assert caps == [3500.0, 3500.0, 7000.0, 7000.0, 14000.0, 14000.0, 14000.0, 14000.0]  # at most 4 x 3,500
+
+
+def test_a_throttled_save_halves_the_cap_and_restarts_the_twenty_minutes(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = _Clock()
+    cap = _aws_cap(clock, monkeypatch)
+    cap.next(prefixes=16, throttled=False, due=False)
+    cap.factor = 8
+    clock.now += RAMP_S
+    assert cap.next(prefixes=16, throttled=True, due=cap.due()) == 4 * 3500.0  # halved, not doubled
+    clock.now += RAMP_S - 1
+    assert cap.next(prefixes=16, throttled=False, due=cap.due()) == 4 * 3500.0  # twenty minutes from the throttle
+    for _ in range(5):
+        clock.now += RAMP_S
+        cap.next(prefixes=16, throttled=True, due=cap.due())
+    assert cap.next(prefixes=16, throttled=False, due=False) == 3500.0  # never below the documented rate
+
+
+def test_rank_0s_clock_decides_so_every_rank_keeps_the_same_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    early, late = _Clock(), _Clock()
+    a, b = _aws_cap(early, monkeypatch), _aws_cap(late, monkeypatch)
+    for cap in (a, b):
+        cap.next(prefixes=8, throttled=False, due=False)
+    early.now, late.now = RAMP_S + 1, RAMP_S - 1  # the ranks' clocks straddle the twenty minutes
+    due = a.due()  # rank 0's, as every rank receives it
+    assert a.next(prefixes=8, throttled=False, due=due) == b.next(prefixes=8, throttled=False, due=due) == 7000.0
+
+
+@pytest.mark.parametrize(("setting", "url", "want"), [
+    (250.0, "s3://bucket/ckpt", 250.0), (None, "s3://bucket/ckpt", None), ("store", "file:///tmp/ckpt", None),
+])
+def test_a_set_cap_never_ramps_and_no_cap_stays_none(
+    setting: float | str | None, url: str, want: float | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.delenv(name, raising=False)
+    clock = _Clock()
+    cap = WriteCap(setting, Store(url), clock=clock)
+    for _ in range(6):
+        assert cap.next(prefixes=16, throttled=False, due=cap.due()) == want
+        clock.now += RAMP_S

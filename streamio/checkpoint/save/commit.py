@@ -53,10 +53,10 @@ from streamio.checkpoint.save.local import LocalSave
 from streamio.checkpoint.save.parts import assemble_manifest, copy_share, share_ranges, write_share
 from streamio.checkpoint.save.plan import Planner, SavePlan
 from streamio.checkpoint.save.pruning import Pruner
-from streamio.checkpoint.save.rates import shared_write_rate
+from streamio.checkpoint.save.rates import WriteCap, shared_write_rate
 from streamio.checkpoint.save.snapshot import Snapshot
 from streamio.errors import CheckpointConflictError, CheckpointError, ObjectNotFoundError, WriteConflictError
-from streamio.storage import Store, documented_write_rate
+from streamio.storage import Store
 
 __all__ = ["PHASES", "Committer"]
 
@@ -90,6 +90,7 @@ class Committer:
         self._failed = FailedShares(store, comm.rank)  # what failed saves of this rank left
         self._on_phase = on_phase
         self._pointer_version: Any = _UNKNOWN  # what the next pointer swap expects to replace
+        self._cap = WriteCap(options.write_rate, store)  # the job's cap on its saves' writes (:mod:`.rates`)
 
     def restored(self, outcome: tuple[Point, Any] | None = None) -> None:
         """Note that this job has just restored the save ``outcome[0]``, reading the pointer's
@@ -181,7 +182,7 @@ class Committer:
         own_exc: BaseException | None = None
         files: list[FileEntry] = []
         try:
-            with shared_write_rate(store, comm, writes, self._write_cap):
+            with shared_write_rate(store, comm, writes, self._cap, prefixes=plan.prefixes):
                 files = write()
         except Exception as exc:  # reported to every rank below, then re-raised
             failure, own_exc = f"rank {comm.rank}: {type(exc).__name__}: {exc}", exc
@@ -195,11 +196,6 @@ class Committer:
                 f"the previous checkpoint stays current"
             ) from own_exc
         return files
-
-    @property
-    def _write_cap(self) -> float | None:
-        cap = self.options.write_rate
-        return documented_write_rate(self.store) if cap == "store" else cap  # type: ignore[return-value]
 
     def _finish(self, plan: SavePlan, manifest_of: Callable[[], Manifest], comm: Comm) -> None:
         """Rank 0 publishes the manifest and swaps the pointer; every rank learns the outcome."""
