@@ -348,7 +348,8 @@ def delete_save(store: Store, sdir: str, *, save_id: str | None = None, prefixes
     store.delete(layout.manifest_at(sdir))
     if on_phase is not None:
         on_phase("delete")
-    shared = save_id is not None and (layout.parse_save_dir(sdir) or (0, "-"))[1] == ""
+    parsed = layout.parse_save_dir(sdir)
+    shared = save_id is not None and parsed is not None and parsed[1] == ""  # the step's own directory
     listing = (store.list() if prefixes is None
                else [o for d in layout.Placement(sdir, prefixes).dirs() for o in store.list(d + "/")])
     dirs = {sdir}
@@ -374,18 +375,14 @@ def delete_objects(store: Store, paths: Sequence[str], *, dirs: Iterable[str] = 
 def delete_share(store: Store, place: layout.Placement, save_id: str, rank: int) -> None:
     """Delete ``rank``'s objects of the save ``save_id`` at ``place`` (parts, marker, unfinished uploads:
     the names carrying the save id below its rank directory), then the directories left empty."""
-    prefix = place.rank_dir(rank) + "/"
-    for o in store.list(prefix):
-        if _save_id_of(o.path) == save_id:
+    ranks = place.rank_dir(rank)
+    for o in store.list(ranks + "/"):
+        if layout.save_id_at(o.path) == save_id:
             store.delete(o.path)
-    for upload in store.incomplete_uploads(prefix):
-        if _save_id_of(upload.path) == save_id:
+    for upload in store.incomplete_uploads(ranks + "/"):
+        if layout.save_id_at(upload.path) == save_id:
             store.abort_upload(upload)
-    remove_empty_dirs(store, [*layout.parents(prefix + "x"), place.sdir])
-
-
-def _save_id_of(path: str) -> str | None:
-    return layout.object_save_id((layout.locate(path) or ("", ""))[1])
+    remove_empty_dirs(store, [ranks, *layout.parents(ranks), place.sdir])
 
 
 def remove_empty_dirs(store: Store, paths: Iterable[str]) -> None:

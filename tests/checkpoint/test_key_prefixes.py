@@ -41,7 +41,7 @@ def test_every_object_of_a_save_is_located_back_to_its_save(
         assert layout.locate(path) == (sdir, rest)
         assert path.startswith(place.rank_dir(rank) + "/")
         assert any(path.startswith(d + "/") for d in place.dirs())
-        assert layout.object_save_id(rest) == save_id
+        assert layout.object_save_id(rest) == save_id and layout.save_id_at(path) == save_id
     assert layout.locate(layout.manifest_at(sdir)) == (sdir, layout.MANIFEST)
     assert place.marker(rank, save_id) == place.path(rank, layout.marker_path(rank, save_id))
 

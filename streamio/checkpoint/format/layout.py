@@ -59,18 +59,20 @@ __all__ = [
     "manifest_at",
     "manifest_path",
     "marker_path",
-    "new_save_id",
     "is_spread_dir",
     "locate",
+    "new_save_id",
     "object_save_id",
-    "parse_save_dir",
     "parents",
+    "parse_save_dir",
     "parse_step_dir",
     "part_path",
     "rank_dir",
+    "save_id_at",
     "save_dir",
     "save_started",
     "split_ranges",
+    "spread_dir",
     "step_dir",
 ]
 
@@ -212,8 +214,9 @@ class Placement:
     def dirs(self) -> list[str]:
         """Every directory that holds objects of the save, relative to the root: the save
         directory, then one per key prefix."""
-        spread = range(self.prefixes) if self.prefixes > 1 else range(0)
-        return [self.sdir, *(f"{spread_dir(i)}/{self.sdir}" for i in spread)]
+        if self.prefixes == 1:
+            return [self.sdir]
+        return [self.sdir, *(f"{spread_dir(i)}/{self.sdir}" for i in range(self.prefixes))]
 
     def _base(self, rank: int) -> str:
         return self.sdir if self.prefixes == 1 else f"{spread_dir(rank % self.prefixes)}/{self.sdir}"
@@ -241,10 +244,17 @@ def locate(path: str) -> tuple[str, str] | None:
     ``"step-000045000/manifest.json"`` -> ``("step-000045000", "manifest.json")``); ``None`` for
     objects of no save (``latest.json``, ``retention.json``, anything else)."""
     head, _, rest = path.partition("/")
-    if _SPREAD_RE.match(head):
+    if is_spread_dir(head):
         head, _, rest = rest.partition("/")
         if not rest.startswith("rank-"):  # only ranks' objects are spread
             return None
     if not rest or parse_save_dir(head) is None:
         return None
     return head, rest
+
+
+def save_id_at(path: str) -> str | None:
+    """The save id in the name of a part or done marker anywhere in the root (``path``: relative
+    to the root, in either layout); ``None`` for any other object."""
+    found = locate(path)
+    return object_save_id(found[1]) if found is not None else None
