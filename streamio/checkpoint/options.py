@@ -123,8 +123,10 @@ class LocalTier:
     keep: int = 2
 
     def __post_init__(self) -> None:
+        if not isinstance(self.path, (str, os.PathLike)):
+            raise ConfigError(f"LocalTier.path must be a local directory (a str or os.PathLike), got {self.path!r}")
         path = os.fspath(self.path)
-        if not path or "://" in path and not path.startswith("file://"):
+        if not isinstance(path, str) or not path or "://" in path and not path.startswith("file://"):
             raise ConfigError(f"LocalTier.path must be a local directory, got {self.path!r}")
         if isinstance(self.keep, bool) or not isinstance(self.keep, int) or self.keep < 1:
             raise ConfigError(f"LocalTier.keep must be a whole number >= 1, got {self.keep!r}")
