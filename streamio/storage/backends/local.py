@@ -29,9 +29,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from streamio.errors import ConfigError, CorruptDataError, StorageError
-from streamio.storage.backends.base import (
-    TMP_SUFFIX, OnEnd, PutRequest, conflict, shorter_than_expected, too_large,
-)
+from streamio.storage.backends.base import TMP_SUFFIX, OnEnd, PutRequest, conflict, shorter_than_expected, too_large
 from streamio.storage.backends.generic import GenericBackend
 
 
