@@ -110,7 +110,10 @@ class LocalTier:
     Each rank keeps its copy in a directory of its own below ``path`` (``rank-00003/``), a
     checkpoint root of the same layout as the durable one; ranks of one node may share ``path``
     and read each other's copies. NVMe is the usual place; a ``/dev/shm/...`` path is a RAM tier
-    (lost with the node, not with the process). docs/design.md "Local tier".
+    (lost with the node, not with the process). The directory belongs to the first root that uses
+    it (each rank's directory records it, ``owner.json``): a manager of another root given the same
+    path raises :class:`~streamio.errors.ConfigError` naming both, and never restores, writes or
+    prunes the other's copies. docs/design.md "Local tier".
 
     Attributes:
         path: a local directory (created if missing).
