@@ -18,6 +18,7 @@ import time
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
+from streamio.checkpoint import owner
 from streamio.checkpoint.comm import Comm
 from streamio.checkpoint.format import layout
 from streamio.checkpoint.format.retention import RetentionPolicy
@@ -54,7 +55,8 @@ class CheckpointManager:
             (:data:`~.save.commit.PHASES`); the fault tests kill the process there.
         local: a local tier (node-local disk or RAM): every save commits there first and every
             ``SaveOptions.durable_every``-th goes to the root in the background; restore takes
-            the nearest good copy (docs/design.md "Local tier").
+            the nearest good copy (docs/design.md "Local tier"). Its directory belongs to one root:
+            the first job that uses it records its root there (:mod:`.owner`).
 
     Call order: ``save``... (each waits for the previous), ``wait()`` to make the last one
     durable, ``close()``; ``restore`` at start. A save still in flight when the interpreter exits
@@ -62,6 +64,9 @@ class CheckpointManager:
     ``torch.distributed`` every rank constructs the manager and calls ``save``/``restore`` with the
     same steps (they are collective: a rank that calls them alone gets a ``CheckpointError``
     naming the missing ranks after ``SaveOptions.collective_timeout_s``, see :mod:`.comm`).
+
+    Raises:
+        ConfigError: ``local``'s directory holds the copies of another root (:mod:`.owner`).
     """
 
     def __init__(
@@ -83,13 +88,17 @@ class CheckpointManager:
         # with a tier, uploads run in a thread of their own: their collectives need a group of their own
         uploads = self._comm if local is None else Comm(timeout_s=self.options.collective_timeout_s)
         self._committer = Committer(self.store, uploads, options=self.options, retention=retention, on_phase=on_phase)
+        identity = owner.root_identity(self.store.root_url)
+        if local is not None:  # this rank's local root is this job's, or refused (ConfigError)
+            owner.claim(Store(local.rank_root(self._comm.rank)), self.store)
         self._tiers = None if local is None else TieredSaves(
-            self._committer, LocalCommitter(local, self._comm, options=self.options, on_phase=on_phase), self._comm,
-            options=self.options,
+            self._committer, LocalCommitter(local, self._comm, owner=identity, options=self.options,
+                                            on_phase=on_phase),
+            self._comm, options=self.options,
         )
         self._restorer = Restorer(self.store, self._comm, concurrency=self.options.concurrency,
                                   part_store=self.store.for_verified_reads(),
-                                  local=None if local is None else LocalCopies(local, self._comm.rank),
+                                  local=None if local is None else LocalCopies(local, self._comm.rank, owner=identity),
                                   fanout=self.options.restore_fanout)
         self._buffer = HostBuffer()
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="streamio-ckpt")

@@ -110,7 +110,10 @@ class LocalTier:
     Each rank keeps its copy in a directory of its own below ``path`` (``rank-00003/``), a
     checkpoint root of the same layout as the durable one; ranks of one node may share ``path``
     and read each other's copies. NVMe is the usual place; a ``/dev/shm/...`` path is a RAM tier
-    (lost with the node, not with the process). docs/design.md "Local tier".
+    (lost with the node, not with the process). The directory belongs to the first root that uses
+    it (each rank's directory records it, ``owner.json``): a manager of another root given the same
+    path raises :class:`~streamio.errors.ConfigError` naming both, and never restores, writes or
+    prunes the other's copies. docs/design.md "Local tier".
 
     Attributes:
         path: a local directory (created if missing).
@@ -123,8 +126,10 @@ class LocalTier:
     keep: int = 2
 
     def __post_init__(self) -> None:
+        if not isinstance(self.path, (str, os.PathLike)):
+            raise ConfigError(f"LocalTier.path must be a local directory (a str or os.PathLike), got {self.path!r}")
         path = os.fspath(self.path)
-        if not path or "://" in path and not path.startswith("file://"):
+        if not isinstance(path, str) or not path or "://" in path and not path.startswith("file://"):
             raise ConfigError(f"LocalTier.path must be a local directory, got {self.path!r}")
         if isinstance(self.keep, bool) or not isinstance(self.keep, int) or self.keep < 1:
             raise ConfigError(f"LocalTier.keep must be a whole number >= 1, got {self.keep!r}")

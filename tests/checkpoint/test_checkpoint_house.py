@@ -2,7 +2,8 @@
 
 A root's documents (the pointer ``latest.json``, manifests, done markers, ``bad.json``,
 ``retention.json``) have their formats in ``streamio/checkpoint/format/`` and are read, written,
-listed and deleted by ``streamio/checkpoint/root.py`` alone (docs/design.md "Checkpoints"). These
+listed and deleted by ``streamio/checkpoint/root.py`` alone (docs/design.md "Checkpoints"); a
+local tier's ``owner.json`` by ``streamio/checkpoint/owner.py`` alone. These
 tests read the source (``ast``, docstrings excluded) so that a module that reaches around them
 fails here, not in a review. (The one map of every module: tests/core/test_module_map.py.)
 """
@@ -71,6 +72,18 @@ def test_only_the_pointer_module_and_root_name_the_pointer() -> None:
         for line, what in [*pointer_strings(tree), *((n, x) for n, x in names(tree) if x in POINTER_NAMES)]
     ]
     assert not found, "the pointer is read and written through streamio.checkpoint.root only:\n" + "\n".join(found)
+
+
+#: a local tier's owner record: read and written by streamio/checkpoint/owner.py alone
+OWNER_MODULE, OWNER_CODECS = "checkpoint/owner.py", {"owner_to_bytes", "owner_from_bytes"}
+
+
+@pytest.mark.parametrize("codec", sorted(OWNER_CODECS))
+def test_only_the_owner_module_encodes_and_decodes_the_owner_record(codec: str) -> None:
+    found = [f"streamio/{rel}:{line}" for rel, tree in modules()
+             if rel != OWNER_MODULE and not rel.startswith("checkpoint/format/")
+             for line, name in names(tree) if name == codec]
+    assert not found, f"{codec} is called by streamio.checkpoint.owner only: " + ", ".join(found)
 
 
 @pytest.mark.parametrize("codec", sorted(CODECS))

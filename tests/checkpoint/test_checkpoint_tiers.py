@@ -77,7 +77,8 @@ def test_durable_true_and_false_override_durable_every(tmp_path: Path) -> None:
         mgr.save(2, state(2))
         mgr.wait()
         assert mgr.durable_step == 1
-    with CheckpointManager(str(tmp_path / "root2"), local=tier, options=SaveOptions(durable_every=1)) as mgr:
+    tier2 = LocalTier(str(tmp_path / "local2"))  # a tier belongs to one root
+    with CheckpointManager(str(tmp_path / "root2"), local=tier2, options=SaveOptions(durable_every=1)) as mgr:
         mgr.save(10, state(10), durable=False)
         mgr.wait()
         assert mgr.durable_step is None

@@ -5,7 +5,8 @@ its directory (``rank-00003/``), with the same layout and documents as the durab
 keeps its save directory on both (docs/design.md "Local tier"). So a save is named by its
 directory on every tier, and :func:`list_tiers` puts the two listings side by side: the root's
 rows (:func:`~.inventory.list_saves`) each with ``tier`` ``"durable"`` or ``"both"``, plus one row
-per save only the local tier holds (``"local"``), each with the ranks whose copy it is.
+per save only the local tier holds (``"local"``), each with the ranks whose copy it is. Only the
+local roots that record the root as their owner are listed (:mod:`~..owner`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import os
 import re
 from typing import Any
 
+from streamio.checkpoint import owner
 from streamio.checkpoint.admin.inventory import list_saves, manifest_fields
 from streamio.checkpoint.format.manifest import Manifest
 from streamio.checkpoint.options import LocalTier
@@ -52,7 +54,7 @@ def list_tiers(store: Store, tier: LocalTier) -> list[dict[str, Any]]:
     (a rank's local pointer names it). A save only the local tier holds has ``place`` ``"local"``
     and ``latest`` false (the root's pointer cannot name it).
     """
-    copies = _local_copies(tier)
+    copies = _local_copies(tier, owner.root_identity(store.root_url))
     rows = list_saves(store)
     for row in rows:
         held = copies.pop(row["path"], None)
@@ -65,10 +67,19 @@ def list_tiers(store: Store, tier: LocalTier) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: (r["step"], r.get("created") or "", r["path"]))
 
 
-def _local_copies(tier: LocalTier) -> dict[str, dict[str, Any]]:
-    """Save directory -> ``step``, ``ranks``, ``latest`` and one rank's ``manifest`` (or its error)."""
+def _local_copies(tier: LocalTier, identity: str) -> dict[str, dict[str, Any]]:
+    """Save directory -> ``step``, ``ranks``, ``latest`` and one rank's ``manifest`` (or its error),
+    of the local roots that record ``identity`` as their owner.
+
+    Raises:
+        ConfigError: none of the tier's local roots records ``identity`` as its owner.
+    """
     found: dict[str, dict[str, Any]] = {}
-    for rank, local in local_roots(tier).items():
+    roots = local_roots(tier)
+    mine = {rank: local for rank, local in roots.items() if owner.owns(local, identity)}
+    if not mine:
+        raise ConfigError(_not_mine(tier, identity, next(iter(roots.values()))))
+    for rank, local in mine.items():
         try:
             pointer = read_pointer(local)
             saves = committed_saves(local)
@@ -81,6 +92,17 @@ def _local_copies(tier: LocalTier) -> dict[str, dict[str, Any]]:
             if entry["manifest"] is None or not isinstance(entry["manifest"], Manifest):
                 entry["manifest"] = _manifest(local, ref.step, ref.path)
     return found
+
+
+def _not_mine(tier: LocalTier, identity: str, local: Store) -> str:
+    """Why no local root of ``tier`` is shown: whose it is, as its first local root (``local``) says."""
+    try:
+        record = owner.read_owner(local)
+        whose = "record no owner (written by an older streamio)" if record is None else f"are {record.root}'s"
+    except (StreamioError, OSError) as exc:
+        whose = f"have an owner that cannot be read ({exc})"
+    return (f"the local copies under {tier.path!r} {whose}, not {identity}'s: `streamio ckpt ls` lists a tier "
+            f"with the root that wrote it")
 
 
 def _manifest(local: Store, step: int, path: str) -> Manifest | StreamioError:

@@ -53,6 +53,7 @@ __all__ = [
     "BAD",
     "MANIFEST",
     "MAX_PREFIXES",
+    "OWNER",
     "Placement",
     "RETENTION",
     "bad_path",
@@ -79,6 +80,7 @@ __all__ = [
 MANIFEST = "manifest.json"
 BAD = "bad.json"
 RETENTION = "retention.json"
+OWNER = "owner.json"  # in a local tier's rank root: whose copies it holds (format/notes.py)
 
 _STEP_RE = re.compile(r"^step-(\d{9,})$")
 _SAVE_DIR_RE = re.compile(r"^step-(\d{9,})(?:-([A-Za-z0-9_-]{1,64}))?$")

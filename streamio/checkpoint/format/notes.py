@@ -1,4 +1,4 @@
-"""The root's two small notes beside its checkpoints: bad saves and the retention policy (PURE).
+"""The small notes beside a root's checkpoints: bad saves, the retention policy, a local root's owner (PURE).
 
 * ``<save dir>/bad.json`` (:class:`BadRecord`): a restore rejected this save (a part that does
   not verify, a damaged manifest) and walked back past it. Written by rank 0 of the restoring
@@ -24,14 +24,16 @@ from streamio.checkpoint.format.checks import ManifestError
 from streamio.checkpoint.format.retention import RetentionPolicy, policy_from_json, policy_to_json
 from streamio.limits import MAX_JSON_DEPTH, load_json
 
-__all__ = ["BadRecord", "RetentionRecord", "bad_from_bytes", "bad_to_bytes", "retention_from_bytes",
-           "retention_to_bytes"]
+__all__ = ["BadRecord", "OwnerRecord", "RetentionRecord", "bad_from_bytes", "bad_to_bytes", "owner_from_bytes",
+           "owner_to_bytes", "retention_from_bytes", "retention_to_bytes"]
 
 BAD_FORMAT = "streamio.checkpoint.bad/1"
 RETENTION_FORMAT = "streamio.checkpoint.retention/1"
+OWNER_FORMAT = "streamio.checkpoint.owner/1"
 #: the most a root record (``retention.json``, ``bad.json``) may be
 MAX_RECORD_BYTES = 64 << 10
 _MAX_REASON = 2000
+_MAX_ROOT = 4096
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,19 @@ class RetentionRecord:
     recorded: str = ""
 
 
+@dataclass(frozen=True)
+class OwnerRecord:
+    """Whose copies a local root holds.
+
+    Attributes:
+        root: the identity of the durable root (:func:`~..owner.root_identity`).
+        recorded: ISO-8601 UTC time it was recorded.
+    """
+
+    root: str
+    recorded: str = ""
+
+
 def bad_to_bytes(r: BadRecord) -> bytes:
     doc = {"format": BAD_FORMAT, "step": r.step, "reason": r.reason[:_MAX_REASON], "recorded": r.recorded}
     return json.dumps(doc, separators=(",", ":")).encode()
@@ -92,6 +107,20 @@ def retention_from_bytes(data: bytes, what: str) -> RetentionRecord:
         raise ManifestError(f"{what}: {exc}") from exc
     recorded = checks.string(doc, "recorded", what) if "recorded" in doc else ""
     return RetentionRecord(policy, raw, recorded)
+
+
+def owner_to_bytes(r: OwnerRecord) -> bytes:
+    doc = {"format": OWNER_FORMAT, "root": r.root, "recorded": r.recorded}
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def owner_from_bytes(data: bytes, what: str) -> OwnerRecord:
+    """Parse ``owner.json``; :class:`ManifestError` if it is not an owner record."""
+    doc = _load(data, what, OWNER_FORMAT)
+    root = checks.string(doc, "root", what)
+    if not root or len(root) > _MAX_ROOT:
+        raise ManifestError(f"{what}: root must be 1..{_MAX_ROOT} characters, got {len(root)}")
+    return OwnerRecord(root, checks.string(doc, "recorded", what) if "recorded" in doc else "")
 
 
 def _load(data: bytes, what: str, fmt: str) -> dict[str, Any]:

@@ -6,7 +6,8 @@ docs/design.md "Local tier". Every rank lists the saves of its own local root: t
 with the root's candidates, newest first, every rank agreeing on each outcome, so the save loaded
 is the newest that every rank can get, each part from the nearest copy: this rank's local root or
 its node's siblings' (for the parts another rank wrote), else the root (:meth:`LocalCopies.places`).
-A local copy that is missing or damaged falls back to the root, never loads.
+A local copy that is missing, damaged or cannot be read falls back to the root, never loads; a
+local root that does not record this job's root as its owner (:mod:`~..owner`) is not read at all.
 
 The tiers may disagree on the timeline: a rollback saved on the local tier only, or a stale local
 tier while a job elsewhere went back past its saves. Of the root's pointer and the ranks' local
@@ -20,7 +21,7 @@ from __future__ import annotations
 import logging
 import os
 
-from streamio.checkpoint import root
+from streamio.checkpoint import owner, root
 from streamio.checkpoint.format.checks import ManifestError
 from streamio.checkpoint.format.manifest import Manifest
 from streamio.checkpoint.format.timeline import Tip, classify, newest
@@ -41,15 +42,21 @@ class LocalCopies:
     Args:
         tier: where the local roots are.
         rank: this rank.
+        owner: the identity of the durable root (:func:`~..owner.root_identity`): a local root
+            that does not record it is never read (another job's copies).
     """
 
-    def __init__(self, tier: LocalTier, rank: int) -> None:
-        self.tier, self.rank = tier, rank
-        self.store = self._open(rank)
-        self._siblings: dict[int, Store | None] = {rank: self.store}
+    def __init__(self, tier: LocalTier, rank: int, *, owner: str) -> None:
+        self.tier, self.rank, self.owner = tier, rank, owner
+        self.store = Store(tier.rank_root(rank))
+        self._siblings: dict[int, Store | None] = {}  # rank -> its local root, if this job's (per restore)
 
     def candidates(self) -> list[Candidate]:
-        """This rank's local saves a restore may try, newest first (none if its root is unreadable)."""
+        """This rank's local saves a restore may try, newest first (none if its root is unreadable
+        or not this job's); the start of a restore, which checks every local root's owner again."""
+        self._siblings = {}
+        if self._sibling(self.rank) is None:
+            return []
         try:
             pointer = root.read_pointer(self.store)
             if pointer is None:
@@ -75,6 +82,8 @@ class LocalCopies:
 
     def manifest(self, c: Candidate) -> Manifest | None:
         """``c``'s manifest from this rank's local root, verified, or None if it has none that verifies."""
+        if self._sibling(self.rank) is None:
+            return None
         try:
             return root.read_manifest(self.store, c.step, path=c.path, checksum=c.checksum)
         except FileNotFoundError:
@@ -89,13 +98,16 @@ class LocalCopies:
         return Places(durable, self._sibling)
 
     def _sibling(self, rank: int) -> Store | None:
+        """``rank``'s local root on this node, if it is there and records this job's root as its owner."""
         if rank not in self._siblings:
-            path = self.tier.rank_root(rank)
-            self._siblings[rank] = self._open(rank) if os.path.isdir(path) else None
+            path = self.tier.rank_root(rank).removeprefix("file://")
+            store = self.store if rank == self.rank else Store(path)
+            mine = os.path.isdir(path) and owner.owns(store, self.owner)
+            if not mine and os.path.lexists(path):
+                log.warning("the local copies at %s are not read: they do not record %s as their owner",
+                            store.root_url, self.owner)
+            self._siblings[rank] = store if mine else None
         return self._siblings[rank]
-
-    def _open(self, rank: int) -> Store:
-        return Store(self.tier.rank_root(rank))
 
 
 def current_tip(durable: list[Candidate], local: list[list[Candidate]]) -> Tip | None:

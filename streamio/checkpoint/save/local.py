@@ -13,6 +13,9 @@ snapshot and the save's plan (the same save id, directory and timeline the root 
 4. local retention keeps the ``keep`` newest saves of the rank's root on the save's timeline
    (never one still to be uploaded) and deletes everything else in it (:meth:`LocalCommitter.prune`).
 
+Steps 1 and 4 first check that the rank's local root records this job's root as its owner
+(:mod:`~..owner`): another job's copies are never written over or pruned.
+
 A rank's local pointer names the newest save it committed; whether a save is usable for a restore
 is decided then, by every rank together (:mod:`~..restore.tiers`).
 """
@@ -24,7 +27,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from streamio.checkpoint import root
+from streamio.checkpoint import owner, root
 from streamio.checkpoint.comm import Comm
 from streamio.checkpoint.format import layout
 from streamio.checkpoint.format.manifest import Manifest
@@ -34,7 +37,7 @@ from streamio.checkpoint.options import LocalTier, SaveOptions
 from streamio.checkpoint.save.parts import Share, assemble_manifest, write_share
 from streamio.checkpoint.save.plan import SavePlan
 from streamio.checkpoint.save.snapshot import Snapshot
-from streamio.errors import CheckpointError, StorageError
+from streamio.errors import CheckpointError, StreamioError
 from streamio.storage import Store
 
 __all__ = ["LocalCommitter", "LocalSave"]
@@ -65,15 +68,18 @@ class LocalCommitter:
     Args:
         tier: where the local roots are and how many saves each keeps.
         comm: the collectives (every rank commits alike).
+        owner: the identity of the durable root (:func:`~..owner.root_identity`): a local root
+            that does not record it is neither written nor pruned.
         options: part size, concurrency, compression (as for the root).
         on_phase: called with ``"local-parts"``, ``"local-manifest"``, ``"local-pointer"`` as they
             complete (the kill tests stop the process there).
     """
 
     def __init__(
-        self, tier: LocalTier, comm: Comm, *, options: SaveOptions, on_phase: Callable[[str], None] | None = None
+        self, tier: LocalTier, comm: Comm, *, owner: str, options: SaveOptions,
+        on_phase: Callable[[str], None] | None = None,
     ) -> None:
-        self.tier, self.comm, self.options = tier, comm, options
+        self.tier, self.comm, self.options, self.owner = tier, comm, options, owner
         self.store = Store(tier.rank_root(comm.rank))
         self._on_phase = on_phase
         self._lines: dict[str, Timeline | None] = {}  # save directory -> its timeline (None: unreadable)
@@ -90,6 +96,7 @@ class LocalCommitter:
         failure: str | None = None
         share: Share | None = None
         try:
+            self._check_owner()
             share = write_share(store, job, plan, comm.rank, self.options, world=comm.world)
             root.write_marker(store, plan.place, share.marker)
             self._phase("local-parts")
@@ -135,9 +142,10 @@ class LocalCommitter:
             return
         store = self.store
         try:
+            self._check_owner()  # never another job's copies
             listing = root.objects(store)
             stale = store.incomplete_uploads()
-        except (StorageError, OSError) as exc:  # no root yet, or the disk failed: nothing to prune
+        except (StreamioError, OSError) as exc:  # no root yet, the disk failed, not ours: nothing to prune
             log.debug("no local retention at %s: %s", store.root_url, exc)
             return
         saves = root.committed_saves(store, listing)  # by step, then path
@@ -177,6 +185,11 @@ class LocalCommitter:
             root.remove_empty_dirs(self.store, [plan.sdir])
         except Exception as exc:  # noqa: BLE001 - the disk may be what failed; the next save prunes
             log.debug("could not remove the local leftovers of step %d: %s", plan.step, exc)
+
+    def _check_owner(self) -> None:
+        """Raise unless this rank's local root records this job's root as its owner (:mod:`~..owner`)."""
+        if not owner.owns(self.store, self.owner):
+            raise CheckpointError(f"the local root {self.store.root_url} does not record {self.owner} as its owner")
 
     def _phase(self, name: str) -> None:
         if self._on_phase is not None:

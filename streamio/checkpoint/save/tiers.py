@@ -77,6 +77,7 @@ class TieredSaves:
         if saved is None:  # on the root alone, from the host buffer
             self.drain()
             stats = self.committer.commit(job, plan, comm=self.comm)
+            self.newest_step = plan.step  # the newest save, whichever tier holds it
             self._durable(plan.step)
             return stats
         if self.comm.rank == 0:
@@ -176,7 +177,7 @@ class TieredSaves:
         self.drain()
         self._uploads.shutdown(wait=True)
         self.local.prune()  # what the last saves kept while it was uploading
-        if self.newest_step is not None and self.durable_step != self.newest_step:
+        if self.newest_step is not None and (self.durable_step is None or self.durable_step < self.newest_step):
             held = "no step" if self.durable_step is None else f"step {self.durable_step}"
             log.warning("the newest checkpoint, step %d, is on the local tier only; the root %s holds %s "
                         "(save(step, state, durable=True) makes a save durable)",

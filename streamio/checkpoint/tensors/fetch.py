@@ -29,7 +29,7 @@ from streamio.checkpoint.format.manifest import Manifest
 from streamio.checkpoint.tensors.copies import VerifiedTensor
 from streamio.checkpoint.tensors.serialize import StreamReader, decode_part, verify_file
 from streamio.checksum import crc32c, format_checksum
-from streamio.errors import CorruptDataError
+from streamio.errors import CorruptDataError, StreamioError
 from streamio.pool import gather, run_parallel
 from streamio.storage import Store
 
@@ -45,8 +45,9 @@ class Places:
 
     A part is read from the local tier's copy of the rank that wrote it when ``local`` has one
     (that rank's local root: this rank's own, or a sibling's on the same node), else from
-    ``root``; a local copy that is missing or fails its checksum falls back to the root, never
-    loads (docs/design.md "Local tier").
+    ``root``; a local copy that is missing, fails its checksum or cannot be read (a failing
+    disk, a directory or FIFO in its place) falls back to the root, never loads (docs/design.md
+    "Local tier").
 
     Attributes:
         root: the durable root (what messages name).
@@ -225,8 +226,8 @@ def read_nearest(places: Places, path: str, r: Read) -> bytes | memoryview:
             return data
         except FileNotFoundError:
             continue
-        except CorruptDataError as exc:
-            log.warning("the local copy %s is damaged (%s); reading the root's", near.url(path), exc)
+        except (StreamioError, OSError) as exc:  # damaged, unreadable, not a file: the next copy, never the end
+            log.warning("the local copy %s is damaged or cannot be read (%s); reading the root's", near.url(path), exc)
     data = read_raw(stores[-1], path, r)
     _verify(data, r, stores[-1].url(path))
     return data

@@ -8,24 +8,28 @@ All writes into one directory hold an exclusive ``flock`` on it, so a compare-an
 writer killed between its write and its rename leaves its temp file: never listed as an object, it
 is what :meth:`LocalBackend.incomplete_uploads` reports (the local kind of an unfinished upload).
 
-Reads: one ``read(2)`` straight into the result (no pieces to join: a checkpoint restore's
-whole-object reads are bound by the page-cache copy, not by Python), or a read-only memory map
-(:meth:`LocalBackend.map`) for objects that are never rewritten in place.
+Reads open the file without blocking and go on only if the descriptor is a regular file (a FIFO
+or device planted where an object is expected raises :class:`~streamio.errors.StorageError` at
+once, never blocks): one ``read(2)`` straight into the result (no pieces to join: a checkpoint
+restore's whole-object reads are bound by the page-cache copy, not by Python), or a read-only
+memory map (:meth:`LocalBackend.map`) for objects that are never rewritten in place.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import io
 import mmap
 import os
+import stat
 import tempfile
 from collections.abc import Iterator, Mapping
 from datetime import datetime, timezone
 from typing import Any
 
-from streamio.errors import ConfigError, CorruptDataError
-from streamio.storage.backends.base import TMP_SUFFIX, PutRequest, conflict, shorter_than_expected, too_large
+from streamio.errors import ConfigError, CorruptDataError, StorageError
+from streamio.storage.backends.base import TMP_SUFFIX, OnEnd, PutRequest, conflict, shorter_than_expected, too_large
 from streamio.storage.backends.generic import GenericBackend
 
 
@@ -44,7 +48,7 @@ class LocalBackend(GenericBackend):
     def read(self, full: str, url: str, start: int, end: int | None, limit: int | None = None) -> bytes:
         """Bytes ``[start, end)`` in one ``read``; a file shorter than ``end`` raises
         :class:`~streamio.errors.CorruptDataError` (as the streamed path does), never a retry loop."""
-        with open(full, "rb", buffering=0) as f:
+        with _open_regular(full, url) as f:
             size = os.fstat(f.fileno()).st_size
             stop = size if end is None else end
             if limit is not None and stop - start > limit:
@@ -65,6 +69,20 @@ class LocalBackend(GenericBackend):
                 )
             return data
 
+    def open_stream(self, full: str, start: int, end: int | None, piece: int, on_end: OnEnd) -> Iterator[bytes]:
+        """``[start, end)`` in pieces of ``piece`` bytes, from a regular file only (as :meth:`read`)."""
+        with _open_regular(full, full) as f:
+            stop = os.fstat(f.fileno()).st_size if end is None else min(end, os.fstat(f.fileno()).st_size)
+            on_end(stop)
+            f.seek(start)
+            pos = start
+            while pos < stop:
+                data = f.read(min(piece, stop - pos))
+                if not data:
+                    return
+                pos += len(data)
+                yield data
+
     def map(self, full: str) -> bytes | memoryview:
         """A local file as a read-only memory map (``b""`` if empty).
 
@@ -74,7 +92,7 @@ class LocalBackend(GenericBackend):
         the file; streamio never rewrites a file in place (temp + link/rename), and only such a
         truncation by another writer could fault a reader (SIGBUS), so use it for immutable objects.
         """
-        with open(full, "rb", buffering=0) as f:
+        with _open_regular(full, full) as f:
             if os.fstat(f.fileno()).st_size == 0:
                 return b""
             return memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
@@ -127,6 +145,29 @@ class LocalBackend(GenericBackend):
             raise ConfigError(f"{upload_id!r} is not a temp file of a put of {full!r}")
         with contextlib.suppress(FileNotFoundError):
             os.unlink(upload_id)
+
+
+def _open_regular(full: str, url: str) -> io.FileIO:
+    """``full`` opened for reading if it is a regular file: opened without blocking (a FIFO in its
+    place would block ``open`` until a writer comes), then checked on the descriptor itself.
+
+    Raises:
+        StorageError: it is a directory, FIFO, socket or device (the caller reads the next copy).
+    """
+    fd = os.open(full, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # O_NONBLOCK: no effect on a file's reads
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise StorageError(f"{url} is a {_KINDS.get(stat.S_IFMT(mode), 'special file')}, not a regular file: "
+                               f"streamio reads objects from regular files only; remove it or read another copy")
+        return io.FileIO(fd, "rb", closefd=True)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+_KINDS = {stat.S_IFDIR: "directory", stat.S_IFIFO: "FIFO", stat.S_IFSOCK: "socket", stat.S_IFCHR: "character device",
+          stat.S_IFBLK: "block device"}
 
 
 def _temp_file(directory: str, name: str) -> tuple[int, str]:
