@@ -13,7 +13,8 @@ raises, with nothing loaded. A save the walk rejected is recorded as bad in the 
 and retention and ``gc`` remove it. So it is judged on the store's bytes alone: bytes that do
 not verify are read again from the store first (a byte flipped on the way is not the store's
 fault: :func:`~.tensors.fetch.read_confirmed`, :meth:`~.sharing.SharedReads.verified`), bytes
-another rank sent are never held against the save (:mod:`~.tensors.fanout`).
+another rank sent are never held against the save (:mod:`~.tensors.fanout`), and a failed
+collective (a rank died) is raised as such, never classified.
 
 Sharded tensors (DTensors) are bound to the live tensors while the state decodes, and then just
 the boxes this rank holds now, in whatever sharding, are read with ranged, block-verified GETs
@@ -225,6 +226,8 @@ class Restorer:
             found = self._find(c, nearest or shared, explicit=explicit)
         except Exception as exc:
             failed = exc
+        if failed is not None and failed is self.comm.failure:
+            raise failed  # a rank died or stopped mid-collective: nothing can be agreed on any more
         try:  # classified, agreed on by every rank, then raised or walked past
             fetched = self.shared.parts(found, c)  # a collective: also on a rank that failed above
             if failed is not None:
@@ -232,6 +235,8 @@ class Restorer:
             assert found is not None
             plan = self._prepare(state, c, found, fetched)
         except Exception as exc:
+            if self.comm.failure is not None:
+                raise  # as above: never classified (a lost rank says nothing of the checkpoint)
             return None, exc, (_classify(exc, explicit), str(exc))
         mismatch = mismatches(plan)
         if mismatch is not None:
