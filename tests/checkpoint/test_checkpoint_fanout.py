@@ -145,6 +145,9 @@ def test_a_rank_killed_during_the_restore_broadcast_is_named_as_lost_not_as_a_us
     assert error.startswith("CheckpointError: rank 0: a checkpoint collective among the 2 ranks failed while "
                             "receiving rank 1's bytes"), error
     assert "a restore loads nothing" in error and "call them on every rank" not in error, error
+    again = result["again"]  # the manager refuses to go on, naming the first failure
+    assert "an earlier checkpoint collective of this CheckpointManager failed" in again, again
+    assert "receiving rank 1's bytes" in again and "call them on every rank" not in again, again
     assert result["seconds"] < 30 and elapsed < 60, (result, elapsed)
     assert read_bad(store, sdir) is None and layout.parse_save_dir(sdir) is not None
     pointer = read_pointer(store)

@@ -10,8 +10,10 @@
   ``{"ok", "step", "seconds", "warnings"}`` (``"error"`` instead of ``"step"`` when it raised);
   with ``DAMAGE_SENT_BY=R`` rank R flips a byte of everything it broadcasts (a rank with bad
   memory or a bad link: its own reads verified);
-* ``restore-kill``: as ``restore``, but rank 1 kills itself (SIGKILL) as it starts broadcasting
-  its share of the fan-out; the other ranks write their result at once (no teardown);
+* ``restore-kill``: as ``restore``, but rank ``KILL_SENDER`` (default 1) kills itself (SIGKILL)
+  as it starts its first broadcast of bytes (rank 1: its share of the fan-out; rank 0: the
+  manifest); the other ranks restore once more (``"again"``: that error) and write their result
+  at once (no teardown);
 * ``save-paced`` / ``save-unpaced``: every rank saves steps 1..``SAVES`` (default 1) of a state of
   ``STATE_LAYERS`` layers (default 6) with its writes paced (the default) or not
   (``RetryPolicy(pace_writes=False)``), rank 0 putting ``between-N`` into the root before step N,
@@ -47,7 +49,8 @@ def state(seed: int) -> dict[str, Any]:
     return {"model": model, "rng": {"r": torch.tensor([dist.get_rank() + seed])}}
 
 
-def start_ranks(world: int, mode: str, root: str, options: dict[str, Any], out: Path) -> list[Any]:
+def start_ranks(world: int, mode: str, root: str, options: dict[str, Any], out: Path,
+                env: dict[str, str] | None = None) -> list[Any]:
     """Start ``world`` rank processes of ``mode`` without torchrun (whose agent would end the
     others when one dies): their ``Popen`` objects."""
     import socket
@@ -57,10 +60,10 @@ def start_ranks(world: int, mode: str, root: str, options: dict[str, Any], out: 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    env.update(CKPT_TEST_STORAGE_OPTIONS=json.dumps(options), OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1",
-               MASTER_PORT=str(port), WORLD_SIZE=str(world))
-    return [subprocess.Popen([sys.executable, __file__, mode, root, str(out)], env=dict(env, RANK=str(r)),
+    child_env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    child_env.update(CKPT_TEST_STORAGE_OPTIONS=json.dumps(options), OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1",
+                     MASTER_PORT=str(port), WORLD_SIZE=str(world), **(env or {}))
+    return [subprocess.Popen([sys.executable, __file__, mode, root, str(out)], env=dict(child_env, RANK=str(r)),
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for r in range(world)]
 
 
@@ -76,7 +79,7 @@ def _sabotage(rank: int) -> None:
         return original(self, data, src=src, size=size)
 
     def dying(self: Comm, data: bytes | memoryview | None, *, src: int, size: int) -> memoryview:
-        if src == rank == 1:
+        if src == rank and size:
             os.kill(os.getpid(), signal.SIGKILL)
         return original(self, data, src=src, size=size)
 
@@ -116,7 +119,7 @@ def main(mode: str, root: str, out_dir: str) -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     if mode == "restore-kill":
-        os.environ["KILL_SENDER"] = "1"
+        os.environ.setdefault("KILL_SENDER", "1")
     _sabotage(rank)
     warnings = _Warnings()
     logging.getLogger("streamio").addHandler(warnings)
@@ -154,6 +157,10 @@ def main(mode: str, root: str, out_dir: str) -> None:
                 result = {"ok": same, "step": step, "seconds": time.perf_counter() - t0}
             result["warnings"] = warnings.messages
             if mode == "restore-kill":  # a peer is gone: no teardown
+                try:
+                    mgr.restore(state(99))
+                except Exception as exc:  # noqa: BLE001 - reported to the test
+                    result["again"] = f"{type(exc).__name__}: {exc}"
                 Path(out_dir, f"rank-{rank}.json").write_text(json.dumps(result))
                 sys.stderr.flush()
                 os._exit(0)
