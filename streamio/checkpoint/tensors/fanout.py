@@ -14,8 +14,8 @@ read of its own (:func:`~.fetch.check_raw`, in :func:`~.fetch.fetch_spans`), so 
 are trusted no more than the store's; bytes that do not verify there were verified by the rank
 that sent them, so they were damaged on that rank or on the way, never in the store: the
 receiving rank reads them itself, with a warning naming the sender, and the checkpoint is not
-judged on them (docs/design.md "Who is blamed"). Requests only one rank wants (its per-rank state, the boxes
-of sharded state it holds) it reads itself, as before.
+judged on them (docs/design.md "Restore"). Requests only one rank wants (its per-rank state,
+the boxes of sharded state it holds) it reads itself, as before.
 
 :func:`share_reads` is a collective: every rank calls it for every restore attempt, also a rank
 that failed before knowing its requests (it passes ``None``; then no rank exchanges anything and

@@ -9,7 +9,8 @@ each span onto the parts that hold it, widens it to the part's checksummed *bloc
 part, reads each merged range with one ranged GET (concurrently, under the store's retry policy)
 and checks every block's CRC32C in the reading thread before anything is returned. A part
 without blocks (compressed, or written without them) is read whole and checked against its
-part checksum, as a replicated restore does.
+part checksum, as a replicated restore does. Bytes that do not verify are read once more before
+the part is judged damaged (:func:`read_confirmed`): a byte flipped on the way is not the store's.
 
 The result is a map ``rank -> {stream offset: bytes}`` of verified pieces, readable with
 :class:`~.serialize.StreamReader`: pieces never overlap and each span lies inside consecutive pieces.
@@ -253,10 +254,10 @@ def read_confirmed(store: Store, path: str, r: Read) -> bytes | memoryview:
     """The stored bytes of request ``r`` of the part at ``path`` in ``store``, verified; bytes
     that do not verify are read again before the object is judged.
 
-    A flipped byte in transit comes back with no error from any layer (docs/design.md "Who is
-    blamed"), so one bad read says nothing about the stored object: a second read that verifies
-    is used; a second read that returns the same damaged bytes confirms the object is damaged;
-    one that returns other damaged bytes blames the transfer.
+    A flipped byte in transit comes back with no error from any layer (docs/design.md
+    "Restore"), so one bad read says nothing about the stored object: a second read that
+    verifies is used; a second read that returns the same damaged bytes confirms the object
+    is damaged; one that returns other damaged bytes blames the transfer.
 
     Raises:
         CorruptDataError: both reads returned the same bytes, which do not verify (the stored
