@@ -24,7 +24,9 @@ that dies mid-save closes its connections, which gloo reports at once.
 
 A failed wait leaves gloo's connection to that peer closed, so a Comm whose collective failed
 refuses every later one (:class:`~streamio.errors.CheckpointError`) instead of hanging or pairing
-messages of different saves; the job has to be restarted.
+messages of different saves; the job has to be restarted. What it refuses with names the first
+failure (:attr:`Comm.failure`: a rank that died or stopped mid-collective is not a usage mistake),
+and the restore walk raises that failure at once instead of trying to agree on anything after it.
 """
 
 from __future__ import annotations
@@ -70,6 +72,9 @@ class Comm:
         rank: this process's rank.
         world: the number of ranks.
         timeout_s: the arrival timeout.
+        failure: the error of the first collective that failed after every rank arrived (a
+            rank died or stopped answering), ``None`` while none did: every later collective
+            is refused, naming it.
 
     Raises:
         CheckpointError: under ``torch.distributed``, not every rank constructed its manager
@@ -83,6 +88,7 @@ class Comm:
         self.rank, self.world = rank_and_world() if self.active else (0, 1)
         self.timeout_s = timeout_s
         self._broken: str | None = None
+        self.failure: CheckpointError | None = None  # the first collective that failed (a rank died or stopped)
         self._stranded: list[Any] = []  # works of a failed arrival: their buffers stay alive
         self._arrivals: dist.ProcessGroup | None = None
         self._group: dist.ProcessGroup | None = None
@@ -215,7 +221,7 @@ class Comm:
         try:
             dist.all_gather_object(out, obj, group=self._group)
         except RuntimeError as exc:  # DistBackendError: a timeout, or a rank that died
-            raise self._lost(exc) from exc
+            raise self._lost(exc, "exchanging every rank's state") from exc
         return out
 
     def broadcast(self, obj: Any) -> Any:
@@ -227,7 +233,7 @@ class Comm:
         try:
             dist.broadcast_object_list(box, src=0, group=self._group)
         except RuntimeError as exc:
-            raise self._lost(exc) from exc
+            raise self._lost(exc, _sharing(0, self.rank)) from exc
         return box[0]
 
     def broadcast_bytes(self, data: bytes | memoryview | None, *, src: int, size: int) -> memoryview:
@@ -249,19 +255,28 @@ class Comm:
                 else:
                     dist.broadcast(buf, src=src, group=self._group)
             except RuntimeError as exc:
-                raise self._lost(exc) from exc
+                raise self._lost(exc, _sharing(src, self.rank)) from exc
         return memoryview(buf.numpy()).cast("B")
 
-    def _lost(self, exc: BaseException) -> CheckpointError:
-        self._broken = f"a collective failed ({type(exc).__name__})"
+    def _lost(self, exc: BaseException, doing: str) -> CheckpointError:
+        """The error of a collective that failed while ``doing``; the first one is kept (:attr:`failure`)."""
         backstop = max(self.timeout_s, TRANSFER_BACKSTOP_S)
-        return CheckpointError(
-            f"rank {self.rank}: a checkpoint collective among the {self.world} ranks failed ({exc}): another rank "
-            f"died, or did not finish its share within {backstop:g} s; the checkpoint in progress is abandoned "
-            f"and the previous one stays current"
+        lost = CheckpointError(
+            f"rank {self.rank}: a checkpoint collective among the {self.world} ranks failed while {doing} "
+            f"({type(exc).__name__}: {exc}): a rank died, or did not finish its share within {backstop:g} s; a save "
+            f"in progress is abandoned (the previous checkpoint stays current), a restore loads nothing; restart "
+            f"the job"
         )
+        if self.failure is None:
+            self._broken, self.failure = f"a collective failed ({type(exc).__name__})", lost
+        return lost
 
     def _check_usable(self, where: str) -> None:
+        if self.failure is not None:  # a rank died or stopped: not a usage mistake
+            raise CheckpointError(
+                f"{where} on rank {self.rank}: an earlier checkpoint collective of this CheckpointManager failed, "
+                f"so it cannot save or restore any more; restart the job. It failed with: {self.failure}"
+            ) from self.failure
         if self._broken is not None:
             raise CheckpointError(
                 f"{where} on rank {self.rank}: this CheckpointManager's ranks fell out of step earlier "
@@ -285,6 +300,11 @@ def _wait(work: Any, deadline: float) -> bool | None:
     except RuntimeError:  # gloo: "Timed out waiting ...", or the pair was closed
         return None if time.monotonic() < deadline else False
     return True
+
+
+def _sharing(src: int, rank: int) -> str:
+    """What a broadcast from ``src`` was doing, as rank ``rank`` saw it."""
+    return "sending this rank's bytes to the others" if src == rank else f"receiving rank {src}'s bytes"
 
 
 def _ranks(ranks: list[int]) -> str:

@@ -4,11 +4,15 @@ Real rank processes (torchrun, gloo) restore through the fault proxy, which coun
 every part GET: with fan-out the store serves each part once whatever the world size; without it,
 once per rank. The pointer and the manifest are read once per job whatever the setting. A share
 that does not verify on the rank that read it fails the restore on every rank alike (walked past
-like any damaged checkpoint), and nothing is loaded.
+like any damaged checkpoint), and nothing is loaded. Bytes a rank sends damaged (its own reads
+verified) are read again by the rank that received them and condemn no checkpoint; a rank killed
+mid-broadcast is named as a lost peer, not as a usage mistake.
 """
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,11 +21,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from streamio.checkpoint.root import read_manifest, read_pointer
+from streamio.checkpoint.format import layout
+from streamio.checkpoint.root import committed_saves, read_bad, read_manifest, read_pointer
 from streamio.checkpoint.tensors.fanout import assign
 from streamio.storage import Store
 from streamio.testing import FaultProxy, S3Endpoint
-from support.ckpt_fanout import run_ranks
+from support.ckpt_fanout import run_ranks, start_ranks
 
 
 @pytest.fixture
@@ -105,3 +110,45 @@ def test_a_share_that_does_not_verify_fails_the_restore_on_every_rank(
     assert not any(r["ok"] for r in results), results
     assert all("no checkpoint under" in r["error"] and "verifies" in r["error"] for r in results), results
     assert all("the object is corrupt" in r["error"] for r in results), results  # the reader's words, agreed
+
+
+@pytest.mark.slow
+def test_bytes_a_rank_sends_damaged_are_read_again_by_the_receiver_and_condemn_no_checkpoint(
+    s3: S3Endpoint, s3_proxy: FaultProxy, tmp_path: Path
+) -> None:
+    root, options, store, sdir, _ = _saved(s3, s3_proxy, tmp_path, "fanout-sent")
+    # rank 0 flips a byte of all it broadcasts: the manifest and its share of the parts
+    results = run_ranks(2, "restore", root, options, tmp_path / "restore", env={"DAMAGE_SENT_BY": "0"})
+    assert all(r["ok"] and r["step"] == 1 for r in results), results
+    received = results[1]["warnings"]
+    assert any("that rank 0 read and sent do not verify here" in w and "not in the store" in w
+               for w in received), received
+    assert any("the bytes rank 0 read and sent of" in w and "a read here verified" in w for w in received), received
+    saves = committed_saves(store)
+    assert [s.step for s in saves] == [1] and not saves[0].bad and read_bad(store, sdir) is None
+
+
+@pytest.mark.slow
+def test_a_rank_killed_during_the_restore_broadcast_is_named_as_lost_not_as_a_usage_mistake(
+    s3: S3Endpoint, s3_proxy: FaultProxy, tmp_path: Path
+) -> None:
+    root, options, store, sdir, _ = _saved(s3, s3_proxy, tmp_path, "fanout-kill")
+    out = tmp_path / "restore"
+    procs = start_ranks(2, "restore-kill", root, options, out)
+    t0 = time.monotonic()
+    _, err = procs[0].communicate(timeout=120)
+    elapsed = time.monotonic() - t0
+    procs[1].communicate(timeout=30)
+    assert procs[1].returncode == -9, "rank 1 was to kill itself mid-broadcast"
+    result = json.loads((out / "rank-0.json").read_text())
+    error = result["error"]
+    assert error.startswith("CheckpointError: rank 0: a checkpoint collective among the 2 ranks failed while "
+                            "receiving rank 1's bytes"), error
+    assert "a restore loads nothing" in error and "call them on every rank" not in error, error
+    again = result["again"]  # the manager refuses to go on, naming the first failure
+    assert "an earlier checkpoint collective of this CheckpointManager failed" in again, again
+    assert "receiving rank 1's bytes" in again and "call them on every rank" not in again, again
+    assert result["seconds"] < 30 and elapsed < 60, (result, elapsed)
+    assert read_bad(store, sdir) is None and layout.parse_save_dir(sdir) is not None
+    pointer = read_pointer(store)
+    assert pointer is not None and pointer.path == sdir

@@ -12,6 +12,7 @@ import logging
 import pickle
 import threading
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -23,7 +24,7 @@ from streamio.checkpoint.admin import check_pointer, verify_checkpoint
 from streamio.checkpoint.format import layout
 from streamio.checkpoint.format import manifest as mf
 from streamio.checkpoint.format import pointer as ptr
-from streamio.checkpoint.root import committed_steps, read_manifest
+from streamio.checkpoint.root import committed_steps, read_bad, read_manifest
 from streamio.cli.main import cli
 from streamio.errors import (
     CheckpointConflictError,
@@ -31,6 +32,7 @@ from streamio.errors import (
     CheckpointFormatError,
     CheckpointNotFoundError,
     StreamioError,
+    TransientStorageError,
 )
 from streamio.storage import Store
 from streamio.testing import S3Endpoint
@@ -249,6 +251,88 @@ def test_damaged_checkpoint_falls_back_and_verify_names_it(
     result = _verify_cli(s3_store)
     assert result.exit_code == 1, result.output
     assert s3_store.url(bad) in result.output
+
+
+# ----------------------------------------------------- who is blamed: a read again before a judgement
+@pytest.fixture
+def proxied(s3: S3Endpoint) -> Iterator[tuple[Store, Store, FaultProxy]]:
+    """A root read through a fault proxy, the same root read directly, and the proxy."""
+    with FaultProxy(s3.endpoint_url) as proxy:
+        name = f"blame-{uuid.uuid4().hex[:6]}"
+        direct = Store(s3.url(name), s3.storage_options())
+        yield Store(s3.url(name), s3.storage_options(proxy.endpoint_url)), direct, proxy
+
+
+def _part_of_step2(m2: mf.Manifest) -> tuple[str, int]:
+    f = max(m2.files, key=lambda f: f.size)
+    return m2.place(layout.step_dir(2)).path(f.rank, f.path), f.size
+
+
+def test_a_byte_flipped_on_the_way_is_read_again_and_never_condemns_the_checkpoint(
+    proxied: tuple[Store, Store, FaultProxy], caplog: pytest.LogCaptureFixture
+) -> None:
+    store, direct, proxy = proxied
+    _, m2 = _two_checkpoints(store)
+    part, size = _part_of_step2(m2)
+    proxy.clear()
+    proxy.corrupt_next(1, size // 2, method="GET", path_contains=part)
+    got = fresh_state()
+    with caplog.at_level(logging.WARNING, logger="streamio.checkpoint"):
+        assert _manager(store).restore(got) == 2
+    assert_same_state(got, state_for(2))
+    assert proxy.count("GET", part) == 2 and [r.fault for r in proxy.log() if part in r.path][0] == "corrupt"
+    assert "a second read verified: they were damaged on the way, not in the store" in caplog.text
+    assert "falling back" not in caplog.text and "as bad" not in caplog.text
+    assert read_bad(direct, layout.step_dir(2)) is None and committed_steps(direct) == [1, 2]
+
+
+def test_two_reads_damaged_differently_fail_the_restore_without_judging_the_checkpoint(
+    proxied: tuple[Store, Store, FaultProxy]
+) -> None:
+    store, direct, proxy = proxied
+    _, m2 = _two_checkpoints(store)
+    part, size = _part_of_step2(m2)
+    proxy.clear()
+    proxy.corrupt_next(1, size // 2, method="GET", path_contains=part)
+    proxy.corrupt_next(1, size // 3, method="GET", path_contains=part)
+    got = fresh_state()
+    with pytest.raises(TransientStorageError, match="two reads of bytes .* returned different bytes, neither matching"):
+        _manager(store).restore(got)
+    assert_same_state(got, fresh_state())  # nothing loaded
+    assert read_bad(direct, layout.step_dir(2)) is None and read_bad(direct, layout.step_dir(1)) is None
+    assert _manager(direct).restore(got) == 2  # the next start finds it intact
+
+
+def test_a_manifest_damaged_on_the_way_is_read_again(
+    proxied: tuple[Store, Store, FaultProxy], caplog: pytest.LogCaptureFixture
+) -> None:
+    store, direct, proxy = proxied
+    _two_checkpoints(store)
+    proxy.clear()
+    proxy.corrupt_next(1, 40, method="GET", path_contains=layout.manifest_path(2))
+    got = fresh_state()
+    with caplog.at_level(logging.WARNING, logger="streamio.checkpoint"):
+        assert _manager(store).restore(got) == 2
+    assert_same_state(got, state_for(2))
+    assert proxy.count("GET", layout.manifest_path(2)) == 2 and "a read here verified" in caplog.text
+    assert read_bad(direct, layout.step_dir(2)) is None
+
+
+def test_a_part_damaged_in_the_store_is_confirmed_by_a_second_read_then_walked_past_and_recorded_bad(
+    proxied: tuple[Store, Store, FaultProxy], caplog: pytest.LogCaptureFixture
+) -> None:
+    store, direct, proxy = proxied
+    _, m2 = _two_checkpoints(store)
+    part = _damage(direct, m2, "flip-byte")
+    proxy.clear()
+    got = fresh_state()
+    with caplog.at_level(logging.WARNING, logger="streamio.checkpoint"):
+        assert _manager(store).restore(got) == 1
+    assert_same_state(got, state_for(1))
+    assert proxy.count("GET", part) == 2
+    bad = read_bad(direct, layout.step_dir(2))
+    assert bad is not None and "the object is corrupt (read twice, the same bytes both times)" in bad.reason
+    assert read_bad(direct, layout.step_dir(1)) is None
 
 
 def test_explicit_step_does_not_walk_back(tmp_path) -> None:  # type: ignore[no-untyped-def]

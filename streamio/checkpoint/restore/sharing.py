@@ -5,8 +5,9 @@ every restore attempt (:meth:`~.walk.Restorer.restore`), also a rank that alread
 the ranks never pair one attempt's messages with another's:
 
 * :meth:`SharedReads.manifest`: rank 0 reads the root's manifest as stored and broadcasts the bytes
-  to every rank that has no verified local copy; each parses and verifies them itself. One GET
-  per job instead of one per rank.
+  to every rank that has no verified local copy; each parses and verifies them itself
+  (:meth:`SharedReads.verified`), and reads them again from the store before judging the save
+  when they do not verify. One GET per job instead of one per rank.
 * :meth:`SharedReads.parts`: the parts several ranks need are read once, each by one rank (one
   that holds it on its local tier where there is one), and broadcast
   (:mod:`~..tensors.fanout`).
@@ -14,19 +15,25 @@ the ranks never pair one attempt's messages with another's:
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from streamio.checkpoint.comm import Comm
+from streamio.checkpoint.format import layout
+from streamio.checkpoint.format.checks import ManifestError
 from streamio.checkpoint.format.entries import TensorEntry
 from streamio.checkpoint.format.layout import Placement
 from streamio.checkpoint.format.manifest import Manifest
 from streamio.checkpoint.restore.candidates import Candidate
-from streamio.checkpoint.root import read_manifest_bytes
+from streamio.checkpoint.root import parse_manifest, read_manifest_bytes
 from streamio.checkpoint.tensors.fanout import Key, share_reads
-from streamio.checkpoint.tensors.fetch import Places, Read, places_of, plan_reads, read_nearest, tensor_spans
+from streamio.checkpoint.tensors.fetch import Places, Read, Received, places_of, plan_reads, read_nearest, tensor_spans
+from streamio.errors import TransientStorageError
 from streamio.storage import Store
 
 __all__ = ["Found", "SharedReads"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -81,7 +88,46 @@ class SharedReads:
             return None
         return self.comm.broadcast_bytes(data, src=0, size=size)
 
-    def parts(self, found: Found | None, c: Candidate) -> dict[Key, bytes | memoryview]:
+    def verified(self, c: Candidate, data: bytes | memoryview | None) -> Manifest:
+        """The root's manifest of ``c``, verified (against ``c.checksum`` and its own seal) and
+        parsed: ``data``, the bytes rank 0 read for every rank, or (``None``) read here.
+
+        Bytes that do not verify are read again here before the save is judged, as parts are
+        (:func:`~..tensors.fetch.read_confirmed`): a byte flipped on the way, or in rank 0's
+        broadcast, never condemns a save whose stored manifest is intact.
+
+        Raises:
+            ManifestError: the manifest read again is the same and does not verify.
+            TransientStorageError: the reads returned different bytes, neither verifying.
+            CheckpointNotFoundError: the save has no manifest.
+        """
+        step, sdir, root = c.step, c.path, self.store
+        url = root.url(layout.manifest_at(sdir))
+        sent = data is not None and self.comm.rank != 0
+        if data is None:
+            data = read_manifest_bytes(root, step, sdir)
+        try:
+            return parse_manifest(root, step, sdir, data, c.checksum)
+        except ManifestError as exc:
+            damaged = exc
+        again = read_manifest_bytes(root, step, sdir)
+        try:
+            manifest = parse_manifest(root, step, sdir, again, c.checksum)
+        except ManifestError as exc:
+            if again == data:
+                raise
+            reads = "the bytes rank 0 sent and a read here" if sent else "two reads"
+            raise TransientStorageError(
+                f"{url}: {reads} differ, neither verifying ({damaged}; then: {exc}): they are damaged on the way, "
+                f"not in the store, so step {step} is not judged; retry the restore, and check the network path to "
+                f"the store if this repeats"
+            ) from exc
+        log.warning("%s of %s did not verify (%s); a read here verified: they were damaged %s, not in the store",
+                    "the bytes rank 0 read and sent" if sent else "a read", url, damaged,
+                    "on rank 0 or on the way" if sent else "on the way")
+        return manifest
+
+    def parts(self, found: Found | None, c: Candidate) -> dict[Key, Received]:
         """The requests several ranks need, each read by one of them from its nearest copy and
         exchanged (:mod:`~..tensors.fanout`; a collective)."""
         if not self.fanout:

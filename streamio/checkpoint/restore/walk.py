@@ -10,7 +10,11 @@ current timeline* that verifies (:mod:`.candidates`) and logs why (explicit ``st
 walks back); a checkpoint that verifies but does not fit the live objects (another model)
 raises, with nothing loaded. A save the walk rejected is recorded as bad in the root
 (:func:`~.root.record_bad`, rank 0), so ``streamio ckpt ls`` flags it, later restores skip it
-and retention and ``gc`` remove it.
+and retention and ``gc`` remove it. So it is judged on the store's bytes alone: bytes that do
+not verify are read again from the store first (a byte flipped on the way is not the store's
+fault: :func:`~.tensors.fetch.read_confirmed`, :meth:`~.sharing.SharedReads.verified`), bytes
+another rank sent are never held against the save (:mod:`~.tensors.fanout`), and a failed
+collective (a rank died) is raised as such, never classified.
 
 Sharded tensors (DTensors) are bound to the live tensors while the state decodes, and then just
 the boxes this rank holds now, in whatever sharding, are read with ranged, block-verified GETs
@@ -36,18 +40,9 @@ from streamio.checkpoint.restore.candidates import Candidate
 from streamio.checkpoint.restore.local import LocalCopies, current_tip, merge, on_tip
 from streamio.checkpoint.restore.plan import RestorePlan, apply, decode_state, mismatches
 from streamio.checkpoint.restore.sharing import Found, SharedReads
-from streamio.checkpoint.root import (
-    UNREAD,
-    parse_manifest,
-    pointer_version,
-    read_manifest,
-    record_bad,
-)
+from streamio.checkpoint.root import UNREAD, pointer_version, record_bad
 from streamio.checkpoint.tensors.fanout import Key
-from streamio.checkpoint.tensors.fetch import (
-    load_tensors,
-    places_of,
-)
+from streamio.checkpoint.tensors.fetch import Received, load_tensors, places_of
 from streamio.checkpoint.tensors.resharding import read_pending, sources_for
 from streamio.errors import CheckpointError, CheckpointNotFoundError, CorruptDataError, StorageError
 from streamio.storage import Store
@@ -231,6 +226,8 @@ class Restorer:
             found = self._find(c, nearest or shared, explicit=explicit)
         except Exception as exc:
             failed = exc
+        if failed is not None and failed is self.comm.failure:
+            raise failed  # a rank died or stopped mid-collective: nothing can be agreed on any more
         try:  # classified, agreed on by every rank, then raised or walked past
             fetched = self.shared.parts(found, c)  # a collective: also on a rank that failed above
             if failed is not None:
@@ -238,6 +235,8 @@ class Restorer:
             assert found is not None
             plan = self._prepare(state, c, found, fetched)
         except Exception as exc:
+            if self.comm.failure is not None:
+                raise  # as above: never classified (a lost rank says nothing of the checkpoint)
             return None, exc, (_classify(exc, explicit), str(exc))
         mismatch = mismatches(plan)
         if mismatch is not None:
@@ -259,12 +258,7 @@ class Restorer:
         save), its own seal and step, and where this rank reads its parts."""
         step, expected = c.step, c.checksum
         self._from_local = isinstance(nearest, Manifest)
-        if isinstance(nearest, Manifest):
-            manifest = nearest
-        elif nearest is not None:
-            manifest = parse_manifest(self.store, step, c.path, nearest, expected)
-        else:
-            manifest = read_manifest(self.store, step, path=c.path, checksum=expected)
+        manifest = nearest if isinstance(nearest, Manifest) else self.shared.verified(c, nearest)
         if not manifest.checksum and expected is None:
             url = self.store.url(layout.manifest_at(c.path))
             if not explicit:
@@ -282,7 +276,7 @@ class Restorer:
         return Found(manifest, wanted, parts, src_rank)
 
     def _prepare(self, state: Mapping[str, Any], c: Candidate, found: Found,
-                 fetched: Mapping[Key, bytes | memoryview]) -> RestorePlan:
+                 fetched: Mapping[Key, Received]) -> RestorePlan:
         """Everything of a restore that touches no live object: every part this rank needs read
         (or taken from ``fetched``) and verified; the whole state decoded."""
         manifest, wanted, parts, src_rank = found.manifest, found.wanted, found.parts, found.src_rank

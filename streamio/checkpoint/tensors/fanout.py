@@ -11,8 +11,11 @@ group. So the store serves each part at most once, and not at all when some rank
 a save spread over several nodes' local tiers (each rank wrote its share of the replicated state
 on its own node) restores without the store. Every rank verifies what it receives again, like a
 read of its own (:func:`~.fetch.check_raw`, in :func:`~.fetch.fetch_spans`), so a peer's bytes
-are trusted no more than the store's. Requests only one rank wants (its per-rank state, the boxes
-of sharded state it holds) it reads itself, as before.
+are trusted no more than the store's; bytes that do not verify there were verified by the rank
+that sent them, so they were damaged on that rank or on the way, never in the store: the
+receiving rank reads them itself, with a warning naming the sender, and the checkpoint is not
+judged on them (docs/design.md "Restore"). Requests only one rank wants (its per-rank state,
+the boxes of sharded state it holds) it reads itself, as before.
 
 :func:`share_reads` is a collective: every rank calls it for every restore attempt, also a rank
 that failed before knowing its requests (it passes ``None``; then no rank exchanges anything and
@@ -25,7 +28,7 @@ import logging
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, Protocol
 
-from streamio.checkpoint.tensors.fetch import Read
+from streamio.checkpoint.tensors.fetch import Read, Received
 from streamio.errors import CorruptDataError
 from streamio.pool import run_parallel
 
@@ -80,7 +83,7 @@ def assign(wants: Sequence[Mapping[Key, tuple[int, bool]] | None]) -> dict[Key, 
 def share_reads(
     comm: Group, reads: Sequence[Read] | None, read: Callable[[Read], bytes | memoryview], *, concurrency: int,
     where: str, held: Collection[Key] = (),
-) -> dict[Key, bytes | memoryview]:
+) -> dict[Key, Received]:
     """Read this rank's share of the requests several ranks want, and exchange the shares (a collective).
 
     Args:
@@ -95,8 +98,8 @@ def share_reads(
             without the store.
 
     Returns:
-        The stored bytes of every shared request this rank wants, by key (empty when any rank
-        passed ``None`` or the job is one process).
+        The stored bytes of every shared request this rank wants and the rank that sent them,
+        by key (empty when any rank passed ``None`` or the job is one process).
 
     Raises:
         CorruptDataError: another rank's share did not read or verify (its message); this rank's
@@ -125,13 +128,13 @@ def share_reads(
         if failure is not None:
             raise CorruptDataError(f"rank {rank} could not read its share of {where} for the other ranks: {failure}")
     data = dict(zip((r.key for r in todo), got, strict=True))
-    out: dict[Key, bytes | memoryview] = {}
+    out: dict[Key, Received] = {}
     for key, rank in sorted(owner.items()):  # the same order on every rank
         sizes = wants[rank]
         assert sizes is not None
         received = comm.broadcast_bytes(data.get(key), src=rank, size=sizes[key][0])
         if key in by_key:
-            out[key] = received
+            out[key] = Received(received, rank)
     log.debug("restore fan-out: %d shared requests, %d read here, %d bytes read here", len(owner), len(todo),
               sum(len(d) for d in got))
     return out

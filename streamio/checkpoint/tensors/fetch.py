@@ -9,7 +9,8 @@ each span onto the parts that hold it, widens it to the part's checksummed *bloc
 part, reads each merged range with one ranged GET (concurrently, under the store's retry policy)
 and checks every block's CRC32C in the reading thread before anything is returned. A part
 without blocks (compressed, or written without them) is read whole and checked against its
-part checksum, as a replicated restore does.
+part checksum, as a replicated restore does. Bytes that do not verify are read once more before
+the part is judged damaged (:func:`read_confirmed`): a byte flipped on the way is not the store's.
 
 The result is a map ``rank -> {stream offset: bytes}`` of verified pieces, readable with
 :class:`~.serialize.StreamReader`: pieces never overlap and each span lies inside consecutive pieces.
@@ -29,12 +30,12 @@ from streamio.checkpoint.format.manifest import Manifest
 from streamio.checkpoint.tensors.copies import VerifiedTensor
 from streamio.checkpoint.tensors.serialize import StreamReader, decode_part, verify_file
 from streamio.checksum import crc32c, format_checksum
-from streamio.errors import CorruptDataError, StreamioError
+from streamio.errors import CorruptDataError, StreamioError, TransientStorageError
 from streamio.pool import gather, run_parallel
 from streamio.storage import Store
 
-__all__ = ["Places", "Read", "Span", "check_raw", "fetch_spans", "load_tensors", "places_of", "plan_reads",
-           "read_nearest", "read_raw", "tensor_spans", "verify_blocks"]
+__all__ = ["Places", "Read", "Received", "Span", "check_raw", "fetch_spans", "load_tensors", "places_of",
+           "plan_reads", "read_confirmed", "read_nearest", "read_raw", "tensor_spans", "verify_blocks"]
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,19 @@ class Places:
 def places_of(store: Store | Places) -> Places:
     """``store`` as :class:`Places` (a plain store: its parts are read there alone)."""
     return store if isinstance(store, Places) else Places(store)
+
+
+@dataclass(frozen=True)
+class Received:
+    """A request's stored bytes as another rank read, verified and sent them (:mod:`.fanout`).
+
+    Attributes:
+        data: the bytes received.
+        rank: the rank that sent them (what a message names when they do not verify here).
+    """
+
+    data: bytes | memoryview
+    rank: int
 
 
 @dataclass(frozen=True)
@@ -174,7 +188,7 @@ def verify_blocks(data: bytes | memoryview, f: FileEntry, start: int, url: str) 
 
 def fetch_spans(
     store: Store | Places, files: Sequence[FileEntry], spans: Iterable[Span], *, place: layout.Placement,
-    concurrency: int = 8, fetched: Mapping[tuple[str, int, int], bytes | memoryview] | None = None,
+    concurrency: int = 8, fetched: Mapping[tuple[str, int, int], Received] | None = None,
 ) -> dict[int, dict[int, bytes | memoryview]]:
     """Read and verify what ``spans`` need; returns ``rank -> {stream offset: raw bytes}``.
 
@@ -186,7 +200,8 @@ def fetch_spans(
         spans: the byte spans wanted.
         concurrency: parallel GETs (each verifies its own blocks, in its own thread).
         fetched: the stored bytes of some requests (:attr:`Read.key`), already read by another
-            rank: verified here like a read, never read again.
+            rank: verified here like a read; read here only when they do not verify (the rank
+            that sent them verified them, so the store is not to blame).
 
     Raises:
         CorruptDataError: a block or part differs from its checksum, or a span is not covered.
@@ -198,8 +213,13 @@ def fetch_spans(
     def fetch(r: Read) -> bytes | memoryview:
         path = place.path(r.file.rank, r.file.path)
         url = places.root.url(path)
-        if r.key in fetched:  # read by another rank, exchanged over the group (:mod:`.fanout`)
-            return check_raw(fetched[r.key], r, url)
+        sent = fetched.get(r.key)
+        if sent is not None:  # read by another rank, exchanged over the group (:mod:`.fanout`)
+            try:
+                return check_raw(sent.data, r, url)
+            except CorruptDataError as exc:  # that rank verified them: the store is not to blame
+                log.warning("the bytes of %s that rank %d read and sent do not verify here (%s): they were damaged "
+                            "on that rank or on the way, not in the store; reading them here", url, sent.rank, exc)
         return _decode(read_nearest(places, path, r), r, url)
 
     reads = plan_reads(files, spans)
@@ -228,9 +248,46 @@ def read_nearest(places: Places, path: str, r: Read) -> bytes | memoryview:
             continue
         except (StreamioError, OSError) as exc:  # damaged, unreadable, not a file: the next copy, never the end
             log.warning("the local copy %s is damaged or cannot be read (%s); reading the root's", near.url(path), exc)
-    data = read_raw(stores[-1], path, r)
-    _verify(data, r, stores[-1].url(path))
-    return data
+    return read_confirmed(stores[-1], path, r)
+
+
+def read_confirmed(store: Store, path: str, r: Read) -> bytes | memoryview:
+    """The stored bytes of request ``r`` of the part at ``path`` in ``store``, verified; bytes
+    that do not verify are read again before the object is judged.
+
+    A flipped byte in transit comes back with no error from any layer (docs/design.md
+    "Restore"), so one bad read says nothing about the stored object: a second read that
+    verifies is used; a second read that returns the same damaged bytes confirms the object
+    is damaged; one that returns other damaged bytes blames the transfer.
+
+    Raises:
+        CorruptDataError: both reads returned the same bytes, which do not verify (the stored
+            object is damaged).
+        TransientStorageError: the two reads returned different bytes, neither verifying (the
+            transfer damages them; nothing is said of the stored object).
+        ObjectNotFoundError: the part is missing (as for any read).
+    """
+    url = store.url(path)
+    first = read_raw(store, path, r)
+    try:
+        _verify(first, r, url)
+        return first
+    except CorruptDataError as exc:
+        damaged = exc
+    again = read_raw(store, path, r)
+    try:
+        _verify(again, r, url)
+    except CorruptDataError as exc:
+        if again == first:
+            raise CorruptDataError(f"{exc} (read twice, the same bytes both times)") from exc
+        raise TransientStorageError(
+            f"{url}: two reads of bytes [{r.start}, {r.end}) returned different bytes, neither matching the "
+            f"manifest ({damaged}; then: {exc}): they are damaged on the way, not in the store, so the checkpoint "
+            f"is not judged; retry the restore, and check the network path to the store if this repeats"
+        ) from exc
+    log.warning("a read of %s returned bytes that do not verify (%s); a second read verified: they were damaged on "
+                "the way, not in the store", url, damaged)
+    return again
 
 
 def read_raw(store: Store, path: str, r: Read) -> bytes | memoryview:
@@ -267,7 +324,7 @@ def tensor_spans(wanted: Mapping[str, TensorEntry]) -> list[Span]:
 
 def load_tensors(
     store: Store | Places, manifest: Manifest, wanted: Mapping[str, TensorEntry], *, concurrency: int = 8,
-    sdir: str | None = None, fetched: Mapping[tuple[str, int, int], bytes | memoryview] | None = None,
+    sdir: str | None = None, fetched: Mapping[tuple[str, int, int], Received] | None = None,
 ) -> dict[str, VerifiedTensor]:
     """Read the parts holding ``wanted`` concurrently, verify every size and CRC32C.
 
