@@ -289,3 +289,24 @@ def test_commit_takes_partition_ids_as_write_part_does(tmp_path, parts: list[obj
     with pytest.raises(ConfigError, match=r"a partition id must be an int in \[0, 1,000,000,000\)"):
         write.commit(parts)  # type: ignore[arg-type]
     assert write.store().exists(WRITING_NAME) and not write.store().exists(INDEX_NAME)
+
+
+def test_a_zombie_task_after_the_commit_leaves_nothing_behind(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A task that outlived its job (started, or still packing, when the commit ran) neither writes into the
+    committed dataset nor leaves a summary and shards that no commit would ever remove."""
+    write = PartitionedWrite.begin(str(tmp_path / "ds"), spec=ShardSpec(max_count=2))
+    write.write_part(0, part_samples(0, 3))
+
+    def committed_midway() -> Iterator[dict[str, object]]:
+        yield from part_samples(1, 3)
+        write.commit([0])  # the driver commits while this task is still packing
+
+    store = write.store()
+    with pytest.raises(DatasetError, match=r"partition 1 of .*: this write \(data-\*\.tar\*, started .*\) is no "
+                                           r"longer open: it was committed, or another write replaced it"):
+        write.write_part(1, committed_midway())
+    committed = {o.path for o in store.list()}
+    with pytest.raises(DatasetError, match="is no longer open"):
+        write.write_part(2, part_samples(2, 3))  # one that starts after the commit
+    assert {o.path for o in store.list()} == committed == {INDEX_NAME} | {s.path for s in load_index(store).shards}
+    assert read_keys(store) == [s["__key__"] for s in part_samples(0, 3)]

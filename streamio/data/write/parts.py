@@ -48,11 +48,11 @@ from typing import Any
 
 from streamio.data.format.index import INLINE_LIMIT, DatasetIndex, index_document, make_index
 from streamio.data.format.index_schema import check_document, short
-from streamio.data.format.layout import SampleLayout, ShardInfo
-from streamio.data.format.marker import Generation
+from streamio.data.format.layout import WRITING_NAME, SampleLayout, ShardInfo
+from streamio.data.format.marker import Generation, read_marker
 from streamio.data.write import publish
 from streamio.data.write.packer import ShardPacker, ShardSpec
-from streamio.errors import ConfigError, DatasetError, IndexFormatError, WriteConflictError
+from streamio.errors import ConfigError, DatasetError, IndexFormatError, StorageError, WriteConflictError
 from streamio.limits import MAX_JSON_BYTES, load_json
 from streamio.storage import Store
 
@@ -151,8 +151,10 @@ class PartitionedWrite:
 
         Raises:
             ConfigError: ``part`` is not an int in ``[0, 10**9)``.
-            DatasetError: an invalid sample (named), or another attempt of this partition stored a
-                summary with other contents meanwhile (its samples differ between attempts).
+            DatasetError: an invalid sample (named); another attempt of this partition stored a
+                summary with other contents meanwhile (its samples differ between attempts); or the
+                write is no longer open (committed, or replaced by another write: a zombie task),
+                its shards then removed.
         """
         _check_part(part)
         store = self.store()
@@ -160,9 +162,11 @@ class PartitionedWrite:
         if done is not None:  # an earlier attempt finished: nothing to write again
             log.info("partition %d of %s was already written (a retried task): skipped", part, self.url)
             return _summarize(part, done[1])
+        self._refuse_closed(store, part, ())
         attempt = secrets.token_hex(4)  # names no other attempt writes: a loser never touches a winner's bytes
         packer = ShardPacker(store, self.spec, lambda i: self.shard_path(part, i, attempt), max_pending=max_pending)
         packer.write_all(samples)
+        self._refuse_closed(store, part, packer.shards)
         index = make_index(packer.shards, packer.layouts, packer.keys, packer.tokens)
         try:
             store.put(self.summary_path(part), _encode(index, store, part), mode="create")
@@ -239,6 +243,27 @@ class PartitionedWrite:
             except OSError:  # not empty: another partitioned write's summaries
                 pass
         return index
+
+    def _refuse_closed(self, store: Store, part: int, written: Iterable[ShardInfo]) -> None:
+        """Stop a task of a write that is no longer open (its marker is gone: committed, or replaced),
+        removing the shards it stored (names no other attempt has): no commit would ever remove them."""
+        try:
+            marker = read_marker(store)
+        except IndexFormatError:  # not a marker of ours: not this write's either
+            marker = None
+        if marker == self.generation:
+            return
+        for shard in written:
+            try:
+                store.delete(shard.path)
+            except StorageError as exc:
+                log.warning("could not remove %s (%s): remove it by hand", store.url(shard.path), exc)
+        raise DatasetError(
+            f"partition {part} of {self.url}: this write ({self.generation.pattern}, started "
+            f"{self.generation.started}) is no longer open: it was committed, or another write replaced it "
+            f"({store.url(WRITING_NAME)} is gone or another write's). Nothing of this task was kept. Is it a task "
+            f"that outlived its job?"
+        )
 
     def _check_summary(self, part: int, stated: Any, summary: DatasetIndex, sizes: Mapping[str, int], url: str) -> None:
         """Refuse a summary that names anything but its own partition's shards, each stored with its size.
