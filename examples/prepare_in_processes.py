@@ -5,7 +5,8 @@ What it shows: the engine-neutral protocol that Ray, Spark and Dask jobs drive (
 
 1. ``PartitionedWrite.begin(url, spec=...)`` once, in the driver: the write's marker, its names;
 2. ``write.write_part(part_id, samples)`` in each worker process, one partition each (a
-   partition's shards are named by its id: a task that runs again rewrites the same objects);
+   partition's shards are named by its id and the attempt: what a failed attempt stored is
+   removed by the commit);
 3. ``write.commit()`` once, in the driver: one ``index.json``, shards in partition-id order.
 
 A worker that fails is simply run again (here: partition 2 fails on its first attempt, after

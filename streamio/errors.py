@@ -16,7 +16,9 @@ refines, so callers can catch either (``except FileNotFoundError`` keeps working
     │   │   └── StorageUnreachableError (ConnectionError)  refused / DNS / connect timeout
     │   ├── UnsupportedProtocolError (ValueError)     unknown URL scheme, or its package missing
     │   ├── UnsupportedOperationError (NotImplementedError)  the backend cannot do it (CAS on http)
-    │   └── WriteConflictError (FileExistsError)      a conditional write lost (create-only, CAS)
+    │   ├── WriteConflictError (FileExistsError)      a conditional write lost (create-only, CAS)
+    │   └── NotRegularFileError                       a local path read as a file is a FIFO, socket,
+    │                                                 device or directory: refused, never waited on
     ├── TruncatedBodyError (ConnectionError)      a body ended short: internal, the read resumes
     │                                             (retries exhausted: TransientStorageError)
     ├── BodyStalledError (TimeoutError)           a body missed its deadline (trickled): internal,
@@ -108,6 +110,12 @@ class UnsupportedOperationError(StorageError, NotImplementedError):
 
 class WriteConflictError(StorageError, FileExistsError):
     """A conditional write failed: the object exists (create-only) or changed (compare-and-swap)."""
+
+
+class NotRegularFileError(StorageError):
+    """A local path read as a file (an object on ``file://``, a source file) is a FIFO, socket,
+    device or directory. Refused at once: opening a FIFO for reading waits for a writer for ever,
+    and a device may never end."""
 
 
 class TruncatedBodyError(StreamioError, ConnectionError):

@@ -7,8 +7,9 @@ index; the shards stay claimed by the marker until a write with ``overwrite=True
 
 Retries: Ray Data retries a task that crashed (``max_retries``) and, only when asked
 (``ray_remote_args={"retry_exceptions": True}``), one whose code raised. Map operators are fused
-with the write, so a retried task re-runs the write of its blocks: the same partition id, the same
-shard names, rewritten, never a second copy (:mod:`streamio.data.write.parts`).
+with the write, so a retried task re-runs the write of its blocks: the same partition id, shard
+names of its own (a lost attempt's shards are removed by the commit, never overwritten by a later
+one: :mod:`streamio.data.write.parts`).
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@ every N, on a local directory and on S3 (moto); Ctrl-C with workers leaves no in
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -146,3 +147,92 @@ def test_token_counts_are_the_same_for_every_worker_count(tmp_path: Path) -> Non
         seen[workers] = load_index(Store(str(dest))).token_counts("npy")
     assert len(seen[1]) > 2 and seen[1] == seen[2]
     assert [c for shard in seen[2] for c in shard] == [1 + i % 37 for i in range(200)]
+
+
+def _stat(pid: int) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` after the command name (state, ppid, ...), or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def _children(pid: int) -> dict[int, str]:
+    """The processes whose parent is ``pid``, with their command lines."""
+    found = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        fields = _stat(int(entry))
+        if fields is not None and int(fields[1]) == pid:
+            with contextlib.suppress(OSError):
+                found[int(entry)] = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    return found
+
+
+def _running(pid: int) -> bool:
+    fields = _stat(pid)
+    return fields is not None and fields[0] != "Z"  # a zombie has ended (its new parent reaps it)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the workers through /proc")
+def test_shard_workers_end_with_a_parent_killed_with_sigkill(tmp_path: Path) -> None:
+    """Issue 34 item 10: the workers of a `streamio shard --workers 2` killed with -9 ran on for good."""
+    src = tmp_path / "big.jsonl"
+    src.write_text("".join(json.dumps({"__key__": f"k{i:06d}", "i": i}) + "\n" for i in range(20_000)))
+    dest = tmp_path / "ds"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamio.cli.main", "shard", str(src), str(dest), "--max-count", "1", "--workers", "2"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    kids: dict[int, str] = {}
+    try:
+        deadline = time.monotonic() + 120
+        while not (dest.exists() and any(n.endswith(".tar") for n in os.listdir(dest))):  # the workers are storing
+            assert proc.poll() is None and time.monotonic() < deadline, "no shard appeared"
+            time.sleep(0.02)
+        kids = _children(proc.pid)  # the 2 workers and multiprocessing's resource tracker
+        assert sum("spawn_main" in cmd for cmd in kids.values()) == 2, kids
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 10
+        while any(map(_running, kids)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not [cmd for pid, cmd in kids.items() if _running(pid)]
+    finally:
+        proc.kill()
+        proc.wait()
+        for pid in filter(_running, kids):  # what the parent left running (before the fix): ours to end
+            os.kill(pid, signal.SIGKILL)
+
+
+_ORPHAN = """
+import os, sys, time
+from streamio.data.write.fanout import _watch
+child = os.fork()
+if child == 0:
+    _watch(os.getppid(), 0.05)  # the watchdog alone, as where prctl is missing
+    os._exit(3)  # not reached: the watchdog kills its process
+print(child, flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the process through /proc")
+def test_the_watchdog_alone_ends_a_worker_whose_parent_died() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", _ORPHAN], stdout=subprocess.PIPE, text=True)
+    child = 0
+    try:
+        child = int(proc.stdout.readline())  # type: ignore[union-attr]
+        assert _running(child)
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 5
+        while _running(child) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not _running(child)
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()  # type: ignore[union-attr]
+        if child and _running(child):
+            os.kill(child, signal.SIGKILL)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -88,7 +89,7 @@ def test_links_inside_the_source_are_read_and_outside_ones_only_when_asked(tmp_p
 @pytest.mark.timeout(60)
 def test_a_file_swapped_for_a_fifo_after_listing_is_refused_not_waited_on(tmp_path: Path) -> None:
     os.mkfifo(tmp_path / "x.bin")
-    with pytest.raises(SourceError, match=r"x.bin is a FIFO now, not a regular file"):
+    with pytest.raises(SourceError, match=r"x.bin is a FIFO, not a regular file"):
         LocalFile(str(tmp_path / "x.bin"), 10, str(tmp_path / "x.bin")).read()
     (tmp_path / "y.bin").write_bytes(b"12345")
     with pytest.raises(DatasetError, match="y.bin changed while it was read: it had 3 bytes"):
@@ -168,3 +169,46 @@ def test_a_large_file_is_streamed_into_its_shard(tmp_path: Path, compress: list[
     assert index.samples == 2
     first = next(iter_samples([store.read(index.shards[0].path)], url="x", compression=index.shards[0].compression))
     assert first["__key__"] == "big" and len(first["bin"]) == size and not any(first["bin"][:: 1 << 20])
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_index_refuses_a_fifo_named_like_a_shard_with_exit_2_at_once(tmp_path: Path, workers: str) -> None:
+    """Issue 34 item 6: `streamio index DIR --workers N` waited for ever on a FIFO named like a shard (its
+    workers blocked in open(), and the parent waited for them: SIGTERM did not end it)."""
+    write_dataset(({"__key__": f"{i:03d}", "txt": "x"} for i in range(4)), str(tmp_path / "ds"),
+                  spec=ShardSpec(max_count=1))
+    (tmp_path / "ds" / INDEX_NAME).unlink()
+    os.mkfifo(tmp_path / "ds" / "data-000099.tar")
+    with subprocess.Popen(  # a session of its own: on a hang, the workers are killed with the CLI
+        [sys.executable, "-m", "streamio.cli.main", "index", str(tmp_path / "ds"), "--workers", workers],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    ) as proc:
+        try:
+            _, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            pytest.fail("streamio index waited on the FIFO")
+    assert proc.returncode == 2, err
+    assert f"Error: {tmp_path}/ds/data-000099.tar is a FIFO: only regular files are read as shards" in err
+    assert not (tmp_path / "ds" / INDEX_NAME).exists()
+
+
+@pytest.mark.timeout(60)
+def test_every_local_read_refuses_what_is_not_a_regular_file(tmp_path: Path) -> None:
+    """The store's reads of local objects (index.json, shards, checkpoint parts) open nothing that could block."""
+    from streamio.errors import NotRegularFileError
+
+    write_dataset([{"__key__": "a", "txt": "x"}], str(tmp_path / "ds"))
+    store = Store(str(tmp_path / "ds"))
+    os.mkfifo(tmp_path / "ds" / "pipe.tar")
+    os.mkdir(tmp_path / "ds" / "dir.tar")
+    for path, kind in (("pipe.tar", "a FIFO"), ("dir.tar", "a directory")):
+        for read in (store.read, store.read_view, lambda p: b"".join(store.iter_bytes(p))):
+            with pytest.raises(NotRegularFileError, match=rf"ds/{path} is {kind}, not a regular file"):
+                read(path)
+    (tmp_path / "ds" / INDEX_NAME).unlink()
+    os.mkfifo(tmp_path / "ds" / INDEX_NAME)
+    with pytest.raises(NotRegularFileError, match=rf"{INDEX_NAME} is a FIFO, not a regular file"):
+        load_index(store)
+    assert store.read("data-000000.tar")[:1] == b"a"  # regular files read as before

@@ -61,9 +61,10 @@ class Generation:
 
 def _names(prefix: str, tag: str) -> re.Pattern[str]:
     stem = re.escape(f"{prefix}-{tag}-" if tag else f"{prefix}-")
-    # a partitioned write (streamio.data.write.parts) adds the partition: data-p000003-000000.tar,
-    # and keeps each partition's summary in _parts/data-p000003.json until its commit
-    shards = rf"(?:_layout/)?{stem}(?:p[0-9]{{6,}}-)?[0-9]{{6,}}\.tar(?:\.zst)?(?:\.bin)?"
+    # a partitioned write (streamio.data.write.parts) adds the partition and the attempt:
+    # data-p000003-1a2b3c4d-000000.tar (data-p000003-000000.tar in streamio 0.2), and keeps each
+    # partition's summary in _parts/data-p000003.json until its commit
+    shards = rf"(?:_layout/)?{stem}(?:p[0-9]{{6,}}-(?:[0-9a-f]{{8}}-)?)?[0-9]{{6,}}\.tar(?:\.zst)?(?:\.bin)?"
     return re.compile(rf"^(?:{shards}|_parts/{stem}p[0-9]{{6,}}\.json)$")
 
 

@@ -23,14 +23,28 @@ fork-safe, so each process makes its own):
 At most ``2 x workers`` batches or runs are in flight, so memory stays bounded whatever the source.
 Workers ignore SIGINT: Ctrl-C reaches the parent, which stops handing out work and leaves as one
 process does (no index; what was stored is claimed by the write's marker).
+
+Workers end with their parent, however it ends (:func:`_end_with`). A parent killed with ``-9``
+runs no cleanup, and a pool's workers would wait on their task queue for ever (each holds a
+write end of it, so it never reports end-of-file). So each worker asks the kernel for SIGKILL when
+its parent dies (Linux ``prctl(PR_SET_PDEATHSIG)``; the kernel sends it when the parent's thread
+that started the worker ends, and the pool starts its workers from the thread that submits to it,
+which holds the pool until it closes), and a thread of its own also watches its parent's pid
+(other systems, and the instant between the worker's start and the ``prctl``).
 """
 
 from __future__ import annotations
 
 import collections
+import ctypes
 import itertools
+import logging
 import multiprocessing
+import os
 import signal
+import sys
+import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from itertools import islice
@@ -54,12 +68,44 @@ Scan = ShardScan
 Packed = tuple[ShardInfo, SampleLayout, set[str], dict[str, list[int]]]  # and its documents' token counts
 
 
-def _quiet() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+log = logging.getLogger(__name__)
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+#: How often a worker's watchdog looks for its parent.
+PARENT_POLL_S = 0.5
+
+
+def _worker_start(parent: int) -> None:
+    """A worker's initializer: Ctrl-C is the parent's to handle, and the worker ends with ``parent``."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _end_with(parent)
+
+
+def _end_with(parent: int, *, poll_s: float = PARENT_POLL_S) -> None:
+    """End this process (SIGKILL) as soon as ``parent`` is no longer its parent (see the module docstring)."""
+    if sys.platform == "linux":
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+                log.debug("prctl(PR_SET_PDEATHSIG) failed (errno %d): the watchdog alone ends this worker",
+                          ctypes.get_errno())
+        except (OSError, AttributeError):  # no libc to load: the watchdog alone
+            log.debug("no prctl: the watchdog alone ends this worker with its parent")
+    if os.getppid() != parent:  # the parent died before the prctl: it can no longer fire
+        os.kill(os.getpid(), signal.SIGKILL)
+    threading.Thread(target=_watch, args=(parent, poll_s), name="streamio-parent-watch", daemon=True).start()
+
+
+def _watch(parent: int, poll_s: float) -> None:
+    """Until the parent is gone (the worker is then adopted by another process), then SIGKILL itself."""
+    while os.getppid() == parent:
+        time.sleep(poll_s)
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _pool(workers: int) -> ProcessPoolExecutor:
-    return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_quiet)
+    return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_start,
+                               initargs=(os.getpid(),))
 
 
 def _ordered(pool: ProcessPoolExecutor, calls: Iterator[tuple[Callable[..., T], tuple[Any, ...]]],

@@ -47,6 +47,7 @@ from streamio.data.format.patterns import expand_patterns, gzip_shards
 from streamio.data.format.samples import group_samples
 from streamio.data.format.tar import MemberHead, iter_members
 from streamio.data.format.tokens import NPY_HEAD, token_fields
+from streamio.data.write.localfiles import refuse_special_shards
 from streamio.errors import DatasetError, ObjectNotFoundError, ShardFormatError
 from streamio.storage import Store
 
@@ -296,6 +297,7 @@ def build_index(
         ObjectNotFoundError: nothing to index: no shard under the root (empty or missing) or none
             matching the patterns, or a shard named by a pattern does not exist.
         DatasetError: a matched path cannot be named in an index.
+        SourceError: a matched local path is not a regular file (a FIFO, a socket, a device).
         ShardFormatError: a shard is not a readable tar (the message names it).
     """
     paths = shard_paths(store, patterns)
@@ -350,6 +352,7 @@ def shard_paths(store: Store, patterns: str | Sequence[str] | None = None) -> li
                 f"{store.url(path)} cannot be named in an index: its path {path!r} below {store.root_url} is not a "
                 f"plain relative name ({problem}). Index from a root that holds it without '..' or schemes."
             )
+    refuse_special_shards(store, paths)  # a FIFO named like a shard: refused by name, as `shard` does
     return paths
 
 

@@ -15,9 +15,11 @@ from ``lstat``/``stat`` alone, before any file is opened:
 * **Sizes before bytes.** :class:`LocalFile` records the size ``stat`` gave; a sample over the
   readers' bound is refused on it before a byte is read (:mod:`streamio.data.write.sources`).
 
-Reading re-checks what listing decided: a file is opened with ``O_NONBLOCK`` (a FIFO swapped in
-meanwhile cannot block the open) and ``O_NOFOLLOW`` on its resolved path, then ``fstat``-ed: not a
-regular file any more, or a size that changed, is an error naming the file. A :class:`LocalFile`
+Reading re-checks what listing decided: a file is opened by
+:func:`~streamio.storage.backends.local.open_regular` (``O_NONBLOCK``: a FIFO swapped in meanwhile
+cannot block the open; ``O_NOFOLLOW`` on its resolved path; then ``fstat``-ed), the one opener of
+every local reader of streamio: not a regular file any more, or a size that changed, is an error
+naming the file. A :class:`LocalFile`
 is read in pieces of :data:`CHUNK` bytes (:meth:`LocalFile.chunks`), so the writer streams it into
 the shard being filled: memory is one piece, whatever the file's size.
 
@@ -31,22 +33,21 @@ from __future__ import annotations
 import logging
 import os
 import stat
-from collections.abc import Iterator
+import urllib.parse
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from streamio.errors import DatasetError, SourceError
+from streamio.errors import DatasetError, NotRegularFileError, SourceError
+from streamio.storage import Store
+from streamio.storage.backends import is_file_url
+from streamio.storage.backends.local import file_kind, open_regular
 
-__all__ = ["CHUNK", "LocalFile", "entry_problem", "local_file", "tree_files"]
+__all__ = ["CHUNK", "LocalFile", "entry_problem", "local_file", "refuse_special_shards", "tree_files"]
 
 log = logging.getLogger(__name__)
 
 #: Bytes read at a time from a local file.
 CHUNK = 4 << 20
-
-_KINDS = {
-    stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket", stat.S_IFCHR: "a character device",
-    stat.S_IFBLK: "a block device", stat.S_IFDIR: "a directory",
-}
 
 
 @dataclass(frozen=True)
@@ -93,20 +94,13 @@ class LocalFile:
 
     def _open(self) -> int:
         try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+            return open_regular(self.path, name=self.name, follow_symlinks=False)
+        except NotRegularFileError as exc:  # swapped in since it was listed
+            raise SourceError(str(exc)) from exc
         except OSError as exc:
             raise DatasetError(
                 f"cannot read {self.name}: {exc.strerror or exc}. Fix it or remove it from the source."
             ) from exc
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            os.close(fd)
-            raise SourceError(f"{self.name} is {_kind(mode)} now, not a regular file: only regular files are packed")
-        return fd
-
-
-def _kind(mode: int) -> str:
-    return _KINDS.get(stat.S_IFMT(mode), "not a regular file")
 
 
 def _inside(path: str, root: str) -> bool:
@@ -128,7 +122,7 @@ def entry_problem(path: str, root: str | None, *, follow_symlinks: bool) -> tupl
         if stat.S_ISREG(st.st_mode):
             return None, LocalFile(path, st.st_size, path)
         if not stat.S_ISLNK(st.st_mode):
-            return f"{path} is {_kind(st.st_mode)}", None
+            return f"{path} is {file_kind(st.st_mode)}", None
         target = os.path.realpath(path)
         try:
             st = os.stat(path)
@@ -137,7 +131,7 @@ def entry_problem(path: str, root: str | None, *, follow_symlinks: bool) -> tupl
     except OSError as exc:
         raise DatasetError(f"cannot read {path}: {exc.strerror or exc}. Fix it or remove it from the source.") from exc
     if not stat.S_ISREG(st.st_mode):
-        return f"{path} is a symbolic link to {target}, {_kind(st.st_mode)}", None
+        return f"{path} is a symbolic link to {target}, {file_kind(st.st_mode)}", None
     if root is not None and not follow_symlinks and not _inside(target, root):
         return f"{path} is a symbolic link to {target}, outside the source {root}", None
     return None, LocalFile(target, st.st_size, path)
@@ -154,6 +148,26 @@ def local_file(path: str) -> LocalFile:
     if found is None:
         raise SourceError(f"{problem}: only regular files are packed. Name a regular file instead.")
     return found
+
+
+def refuse_special_shards(store: Store, paths: Iterable[str]) -> None:
+    """Refuse, before any is read, the shards of a local ``store`` that are not regular files (a FIFO
+    named ``data-000009.tar`` would otherwise stop the whole read); nothing to check elsewhere.
+
+    Raises:
+        SourceError: one of ``paths`` is a FIFO, socket, device, directory or dangling link.
+        DatasetError: one cannot be examined.
+    """
+    if not is_file_url(store.root_url):
+        return
+    for path in paths:
+        url = store.url(path)
+        problem, _ = entry_problem(urllib.parse.urlsplit(url).path if "://" in url else url, None, follow_symlinks=True)
+        if problem is not None:
+            raise SourceError(
+                f"{problem}: only regular files are read as shards. Remove it, or name the shards with a pattern "
+                f"that leaves it out."
+            )
 
 
 def tree_files(root: str, *, follow_symlinks: bool) -> Iterator[tuple[str, LocalFile]]:

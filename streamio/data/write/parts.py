@@ -9,20 +9,28 @@ many tasks, with no engine of its own (``streamio.ray`` is the Ray adapter; docs
    steps 1 and 2). The returned value is small, frozen and picklable: ship it to the tasks.
 2. **One task per partition** (:meth:`PartitionedWrite.write_part`): a partition's samples are
    packed into shards (:class:`~streamio.data.write.packer.ShardPacker`) named by the partition's
-   id only, ``{prefix}-p{part:06d}-{i:06d}.tar``, then its summary (shards, offsets, checksums,
-   keys) is put **create-only** at ``_parts/{prefix}-p{part:06d}.json``. A task that is retried
-   rewrites the same names, never a second copy; one that finds its partition's summary already
-   there (an earlier attempt finished) writes nothing. The summary is the partition's commit: a
-   partition without one did not finish.
+   id and the attempt, ``{prefix}-p{part:06d}-{attempt}-{i:06d}.tar`` (``attempt``: 8 random hex
+   digits per call), then its summary (shards, offsets, checksums, keys) is put **create-only** at
+   ``_parts/{prefix}-p{part:06d}.json``. No attempt ever writes a name another attempt wrote, so
+   the shards a summary names keep the bytes it records whatever a retried, speculative or zombie
+   attempt of the same partition does; one that finds its partition's summary already there (an
+   earlier attempt finished) writes nothing. The summary is the partition's commit: a partition
+   without one did not finish.
 3. **Commit, once** (:meth:`PartitionedWrite.commit`, on the driver, after every task): the
    summaries are read in partition-id order (the dataset's shard order depends only on the ids,
-   not on which task finished first), merged into one index, and ``index.json`` is put in one
-   conditional PUT (create-only, or compare-and-swap on the dataset being replaced with
-   ``overwrite=True``). Then the summaries, any shard of this write that no summary names (an
-   attempt that stopped half-way and whose retry made fewer shards) and the marker are deleted.
+   not on which task finished first) and each is checked against one fresh listing before
+   anything is written or deleted: it is its own partition's (its ``part``), it names only shards
+   of its partition and of one attempt, numbered from 0 in order, and each of them is stored with
+   the size it records. A summary that fails (copied from another partition, forged, naming a
+   shard that is missing or of another size) refuses the commit, which then deletes nothing. The
+   summaries are merged into one index, and ``index.json`` is put in one conditional PUT
+   (create-only, or compare-and-swap on the dataset being replaced with ``overwrite=True``). Then
+   the summaries, every shard of this write that no summary names (the attempts that lost, or
+   stopped half-way) and the marker are deleted.
 
 A partition's samples must be the same on every attempt (Ray blocks, Spark partitions of a
-deterministic plan are): a retry that finds a summary written meanwhile with other shards is refused.
+deterministic plan are): an attempt that finds a summary written meanwhile with other contents is
+refused (its shards, under its own names, are removed by the commit).
 Until the commit, readers see the dataset that was there before, if any; a write that never
 commits leaves shards that the marker claims, removed by the next write with ``overwrite=True``.
 """
@@ -32,18 +40,19 @@ from __future__ import annotations
 import json
 import logging
 import re
+import secrets
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from streamio.data.format.index import INLINE_LIMIT, DatasetIndex, index_document, make_index
-from streamio.data.format.index_schema import check_document
-from streamio.data.format.layout import SampleLayout, ShardInfo
-from streamio.data.format.marker import Generation
+from streamio.data.format.index_schema import check_document, short
+from streamio.data.format.layout import WRITING_NAME, SampleLayout, ShardInfo
+from streamio.data.format.marker import Generation, read_marker
 from streamio.data.write import publish
 from streamio.data.write.packer import ShardPacker, ShardSpec
-from streamio.errors import ConfigError, DatasetError, IndexFormatError, WriteConflictError
+from streamio.errors import ConfigError, DatasetError, IndexFormatError, StorageError, WriteConflictError
 from streamio.limits import MAX_JSON_BYTES, load_json
 from streamio.storage import Store
 
@@ -125,10 +134,11 @@ class PartitionedWrite:
         """A :class:`Store` for :attr:`url` (made where it is used: stores are not shipped between processes)."""
         return Store(self.url, self.storage_options)
 
-    def shard_path(self, part: int, shard: int) -> str:
-        """The name of shard ``shard`` of partition ``part``: ``{prefix}-[{tag}-]p{part:06d}-{shard:06d}.tar[.zst]``."""
+    def shard_path(self, part: int, shard: int, attempt: str = "") -> str:
+        """The name of shard ``shard`` of partition ``part`` written by ``attempt`` (8 hex digits; ``""``:
+        the name streamio 0.2 gave): ``{prefix}-[{tag}-]p{part:06d}-[{attempt}-]{shard:06d}.tar[.zst]``."""
         tag = f"{self.generation.tag}-p{part:06d}" if self.generation.tag else f"p{part:06d}"
-        return self.spec.shard_path(shard, tag)
+        return self.spec.shard_path(shard, f"{tag}-{attempt}" if attempt else tag)
 
     def summary_path(self, part: int) -> str:
         """Where partition ``part``'s summary goes: ``_parts/{prefix}-[{tag}-]p{part:06d}.json``."""
@@ -141,23 +151,28 @@ class PartitionedWrite:
 
         Raises:
             ConfigError: ``part`` is not an int in ``[0, 10**9)``.
-            DatasetError: an invalid sample (named), or another attempt of this partition stored a
-                summary with other shards meanwhile (its samples differ between attempts).
+            DatasetError: an invalid sample (named); another attempt of this partition stored a
+                summary with other contents meanwhile (its samples differ between attempts); or the
+                write is no longer open (committed, or replaced by another write: a zombie task),
+                its shards then removed.
         """
         _check_part(part)
         store = self.store()
         done = self._read_summary(store, part)
         if done is not None:  # an earlier attempt finished: nothing to write again
             log.info("partition %d of %s was already written (a retried task): skipped", part, self.url)
-            return _summarize(part, done)
-        packer = ShardPacker(store, self.spec, lambda i: self.shard_path(part, i), max_pending=max_pending)
+            return _summarize(part, done[1])
+        self._refuse_closed(store, part, ())
+        attempt = secrets.token_hex(4)  # names no other attempt writes: a loser never touches a winner's bytes
+        packer = ShardPacker(store, self.spec, lambda i: self.shard_path(part, i, attempt), max_pending=max_pending)
         packer.write_all(samples)
+        self._refuse_closed(store, part, packer.shards)
         index = make_index(packer.shards, packer.layouts, packer.keys, packer.tokens)
         try:
             store.put(self.summary_path(part), _encode(index, store, part), mode="create")
         except WriteConflictError as exc:
             other = self._read_summary(store, part)
-            if other is None or other.fingerprint != index.fingerprint:
+            if other is None or _contents(other[1]) != _contents(index):
                 raise DatasetError(
                     f"partition {part} of {self.url} was written by two attempts with different samples "
                     f"({store.url(self.summary_path(part))}): a partition's samples must be the same on every attempt. "
@@ -177,13 +192,20 @@ class PartitionedWrite:
 
         Raises:
             DatasetError: a partition named in ``parts`` has no summary (its task did not finish);
-                no partition holds a sample; or the index changed since :meth:`begin` (another
-                write committed).
-            IndexFormatError: a summary is not one this streamio wrote.
+                a summary names a shard that is not stored, or not with the size it records; no
+                partition holds a sample; or the index changed since :meth:`begin` (another write
+                committed). Nothing is deleted.
+            IndexFormatError: a summary is not one this streamio wrote for its partition (another
+                partition's, or naming shards that are not its partition's). Nothing is deleted.
         """
         store = self.store()
-        listing = [o.path for o in store.list()]
+        sizes = {o.path: o.size for o in store.list()}
+        listing = list(sizes)
         stored = self._stored_parts(listing)
+        if parts is not None:
+            parts = list(parts)
+            for part in parts:
+                _check_part(part)
         wanted = sorted(set(stored if parts is None else parts))
         missing = [p for p in wanted if p not in stored]
         if missing:
@@ -197,10 +219,12 @@ class PartitionedWrite:
         tokens: dict[int, dict[str, tuple[int, ...]]] = {}
         keys: set[str] = set()
         for part in wanted:
-            summary = self._read_summary(store, part)
-            if summary is None:
+            found = self._read_summary(store, part)
+            if found is None:
                 raise DatasetError(f"the summary of partition {part} of {self.url} vanished while committing: "
                                    f"is another commit of this write running?")
+            summary = found[1]
+            self._check_summary(part, found[0], summary, sizes, store.url(self.summary_path(part)))
             for i, shard in enumerate(summary.shards):
                 layouts[len(shards)] = summary.layout(i, store)
                 tokens[len(shards)] = summary.shard_tokens(i)
@@ -220,11 +244,69 @@ class PartitionedWrite:
                 pass
         return index
 
+    def _refuse_closed(self, store: Store, part: int, written: Iterable[ShardInfo]) -> None:
+        """Stop a task of a write that is no longer open (its marker is gone: committed, or replaced),
+        removing the shards it stored (names no other attempt has): no commit would ever remove them."""
+        try:
+            marker = read_marker(store)
+        except IndexFormatError:  # not a marker of ours: not this write's either
+            marker = None
+        if marker == self.generation:
+            return
+        for shard in written:
+            try:
+                store.delete(shard.path)
+            except StorageError as exc:
+                log.warning("could not remove %s (%s): remove it by hand", store.url(shard.path), exc)
+        raise DatasetError(
+            f"partition {part} of {self.url}: this write ({self.generation.pattern}, started "
+            f"{self.generation.started}) is no longer open: it was committed, or another write replaced it "
+            f"({store.url(WRITING_NAME)} is gone or another write's). Nothing of this task was kept. Is it a task "
+            f"that outlived its job?"
+        )
+
+    def _check_summary(self, part: int, stated: Any, summary: DatasetIndex, sizes: Mapping[str, int], url: str) -> None:
+        """Refuse a summary that names anything but its own partition's shards, each stored with its size.
+
+        A summary is read back from storage any task (or anyone) can write: the commit deletes what
+        the index does not name, so one that named another partition's shards (a copy) would drop
+        this partition's, and one naming a shard twice would make an index no reader can open.
+        """
+        if type(stated) is not int or stated != part:
+            raise IndexFormatError(
+                f"{url} is the summary of partition {short(stated)}, not of partition {part}: it was copied or "
+                f"forged. Nothing was committed or deleted; remove it and run partition {part} again (write_part)."
+            )
+        attempt = self._attempt_of(part, summary.shards[0].path) if summary.shards else ""
+        for i, shard in enumerate(summary.shards):
+            if shard.path != self.shard_path(part, i, attempt):
+                raise IndexFormatError(
+                    f"{url} names {shard.path!r} as shard {i} of partition {part}; this write names it "
+                    f"{self.shard_path(part, i, attempt or '<attempt>')!r} (one attempt's shards of its own partition, "
+                    f"in order). "
+                    f"It was copied or forged: nothing was committed or deleted. Remove it and run partition {part} "
+                    f"again (write_part)."
+                )
+            if sizes.get(shard.path) != shard.bytes:
+                found = "is not stored" if shard.path not in sizes else f"has {sizes[shard.path]:,} bytes"
+                raise DatasetError(
+                    f"{url} names {shard.path!r} of {shard.bytes:,} bytes, which {found}: nothing was committed or "
+                    f"deleted. Remove the summary and run partition {part} again (write_part)."
+                )
+
+    def _attempt_of(self, part: int, path: str) -> str:
+        """The attempt whose shard 0 of partition ``part`` is named ``path`` (``""``: none found in it)."""
+        plain = self.shard_path(part, 0)
+        stem = plain[: plain.rindex("-") + 1]  # {prefix}-[{tag}-]p{part:06d}-
+        attempt = path[len(stem) : len(stem) + 8]
+        return attempt if path.startswith(stem) and re.fullmatch(r"[0-9a-f]{8}", attempt) else ""
+
     def _stored_parts(self, listing: Iterable[str]) -> set[int]:
         pattern = re.compile(rf"^{PARTS_DIR}/{re.escape(self.generation.stem)}p([0-9]{{6,}})\.json$")
         return {int(m.group(1)) for m in map(pattern.match, listing) if m}
 
-    def _read_summary(self, store: Store, part: int) -> DatasetIndex | None:
+    def _read_summary(self, store: Store, part: int) -> tuple[Any, DatasetIndex] | None:
+        """Partition ``part``'s summary: ``(the partition it says it is, its shards)``, or None."""
         path = self.summary_path(part)
         try:
             data = store.read(path, max_bytes=MAX_JSON_BYTES)
@@ -249,8 +331,14 @@ def _encode(index: DatasetIndex, store: Store, part: int) -> bytes:
     return json.dumps(doc, separators=(",", ":")).encode()
 
 
-def _decode(data: bytes, url: str) -> DatasetIndex:
-    doc = check_document(load_json(data, what=url, error=IndexFormatError), url, fmt=PART_FORMAT)
+def _contents(index: DatasetIndex) -> list[tuple[int, int, str]]:
+    """What two attempts of one partition agree on when their samples are the same (not the names)."""
+    return [(s.bytes, s.samples, s.checksum) for s in index.shards]
+
+
+def _decode(data: bytes, url: str) -> tuple[Any, DatasetIndex]:
+    raw = load_json(data, what=url, error=IndexFormatError)
+    doc = check_document(raw, url, fmt=PART_FORMAT)
     layouts: dict[int, SampleLayout] = {}
     for i, entry in enumerate(doc.shards):
         if entry.offsets is None or entry.crcs is None:
@@ -259,5 +347,6 @@ def _decode(data: bytes, url: str) -> DatasetIndex:
             )
         layouts[i] = SampleLayout(entry.offsets, entry.crcs, entry.max_sample_bytes)
     tokens = {i: entry.tokens for i, entry in enumerate(doc.shards) if entry.tokens}
-    return make_index([ShardInfo(e.path, e.bytes, e.samples, e.checksum) for e in doc.shards], layouts, doc.keys,
-                      tokens)
+    index = make_index([ShardInfo(e.path, e.bytes, e.samples, e.checksum) for e in doc.shards], layouts, doc.keys,
+                       tokens)
+    return raw.get("part"), index

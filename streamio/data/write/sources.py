@@ -33,22 +33,21 @@ import json
 import logging
 import os
 import random
-import urllib.parse
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import closing
 from dataclasses import dataclass
-from typing import Any
+from typing import IO, Any
 
 from streamio.data.format.layout import GZIP_MAGIC, MAX_SAMPLE_BYTES, is_gzip_shard, shard_compression, split_name
 from streamio.data.format.patterns import expand_patterns
 from streamio.data.format.samples import Handler, iter_samples
 from streamio.data.write import gzipstream
-from streamio.data.write.localfiles import LocalFile, local_file, tree_files
+from streamio.data.write.localfiles import LocalFile, local_file, refuse_special_shards, tree_files
 from streamio.data.write.shardbuf import record_size
-from streamio.errors import DatasetError, ObjectNotFoundError, SourceError
+from streamio.errors import DatasetError, NotRegularFileError, ObjectNotFoundError, SourceError
 from streamio.storage import Store
-from streamio.storage.backends import is_file_url
+from streamio.storage.backends.local import open_regular
 
 __all__ = ["Samples", "samples_from_directory", "samples_from_jsonl", "samples_from_shards"]
 
@@ -221,12 +220,20 @@ def samples_from_jsonl(
     return Samples(_jsonl_samples(path, offsets, line_sample, files), len(offsets))
 
 
+def _open_jsonl(path: str) -> IO[bytes]:
+    """The JSONL file, opened as every local file is (a FIFO swapped in since it was checked: refused)."""
+    try:
+        return os.fdopen(open_regular(path), "rb")
+    except NotRegularFileError as exc:
+        raise SourceError(str(exc)) from exc
+
+
 def _line_offsets(path: str) -> array[int]:
     """Byte offsets of the non-blank lines of ``path`` (one pass, nothing else kept)."""
     offsets = array("Q")
     pos = 0
     try:
-        with open(path, "rb") as f:
+        with _open_jsonl(path) as f:
             for line in f:
                 if line.strip():
                     offsets.append(pos)
@@ -240,7 +247,7 @@ def _line_offsets(path: str) -> array[int]:
 
 def _line_number(path: str, offset: int) -> int:
     """The 1-based number of the line starting at ``offset`` (for messages only: re-reads the file)."""
-    with open(path, "rb") as f:
+    with _open_jsonl(path) as f:
         return f.read(offset).count(b"\n") + 1
 
 
@@ -250,7 +257,7 @@ LineSample = Callable[[dict[str, Any], bytes, "_Files"], dict[str, Any]]
 def _jsonl_samples(
     path: str, offsets: array[int], line_sample: LineSample, files: _Files
 ) -> Iterator[dict[str, Any]]:
-    with open(path, "rb") as f:
+    with _open_jsonl(path) as f:
         for offset in offsets:
             f.seek(offset)
             raw = f.readline().strip()
@@ -333,10 +340,7 @@ def samples_from_shards(
         raise ObjectNotFoundError(
             f"no shards match {patterns!r} under {store.root_url}: nothing to shard. Check the URL."
         )
-    if is_file_url(store.root_url):  # a FIFO named x.tar would block the read for ever
-        for path in paths:
-            url = store.url(path)
-            local_file(urllib.parse.urlsplit(url).path if "://" in url else url)
+    refuse_special_shards(store, paths)  # a FIFO named x.tar: refused by name, with exit 2
     return Samples(_shard_samples(store, paths, handler, max_sample_bytes), None)
 
 

@@ -8,18 +8,18 @@ All writes into one directory hold an exclusive ``flock`` on it, so a compare-an
 writer killed between its write and its rename leaves its temp file: never listed as an object, it
 is what :meth:`LocalBackend.incomplete_uploads` reports (the local kind of an unfinished upload).
 
-Reads open the file without blocking and go on only if the descriptor is a regular file (a FIFO
-or device planted where an object is expected raises :class:`~streamio.errors.StorageError` at
-once, never blocks): one ``read(2)`` straight into the result (no pieces to join: a checkpoint
-restore's whole-object reads are bound by the page-cache copy, not by Python), or a read-only
-memory map (:meth:`LocalBackend.map`) for objects that are never rewritten in place.
+Reads: one ``read(2)`` straight into the result (no pieces to join: a checkpoint restore's
+whole-object reads are bound by the page-cache copy, not by Python), a stream of pieces, or a
+read-only memory map (:meth:`LocalBackend.map`) for objects that are never rewritten in place.
+Every read opens its file with :func:`open_regular`: a FIFO, socket or device named like an object
+(``data-000099.tar``, ``index.json``) is refused at once, never waited on. Every other local reader
+of streamio (the sources of ``streamio shard``) opens what it reads through it too.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
-import io
 import mmap
 import os
 import stat
@@ -28,9 +28,64 @@ from collections.abc import Iterator, Mapping
 from datetime import datetime, timezone
 from typing import Any
 
-from streamio.errors import ConfigError, CorruptDataError, StorageError
-from streamio.storage.backends.base import TMP_SUFFIX, OnEnd, PutRequest, conflict, shorter_than_expected, too_large
+from streamio.errors import ConfigError, CorruptDataError, NotRegularFileError
+from streamio.storage.backends.base import (
+    TMP_SUFFIX,
+    OnEnd,
+    PutRequest,
+    conflict,
+    shorter_than_expected,
+    too_large,
+)
 from streamio.storage.backends.generic import GenericBackend
+
+_KINDS = {
+    stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket", stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device", stat.S_IFDIR: "a directory", stat.S_IFLNK: "a symbolic link",
+}
+
+
+def file_kind(mode: int) -> str:
+    """What a ``st_mode`` is, for messages: ``"a FIFO"``, ``"a socket"``, ... (``"a regular file"``)."""
+    return "a regular file" if stat.S_ISREG(mode) else _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+
+
+def open_regular(path: str, *, name: str | None = None, follow_symlinks: bool = True) -> int:
+    """Open the local file ``path`` for reading, only if it is a regular file; never blocks on the open.
+
+    ``O_NONBLOCK`` makes opening a FIFO return at once instead of waiting for a writer, and the
+    check is ``fstat`` on the descriptor opened (no window between the check and the use). The
+    descriptor is then made blocking again (a regular file's reads ignore the flag anyway).
+
+    Args:
+        path: the file.
+        name: how messages name it (default ``path``).
+        follow_symlinks: False opens with ``O_NOFOLLOW`` (a link is refused).
+
+    Returns:
+        The open descriptor (the caller closes it; ``os.fdopen`` it for a file object).
+
+    Raises:
+        NotRegularFileError: a FIFO, socket, device, directory (or, without ``follow_symlinks``, a link).
+        OSError: it cannot be opened (missing: ``FileNotFoundError``; refused: ``PermissionError``).
+    """
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | (0 if follow_symlinks else os.O_NOFOLLOW)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if not follow_symlinks and os.path.islink(path):  # ELOOP: the link itself was named
+            raise NotRegularFileError(f"{name or path} is a symbolic link, not a regular file") from exc
+        raise
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise NotRegularFileError(
+            f"{name or path} is {file_kind(mode)}, not a regular file: streamio reads only regular files from "
+            f"local disk (a FIFO would wait for a writer for ever, a device may never end). Remove it or put the "
+            f"file there."
+        )
+    os.set_blocking(fd, True)
+    return fd
 
 
 def local_version(path: str) -> str:
@@ -48,7 +103,7 @@ class LocalBackend(GenericBackend):
     def read(self, full: str, url: str, start: int, end: int | None, limit: int | None = None) -> bytes:
         """Bytes ``[start, end)`` in one ``read``; a file shorter than ``end`` raises
         :class:`~streamio.errors.CorruptDataError` (as the streamed path does), never a retry loop."""
-        with _open_regular(full, url) as f:
+        with os.fdopen(open_regular(full, name=url), "rb", buffering=0) as f:
             size = os.fstat(f.fileno()).st_size
             stop = size if end is None else end
             if limit is not None and stop - start > limit:
@@ -69,20 +124,6 @@ class LocalBackend(GenericBackend):
                 )
             return data
 
-    def open_stream(self, full: str, start: int, end: int | None, piece: int, on_end: OnEnd) -> Iterator[bytes]:
-        """``[start, end)`` in pieces of ``piece`` bytes, from a regular file only (as :meth:`read`)."""
-        with _open_regular(full, full) as f:
-            stop = os.fstat(f.fileno()).st_size if end is None else min(end, os.fstat(f.fileno()).st_size)
-            on_end(stop)
-            f.seek(start)
-            pos = start
-            while pos < stop:
-                data = f.read(min(piece, stop - pos))
-                if not data:
-                    return
-                pos += len(data)
-                yield data
-
     def map(self, full: str) -> bytes | memoryview:
         """A local file as a read-only memory map (``b""`` if empty).
 
@@ -92,10 +133,25 @@ class LocalBackend(GenericBackend):
         the file; streamio never rewrites a file in place (temp + link/rename), and only such a
         truncation by another writer could fault a reader (SIGBUS), so use it for immutable objects.
         """
-        with _open_regular(full, full) as f:
+        with os.fdopen(open_regular(full), "rb", buffering=0) as f:
             if os.fstat(f.fileno()).st_size == 0:
                 return b""
             return memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
+
+    def open_stream(self, full: str, start: int, end: int | None, piece: int, on_end: OnEnd) -> Iterator[bytes]:
+        """``[start, end)`` in pieces of at most ``piece`` bytes, from one descriptor (:func:`open_regular`)."""
+        with os.fdopen(open_regular(full), "rb", buffering=0) as f:
+            size = os.fstat(f.fileno()).st_size
+            end = size if end is None else min(end, size)
+            on_end(end)
+            f.seek(start)
+            pos = start
+            while pos < end:
+                data = f.read(min(piece, end - pos))
+                if not data:
+                    return
+                pos += len(data)
+                yield data
 
     def version_of(self, entry: Mapping[str, Any]) -> str | None:
         return local_version(entry["name"])
@@ -145,29 +201,6 @@ class LocalBackend(GenericBackend):
             raise ConfigError(f"{upload_id!r} is not a temp file of a put of {full!r}")
         with contextlib.suppress(FileNotFoundError):
             os.unlink(upload_id)
-
-
-def _open_regular(full: str, url: str) -> io.FileIO:
-    """``full`` opened for reading if it is a regular file: opened without blocking (a FIFO in its
-    place would block ``open`` until a writer comes), then checked on the descriptor itself.
-
-    Raises:
-        StorageError: it is a directory, FIFO, socket or device (the caller reads the next copy).
-    """
-    fd = os.open(full, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # O_NONBLOCK: no effect on a file's reads
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise StorageError(f"{url} is a {_KINDS.get(stat.S_IFMT(mode), 'special file')}, not a regular file: "
-                               f"streamio reads objects from regular files only; remove it or read another copy")
-        return io.FileIO(fd, "rb", closefd=True)
-    except BaseException:
-        os.close(fd)
-        raise
-
-
-_KINDS = {stat.S_IFDIR: "directory", stat.S_IFIFO: "FIFO", stat.S_IFSOCK: "socket", stat.S_IFCHR: "character device",
-          stat.S_IFBLK: "block device"}
 
 
 def _temp_file(directory: str, name: str) -> tuple[int, str]:
