@@ -8,11 +8,13 @@ A dataset's position is:
 * ``worker``: in a DataLoader worker that torchdata restored, that worker's id and the samples it
   had yielded (torchdata hands each worker its own position back);
 * ``yielded``: the samples this process's current iteration has yielded;
-* ``ended``: an iteration of the epoch ran to its end. The next iteration then reads the next
-  epoch from its start, unless ``set_epoch()`` chose an epoch since (:meth:`Position.begin`):
+* ``ended``: an iteration of the epoch handed out its last batch (its last sample, where the
+  dataset counts itself), whether or not the loop then asked for one more: a loop that takes
+  exactly ``len()`` batches never pulls the ``StopIteration``. The next iteration then reads the
+  next epoch from its start, unless ``set_epoch()`` chose an epoch since (:meth:`Position.begin`):
   forgetting ``set_epoch`` no longer repeats one order every epoch, and calling it still wins.
   Every rank takes the same number of batches (equal work), so every rank advances alike. A
-  partial iteration, abandoned and restarted, never ends an epoch.
+  partial iteration, abandoned before its last batch and restarted, never ends an epoch.
 
 Who sees an iteration run to its end: the dataset itself when it is iterated in the process that
 counts (no DataLoader workers); otherwise :class:`~streamio.data.loader.StreamingDataLoader` and
@@ -40,6 +42,7 @@ from typing import Any, NamedTuple, Protocol
 from streamio.data.dataloader.stateful_loader import LoaderState
 from streamio.data.plan import EpochPlan, WorkerStream
 from streamio.data.plan.config import MAX_EPOCH, MAX_WORKERS
+from streamio.distributed import rank_and_world
 from streamio.errors import PlanError
 from streamio.state_version import VERSION_KEY, check_version
 
@@ -278,7 +281,15 @@ def load_loader_state(ds: _Dataset, state: LoaderState, num_workers: int) -> Non
         )
     first = states[0]  # the position the workers' iteration started from: epoch and plan, no worker
     ds.load_state_dict(state_of(first.get(K_EPOCH), first.get(K_PLAN)))  # type: ignore[arg-type]
-    if state.finished:  # the loader restarts from this object once the saved rest (none) is read
-        plan = ds.plan(num_workers)
+    plan = ds.plan(num_workers)
+    if state.finished or _all_read(states, plan):  # the loader restarts from this object: the next epoch
         ds.position.resume = plan.state_dict(plan.batches_per_rank)
         ds.position.ended = True  # it ran to its end: the next iteration reads the next epoch
+
+
+def _all_read(states: list[Mapping[str, Any]], plan: EpochPlan) -> bool:
+    """Whether every worker's state says it yielded its whole stream of ``plan`` (the last batch went out)."""
+    rank = rank_and_world()[0]
+    return all(
+        s.get(K_WORKER) == w and s.get(K_YIELDED) == plan.stream(rank, w).size for w, s in enumerate(states)
+    )

@@ -20,9 +20,16 @@ this module does not know is refused with an error, never guessed at.
 
 It also wraps ``StatefulDataLoader.__iter__``: with workers, the main process's dataset never sees
 an iteration, so the wrapper tells it when one starts (``begin_iteration``, before the workers
-fork) and whether this loader's previous one ran to its end (``end_iteration``, from torchdata's
-iterator): past a whole epoch, and without ``set_epoch`` since, the dataset reads the next epoch,
-as it does without workers, where it sees its own iteration end.
+fork) and whether this loader's previous one handed out its last batch (``end_iteration``, from
+torchdata's iterator: its ``_finished`` flag, or its count of batches yielded, since a loop that
+takes exactly ``len(loader)`` batches never pulls the ``StopIteration`` that sets the flag): past a
+whole epoch, and without ``set_epoch`` since, the dataset reads the next epoch, as it does without
+workers, where it sees its own last sample go out. A state saved after the last batch (its workers
+all at their streams' ends, the iterator not yet finished) is handed to torchdata as a finished
+one, so the next iteration is a fresh pass of the next epoch, not the empty rest of this one.
+
+:func:`handed_out` is the count both loaders compare with: the batches a DataLoader hands out over
+one iteration of a plan.
 """
 
 from __future__ import annotations
@@ -30,11 +37,11 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from streamio.errors import PlanError
 
-__all__ = ["LoaderState", "install", "parse"]
+__all__ = ["LoaderState", "handed_out", "install", "parse"]
 
 # torchdata's keys (torchdata.stateful_dataloader: incremental_state, stateful_dataloader).
 _K_DATASET, _K_FINISHED = "dataset_state", "_iterator_finished"
@@ -42,6 +49,8 @@ _K_SNAPSHOT, _K_WORKERS = "_snapshot", "_worker_snapshots"  # only in a num_work
 _K_MAIN_YIELDED = "_num_yielded"  # only in a num_workers=0 state
 _WRAPPED = "__streamio_wrapped__"
 _TOKEN = "_streamio_iteration"  # on a loader: the dataset's token of the iteration it started last
+_LAST = "_streamio_last_batch"  # on a loader: the batches that iteration hands out
+_K_ITER_YIELDED = "_num_yielded"  # on torchdata's iterator: the batches it yielded (restored ones included)
 _dataset_types: list[type] = []
 
 
@@ -60,6 +69,20 @@ class LoaderState:
     datasets: tuple[Mapping[str, Any], ...]
     num_workers: int
     finished: bool
+
+
+class _Plan(Protocol):
+    @property
+    def batches_per_rank(self) -> int: ...
+
+    @property
+    def stage_samples_per_rank(self) -> int: ...
+
+
+def handed_out(plan: _Plan, batch_size: int, *, drop_last: bool) -> int:
+    """The batches a DataLoader hands out over one iteration of ``plan`` (``drop_last`` drops the partial one)."""
+    partial = drop_last and plan.batches_per_rank > 0 and plan.stage_samples_per_rank % batch_size > 0
+    return plan.batches_per_rank - int(partial)
 
 
 def _mapping(value: object, where: str) -> Mapping[str, Any]:
@@ -127,6 +150,8 @@ def install(dataset_type: type) -> None:
         dataset = getattr(self, "dataset", None)
         if state_dict and isinstance(dataset, tuple(_dataset_types)):
             dataset.load_loader_state(parse(state_dict), num_workers=self.num_workers)
+            if dataset.position.ended:  # every batch was handed out: the next iteration is a fresh pass
+                state_dict = {**state_dict, _K_FINISHED: True}
         original(self, state_dict)
 
     setattr(load_state_dict, _WRAPPED, True)
@@ -142,10 +167,20 @@ def _wrap_iter(loader_type: Any) -> None:
         dataset = getattr(self, "dataset", None)
         if self.num_workers and isinstance(dataset, tuple(_dataset_types)):  # without workers the dataset sees it
             previous, token = self._iterator, getattr(self, _TOKEN, None)
-            if token is not None and previous is not None and getattr(previous, "_finished", False):
+            if token is not None and previous is not None and _went_out(previous, getattr(self, _LAST, None)):
                 dataset.end_iteration(token)
             setattr(self, _TOKEN, dataset.begin_iteration())
+            plan = dataset.plan(self.num_workers)
+            setattr(self, _LAST, handed_out(plan, self.batch_size or 1, drop_last=self.drop_last))
         return original(self)
 
     setattr(__iter__, _WRAPPED, True)
     loader_type.__iter__ = __iter__
+
+
+def _went_out(iterator: Any, last: int | None) -> bool:
+    """Whether torchdata's ``iterator`` handed out its iteration's last batch (``last`` of them)."""
+    if getattr(iterator, "_finished", False):
+        return True
+    yielded = getattr(iterator, _K_ITER_YIELDED, None)
+    return last is not None and isinstance(yielded, int) and yielded >= last
