@@ -258,9 +258,7 @@ class StreamingDataset(IterableDataset):
         check_worker(position, stream)
         position.rewind()
         for sample in _samples(self, plan, stream, position.yielded):
-            position.yielded += 1
-            if token is not None and position.yielded == stream.size:  # the last sample: the epoch ended
-                position.end(token)  # now, not at a StopIteration that a loop of len() batches never asks for
+            position.count(token, stream.size)  # the last sample ends the epoch as it goes out
             yield self.transform(sample) if self.transform is not None else sample
         if token is not None:
             position.end(token)

@@ -130,6 +130,15 @@ class Position:
         if token == self.generation:
             self.ended = True
 
+    def count(self, token: int | None, size: int) -> None:
+        """One more sample goes out of the ``size`` of the iteration ``token`` is for (None: not counting).
+
+        The last one ends the epoch now: a loop that takes ``len()`` batches never asks for more.
+        """
+        self.yielded += 1
+        if token is not None and self.yielded >= size:
+            self.end(token)
+
     def rewind(self) -> None:
         """Stand where the next iteration starts: at the resume point, nothing yielded since."""
         self.yielded = self.worker.yielded if self.worker is not None else 0
