@@ -42,7 +42,6 @@ from typing import Any, NamedTuple, Protocol
 from streamio.data.dataloader.stateful_loader import LoaderState
 from streamio.data.plan import EpochPlan, WorkerStream
 from streamio.data.plan.config import MAX_EPOCH, MAX_WORKERS
-from streamio.distributed import rank_and_world
 from streamio.errors import PlanError
 from streamio.state_version import VERSION_KEY, check_version
 
@@ -291,14 +290,8 @@ def load_loader_state(ds: _Dataset, state: LoaderState, num_workers: int) -> Non
     first = states[0]  # the position the workers' iteration started from: epoch and plan, no worker
     ds.load_state_dict(state_of(first.get(K_EPOCH), first.get(K_PLAN)))  # type: ignore[arg-type]
     plan = ds.plan(num_workers)
-    if state.finished or _all_read(states, plan):  # the loader restarts from this object: the next epoch
+    handed = state.batches is not None and state.batches >= plan.batches_per_rank  # the last batch went out
+    if state.finished or handed:  # the loader restarts from this object: the next epoch
         ds.position.resume = plan.state_dict(plan.batches_per_rank)
         ds.position.ended = True  # it ran to its end: the next iteration reads the next epoch
 
-
-def _all_read(states: list[Mapping[str, Any]], plan: EpochPlan) -> bool:
-    """Whether every worker's state says it yielded its whole stream of ``plan`` (the last batch went out)."""
-    rank = rank_and_world()[0]
-    return all(
-        s.get(K_WORKER) == w and s.get(K_YIELDED) == plan.stream(rank, w).size for w, s in enumerate(states)
-    )

@@ -21,6 +21,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from streamio.data.dataset import StreamingDataset
 from streamio.data.loader import StreamingDataLoader
+from streamio.errors import PlanError
 from support.dataset import make_dataset
 
 COUNTS = [5, 7, 3, 9]  # 24 samples: 6 batches of 4 per epoch
@@ -133,3 +134,30 @@ def test_a_job_resumed_at_every_batch_is_the_uninterrupted_run(url: str, kind: s
         if flat[:done] + rest != flat:
             wrong.append((p, k, f"{done} + {len(rest)} batches, not the uninterrupted {len(flat)}"))
     assert wrong == [], "\n".join(map(str, wrong))
+
+
+def test_a_stateful_state_after_the_last_batch_between_snapshots_reads_the_next_epoch(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """torchdata snapshots the workers every 2 batches; 5 batches per epoch: the state at the last
+    batch holds the workers at batch 4 plus one step. It is the epoch's end all the same."""
+    url = str(tmp_path_factory.mktemp("ds") / "odd")
+    make_dataset(url, None, [5, 7, 3, 5])  # 20 samples: 5 batches of 4
+
+    def stateful() -> tuple[StreamingDataset, StatefulDataLoader]:
+        ds = StreamingDataset(url, batch_size=4)
+        return ds, StatefulDataLoader(ds, batch_size=4, num_workers=2, collate_fn=keys_of, snapshot_every_n_steps=2)
+
+    ds, loader = stateful()
+    first = [b for _, b in zip(range(len(loader)), loader, strict=False)]
+    state = loader.state_dict()
+    assert len(first) == 5 and state["_snapshot"]["_snapshot_step"] == 4
+    again_ds, again = stateful()
+    again.load_state_dict(state)
+    ds.set_epoch(1)
+    assert again_ds.epoch == 0 and len(again) == 5
+    assert [b for _, b in zip(range(len(again)), again, strict=False)] == list(loader)  # epoch 1
+    assert again_ds.epoch == 1
+    bad = {**state, "_steps_since_snapshot": -1}
+    with pytest.raises(PlanError, match="_steps_since_snapshot is '-1', not a count >= 0"):
+        stateful()[1].load_state_dict(bad)

@@ -47,6 +47,7 @@ __all__ = ["LoaderState", "handed_out", "install", "parse"]
 _K_DATASET, _K_FINISHED = "dataset_state", "_iterator_finished"
 _K_SNAPSHOT, _K_WORKERS = "_snapshot", "_worker_snapshots"  # only in a num_workers > 0 state
 _K_MAIN_YIELDED = "_num_yielded"  # only in a num_workers=0 state
+_K_STEP, _K_SINCE = "_snapshot_step", "_steps_since_snapshot"  # batches handed out: the sum of the two
 _WRAPPED = "__streamio_wrapped__"
 _TOKEN = "_streamio_iteration"  # on a loader: the dataset's token of the iteration it started last
 _LAST = "_streamio_last_batch"  # on a loader: the batches that iteration hands out
@@ -64,11 +65,14 @@ class LoaderState:
         num_workers: the worker count the state was saved with (0 = main process).
         finished: the saved iterator had ended, so the loader starts a fresh pass of the dataset
             as the main process holds it once the saved (empty) rest is read.
+        batches: with workers, the batches the saved iterator had handed out since its pass
+            started (torchdata's snapshot step plus the steps since); None without workers.
     """
 
     datasets: tuple[Mapping[str, Any], ...]
     num_workers: int
     finished: bool
+    batches: int | None = None
 
 
 class _Plan(Protocol):
@@ -89,6 +93,15 @@ def _mapping(value: object, where: str) -> Mapping[str, Any]:
     if not isinstance(value, Mapping):
         raise PlanError(
             f"StatefulDataLoader state: {where} is a {type(value).__name__}, not a dict; pass the dict "
+            "StatefulDataLoader.state_dict() returned (torchdata 0.11 layout)"
+        )
+    return value
+
+
+def _count(value: object, where: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise PlanError(
+            f"StatefulDataLoader state: {where} is {str(value)[:40]!r}, not a count >= 0; pass the dict "
             "StatefulDataLoader.state_dict() returned (torchdata 0.11 layout)"
         )
     return value
@@ -116,7 +129,8 @@ def parse(state: Mapping[str, Any]) -> LoaderState:
         if any(s is None for s in states):  # a dataset torchdata saw as not Stateful: nothing to restore
             return LoaderState((), len(states), finished)
         found = tuple(_mapping(s, f"{_K_WORKERS}.worker_{i}.{_K_DATASET}") for i, s in enumerate(states))
-        return LoaderState(found, len(states), finished)
+        step = _count(state[_K_SNAPSHOT].get(_K_STEP), f"{_K_SNAPSHOT}.{_K_STEP}")
+        return LoaderState(found, len(states), finished, step + _count(state.get(_K_SINCE, 0), _K_SINCE))
     if _K_MAIN_YIELDED in state:
         main = state.get(_K_DATASET)
         return LoaderState((_mapping(main, _K_DATASET),) if main is not None else (), 0, finished)
@@ -131,8 +145,10 @@ def install(dataset_type: type) -> None:
 
     Idempotent and cheap after the first call; does nothing when torchdata is not installed.
     ``dataset_type`` implements ``load_loader_state(state: LoaderState, *, num_workers: int)``,
-    where ``num_workers`` is the restoring loader's, and ``begin_iteration() -> token`` /
-    ``end_iteration(token)`` (called around iterations of a loader with workers).
+    where ``num_workers`` is the restoring loader's, ``position.ended`` (true after that when the
+    saved pass had handed out its last batch: torchdata is then given the state as finished),
+    ``plan(num_workers)`` and ``begin_iteration() -> token`` / ``end_iteration(token)`` (called
+    around iterations of a loader with workers).
     """
     if dataset_type not in _dataset_types:
         _dataset_types.append(dataset_type)
