@@ -258,7 +258,7 @@ class StreamingDataset(IterableDataset):
         check_worker(position, stream)
         position.rewind()
         for sample in _samples(self, plan, stream, position.yielded):
-            position.yielded += 1
+            position.count(token, stream.size)  # the last sample ends the epoch as it goes out
             yield self.transform(sample) if self.transform is not None else sample
         if token is not None:
             position.end(token)

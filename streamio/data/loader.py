@@ -10,6 +10,19 @@ With forked workers (Linux's default), the ``bytes`` of each batch cross from th
 shared memory (:mod:`streamio.data.dataloader.transport`) instead of the pickle pipe: same batches, a fraction
 of the CPU. So do a packed token batch's arrays (``StreamingDataset(pack=...)``): stacked as numpy
 in the worker, made tensors here, instead of one shared-memory segment and descriptor per tensor.
+
+Two things a training loop does not see, so that exact resume holds as the README writes the loop:
+
+* **The workers' base seed does not come from the global torch RNG.** ``DataLoader`` draws it from
+  ``generator=`` at every ``iter()``, and without one from the global generator that dropout uses:
+  a resumed run draws it at another point of that stream (mid-epoch, not at the epoch's start),
+  so every later dropout mask differed from the uninterrupted run's. The loader passes a generator
+  of its own, seeded from ``(dataset seed, epoch, rank)`` at each ``iter()`` (:func:`worker_seed`).
+  A ``generator=`` the caller passes is used as given.
+* **An epoch ends when its last batch is handed out**, not when the loop asks for one more: a loop
+  that takes exactly ``len(loader)`` batches (Lightning's fetcher, ``zip(range(len(loader)),
+  loader)``) never pulls the ``StopIteration``, and used to replay epoch 0 forever. A state saved
+  after that batch says the epoch ended, so a restart and a live ``iter()`` both read the next one.
 """
 
 from __future__ import annotations
@@ -21,13 +34,15 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, default_collate, get_worker_info
 
+from streamio.data.dataloader.stateful_loader import handed_out
 from streamio.data.dataloader.transport import SharedBatches, forked_workers, ring_bytes
 from streamio.data.dataset import StreamingDataset
 from streamio.data.select import members_of
+from streamio.distributed import rank_and_world
 from streamio.errors import ConfigError, MissingMemberError, PlanError
 from streamio.state_version import VERSION_KEY, check_version
 
-__all__ = ["StreamingDataLoader", "collate_samples"]
+__all__ = ["StreamingDataLoader", "collate_samples", "worker_seed"]
 
 STATE_VERSION = 1
 _K_DATASET = "dataset"
@@ -132,6 +147,14 @@ class _WorkerInit:
             self.user(worker_id)
 
 
+def worker_seed(seed: int, epoch: int, rank: int) -> int:
+    """The DataLoader workers' base seed for ``epoch`` on ``rank`` (a structured seed, not arithmetic).
+
+    Worker ``i`` seeds ``torch``, ``random`` and NumPy from it plus ``i``, as DataLoader does.
+    """
+    return int(np.random.SeedSequence([seed, epoch, rank]).generate_state(1, dtype=np.uint64)[0] >> 1)
+
+
 def _batch_bytes(ds: StreamingDataset) -> int:
     """About the bytes of one batch: the batch size x the largest mean sample of any shard (a packed
     sequence: its int64 tokens and int32 document ids and positions)."""
@@ -149,9 +172,20 @@ class StreamingDataLoader(DataLoader):
     ``dataset.batch_size``, which the dataset needs to cut every worker's stream in whole batches.
     ``collate_fn`` defaults to :func:`collate_samples`. ``state_dict()`` / ``load_state_dict()``
     save and restore the exact position, with any ``num_workers``, and resume on another world
-    size or worker count. An iteration that starts after one that delivered the whole epoch reads
-    the next epoch unless ``dataset.set_epoch()`` was called since (which wins), so a loop that
-    never calls ``set_epoch`` still sees a new order every epoch; the state records the epoch.
+    size or worker count.
+
+    Epochs: the epoch ends when its last batch is handed out (``len(loader)`` batches from the
+    epoch's start, or from the resume point), whether or not the loop then asks for one more. An
+    iteration that starts after that reads the next epoch unless ``dataset.set_epoch()`` was called
+    since (which wins), so a loop that never calls ``set_epoch``, or takes exactly ``len(loader)``
+    batches, still sees a new order every epoch; an iteration abandoned earlier restarts its epoch.
+    The state records the epoch and whether it ended: restored, it continues as the live loader
+    would (after the last batch: ``len(loader)`` is the next epoch's, and the next iteration reads it).
+
+    Random numbers: each ``iter()`` draws the workers' base seed from ``generator``; left out, the
+    loader's own generator, seeded from ``(dataset.seed, epoch, rank)`` (:func:`worker_seed`), so
+    iterating never draws from the global torch RNG (the one dropout uses) and a resumed run's
+    RNG stream stays the uninterrupted run's.
 
     Example::
 
@@ -185,6 +219,10 @@ class StreamingDataLoader(DataLoader):
             )
         self._collate = _Collate(kwargs.pop("collate_fn", None) or collate_samples)
         kwargs["worker_init_fn"] = _WorkerInit(self._collate, kwargs.get("worker_init_fn"))
+        # the workers' base seed; never the global RNG (seeded per iteration in __iter__)
+        self._seeds = torch.Generator() if kwargs.get("generator") is None else None
+        if self._seeds is not None:
+            kwargs["generator"] = self._seeds
         super().__init__(dataset, batch_size=batch_size, collate_fn=self._collate, **kwargs)
         dataset.attach_loader(self.num_workers)
         self._streaming = dataset  # typed: DataLoader.dataset is a plain Dataset
@@ -195,6 +233,9 @@ class StreamingDataLoader(DataLoader):
         ds = self._streaming
         token = ds.begin_iteration()  # the next epoch when the last one was read whole and set_epoch was not called
         self._batches, self._batches_epoch = 0, ds.epoch
+        if self._seeds is not None:  # super().__iter__() draws the base seed from it, below
+            self._seeds.manual_seed(worker_seed(ds.seed, ds.epoch, rank_and_world()[0]))
+        last = handed_out(ds.plan(self.num_workers), self.batch_size or 1, drop_last=self.drop_last)
         # made before super().__iter__() forks the workers, which inherit it; held by this generator
         # while its iteration lives (a batch still in flight can be unpacked), replaced by the next
         self._collate.shared = None  # the last iteration's rings go now unless it is still alive
@@ -206,6 +247,8 @@ class StreamingDataLoader(DataLoader):
         stack = self._collate.stack = stack and not self.pin_memory
         for batch in super().__iter__():
             self._batches += 1
+            if self._batches == last:  # handed out now: a loop that takes len(loader) batches never asks for more
+                ds.end_iteration(token)
             yield _as_tensors(batch) if stack else batch
         if rings is not None:
             rings.close()  # every batch arrived: unmap them now, not at the next iteration

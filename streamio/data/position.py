@@ -8,11 +8,13 @@ A dataset's position is:
 * ``worker``: in a DataLoader worker that torchdata restored, that worker's id and the samples it
   had yielded (torchdata hands each worker its own position back);
 * ``yielded``: the samples this process's current iteration has yielded;
-* ``ended``: an iteration of the epoch ran to its end. The next iteration then reads the next
-  epoch from its start, unless ``set_epoch()`` chose an epoch since (:meth:`Position.begin`):
+* ``ended``: an iteration of the epoch handed out its last batch (its last sample, where the
+  dataset counts itself), whether or not the loop then asked for one more: a loop that takes
+  exactly ``len()`` batches never pulls the ``StopIteration``. The next iteration then reads the
+  next epoch from its start, unless ``set_epoch()`` chose an epoch since (:meth:`Position.begin`):
   forgetting ``set_epoch`` no longer repeats one order every epoch, and calling it still wins.
   Every rank takes the same number of batches (equal work), so every rank advances alike. A
-  partial iteration, abandoned and restarted, never ends an epoch.
+  partial iteration, abandoned before its last batch and restarted, never ends an epoch.
 
 Who sees an iteration run to its end: the dataset itself when it is iterated in the process that
 counts (no DataLoader workers); otherwise :class:`~streamio.data.loader.StreamingDataLoader` and
@@ -126,6 +128,15 @@ class Position:
         """
         if token == self.generation:
             self.ended = True
+
+    def count(self, token: int | None, size: int) -> None:
+        """One more sample goes out of the ``size`` of the iteration ``token`` is for (None: not counting).
+
+        The last one ends the epoch now: a loop that takes ``len()`` batches never asks for more.
+        """
+        self.yielded += 1
+        if token is not None and self.yielded >= size:
+            self.end(token)
 
     def rewind(self) -> None:
         """Stand where the next iteration starts: at the resume point, nothing yielded since."""
@@ -278,7 +289,9 @@ def load_loader_state(ds: _Dataset, state: LoaderState, num_workers: int) -> Non
         )
     first = states[0]  # the position the workers' iteration started from: epoch and plan, no worker
     ds.load_state_dict(state_of(first.get(K_EPOCH), first.get(K_PLAN)))  # type: ignore[arg-type]
-    if state.finished:  # the loader restarts from this object once the saved rest (none) is read
-        plan = ds.plan(num_workers)
+    plan = ds.plan(num_workers)
+    handed = state.batches is not None and state.batches >= plan.batches_per_rank  # the last batch went out
+    if state.finished or handed:  # the loader restarts from this object: the next epoch
         ds.position.resume = plan.state_dict(plan.batches_per_rank)
         ds.position.ended = True  # it ran to its end: the next iteration reads the next epoch
+

@@ -18,8 +18,8 @@ with the same contract (handy for tests and for a first run without storage).
 Exactness rules the in-memory loader follows, and that any source must follow for bit-exact
 resume: the order is a pure function of ``(seed, epoch)``; per-sample augmentation draws from an
 RNG seeded by ``(seed, epoch, sample index)``, never from a worker's running RNG (a resumed worker
-starts fresh); and the DataLoader gets its own ``generator`` so that creating an iterator does not
-draw from the global torch RNG that dropout uses.
+starts fresh); and creating an iterator must not draw from the global torch RNG that dropout uses
+(the in-memory loader's DataLoader gets its own ``generator``; StreamingDataLoader has one itself).
 
 The bundled demo data is a deterministic, learnable synthetic classification task. No download
 and no file to ship: the same ``seed`` gives the same bytes on every machine (NumPy's
@@ -268,11 +268,7 @@ class StreamingTrainLoader:
             url, shuffle=True, seed=cfg.seed, batch_size=cfg.batch_size, decode="auto", transform=self.transform,
             storage_options=storage_options, options=DatasetOptions(policy="drop"),
         )
-        self.seed = cfg.seed
-        self.generator = torch.Generator()
-        self.loader = StreamingDataLoader(
-            self.dataset, num_workers=cfg.num_workers, pin_memory=pin_memory, generator=self.generator,
-        )
+        self.loader = StreamingDataLoader(self.dataset, num_workers=cfg.num_workers, pin_memory=pin_memory)
 
     def set_epoch(self, epoch: int) -> None:
         self.dataset.set_epoch(epoch)
@@ -282,9 +278,7 @@ class StreamingTrainLoader:
         return self.dataset.plan(self.loader.num_workers).batches_per_rank
 
     def __iter__(self) -> Iterator[Batch]:
-        # creating the iterator draws worker seeds from this generator, never from the global RNG
-        self.generator.manual_seed(_seed_words(self.seed, self.dataset.epoch))
-        return iter(self.loader)
+        return iter(self.loader)  # draws the workers' seeds from the loader's own generator, not the global RNG
 
     def state_dict(self) -> dict[str, Any]:
         return self.loader.state_dict()
