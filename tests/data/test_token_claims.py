@@ -21,6 +21,7 @@ from streamio.data.dataset import StreamingDataset  # imported here: torch's imp
 from streamio.data.format.index import parse_index
 from streamio.data.plan import Topology
 from streamio.data.plan.packing import Pack, plan_packing
+from streamio.data.read.sequences import _skip
 from streamio.data.write.writer import ShardSpec, write_dataset
 from streamio.errors import IndexFormatError, ShardFormatError
 from streamio.limits import MAX_DOCUMENT_TOKENS
@@ -171,3 +172,19 @@ def test_a_worker_reads_a_long_packed_epoch_without_listing_it(tmp_path: Path, a
     got, error = hc.within(first, seconds=8.0, max_bytes=24 << 20)
     assert error is None, repr(error)
     assert got == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("skip", [0, 1, 3, 4, 5, 9, 10**6])
+def test_a_resuming_worker_skips_its_read_batches_by_arithmetic(skip: int) -> None:
+    small = plan_packing([np.array([50, 7, 33])], pack=Pack(2), seed=0, epoch=0, topology=Topology(2, 2, 4))
+    batches = small.stream(1, 0).batches
+    walked, left = [], skip  # the definition: drop the first ``skip`` sequences one batch at a time
+    for b in batches:
+        take = min(left, b.count)
+        left -= take
+        if b.count > take:
+            walked.append((b.first + take, b.count - take))
+    assert [tuple(b) for b in _skip(batches, skip)] == walked
+    huge = plan_packing([np.full(1000, 1 << 30, dtype=np.int64)], pack=Pack(1), seed=0, epoch=0, topology=Topology(1))
+    got, error = hc.within(lambda: next(_skip(huge.stream(0, 0).batches, 10**11 + skip)), **BUDGET)
+    assert error is None and got == (10**11 + skip, 1)

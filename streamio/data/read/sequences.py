@@ -22,7 +22,7 @@ document with ``positions``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from contextlib import closing
 from typing import Any
 
@@ -30,7 +30,7 @@ import numpy as np
 
 from streamio.data.format.tokens import check_document, load_tokens
 from streamio.data.plan import Run, Window
-from streamio.data.plan.packing import PackPlan, PackStream, SeqRange
+from streamio.data.plan.packing import PackPlan, PackStream, SeqRange, SeqRanges
 from streamio.data.plan.tokenmix import BatchLayout, Segment
 from streamio.data.plan.tokens import Piece
 from streamio.data.read.reader import WindowReader
@@ -62,9 +62,15 @@ def _last_docs(segments: list[Segment]) -> set[tuple[int, int]]:
     return {(seg.pieces[-1].shard, seg.pieces[-1].doc) for seg in segments if seg.pieces}
 
 
-def _skip(batches: Iterable[SeqRange], skip: int) -> Iterator[SeqRange]:
-    """``batches`` without their first ``skip`` sequences (a worker resuming inside its stream)."""
-    for b in batches:
+def _skip(batches: SeqRanges, skip: int) -> Iterator[SeqRange]:
+    """``batches`` without their first ``skip`` sequences (a worker resuming inside its stream).
+
+    Every batch but a stream's last is full, so whole batches are skipped by arithmetic: a
+    worker resuming late in a long epoch does not walk the batches it read.
+    """
+    whole = min(skip // batches.plan.topology.batch_size, max(len(batches) - 1, 0))
+    skip -= whole * batches.plan.topology.batch_size
+    for b in batches[whole:]:
         if skip >= b.count:
             skip -= b.count
             continue
