@@ -11,10 +11,11 @@ field is checked, and the declared size must be exactly the payload held, before
 * ``shape`` is a tuple of at most :data:`MAX_DIMS` integers >= 0, ``fortran_order`` a bool;
 * ``prod(shape) * itemsize`` equals the bytes after the header.
 
-The array is then a view of the member's bytes (:func:`parse`), so nothing is allocated on the
-header's word. Every refusal is a :class:`~streamio.errors.ShardFormatError` saying what is wrong
-with the member; it cannot know which member it is, so the callers (the decoder, the token packer)
-raise it again naming the shard, sample and member.
+The array is then a read-only view of the member's bytes (:func:`parse`; an empty one is made
+empty), so nothing is allocated on the header's word. Every refusal is a
+:class:`~streamio.errors.ShardFormatError` saying what is wrong with the member; it cannot know
+which member it is, so the callers (the decoder, the token packer) raise it again naming the
+shard, sample and member.
 """
 
 from __future__ import annotations
@@ -124,13 +125,19 @@ def parse(raw: bytes) -> np.ndarray:
     declared, held = head.count * head.dtype.itemsize, len(raw) - head.start
     if declared != held:
         raise ShardFormatError(
-            f"its header declares {declared} bytes of {head.dtype} {head.shape}, it holds {held}: "
+            f"its header declares {_short(declared)} bytes of {head.dtype} {_short(head.shape)}, it holds {held}: "
             f"the member is damaged or hostile"
         )
     if head.count and not head.dtype.itemsize:
-        raise ShardFormatError(f"its dtype {head.dtype} has items of 0 bytes; {head.count} of them hold nothing")
-    flat = np.frombuffer(raw, dtype=head.dtype, count=head.count, offset=head.start)
-    return flat.reshape(head.shape, order="F" if head.fortran_order else "C")
+        raise ShardFormatError(f"its dtype {head.dtype} has items of 0 bytes: {_short(head.count)} of them hold none")
+    order = "F" if head.fortran_order else "C"
+    try:
+        if not head.count:  # nothing to view (numpy cannot view items of 0 bytes): an empty array costs nothing
+            return np.empty(head.shape, dtype=head.dtype, order=order)
+        flat = np.frombuffer(raw, dtype=head.dtype, count=head.count, offset=head.start)
+        return flat.reshape(head.shape, order=order)
+    except ValueError as exc:
+        raise ShardFormatError(f"numpy cannot make {head.dtype} {_short(head.shape)} of it: {exc}") from exc
 
 
 def _short(value: Any) -> str:
