@@ -188,3 +188,19 @@ def test_a_resuming_worker_skips_its_read_batches_by_arithmetic(skip: int) -> No
     huge = plan_packing([np.full(1000, 1 << 30, dtype=np.int64)], pack=Pack(1), seed=0, epoch=0, topology=Topology(1))
     got, error = hc.within(lambda: next(_skip(huge.stream(0, 0).batches, 10**11 + skip)), **BUDGET)
     assert error is None and got == (10**11 + skip, 1)
+
+
+def test_a_count_more_than_its_sidecar_span_is_refused_when_the_layout_is_read(tmp_path: Path, as_rank: Any) -> None:
+    """Layouts in sidecars: the index parse can bound only the shard's sum; the sample's own span
+    bounds its count as soon as the reader loads the shard's layout, before its documents are read."""
+    url = str(tmp_path / "tok")
+    samples = [{"__key__": f"d{i}", "npy": npy(np.arange(n, dtype="<u2"))} for i, n in enumerate([3, 900])]
+    write_dataset(samples, url, spec=ShardSpec(max_count=2), inline_limit=0)
+    index = Path(url) / "index.json"
+    edit(index, lambda d: d["shards"][0]["tokens"]["npy"].__setitem__(0, 800))  # sum 1700: within the shard
+    as_rank(0, 1)
+    ds = StreamingDataset(url, shuffle=False, pack=streamio.Pack(16))
+    _, error = hc.within(lambda: [s for s in ds], **BUDGET)  # noqa: C416 - a loop: list() asks len() first
+    assert isinstance(error, IndexFormatError), repr(error)
+    assert "shard 'data-000000.tar' sample 0: token count 800 of 'npy' needs at least 1600 bytes (2 a token), but " \
+           "the sample spans 1024 bytes" in str(error), str(error)

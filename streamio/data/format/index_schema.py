@@ -154,12 +154,17 @@ def check_tokens(value: Any, *, samples: int, path: str, url: str, room: Room) -
                     url, f"shard {path!r} sample {j}: token count {short(c)} of {ext!r} is not an integer in "
                     f"[0, {MAX_DOCUMENT_TOKENS}]"
                 )
-        _check_room(counts, room, ext=ext, path=path, url=url)
+        check_room(counts, room, ext=ext, path=path, url=url)
         out[ext] = tuple(counts)
     return out
 
 
-def _check_room(counts: list[int], room: Room, *, ext: str, path: str, url: str) -> None:
+def check_room(counts: Sequence[int], room: Room, *, ext: str, path: str, url: str) -> None:
+    """A shard's token ``counts`` of field ``ext``, each and summed, within ``room`` (:data:`TOKEN_BYTES` a token).
+
+    Also what a layout read later from a sidecar is checked with (the sample spans were unknown
+    when the index was parsed).
+    """
     where = "the sample spans" if room.total is not None else "the sample decompresses to at most"
     for j, (c, held) in enumerate(zip(counts, room.samples or (), strict=False)):
         if c * TOKEN_BYTES > held:
