@@ -64,6 +64,9 @@ HOSTILE = {
     "a version 9.9": (b"\x93NUMPY\x09\x09" + header()[8:] + bytes(6), r"version 9\.9 is not 1\.0, 2\.0 or 3\.0"),
     "a missing key": (header().replace(b"'fortran_order'", b"'fortran_ordex'") + bytes(6), r"not a dict of exactly"),
     "fortran_order 1": (header(fortran=1) + bytes(6), r"its fortran_order is 1, not True or False"),
+    "10**14 items of 0 bytes": (header("|V0", (10**14,)), r"its dtype \|V0 has items of 0 bytes: 100000000000000 of"),
+    "an empty shape numpy cannot make": (header("<u2", (0, 2**62, 2**62)), r"numpy cannot make uint16 \(0, 46"),
+    "a 4000-digit size": (header("<u2", (10**4000,)), r"declares 2000000000.*\(4001 characters\) bytes of uint16"),
 }
 
 
