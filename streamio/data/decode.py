@@ -4,8 +4,9 @@ A sample from a shard is ``{"__key__": ..., "jpg": b"...", "cls": b"3", ...}``. 
 member bytes into values by extension (the part after the last dot, as WebDataset does):
 
 * ``txt``/``text`` -> ``str`` (UTF-8); ``json`` -> parsed JSON; ``cls``/``idx``/``index`` -> ``int``
-* ``npy`` -> ``numpy.ndarray`` loaded with ``allow_pickle=False``, after checking that the member
-  holds the bytes its header declares (numpy would allocate the declared shape first)
+* ``npy`` -> ``numpy.ndarray`` read by :mod:`streamio.data.format.npy`: its header checked (a known
+  dtype without Python objects, a shape of the bytes the member holds) before any array exists,
+  never unpickled (numpy's own loader would allocate the declared shape first)
 * ``pt``/``pth`` -> tensors loaded with ``torch.load(weights_only=True)`` (never arbitrary pickles)
 * ``jpg``/``jpeg``/``png``/``webp``/``bmp`` -> ``PIL.Image.Image`` when Pillow is installed
 * anything else stays ``bytes``.
@@ -17,11 +18,11 @@ from __future__ import annotations
 
 import io
 import json
-import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from streamio.errors import DatasetError
+from streamio.data.format import npy
+from streamio.errors import DatasetError, ShardFormatError
 
 Sample = dict[str, Any]
 Decoder = Callable[[bytes], Any]
@@ -41,19 +42,7 @@ def _int(data: bytes) -> int:
 
 
 def _npy(data: bytes) -> Any:
-    import numpy as np
-    from numpy.lib import format as npy
-
-    f = io.BytesIO(data)
-    version = npy.read_magic(f)
-    if version in ((1, 0), (2, 0)):  # numpy allocates the declared shape before it reads: check it first
-        read_header = npy.read_array_header_1_0 if version == (1, 0) else npy.read_array_header_2_0
-        shape, _, dtype = read_header(f)
-        declared, held = math.prod(shape) * dtype.itemsize, len(data) - f.tell()
-        if declared > held:
-            raise ValueError(f"its header declares {declared} bytes of {dtype} {shape}, it holds {held}")
-        f.seek(0)
-    return np.load(f, allow_pickle=False)
+    return npy.parse(data).copy(order="K")  # a writable array of its own, in its order, as numpy.load returns
 
 
 def _torch(data: bytes) -> Any:
@@ -135,9 +124,15 @@ class _ByExtension:
             try:
                 out[name] = decoder(bytes(value))
             except Exception as exc:
-                raise DatasetError(
-                    f"cannot decode member {name!r} of sample {sample.get('__key__')!r} in "
-                    f"{sample.get('__url__', '?')}: {exc}. Pass decode=None to get raw bytes, or a "
-                    f"decoder of your own for {name!r}."
+                error = ShardFormatError if isinstance(exc, ShardFormatError) else DatasetError
+                raise error(
+                    f"cannot decode member {name!r} of {_where(sample)}: {exc}. Pass decode=None to get raw "
+                    f"bytes, or a decoder of your own for {name!r}."
                 ) from exc
         return out
+
+
+def _where(sample: Sample) -> str:
+    """``sample 'key' (number 3) of shard 'url'``: what names a sample in a decoding error."""
+    number = f" (number {sample['__index__']})" if "__index__" in sample else ""
+    return f"sample {sample.get('__key__')!r}{number} of shard {sample.get('__url__', '?')!r}"

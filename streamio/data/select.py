@@ -12,9 +12,11 @@ first the sample has. :func:`select` is that, as a ``transform=`` of
     ds = StreamingDataset(url, transform=streamio.select(image="jpg;png;jpeg", label="cls"))
     # each sample: {"image": ..., "label": ..., "__key__": ..., ...}: collate_samples stacks it
 
-A sample with none of a field's alternatives raises :class:`~streamio.errors.MissingMemberError`
-naming the sample, the field, and the members it has. The selector is a small picklable value, so
-it crosses into DataLoader workers (fork or spawn).
+A spec that no sample could ever match is refused when the selector is made: one with no name, or
+a name holding a space or a comma (``"jpg; png"``, ``"jpg,png"``, ``" "``), which is a separator
+mistaken, never a member. A sample with none of a field's alternatives raises
+:class:`~streamio.errors.MissingMemberError` naming the sample, the field, and the members it has.
+The selector is a small picklable value, so it crosses into DataLoader workers (fork or spawn).
 """
 
 from __future__ import annotations
@@ -33,9 +35,16 @@ def members_of(sample: Mapping[str, Any]) -> list[str]:
 
 
 def _parse(spec: object, where: str) -> tuple[str, ...]:
+    syntax = 'member names, alternatives separated by ";" without spaces ("jpg;png")'
     if not isinstance(spec, str) or not spec.strip(";"):
-        raise ConfigError(f"select({where}={spec!r}): give member names, alternatives separated by ';' (\"jpg;png\")")
+        raise ConfigError(f"select({where}={spec!r}): give {syntax}")
     names = tuple(n for n in spec.split(";") if n)
+    for name in names:
+        if any(c.isspace() or c == "," for c in name):
+            raise ConfigError(
+                f"select({where}={spec!r}): {name!r} holds a space or a comma, which a member name never does "
+                f"(a sample would never have it): give {syntax}"
+            )
     if any(n.startswith("__") for n in names):
         raise ConfigError(f"select({where}={spec!r}): {spec!r} names a __meta__ field; those are kept as they are")
     return names
@@ -89,7 +98,8 @@ def select(*fields: str, **named: str) -> Selector:
         a picklable callable ``sample -> tuple | dict`` for ``StreamingDataset(transform=...)``.
 
     Raises:
-        ConfigError: no field, both forms at once, or a spec with no member name.
+        ConfigError: no field, both forms at once, a spec with no member name, or a name holding a
+            space or a comma (``"jpg; png"``: the separator is ``;`` alone).
     """
     if bool(fields) == bool(named):
         raise ConfigError(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import struct
 import tarfile
 from pathlib import Path
 
@@ -17,7 +18,9 @@ from hypothesis import strategies as st
 from streamio.cli.main import cli
 from streamio.data.locate import open_dataset
 from streamio.data.write.gzipstream import PIECE, decompress
+from streamio.data.write.sources import samples_from_shards
 from streamio.errors import IndexNotFoundError, ShardFormatError
+from streamio.storage import Store
 
 
 def run(*args: str, code: int = 0) -> str:
@@ -95,3 +98,38 @@ def test_decompress_is_bounded_and_refuses_what_is_not_gzip() -> None:
     assert len(bomb) < 100_000 and max(len(p) for p in decompress([bomb], url="x")) <= PIECE
     with pytest.raises(ShardFormatError, match="'x' is not valid gzip data"):
         list(decompress([b"PK\x03\x04 a zip"], url="x"))
+
+
+def _gz_cases() -> dict[str, bytes]:
+    good = gzip.compress(tar_bytes(0, 3))
+    crc, size = struct.unpack("<II", good[-8:])
+    return {
+        "no trailer": good[:-8],
+        "half a trailer": good[:-3],
+        "a wrong CRC32": good[:-8] + struct.pack("<II", crc ^ 1, size),
+        "a wrong ISIZE": good[:-8] + struct.pack("<II", crc, size + 512),
+        "a second member cut short": good + gzip.compress(bytes(512))[:-8],
+    }
+
+
+@pytest.mark.parametrize("case", list(_gz_cases()))
+def test_a_gzip_shard_without_a_whole_trailer_is_refused_not_taken_whole(tmp_path: Path, case: str) -> None:
+    """The tar reader stops at the end-of-archive blocks, before the gzip trailer (CRC32, ISIZE):
+    on 15d7008 a shard cut there, or with a wrong trailer after its padding, was taken whole."""
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a-0.tar.gz").write_bytes(_gz_cases()[case])
+    with pytest.raises(ShardFormatError, match=r"a-0\.tar\.gz' (ends inside a gzip member|is not valid gzip data)"):
+        list(samples_from_shards(Store(str(tmp_path / "in")), "*.tar.gz"))
+    res = CliRunner().invoke(cli, ["shard", f"{tmp_path}/in/*.tar.gz", str(tmp_path / "ds")])
+    assert res.exit_code != 0 and "a-0.tar.gz" in res.stderr, res.output
+    assert not (tmp_path / "ds" / "index.json").exists(), "a dataset was published from a damaged shard"
+
+
+def test_gzip_data_after_the_archive_is_bounded(tmp_path: Path) -> None:
+    """What follows the end-of-archive is read for the trailer, up to max_sample_bytes, never without end."""
+    (tmp_path / "a-0.tar.gz").write_bytes(gzip.compress(tar_bytes(0, 2) + bytes(3 << 20)))
+    (tmp_path / "b-0.tar.gz").write_bytes(gzip.compress(tar_bytes(0, 2) + bytes(10240)))
+    with pytest.raises(ShardFormatError, match=r"a-0.tar.gz' holds more than 1048576 bytes of gzip data after its"):
+        list(samples_from_shards(Store(str(tmp_path)), "a-0.tar.gz", max_sample_bytes=1 << 20))
+    got = list(samples_from_shards(Store(str(tmp_path)), "b-0.tar.gz", max_sample_bytes=1 << 20))
+    assert [s["__key__"] for s in got] == ["0000", "0001"]

@@ -214,6 +214,16 @@ def test_a_foreign_or_hostile_state_is_refused(edit, error, match) -> None:
         plan_packing([np.array([5, 6, 7])], pack=Pack(4), seed=0, epoch=0, topology=Topology(3), resume=state)
 
 
+def test_a_state_past_the_epoch_quotes_the_epochs_sequences() -> None:
+    """18 tokens in sequences of 4: 5 sequences (on 15d7008 the message said 1048581, its limit)."""
+    state = _state()
+    state["sequences"] = 1 << 21
+    padded = 5 + MAX_WORLD_SIZE - 1  # a stage of the widest world pads at most world_size - 1 sequences
+    with pytest.raises(PlanError, match=rf"sequences=2097152 is above the limit of {padded}\. This epoch has 5 "
+                                        rf"sequences \(a stage pads them to at most {padded}\); the state was not"):
+        plan_packing([np.array([5, 6, 7])], pack=Pack(4), seed=0, epoch=0, topology=Topology(3), resume=state)
+
+
 def test_batches_beyond_the_stage_are_refused() -> None:
     plan = plan_packing([np.array([5, 6, 7])], pack=Pack(4), seed=0, epoch=0, topology=Topology(2))
     with pytest.raises(PlanError, match=r"batches=4 is above the limit of 3\. This stage has 3 batches per rank"):

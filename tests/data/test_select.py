@@ -9,6 +9,7 @@ as webdataset's ``to_tuple`` does.
 from __future__ import annotations
 
 import pickle
+import re
 from typing import Any
 
 import pytest
@@ -92,6 +93,19 @@ def test_a_sample_without_any_alternative_names_it_and_its_members(url: str) -> 
 def test_select_refuses_what_it_cannot_mean(args: tuple[Any, ...], kwargs: dict[str, Any], match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         streamio.select(*args, **kwargs)
+
+
+@pytest.mark.parametrize("spec", [" ", "jpg; png", "jpg ;png", "jpg png", "jpg,png", "\tcls", "png\n"])
+def test_a_spec_no_member_could_match_is_refused_with_the_syntax(spec: str) -> None:
+    """On 15d7008 these were accepted and never matched: every sample raised MissingMemberError later."""
+    name = next(n for n in spec.split(";") if any(c.isspace() or c == "," for c in n))
+    syntax = r'give member names, alternatives separated by ";" without spaces \("jpg;png"\)'
+    with pytest.raises(ConfigError, match=rf"select\(#0={re.escape(repr(spec))}\): {re.escape(repr(name))} holds a "
+                                          rf"space or a comma.*{syntax}"):
+        streamio.select(spec)
+    with pytest.raises(ConfigError, match=rf"select\(image={re.escape(repr(spec))}\)"):
+        streamio.select(image=spec, label="cls")
+    assert streamio.select("jpg;png", "cls")({"jpg": 1, "cls": 2}) == (1, 2)
 
 
 def test_a_selector_pickles_into_spawned_workers() -> None:

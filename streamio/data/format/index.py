@@ -56,7 +56,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from streamio.checksum import crc32c, format_checksum
-from streamio.data.format.index_schema import MAX_TOKEN_FIELDS, check_document, check_layout
+from streamio.data.format.index_schema import MAX_TOKEN_FIELDS, check_document, check_layout, check_room, token_room
 from streamio.data.format.layout import FORMAT, INDEX_NAME, LAYOUT_DIR, SampleLayout, ShardInfo, sidecar_path
 from streamio.errors import CorruptDataError, DatasetError, IndexFormatError, IndexNotFoundError, ObjectTooLargeError
 from streamio.limits import MAX_JSON_BYTES, load_json
@@ -161,7 +161,8 @@ class DatasetIndex:
         checked against the CRC32C the index records, then cached).
 
         Raises:
-            IndexFormatError: no layout recorded for the shard, or an invalid sidecar.
+            IndexFormatError: no layout recorded for the shard, an invalid sidecar, or a token count
+                more than its sample's span holds.
             CorruptDataError: the sidecar does not match its recorded checksum.
         """
         found = self._inline.get(shard_id) or self._cache.get(shard_id)
@@ -186,6 +187,9 @@ class DatasetIndex:
         shard = self.shards[shard_id]
         check_layout(layout.offsets, layout.checksums, samples=shard.samples, size=shard.bytes, path=shard.path,
                      url=store.url(INDEX_NAME))
+        room = token_room(shard.path, shard.bytes, samples, layout.offsets, biggest)
+        for ext, counts in self._tokens.get(shard_id, {}).items():  # the spans were unknown when the index was parsed
+            check_room(counts, room, ext=ext, path=shard.path, url=store.url(INDEX_NAME))
         self._cache[shard_id] = layout
         return layout
 

@@ -11,7 +11,12 @@ untrusted input. :func:`check_document` takes the parsed JSON (already size- and
 * **paths** (shards and layout sidecars) are plain relative names below the dataset root
   (:func:`streamio.data.format.layout.shard_path_problem`), and no shard is named twice;
 * **tokens** (optional, per shard): at most :data:`MAX_TOKEN_FIELDS` fields, each a plain member
-  extension, each with one integer token count per sample in ``[0, MAX_DOCUMENT_TOKENS]``;
+  extension, each with one integer token count per sample in ``[0, MAX_DOCUMENT_TOKENS]``, and
+  no more than the bytes that hold them can: a token takes at least :data:`TOKEN_BYTES` bytes, so
+  a sample of ``N`` bytes (its span between offsets in a ``.tar``; its ``max_sample_bytes``, or
+  the readers' default, decompressed in a ``.tar.zst``) holds at most ``N // TOKEN_BYTES`` tokens,
+  and a shard at most its ``bytes // TOKEN_BYTES`` (``.tar``). A packing plan sized by a count is
+  then sized by data that exists;
 * **shards_url** (optional: the index lives apart from its shards) is an absolute
   ``scheme://...`` URL without userinfo; which stores it may point at is decided where the index
   is opened (:mod:`streamio.data.locate`), which knows where the index itself came from.
@@ -28,7 +33,8 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from streamio.checksum import parse_checksum
-from streamio.data.format.layout import shard_path_problem
+from streamio.data.format.layout import MAX_SAMPLE_BYTES, shard_compression, shard_path_problem
+from streamio.data.format.tokens import TOKEN_DTYPES
 from streamio.errors import IndexFormatError
 from streamio.limits import MAX_DOCUMENT_TOKENS
 from streamio.storage.secrets import has_userinfo
@@ -37,6 +43,8 @@ MAX_INT = (1 << 63) - 1
 MAX_URL = 2048
 #: Most token fields one shard entry may declare.
 MAX_TOKEN_FIELDS = 16
+#: The fewest bytes one token takes (the narrowest token type, uint16).
+TOKEN_BYTES = min(d.itemsize for d in TOKEN_DTYPES)
 
 _ABSOLUTE_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://[^\s\x00-\x1f\x7f]*")
 
@@ -109,8 +117,27 @@ def _checksum(value: Any, url: str, what: str) -> str:
     return value  # type: ignore[no-any-return]
 
 
-def check_tokens(value: Any, *, samples: int, path: str, url: str) -> dict[str, tuple[int, ...]]:
-    """A shard's ``tokens``: ``{field: [one count per sample]}``, every count in ``[0, MAX_DOCUMENT_TOKENS]``."""
+class Room(NamedTuple):
+    """The bytes that hold a shard's tokens: per sample (None: not known here), and in all (None: no bound)."""
+
+    samples: Sequence[int] | None
+    total: int | None
+
+
+def token_room(
+    path: str, size: int, samples: int, offsets: Sequence[int] | None, biggest: int | None
+) -> Room:
+    """The :class:`Room` of a shard: a ``.tar`` sample spans its offsets and the shard its ``size``; a
+    ``.tar.zst`` sample decompresses to at most ``biggest`` bytes (else :data:`MAX_SAMPLE_BYTES`)."""
+    if shard_compression(path) is not None:
+        return Room([biggest or MAX_SAMPLE_BYTES] * samples, None)
+    spans = None if offsets is None else [b - a for a, b in zip(offsets, offsets[1:], strict=False)]
+    return Room(spans, size)
+
+
+def check_tokens(value: Any, *, samples: int, path: str, url: str, room: Room) -> dict[str, tuple[int, ...]]:
+    """A shard's ``tokens``: ``{field: [one count per sample]}``, every count in ``[0, MAX_DOCUMENT_TOKENS]``
+    and no more than ``room`` holds (:data:`TOKEN_BYTES` bytes a token)."""
     if not isinstance(value, dict) or len(value) > MAX_TOKEN_FIELDS:
         what = f"not an object of at most {MAX_TOKEN_FIELDS} fields"
         raise bad(url, f"'tokens' of shard {path!r} is {short(value)}, {what}")
@@ -127,8 +154,30 @@ def check_tokens(value: Any, *, samples: int, path: str, url: str) -> dict[str, 
                     url, f"shard {path!r} sample {j}: token count {short(c)} of {ext!r} is not an integer in "
                     f"[0, {MAX_DOCUMENT_TOKENS}]"
                 )
+        check_room(counts, room, ext=ext, path=path, url=url)
         out[ext] = tuple(counts)
     return out
+
+
+def check_room(counts: Sequence[int], room: Room, *, ext: str, path: str, url: str) -> None:
+    """A shard's token ``counts`` of field ``ext``, each and summed, within ``room`` (:data:`TOKEN_BYTES` a token).
+
+    Also what a layout read later from a sidecar is checked with (the sample spans were unknown
+    when the index was parsed).
+    """
+    where = "the sample spans" if room.total is not None else "the sample decompresses to at most"
+    for j, (c, held) in enumerate(zip(counts, room.samples or (), strict=False)):
+        if c * TOKEN_BYTES > held:
+            raise bad(
+                url, f"shard {path!r} sample {j}: token count {c} of {ext!r} needs at least {c * TOKEN_BYTES} "
+                f"bytes ({TOKEN_BYTES} a token), but {where} {held} bytes"
+            )
+    total = sum(counts)
+    if room.total is not None and total * TOKEN_BYTES > room.total:
+        raise bad(
+            url, f"the token counts of {ext!r} of shard {path!r} add up to {total}, which need at least "
+            f"{total * TOKEN_BYTES} bytes ({TOKEN_BYTES} a token), but the shard holds {room.total} bytes"
+        )
 
 
 def check_entry(i: int, entry: Any, url: str) -> ShardEntry:
@@ -144,12 +193,17 @@ def check_entry(i: int, entry: Any, url: str) -> ShardEntry:
     biggest = entry.get("max_sample_bytes")
     if biggest is not None:
         biggest = integer(biggest, url, f"'max_sample_bytes' of shard {path!r}")
-    tokens = None if "tokens" not in entry else check_tokens(entry["tokens"], samples=samples, path=path, url=url)
+    offsets = crcs = None
     if "offsets" in entry:
         offsets, crcs = entry.get("offsets"), entry.get("crc32c")
         if not isinstance(offsets, list) or not isinstance(crcs, list):
             raise bad(url, f"shard {path!r} has 'offsets' without a 'crc32c' list")
         check_layout(offsets, crcs, samples=samples, size=size, path=path, url=url)
+    tokens = None
+    if "tokens" in entry:
+        room = token_room(path, size, samples, offsets, biggest)
+        tokens = check_tokens(entry["tokens"], samples=samples, path=path, url=url, room=room)
+    if offsets is not None and crcs is not None:
         return ShardEntry(path, size, samples, checksum, tuple(offsets), tuple(crcs), None, biggest, tokens)
     sidecar = None
     if "layout" in entry:

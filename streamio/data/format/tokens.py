@@ -13,13 +13,13 @@ simply not a token document: :func:`npy_tokens` returns None, and no count is re
 
 from __future__ import annotations
 
-import io
 import re
 import struct
 from collections.abc import Mapping
 
 import numpy as np
 
+from streamio.data.format import npy
 from streamio.errors import ShardFormatError
 
 __all__ = ["NPY_HEAD", "TOKEN_DTYPES", "check_document", "load_tokens", "npy_tokens", "token_fields"]
@@ -36,22 +36,18 @@ def npy_tokens(head: bytes, size: int) -> int | None:
     The count is the header's shape, and only when the payload is exactly that many items: a
     header that does not match the member's size is not a token document either.
     """
-    f = io.BytesIO(head)
     try:
-        major, _ = np.lib.format.read_magic(f)
-        read = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
-        shape, _, dtype = read(f, max_header_size=NPY_HEAD)
-    except (ValueError, OSError, SyntaxError, TypeError):
+        found = npy.read_header(head)
+    except ShardFormatError:
         return None
-    if dtype not in TOKEN_DTYPES or len(shape) != 1:  # a 1-D array reads the same in either order
+    if found.dtype not in TOKEN_DTYPES or len(found.shape) != 1:  # a 1-D array reads the same in either order
         return None
-    (count,) = shape
-    if f.tell() + count * dtype.itemsize != size:
+    if found.start + found.count * found.dtype.itemsize != size:
         return None
-    return int(count)
+    return found.count
 
 
-# what numpy writes for a 1-D array (``np.save``); anything else takes numpy's own parser
+# what numpy writes for a 1-D array (``np.save``); anything else takes the checked parser of npy.py
 _PLAIN_HEADER = re.compile(
     rb"\{'descr': '([<|][uif][1248])', 'fortran_order': (?:False|True), 'shape': \((\d+),\), \} *\n"
 )
@@ -61,10 +57,11 @@ def load_tokens(raw: bytes) -> np.ndarray:
     """A ``.npy`` member's array, read-only, without copying its payload when numpy wrote a 1-D header.
 
     The common header is matched directly (numpy's reader evaluates it as Python literals: half
-    the cost of a small document); any other goes through ``np.load(allow_pickle=False)``.
+    the cost of a small document); any other goes through :func:`streamio.data.format.npy.parse`.
 
     Raises:
-        ValueError: not a ``.npy`` numpy can read without unpickling (the caller names the shard).
+        ShardFormatError: not a ``.npy`` :func:`streamio.data.format.npy.parse` accepts (the caller names the
+            shard and sample).
     """
     if raw[:6] == b"\x93NUMPY" and len(raw) >= 10:
         major = raw[6]
@@ -76,8 +73,7 @@ def load_tokens(raw: bytes) -> np.ndarray:
             dtype, count = np.dtype(found.group(1).decode()), int(found.group(2))
             if start + size + count * dtype.itemsize == len(raw):
                 return np.frombuffer(raw, dtype=dtype, count=count, offset=start + size)
-    value: np.ndarray = np.load(io.BytesIO(raw), allow_pickle=False)
-    return value
+    return npy.parse(raw)
 
 
 def token_fields(members: Mapping[str, tuple[bytes, int]]) -> dict[str, int]:
@@ -95,13 +91,19 @@ def check_document(value: object, *, expected: int, shard: str, sample: int, mem
     """``value`` (a decoded member) as a 1-D token array of ``expected`` tokens, or a :class:`ShardFormatError`.
 
     Raises:
-        ShardFormatError: not a 1-D integer array, or not as long as the index says; names the shard and sample.
+        ShardFormatError: not a 1-D integer array, a uint64 one, or not as long as the index says; names the
+            shard and sample.
     """
     if not isinstance(value, np.ndarray) or value.ndim != 1 or value.dtype.kind not in "iu":
         got = f"{value.dtype}{value.shape}" if isinstance(value, np.ndarray) else type(value).__name__
         raise ShardFormatError(
             f"shard {shard!r} sample {sample}: member {member!r} is {got}, not a 1-D integer token array; "
             f"give Pack(member=...) the field that holds each document's tokens"
+        )
+    if value.dtype.kind == "u" and value.dtype.itemsize == 8:
+        raise ShardFormatError(
+            f"shard {shard!r} sample {sample}: member {member!r} is uint64, whose ids above 2**63 - 1 would wrap "
+            f"negative in the int64 sequences; store token ids as uint16, uint32, int32 or int64"
         )
     if len(value) != expected:
         raise ShardFormatError(

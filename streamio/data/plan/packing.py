@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, overload
 
 import numpy as np
 
@@ -46,7 +46,9 @@ from streamio.data.plan.tokens import Piece, TokenStream, token_counts_digest
 from streamio.errors import PlanError, StateMismatchError
 from streamio.state_version import VERSION_KEY, check_version
 
-__all__ = ["PACK_STATE_VERSION", "MAX_SEQ_LEN", "Pack", "PackPlan", "PackStream", "SeqRange", "plan_packing"]
+__all__ = [
+    "PACK_STATE_VERSION", "MAX_SEQ_LEN", "Pack", "PackPlan", "PackStream", "SeqRange", "SeqRanges", "plan_packing",
+]
 
 PACK_STATE_VERSION = 1
 """Version of a packing resume state."""
@@ -115,6 +117,40 @@ class SeqRange(NamedTuple):
     count: int
 
 
+class SeqRanges(Sequence[SeqRange]):
+    """Rank ``rank``'s batches ``k`` for ``k`` in ``ks`` of a plan, each computed when asked for.
+
+    A worker may read millions of batches in an epoch (a large data set, short sequences, small
+    batches); they are never held: memory is O(1) whatever their number.
+    """
+
+    def __init__(self, plan: PackPlan, rank: int, ks: range) -> None:
+        self.plan, self.rank, self.ks = plan, rank, ks
+
+    def __len__(self) -> int:
+        return len(self.ks)
+
+    @overload
+    def __getitem__(self, i: int) -> SeqRange: ...
+    @overload
+    def __getitem__(self, i: slice) -> SeqRanges: ...
+    def __getitem__(self, i: int | slice) -> SeqRange | SeqRanges:
+        if isinstance(i, slice):
+            return SeqRanges(self.plan, self.rank, self.ks[i])
+        return self.plan.batch(self.rank, self.ks[i])
+
+    def __iter__(self) -> Iterator[SeqRange]:
+        return (self.plan.batch(self.rank, k) for k in self.ks)
+
+    @property
+    def size(self) -> int:
+        """Sequences in these batches (every batch is full but the stage's last, ``per_rank % batch_size``)."""
+        b, per_rank = self.plan.topology.batch_size, self.plan.per_rank
+        short = b - per_rank % b if per_rank % b else 0
+        last = self.plan.batches - 1
+        return len(self.ks) * b - (short if last in self.ks else 0)
+
+
 @dataclass(frozen=True)
 class PackStream:
     """What one DataLoader worker of one rank reads in a :class:`PackPlan`: its batches, in order.
@@ -122,18 +158,18 @@ class PackStream:
     Attributes:
         rank: the rank.
         worker: the DataLoader worker id (0 with ``num_workers=0``).
-        batches: the worker's batches (rank batch ``k`` is worker ``k % W``'s).
-        size: sequences in them.
+        batches: the worker's batches (rank batch ``k`` is worker ``k % W``'s), computed as they are
+            asked for (:class:`SeqRanges`).
     """
 
     rank: int
     worker: int
-    batches: tuple[SeqRange, ...]
+    batches: SeqRanges
 
     @property
     def size(self) -> int:
         """Sequences this stream yields."""
-        return sum(b.count for b in self.batches)
+        return self.batches.size
 
 
 def sequence_bounds(total: int, pack: Pack) -> tuple[int, int]:
@@ -194,12 +230,11 @@ class PackPlan:
         last = self.per_rank - full * b
         return SeqRange(self.start + full * r * b + rank * last, last)
 
-    def worker_batches(self, rank: int, worker: int) -> Iterator[SeqRange]:
+    def worker_batches(self, rank: int, worker: int) -> SeqRanges:
         """The batches DataLoader worker ``worker`` of ``rank`` reads, in order (batch ``k`` is worker ``k % W``'s)."""
         check_int("rank", rank, 0, self.topology.world_size - 1)
         check_int("worker", worker, 0, self.topology.workers - 1)
-        for k in range(worker, self.batches, self.topology.workers):
-            yield self.batch(rank, k)
+        return SeqRanges(self, rank, range(worker, self.batches, self.topology.workers))
 
     # what StreamingDataset asks of a plan, in sequences (one sequence is one sample)
     @property
@@ -217,7 +252,7 @@ class PackPlan:
 
     def stream(self, rank: int, worker: int) -> PackStream:
         """The batches DataLoader worker ``worker`` of ``rank`` reads (see :meth:`worker_batches`)."""
-        return PackStream(rank, worker, tuple(self.worker_batches(rank, worker)))
+        return PackStream(rank, worker, self.worker_batches(rank, worker))
 
     def layout(self, batch: SeqRange) -> BatchLayout:
         """What the sequences of ``batch`` hold: segments of the sources' token streams, and their order."""
@@ -266,8 +301,12 @@ def _short(value: object) -> str:
     return text if len(text) <= 200 else text[:200] + "..."
 
 
-def _resume_start(state: object, fp: Mapping[str, Any], epoch: int, limit: int) -> int:
-    """The sequences consumed by ``state``, after checking it belongs to this plan."""
+def _resume_start(state: object, fp: Mapping[str, Any], epoch: int, sequences: int) -> int:
+    """The sequences consumed by ``state`` of an epoch of ``sequences``, after checking it belongs to this plan.
+
+    A stage under ``tail="pad"`` ends at most ``world_size - 1`` all-padding sequences past the
+    epoch's last, so a state may count up to ``sequences + MAX_WORLD_SIZE - 1``.
+    """
     state = check_version(state, PACK_STATE_VERSION, what="packing resume state", error=PlanError, fix=_FIX)
     theirs = state.get(K_FINGERPRINT)
     if not isinstance(theirs, Mapping):
@@ -279,12 +318,14 @@ def _resume_start(state: object, fp: Mapping[str, Any], epoch: int, limit: int) 
         diffs.append(f"epoch: state has {_short(state.get(K_EPOCH))}, this plan has {epoch!r}")
     if diffs:
         raise StateMismatchError(f"packing resume state does not belong to this plan ({'; '.join(diffs)}); {_FIX}.")
+    padded = sequences + MAX_WORLD_SIZE - 1
     return check_int(
         "packing resume state sequences",
         state.get(K_SEQUENCES),
         0,
-        limit,
-        fix=f" This epoch has {limit} sequences; the state was not made for this data set. {_FIX}.",
+        padded,
+        fix=f" This epoch has {sequences} sequences (a stage pads them to at most {padded}); the state was not "
+        f"made for this data set. {_FIX}.",
     )
 
 
@@ -340,6 +381,5 @@ def plan_packing(  # noqa: PLR0913 - keyword-only, the planner's inputs
     start = 0
     if resume is not None:
         n, _ = sequence_bounds(tokens.total, pack)
-        limit = n + MAX_WORLD_SIZE  # a stage pads at most world_size - 1 sequences
-        start = _resume_start(resume, fp, epoch, limit)
+        start = _resume_start(resume, fp, epoch, n)
     return PackPlan(tokens, pack, topology, epoch=epoch, start=start, fingerprint=fp)

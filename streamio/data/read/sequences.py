@@ -23,21 +23,26 @@ document with ``positions``.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import closing
 from typing import Any
 
 import numpy as np
 
 from streamio.data.format.tokens import check_document, load_tokens
 from streamio.data.plan import Run, Window
-from streamio.data.plan.packing import PackPlan, PackStream, SeqRange
+from streamio.data.plan.packing import PackPlan, PackStream, SeqRange, SeqRanges
 from streamio.data.plan.tokenmix import BatchLayout, Segment
 from streamio.data.plan.tokens import Piece
 from streamio.data.read.reader import WindowReader
 from streamio.errors import ShardFormatError
 
-__all__ = ["TokenPacker"]
+__all__ = ["GROUP_BATCHES", "GROUP_TOKENS", "TokenPacker"]
 
 _I64 = np.int64
+#: Tokens of the batches whose reads are scheduled together (long reads run across a group's batches).
+GROUP_TOKENS = 1 << 24
+#: Most batches whose reads are scheduled together (however short their sequences).
+GROUP_BATCHES = 4096
 
 
 def _runs(segments: list[Segment], reuse: set[tuple[int, int]]) -> tuple[Run, ...]:
@@ -57,16 +62,34 @@ def _last_docs(segments: list[Segment]) -> set[tuple[int, int]]:
     return {(seg.pieces[-1].shard, seg.pieces[-1].doc) for seg in segments if seg.pieces}
 
 
-def _skip(batches: tuple[SeqRange, ...], skip: int) -> list[SeqRange]:
-    """``batches`` without their first ``skip`` sequences (a worker resuming inside its stream)."""
-    out = []
-    for b in batches:
+def _skip(batches: SeqRanges, skip: int) -> Iterator[SeqRange]:
+    """``batches`` without their first ``skip`` sequences (a worker resuming inside its stream).
+
+    Every batch but a stream's last is full, so whole batches are skipped by arithmetic: a
+    worker resuming late in a long epoch does not walk the batches it read.
+    """
+    whole = min(skip // batches.plan.topology.batch_size, max(len(batches) - 1, 0))
+    skip -= whole * batches.plan.topology.batch_size
+    for b in batches[whole:]:
         if skip >= b.count:
             skip -= b.count
             continue
-        out.append(SeqRange(b.first + skip, b.count - skip))
+        yield SeqRange(b.first + skip, b.count - skip)
         skip = 0
-    return out
+
+
+def _groups(batches: Iterator[SeqRange], tokens_per_sequence: int) -> Iterator[list[SeqRange]]:
+    """``batches`` in groups of about :data:`GROUP_TOKENS` tokens (from one batch to :data:`GROUP_BATCHES`)."""
+    group: list[SeqRange] = []
+    tokens = 0
+    for b in batches:
+        group.append(b)
+        tokens += b.count * tokens_per_sequence
+        if tokens >= GROUP_TOKENS or len(group) >= GROUP_BATCHES:
+            yield group
+            group, tokens = [], 0
+    if group:
+        yield group
 
 
 class TokenPacker:
@@ -83,28 +106,28 @@ class TokenPacker:
     def read(self, plan: PackPlan, stream: PackStream, skip: int = 0) -> Iterator[dict[str, Any]]:
         """The sequences of ``stream`` in order, after its first ``skip``.
 
-        The reader schedules every window up front (runs: a few per batch); each batch's layout
-        (a piece per document) is computed again when the batch is filled rather than kept for
-        the whole stream, so memory does not grow with the documents a worker reads in an epoch.
+        The stream's batches are computed as they are reached, and read in groups of about
+        :data:`GROUP_TOKENS` tokens: the reader schedules one group's windows at once (runs: a few
+        per batch). Each batch's layout (a piece per document) is computed again when the batch
+        is filled rather than kept, so memory grows neither with the batches nor with the
+        documents a worker reads in an epoch.
         """
-        batches = _skip(stream.batches, skip)
-        windows = []
         reuse: set[tuple[int, int]] = set()
-        for b in batches:
-            layout = plan.layout(b)
-            runs = _runs(layout.segments, reuse)
-            if runs:
-                windows.append(Window(runs, None))
-            reuse = _last_docs(layout.segments)
-        docs = self.reader.read(windows)
         kept: dict[tuple[int, int], np.ndarray] = {}
-        for b in batches:
-            layout = plan.layout(b)
-            filled = []
-            for seg in layout.segments:
-                filled.append(self._fill(plan, seg, docs, kept))
-            kept = {k: v for k, v in kept.items() if k in _last_docs(layout.segments)}
-            yield from _sequences(plan, b, layout, filled)
+        for group in _groups(_skip(stream.batches, skip), plan.pack.width):
+            windows = []
+            for b in group:
+                layout = plan.layout(b)
+                runs = _runs(layout.segments, reuse)
+                if runs:
+                    windows.append(Window(runs, None))
+                reuse = _last_docs(layout.segments)
+            with closing(self.reader.read(windows)) as docs:
+                for b in group:
+                    layout = plan.layout(b)
+                    filled = [self._fill(plan, seg, docs, kept) for seg in layout.segments]
+                    kept = {k: v for k, v in kept.items() if k in _last_docs(layout.segments)}
+                    yield from _sequences(plan, b, layout, filled)
 
     def _fill(
         self, plan: PackPlan, seg: Segment, docs: Iterator[Any], kept: dict[tuple[int, int], np.ndarray]

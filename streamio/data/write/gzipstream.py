@@ -11,6 +11,12 @@ call (the rest of the input is kept as ``unconsumed_tail``), so a small input th
 costs time, never memory; the tar parser downstream bounds what it keeps (``max_sample_bytes``) and
 stops reading at the end-of-archive blocks. Concatenated gzip members (what ``cat a.gz b.gz`` or
 ``pigz`` make) are read one after another; a stream that ends inside a member is an error.
+
+A member's trailer (the CRC32 and the length of its data, ``ISIZE``) is what says the data is
+whole, and ``zlib`` checks it only when it reaches it: after the tar reader has stopped at the
+end-of-archive blocks, :func:`finish` reads the rest of the stream (the archive's padding, at most
+``limit`` bytes of it) so that every trailer is checked. A shard cut inside its trailer, or whose
+CRC32 or length disagrees, is refused rather than taken whole.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from collections.abc import Iterable, Iterator
 
 from streamio.errors import ShardFormatError
 
-__all__ = ["PIECE", "decompress"]
+__all__ = ["PIECE", "decompress", "finish"]
 
 #: The most decompressed bytes produced at once.
 PIECE = 1 << 20
@@ -56,3 +62,20 @@ def decompress(chunks: Iterable[bytes], *, url: str) -> Iterator[bytes]:
         raise ShardFormatError(f"shard {url!r} is not valid gzip data ({exc}): it is damaged or not gzip'd") from exc
     if fed:
         raise ShardFormatError(f"shard {url!r} ends inside a gzip member: it is truncated. Re-fetch it.")
+
+
+def finish(pieces: Iterator[bytes], *, url: str, limit: int) -> None:
+    """Read the rest of :func:`decompress`'s ``pieces`` (after the end-of-archive) so every gzip trailer is checked.
+
+    Raises:
+        ShardFormatError: a trailer is missing or wrong (from :func:`decompress`), or more than
+            ``limit`` decompressed bytes follow the archive's end (a bomb after the data).
+    """
+    after = 0
+    for piece in pieces:
+        after += len(piece)
+        if after > limit:
+            raise ShardFormatError(
+                f"shard {url!r} holds more than {limit} bytes of gzip data after its tar archive ends: it is "
+                f"damaged or hostile. Re-create it with tar and gzip."
+            )

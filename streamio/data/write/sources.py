@@ -350,18 +350,20 @@ def _shard_samples(
     for path in paths:
         url = store.url(path)
         with closing(store.iter_bytes(path)) as chunks:
-            stream, compression = _tar_stream(chunks, path, url)
+            stream, compression, gzipped = _tar_stream(chunks, path, url)
             yield from iter_samples(
                 stream, url=url, compression=compression, handler=handler, max_sample_bytes=max_sample_bytes
             )
+            if gzipped:  # the tar reader stopped at the end-of-archive: the gzip trailers are still unread
+                gzipstream.finish(iter(stream), url=url, limit=max_sample_bytes)
 
 
-def _tar_stream(chunks: Iterable[bytes], path: str, url: str) -> tuple[Iterable[bytes], str | None]:
-    """A source shard's bytes and the compression the tar reader is left with: a gzip'd shard (by its
-    name, or its first bytes whatever its name) is decompressed here, as it streams."""
+def _tar_stream(chunks: Iterable[bytes], path: str, url: str) -> tuple[Iterable[bytes], str | None, bool]:
+    """A source shard's bytes, the compression the tar reader is left with, and whether it was gzip'd: a
+    gzip'd shard (by its name, or its first bytes whatever its name) is decompressed here, as it streams."""
     it = iter(chunks)
     first = next(it, b"")
     rest = itertools.chain((first,), it)
     if is_gzip_shard(path) or bytes(first[:2]) == GZIP_MAGIC:
-        return gzipstream.decompress(rest, url=url), None
-    return rest, shard_compression(path)
+        return gzipstream.decompress(rest, url=url), None, True
+    return rest, shard_compression(path), False
