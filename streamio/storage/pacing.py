@@ -230,11 +230,15 @@ class Pacer:
         self._tokens = min(self._tokens, max(1.0, self.rate))
 
     def _advance(self, now: float) -> None:
-        """Refill the tokens up to ``now``, then let the rate follow the curve (never down: only a
-        throttle cuts)."""
+        """Refill the tokens up to ``now``, then let the rate follow the curve, up to twice the
+        rate of the answers of the last second when it holds two (never down: only a throttle
+        cuts)."""
         self._refill(now)
         if self.enabled:
-            self._set_rate(max(self.rate, self._cubic(now)))
+            grown, measured = self._cubic(now), self._answer_rate(now)
+            if measured is not None:  # at most twice what the store answered (below 1/s: unknown)
+                grown = min(grown, 2 * measured)
+            self._set_rate(max(self.rate, grown))
 
     def _refill(self, now: float) -> None:
         """Refill the tokens up to ``now`` at the rate; CUBIC's clock stops for the time the bucket
@@ -258,11 +262,15 @@ class Pacer:
         return _SCALE * (now - self._epoch - self._plateau()) ** 3 + self._last_max
 
     def _measured(self, now: float) -> float | None:
-        """Count an answer at ``now``; the rate of the answers of the last second, over the time
-        they span (``None`` for a lone answer: no rate to tell). A burst after an idle spell (the
-        start of a save) is measured at its own rate, not diluted by the idle part of the second:
-        that cut a rank whose first writes met a throttle to a crawl (0.7 writes/s)."""
+        """Count an answer at ``now``; the rate of the answers of the last second (see below)."""
         self._answers.append(now)
+        return self._answer_rate(now)
+
+    def _answer_rate(self, now: float) -> float | None:
+        """The rate of the answers of the last second, over the time they span (``None`` for a lone
+        answer: no rate to tell). A burst after an idle spell (the start of a save) is measured at
+        its own rate, not diluted by the idle part of the second: that cut a rank whose first
+        writes met a throttle to a crawl (0.7 writes/s)."""
         while self._answers and self._answers[0] < now - _WINDOW_S:
             self._answers.popleft()
         if len(self._answers) < 2:
