@@ -35,6 +35,7 @@ on the server but whose answer was lost is retried and then reports a conflict: 
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -49,7 +50,7 @@ from streamio.storage.retry import RetryPolicy
 from streamio.storage.roots import BucketCheck
 from streamio.storage.stream import at_most, resuming
 
-__all__ = ["IncompleteUpload", "ObjectInfo", "Store", "WriteMode", "documented_write_rate", "write_pacer"]
+__all__ = ["IncompleteUpload", "ObjectInfo", "Store", "WriteMode", "documented_write_rate", "store_at", "write_pacer"]
 
 T = TypeVar("T")
 
@@ -352,6 +353,24 @@ def write_pacer(store: Store) -> Pacer | None:
     """The pacer this process's writes to ``store``'s bucket go through (``None``: local files, or
     a retry policy that does not pace writes); see :mod:`streamio.storage.pacing`."""
     return _pacer(store) if store.retry.pace_writes else None
+
+
+def store_at(target: Store | str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None, *,
+             caller: str) -> Store:
+    """The store a public function's ``target`` names: a URL or local path (with ``storage_options``),
+    or a :class:`Store` as it is (it carries its own options: both together are refused).
+
+    Raises:
+        ConfigError: ``target`` is none of these, or a ``Store`` came with ``storage_options``.
+    """
+    if isinstance(target, Store):
+        if storage_options is not None:
+            raise ConfigError(f"{caller}({target.root_url!r}, storage_options=...): a Store carries its own "
+                              f"options; pass the URL with storage_options, or the Store alone")
+        return target
+    if not isinstance(target, (str, os.PathLike)):
+        raise ConfigError(f"{caller} takes a URL, a local path or a Store, got {type(target).__name__} {target!r}")
+    return Store(os.fspath(target), storage_options)
 
 
 def documented_write_rate(store: Store) -> float | None:

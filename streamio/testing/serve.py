@@ -5,7 +5,9 @@ The loopback servers that the tests use (moto, as in ``local_s3()``; fake-gcs-se
 reach them (on stdout, or into ``--env-file``) and serves until it is stopped::
 
     python -m streamio.testing s3 --bucket demo --env-file s3.env &   # or in its own terminal
-    until [ -s s3.env ]; do sleep 0.2; done; source s3.env
+    SERVER=$!
+    until [ -s s3.env ] || ! kill -0 $SERVER 2>/dev/null; do sleep 0.2; done   # ready, or it failed
+    source s3.env
     streamio shard ./images s3://demo/images                          # any s3:// tool now talks to it
 
 Why environment variables and not ``-o endpoint_url=...``: every process of a job (the CLI, the
@@ -22,7 +24,9 @@ there" means "ready"), and removed when the server stops (a stale file would poi
 Objects live in memory (moto: in temporary files) and are gone when the server stops.
 
 Exit status: 0 stopped by SIGINT (Ctrl-C), SIGTERM or SIGHUP; 1 the server could not start (port
-in use, a bucket name the server refuses, fake-gcs-server missing); 2 usage.
+in use, a bucket name the server refuses, fake-gcs-server missing); 2 usage. For S3, bucket names
+are checked against AWS's naming rules before the server starts (moto itself accepts ``Demo`` or
+``my_bucket``, which no real bucket can be called): the error names the bucket and the rule.
 """
 
 from __future__ import annotations
@@ -86,10 +90,36 @@ def check_port_free(port: int) -> None:
             raise StartError(f"port {port} on 127.0.0.1 is not free ({exc.strerror}): pick another --port") from exc
 
 
+_S3_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789.-")
+_S3_PREFIXES = ("xn--", "sthree-", "amzn-s3-demo-")  # reserved by AWS
+_S3_SUFFIXES = ("-s3alias", "--ol-s3", ".mrap", "--x-s3", "--table-s3")
+
+
+def s3_bucket_rule_broken(name: str) -> str | None:
+    """The S3 bucket naming rule ``name`` breaks, the first in AWS's order (None: it keeps them
+    all). moto accepts most names AWS refuses (``Demo``, ``my_bucket``); a server that made them
+    would teach a name no real bucket can have."""
+    rules = [
+        (not 3 <= len(name) <= 63, f"is 3 to 63 characters long, not {len(name)}"),
+        (not set(name) <= _S3_CHARS,
+         f"has only lower-case letters, digits, '.' and '-', not {''.join(sorted(set(name) - _S3_CHARS))!r}"),
+        (not (name[:1] + name[-1:]).isalnum(), "begins and ends with a letter or digit"),
+        (".." in name, "never has two periods in a row"),
+        (name.count(".") == 3 and all(part.isdigit() for part in name.split(".")), "is never an IP address"),
+        (name.startswith(_S3_PREFIXES), f"never begins with {', '.join(_S3_PREFIXES)}"),
+        (name.endswith(_S3_SUFFIXES), f"never ends with {', '.join(_S3_SUFFIXES)}"),
+    ]
+    return next((f"an S3 bucket name {rule}" for broken, rule in rules if broken), None)
+
+
 @contextlib.contextmanager
 def _s3(port: int, buckets: Sequence[str]) -> Iterator[Serving]:
     from botocore.exceptions import ClientError, ParamValidationError
 
+    for name in buckets:
+        if (rule := s3_bucket_rule_broken(name)) is not None:
+            raise StartError(f"refused bucket {name!r}: {rule}; pick another --bucket (the rules: "
+                             f"https://docs.aws.amazon.com/AmazonS3/latest/userguide/bucketnamingrules.html)")
     check_port_free(port)
     server = MotoServer(port)
     endpoint = S3Endpoint(server.start(), "unused")

@@ -68,20 +68,24 @@ def test_a_throttle_cuts_the_rate_to_beta_of_what_was_measured_once_per_cooldown
 
 
 def test_while_paced_requests_leave_at_the_rate() -> None:
+    """One after another, each at the rate of its moment (the rate grows back along the curve as
+    they leave)."""
     pacer, t = _throttled_after(50)
-    rate = pacer.rate
-    start = t.now
+    pacer.wait()
     for _ in range(200):
+        before, left = pacer.rate, t.now
         pacer.wait()
-    assert (t.now - start) == pytest.approx(200 / rate, rel=0.05)
+        assert 1 / pacer.rate - 1e-9 <= t.now - left <= 1 / before + 1e-9
+    assert pacer.rate > 50 * BETA  # grown back (from the cut) while they left
 
 
 def test_successes_grow_the_rate_back_past_the_last_maximum() -> None:
     pacer, t = _throttled_after(100)
     cut = pacer.rate
     rates = []
-    for _ in range(40):  # 20 s of answers at what the pacer allows
-        _answers(pacer, t, max(pacer.rate, 1.0), 0.5)
+    while t.now < 20:  # 20 s of writes at what the pacer allows
+        pacer.wait()
+        pacer.succeeded()
         rates.append(pacer.rate)
     assert rates[0] >= cut and rates == sorted(rates)  # never cut without a throttle
     assert rates[-1] > 100  # beyond the last maximum: the store may have scaled up

@@ -129,7 +129,7 @@ def test_a_throttle_on_the_first_writes_of_a_save_cuts_from_the_share_not_from_t
     with pacer.sharing(0.125, rate=40.0, cap=None):
         pacer.wait()
         pacer.throttled()  # the save's first answer
-        assert pacer.rate == pytest.approx(5.0 * BETA)
+        assert pacer.rate == pytest.approx(5.0 * BETA, rel=0.01)  # the share, grown a little while it waited
         for _ in range(3):  # a burst at the share's rate, then a throttle: cut from what it sent at
             pacer.wait()
             pacer.succeeded()

@@ -47,6 +47,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import struct
 import sys
 import warnings
@@ -60,7 +61,7 @@ from streamio.data.format.index_schema import MAX_TOKEN_FIELDS, check_document, 
 from streamio.data.format.layout import FORMAT, INDEX_NAME, LAYOUT_DIR, SampleLayout, ShardInfo, sidecar_path
 from streamio.errors import CorruptDataError, DatasetError, IndexFormatError, IndexNotFoundError, ObjectTooLargeError
 from streamio.limits import MAX_JSON_BYTES, load_json
-from streamio.storage import Store, WriteMode
+from streamio.storage import Store, WriteMode, store_at
 
 __all__ = [
     "INLINE_LIMIT", "DatasetIndex", "decode_layout", "encode_layout", "fingerprint_of", "index_document",
@@ -286,17 +287,26 @@ def parse_index(data: bytes, *, url: str, layouts_at: Store | None = None) -> Da
     )
 
 
-def load_index(store: Store, path: str = INDEX_NAME) -> DatasetIndex:
-    """Read and validate ``index.json`` (or another ``path``) at the root of ``store``.
+def load_index(
+    store: Store | str | os.PathLike[str], path: str = INDEX_NAME, *, storage_options: Mapping[str, Any] | None = None,
+) -> DatasetIndex:
+    """Read and validate ``index.json`` (or another ``path``) at the root of a dataset: ``store`` is
+    its URL (``"s3://bucket/ds"``, with fsspec ``storage_options``), a local path or a
+    :class:`~streamio.storage.Store`; a URL ending in ``.json`` is the index itself.
 
-    The shards are at ``store`` unless the index records a :attr:`~DatasetIndex.shards_url`;
+    The shards are at that root unless the index records a :attr:`~DatasetIndex.shards_url`;
     :func:`streamio.data.locate.open_dataset` resolves that (and patterns, and index URLs).
 
     Raises:
         IndexNotFoundError: there is none (says to run ``streamio index URL``).
         IndexFormatError: unknown format version, an invalid field, or over the size limit of a
             JSON document (:data:`streamio.limits.MAX_JSON_BYTES`).
+        ConfigError: ``store`` is not a URL, path or Store, or a Store came with ``storage_options``.
     """
+    if isinstance(store, (str, os.PathLike)) and path == INDEX_NAME and os.fspath(store).endswith(".json"):
+        head, _, path = os.fspath(store).rpartition("/")
+        store = head or "."
+    store = store_at(store, storage_options, caller="load_index")
     return parse_index(read_index_bytes(store, path), url=store.url(path), layouts_at=store)
 
 
