@@ -15,7 +15,7 @@ there). For resume inside an epoch, stream the data with ``streamio.StreamingDat
 Run it (CPU, a few seconds), against a local S3:
 
     python -m streamio.testing s3 --bucket examples --env-file s3.env &
-    until [ -s s3.env ]; do sleep 0.2; done; source s3.env
+    until [ -s s3.env ] || ! kill -0 $! 2>/dev/null; do sleep 0.2; done; source s3.env
     python examples/checkpoint_only.py --epochs 2      # starts at epoch 0
     python examples/checkpoint_only.py --epochs 4      # resumed at epoch 2
     python examples/checkpoint_only.py --epochs 4 --restore-step 60   # back to epoch 3: same weights

@@ -14,7 +14,7 @@ What it shows:
 Run it (CPU: gloo, 2 processes, ~20 s each), against a local S3:
 
     python -m streamio.testing s3 --bucket examples --env-file s3.env &
-    until [ -s s3.env ]; do sleep 0.2; done; source s3.env
+    until [ -s s3.env ] || ! kill -0 $! 2>/dev/null; do sleep 0.2; done; source s3.env
     torchrun --standalone --nproc-per-node 2 examples/ddp_torchrun.py --steps 20
     torchrun --standalone --nproc-per-node 2 examples/ddp_torchrun.py --steps 40    # resumed at step 20
 

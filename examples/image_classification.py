@@ -15,7 +15,7 @@ What it shows:
 Run it (CPU, about a minute; ``--small``: a few seconds of training), against a local S3:
 
     python -m streamio.testing s3 --bucket examples --env-file s3.env &
-    until [ -s s3.env ]; do sleep 0.2; done; source s3.env
+    until [ -s s3.env ] || ! kill -0 $! 2>/dev/null; do sleep 0.2; done; source s3.env
     python examples/image_classification.py                 # --url s3://examples/image-classification
 
 or against a real bucket (``--url s3://my-bucket/prefix``, credentials the usual way), or a local

@@ -19,7 +19,7 @@ What it shows:
 Run it (CPU, ~20 s; ``--small``: a few seconds), against a local S3:
 
     python -m streamio.testing s3 --bucket examples --env-file s3.env &
-    until [ -s s3.env ]; do sleep 0.2; done; source s3.env
+    until [ -s s3.env ] || ! kill -0 $! 2>/dev/null; do sleep 0.2; done; source s3.env
     python examples/llm_tokens.py --steps 40
     python examples/llm_tokens.py --steps 80        # resumed at step 40
 

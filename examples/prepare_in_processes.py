@@ -17,7 +17,7 @@ part) and on Dask (``dask.delayed(write.write_part)``); see docs/design.md for t
 Run it (CPU, seconds), against a local S3 or a local directory:
 
     python -m streamio.testing s3 --bucket examples --env-file s3.env &
-    until [ -s s3.env ]; do sleep 0.2; done; source s3.env
+    until [ -s s3.env ] || ! kill -0 $! 2>/dev/null; do sleep 0.2; done; source s3.env
     python examples/prepare_in_processes.py --url s3://examples/prepared
     streamio verify s3://examples/prepared
 """
