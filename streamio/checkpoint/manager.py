@@ -20,12 +20,12 @@ from typing import Any
 
 from streamio.checkpoint.comm import Comm
 from streamio.checkpoint.format import layout
+from streamio.checkpoint.format.checks import ManifestError
 from streamio.checkpoint.format.retention import RetentionPolicy
+from streamio.checkpoint.format.timeline import Point
 from streamio.checkpoint.options import LocalTier, SaveOptions, SaveStats
 from streamio.checkpoint.restore.local import LocalCopies
 from streamio.checkpoint.restore.walk import Restorer
-from streamio.checkpoint.format.checks import ManifestError
-from streamio.checkpoint.format.timeline import Point
 from streamio.checkpoint.root import PhaseHook, committed_steps, pointed_step, pointer_version, read_pointer
 from streamio.checkpoint.save import inflight
 from streamio.checkpoint.save.commit import Committer
@@ -66,7 +66,7 @@ class CheckpointManager:
     naming the missing ranks after ``SaveOptions.collective_timeout_s``, see :mod:`.comm`).
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - solo= is the one keyword a framework that saves on one rank needs
         self,
         root_url: str,
         *,

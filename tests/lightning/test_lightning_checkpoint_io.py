@@ -143,7 +143,7 @@ def _trainer(io: CheckpointIO, dirpath: str, max_steps: int) -> Any:
                      callbacks=[ModelCheckpoint(dirpath=dirpath, every_n_train_steps=2, save_last=True)])
 
 
-@pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")  # Lightning's own advice
+@pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning", "ignore::FutureWarning")
 def test_ckpt_path_last_resumes_from_s3_in_a_real_trainer(io: CheckpointIO, s3: S3Endpoint) -> None:
     dirpath = s3.url("run/ckpt")
     data = torch.utils.data.DataLoader(torch.randn(64, 3), batch_size=4)
@@ -154,7 +154,7 @@ def test_ckpt_path_last_resumes_from_s3_in_a_real_trainer(io: CheckpointIO, s3: 
     assert read_pointer(Store(f"{dirpath}/last.ckpt", s3.storage_options())).step == 8
 
 
-@pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")
+@pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning", "ignore::FutureWarning")
 def test_a_ckpt_path_that_names_nothing_says_so(io: CheckpointIO, s3: S3Endpoint) -> None:
     data = torch.utils.data.DataLoader(torch.randn(8, 3), batch_size=4)
     nothing = s3.url("run/ckpt/epoch=3-step=99.ckpt")
