@@ -4,7 +4,9 @@ Lightning resolves ``fit(ckpt_path="last")`` before any plugin is called, from t
 ``ModelCheckpoint`` callbacks' own lookup, which on object storage finds nothing (Lightning
 #18261) and could not use a streamio root if it did (a prefix has no modification time). This
 subclass answers that lookup with the newest committed ``last*.ckpt`` root under ``dirpath``
-(:func:`~.paths.newest_last`), so a half-written save is never resumed from. Everything else is
+(:func:`~.paths.newest_last`), so a half-written save is never resumed from. When the training
+loader is a ``StreamingDataLoader`` resumed inside an epoch, it also makes Lightning count that
+epoch's batches from its start (:mod:`.epochs`), as the loader's state does. Everything else is
 Lightning's: top-k, ``save_last``, monitors, file names.
 """
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from streamio.lightning.epochs import count_whole_epochs
 from streamio.lightning.paths import newest_last
 from streamio.lightning.plugin import CheckpointIO
 from streamio.lightning.requirement import require
@@ -34,6 +37,10 @@ class ModelCheckpoint(_LightningModelCheckpoint):  # type: ignore[misc]
             return set()
         found = newest_last(str(self.dirpath), _storage_options(trainer))
         return {found} if found is not None else set()
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        super().on_train_start(trainer, pl_module)
+        count_whole_epochs(trainer)
 
 
 def _storage_options(trainer: Any) -> Mapping[str, Any] | None:

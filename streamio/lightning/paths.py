@@ -23,7 +23,8 @@ from typing import Any
 
 from streamio.checkpoint import root
 from streamio.checkpoint.format.checks import ManifestError
-from streamio.errors import StorageError
+from streamio.checkpoint.restore.candidates import detect_foreign
+from streamio.errors import CheckpointFormatError, StorageError
 from streamio.storage import Store
 
 __all__ = ["LAST_NAME", "checkpoint_store", "newest_last", "remove_root"]
@@ -35,14 +36,25 @@ LAST_NAME = re.compile(r"^last(-v?\d+)?\.ckpt$")
 
 
 def checkpoint_store(path: str | os.PathLike[str], storage_options: Mapping[str, Any] | None) -> Store:
-    """The root of the checkpoint ``path`` names: the path itself, or the root whose pointer it is."""
+    """The root of the checkpoint ``path`` names: the path itself, or the root whose pointer it is.
+
+    Raises:
+        CheckpointFormatError: ``path`` is a local file, not a root (``torch.save``'s ``x.ckpt``).
+    """
     url = os.fspath(path).rstrip("/")
     parent, sep, name = url.rpartition("/")
     if sep and parent:
         above = Store(parent, storage_options)
         if root.pointer_url(above) == above.url(name):
             return above
-    return Store(url, storage_options)
+    store = Store(url, storage_options)
+    if store.is_local and store.fs.exists(store.root_url) and not store.fs.isdir(store.root_url):
+        what = (detect_foreign(store) if store.fs.isfile(store.root_url) else None) or "a file, not a directory"
+        raise CheckpointFormatError(
+            f"{url} holds {what}; it is not a checkpoint of streamio.lightning.CheckpointIO (save to another "
+            f"dirpath, or move the file away)"
+        )
+    return store
 
 
 def newest_last(dirpath: str, storage_options: Mapping[str, Any] | None) -> str | None:
