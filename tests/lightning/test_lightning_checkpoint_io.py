@@ -5,6 +5,7 @@ refusals and errors a user can act on."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -16,7 +17,13 @@ import torch
 from click.testing import CliRunner
 
 from streamio.checkpoint.root import committed_saves, delete_save, pointer_url, read_pointer
-from streamio.errors import CheckpointError, CheckpointNotFoundError, MissingDependencyError, StorageError
+from streamio.errors import (
+    CheckpointError,
+    CheckpointFormatError,
+    CheckpointNotFoundError,
+    MissingDependencyError,
+    StorageError,
+)
 from streamio.storage import RetryPolicy, Store
 from streamio.testing import S3Endpoint
 
@@ -199,3 +206,17 @@ except MissingDependencyError as exc:
     assert out.startswith("ERROR True streamio.lightning needs Lightning (")
     assert out.rstrip().endswith("Install it with pip install 'streamio-torch[lightning]'")
     assert issubclass(MissingDependencyError, ImportError)
+
+
+def test_a_local_file_at_a_checkpoint_path_is_named_and_never_blocks(tmp_path: Path) -> None:
+    io = CheckpointIO()
+    torch.save({"state_dict": {}}, tmp_path / "last.ckpt")  # what Lightning's own plugin wrote there before
+    os.mkfifo(tmp_path / "fifo.ckpt")
+    for name, what in (("last.ckpt", "a Lightning/torch.save checkpoint: load it with its own tool"),
+                       ("fifo.ckpt", "a file, not a directory")):
+        with pytest.raises(CheckpointFormatError, match=f"{name} holds {what}; it is not a checkpoint of"):
+            io.load_checkpoint(tmp_path / name)
+        with pytest.raises(CheckpointFormatError, match=f"{name} holds {what}; it is not a checkpoint of"):
+            io.save_checkpoint(_ckpt(1), tmp_path / name)
+    assert torch.load(tmp_path / "last.ckpt") == {"state_dict": {}}  # left as it was
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo.ckpt", "last.ckpt"]

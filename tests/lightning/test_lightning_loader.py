@@ -53,13 +53,32 @@ def _fit(s3: S3Endpoint, dirpath: str, max_steps: int, resume: bool) -> _Keys:
     return model
 
 
+def _env(s3: S3Endpoint, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in s3.env().items():  # Lightning's own file checks (ModelCheckpoint._fs) use them
+        monkeypatch.setenv(name, value)
+    make_dataset(s3.url("ds"), s3.storage_options(), COUNTS)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning", "ignore::FutureWarning")
+def test_the_resumed_epoch_is_counted_whole_and_ends_where_an_uninterrupted_one_does(
+        s3: S3Endpoint, monkeypatch: pytest.MonkeyPatch) -> None:
+    _env(s3, monkeypatch)
+    full = _fit(s3, s3.url("full"), PER_EPOCH, resume=False)
+    first = _fit(s3, s3.url("ckpt"), 5, resume=False)
+    rest = _fit(s3, s3.url("ckpt"), PER_EPOCH, resume=True)
+    # Lightning took len(loader) = the 7 batches left for the whole epoch: it ended the epoch after 2
+    assert [s[:3] for s in rest.seen] == [(0, step, step) for step in range(5, PER_EPOCH)]
+    assert first.seen + rest.seen == full.seen
+    assert torch.equal(rest.net.weight, full.net.weight) and torch.equal(rest.net.bias, full.net.bias)
+
+
+@pytest.mark.xfail(strict=True, reason="needs branch t34-loader (an epoch ends when its last batch is handed out): "
+                                       "remove this mark when both are merged")
 @pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning", "ignore::FutureWarning")
 @pytest.mark.parametrize("stop", [5, PER_EPOCH + 7])  # inside the first epoch, inside the second
 def test_a_fit_resumed_inside_an_epoch_sees_what_an_uninterrupted_fit_sees(
         s3: S3Endpoint, monkeypatch: pytest.MonkeyPatch, stop: int) -> None:
-    for name, value in s3.env().items():
-        monkeypatch.setenv(name, value)
-    make_dataset(s3.url("ds"), s3.storage_options(), COUNTS)
+    _env(s3, monkeypatch)
     total = 3 * PER_EPOCH  # to the end of the third epoch
     full = _fit(s3, s3.url("full"), total, resume=False)
     first = _fit(s3, s3.url("ckpt"), stop, resume=False)
