@@ -6,7 +6,9 @@ manager's background thread while the training loop runs its own collectives (NC
 the default group, so they go through gloo groups of their own and never interleave with those;
 in an NCCL job a restore's large broadcasts take an NCCL group of their own (:mod:`.lane`).
 Without an initialised process group everything is a single process: rank 0 of 1, and every
-collective returns this rank's own value.
+collective returns this rank's own value. A ``solo`` Comm is that too while a group exists: for a
+framework that saves on one rank only (Lightning's ``CheckpointIO`` runs on global rank 0), whose
+saves are then the state of that one process, with no collective to wait for.
 
 Why two groups and two bounds. A rank that calls ``save`` alone (``if rank == 0: save(...)``,
 the ``torch.save`` habit) must get an error naming the ranks that never came, within a timeout
@@ -66,6 +68,7 @@ class Comm:
     Args:
         timeout_s: how long a rank waits for every other rank to reach the same save or restore
             (also: to construct its manager).
+        solo: this process saves and restores alone, as rank 0 of 1, even under a process group.
 
     Attributes:
         active: a default process group exists (else a single process, rank 0 of 1).
@@ -81,8 +84,8 @@ class Comm:
             within ``timeout_s``.
     """
 
-    def __init__(self, *, timeout_s: float = SaveOptions.collective_timeout_s) -> None:
-        self.active = group_initialized()
+    def __init__(self, *, timeout_s: float = SaveOptions.collective_timeout_s, solo: bool = False) -> None:
+        self.active = group_initialized() and not solo
         # torchrun's RANK/WORLD_SIZE alone do not make this a rank of a job: without a group
         # there are no collectives, so the process saves and restores on its own.
         self.rank, self.world = rank_and_world() if self.active else (0, 1)

@@ -21,11 +21,13 @@ from typing import Any
 from streamio.checkpoint import owner
 from streamio.checkpoint.comm import Comm
 from streamio.checkpoint.format import layout
+from streamio.checkpoint.format.checks import ManifestError
 from streamio.checkpoint.format.retention import RetentionPolicy
+from streamio.checkpoint.format.timeline import Point
 from streamio.checkpoint.options import LocalTier, SaveOptions, SaveStats
 from streamio.checkpoint.restore.local import LocalCopies
 from streamio.checkpoint.restore.walk import Restorer
-from streamio.checkpoint.root import PhaseHook, committed_steps, pointed_step
+from streamio.checkpoint.root import PhaseHook, committed_steps, pointed_step, pointer_version, read_pointer
 from streamio.checkpoint.save import inflight
 from streamio.checkpoint.save.commit import Committer
 from streamio.checkpoint.save.local import LocalCommitter
@@ -69,7 +71,7 @@ class CheckpointManager:
         ConfigError: ``local``'s directory holds the copies of another root (:mod:`.owner`).
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - solo= is the one keyword a framework that saves on one rank needs
         self,
         root_url: str,
         *,
@@ -80,13 +82,14 @@ class CheckpointManager:
         retry: RetryPolicy | None = None,
         on_phase: PhaseHook | None = None,
         local: LocalTier | None = None,
+        solo: bool = False,
     ) -> None:
         self.store = Store(root_url, storage_options, retry=retry)
         self.async_save = async_save
         self.options = options or SaveOptions()
-        self._comm = Comm(timeout_s=self.options.collective_timeout_s)
+        self._comm = Comm(timeout_s=self.options.collective_timeout_s, solo=solo)
         # with a tier, uploads run in a thread of their own: their collectives need a group of their own
-        uploads = self._comm if local is None else Comm(timeout_s=self.options.collective_timeout_s)
+        uploads = self._comm if local is None else Comm(timeout_s=self.options.collective_timeout_s, solo=solo)
         self._committer = Committer(self.store, uploads, options=self.options, retention=retention, on_phase=on_phase)
         identity = owner.root_identity(self.store.root_url)
         if local is not None:  # this rank's local root is this job's, or refused (ConfigError)
@@ -232,6 +235,33 @@ class CheckpointManager:
     def steps(self) -> list[int]:
         """Steps with a manifest (committed), oldest first."""
         return committed_steps(self.store)
+
+    def adopt(self) -> int | None:
+        """Continue the root's current checkpoint without loading it: the next save supersedes it.
+
+        What a framework needs that saves to a name it rebinds (Lightning's ``last.ckpt``): after
+        ``adopt()`` a save of any step becomes current (a step at or before the adopted one starts
+        a new timeline from it), retention then retires the saves it superseded, and the pointer
+        swap still fails if another job writes the root meanwhile.
+
+        Returns:
+            The step the pointer names (``None``: the root holds no checkpoint yet).
+
+        Raises:
+            CheckpointError: the pointer is unusable (restore first: it walks back).
+        """
+        self._wait_pending()
+        version = pointer_version(self.store)
+        try:
+            pointer = read_pointer(self.store)
+        except ManifestError as exc:
+            raise CheckpointError(
+                f"{self.store.root_url} holds an unusable latest.json ({exc}): restore() walks back to the newest "
+                f"complete checkpoint; or remove the root"
+            ) from exc
+        point = None if pointer is None else Point(pointer.timeline, pointer.step, pointer.path)
+        self._committer.restored(None if point is None else (point, version))
+        return None if pointer is None else pointer.step
 
     # ------------------------------------------------------------------------------ restore
     def restore(self, state: MutableMapping[str, Any], *moved: int | None, step: int | None = None) -> int:

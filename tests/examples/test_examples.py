@@ -82,3 +82,11 @@ def test_prepare_in_processes_retries_a_partition_and_commits_once(s3: S3Endpoin
     assert "committed s3://" in out and "18 shards, 1500 samples" in out
     verified = run([sys.executable, "-m", "streamio.cli.main", "verify", s3.url("prepared")], s3)
     assert "all 18 shards OK" in verified
+
+
+def test_lightning_checkpoints_resume_from_last_on_s3(s3: S3Endpoint) -> None:
+    pytest.importorskip("lightning")
+    script = [sys.executable, str(EXAMPLES / "lightning_checkpoints.py"), "--url", s3.url("lightning")]
+    assert "started from scratch" in run([*script, "--steps", "8"], s3)
+    out = run([*script, "--steps", "12"], s3)
+    assert f"resumed from {s3.url('lightning')}/last.ckpt/" in out and "stopped at global step 12" in out

@@ -123,20 +123,30 @@ def walk(store: Store, *, full: bool) -> list[Candidate]:
 
 def detect_foreign(store: Store) -> str | None:
     """What another tool's checkpoint under ``store`` looks like, or ``None``."""
-    url = store.root_url.lower()
-    for suffix, what in _FOREIGN.items():
-        if suffix.startswith(".") and url.endswith(suffix):
-            return what
     try:
         listing = root.objects(store)
     except FileNotFoundError:
         return None
+    url = store.root_url.lower()
+    # the root URL is itself another tool's file (a prefix named x.ckpt is a streamio.lightning root)
+    if len(listing) == 1 and _is_object(store):
+        for suffix, what in _FOREIGN.items():
+            if suffix.startswith(".") and url.endswith(suffix):
+                return what
     for o in listing:
         name = o.path.rsplit("/", 1)[-1]
         for suffix, what in _FOREIGN.items():
             if name == suffix or (suffix.startswith(".") and name.endswith(suffix)):
                 return what
     return None
+
+
+def _is_object(store: Store) -> bool:
+    """Whether the root URL names an object rather than a prefix or nothing."""
+    try:
+        return store.info("").size is not None
+    except (FileNotFoundError, IsADirectoryError):
+        return False
 
 
 def _on(tip: Tip, ref: SaveRef, m: Manifest | StreamioError | None) -> bool:

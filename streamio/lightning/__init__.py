@@ -1,0 +1,37 @@
+"""PyTorch Lightning with streamio: checkpoints in streamio's format, ``ckpt_path="last"`` over S3/GCS.
+
+``streamio.lightning`` is importable without Lightning; using a name from it without Lightning
+installed raises :class:`~streamio.errors.MissingDependencyError` saying what to install
+(``pip install 'streamio-torch[lightning]'``). ``import streamio`` never imports it.
+
+* :class:`CheckpointIO`, a Lightning ``CheckpointIO`` plugin: each checkpoint path is a streamio
+  checkpoint root holding one save, written by global rank 0 alone (as Lightning calls it) with
+  its pointer last, loaded on every rank with every part CRC-checked, nothing pickled.
+* :class:`ModelCheckpoint`, Lightning's callback whose ``ckpt_path="last"`` lookup finds the
+  newest committed ``last*.ckpt`` root under ``dirpath`` on any storage.
+
+``streamio.StreamingDataLoader`` is already a stateful loader for Lightning (``state_dict`` /
+``load_state_dict``); its state is global, so rank 0's copy resumes every rank.
+docs/lightning.md is the guide.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from streamio.lazy import lazy_exports
+
+__all__ = ["CheckpointIO", "ModelCheckpoint"]
+
+_EXPORTS = {"CheckpointIO": "streamio.lightning.plugin", "ModelCheckpoint": "streamio.lightning.callback"}
+
+if TYPE_CHECKING:
+    from streamio.lightning.callback import ModelCheckpoint
+    from streamio.lightning.plugin import CheckpointIO
+
+
+__getattr__ = lazy_exports(__name__, _EXPORTS, globals())  # each name imported on first use
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -1,0 +1,48 @@
+"""``ModelCheckpoint``: Lightning's callback, with ``ckpt_path="last"`` that finds streamio checkpoints.
+
+Lightning resolves ``fit(ckpt_path="last")`` before any plugin is called, from the
+``ModelCheckpoint`` callbacks' own lookup, which on object storage finds nothing (Lightning
+#18261) and could not use a streamio root if it did (a prefix has no modification time). This
+subclass answers that lookup with the newest committed ``last*.ckpt`` root under ``dirpath``
+(:func:`~.paths.newest_last`), so a half-written save is never resumed from. When the training
+loader is a ``StreamingDataLoader`` resumed inside an epoch, it also makes Lightning count that
+epoch's batches from its start (:mod:`.epochs`), as the loader's state does. Everything else is
+Lightning's: top-k, ``save_last``, monitors, file names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from streamio.lightning.epochs import count_whole_epochs
+from streamio.lightning.paths import newest_last
+from streamio.lightning.plugin import CheckpointIO
+from streamio.lightning.requirement import require
+
+__all__ = ["ModelCheckpoint"]
+
+_LightningModelCheckpoint: Any = require("lightning.pytorch.callbacks").ModelCheckpoint
+
+
+class ModelCheckpoint(_LightningModelCheckpoint):  # type: ignore[misc]
+    """``lightning.pytorch.callbacks.ModelCheckpoint`` whose ``last`` lookup reads streamio roots.
+
+    Takes Lightning's arguments. The storage options of the lookup are those of the trainer's
+    :class:`~.plugin.CheckpointIO`; ``save_last="link"`` is refused on object storage by Lightning.
+    """
+
+    def _find_last_checkpoints(self, trainer: Any) -> set[str]:
+        if self.dirpath is None:
+            return set()
+        found = newest_last(str(self.dirpath), _storage_options(trainer))
+        return {found} if found is not None else set()
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        super().on_train_start(trainer, pl_module)
+        count_whole_epochs(trainer)
+
+
+def _storage_options(trainer: Any) -> Mapping[str, Any] | None:
+    plugin = getattr(trainer.strategy, "checkpoint_io", None)
+    return plugin.storage_options if isinstance(plugin, CheckpointIO) else None

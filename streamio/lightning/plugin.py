@@ -1,0 +1,132 @@
+"""``CheckpointIO``: Lightning's checkpoint plugin, writing streamio checkpoints.
+
+Lightning builds one checkpoint dict (model ``state_dict``, optimizer and scheduler states, loops,
+callbacks, the loader's state) on every rank, then calls the plugin on global rank 0 only
+(``Strategy.save_checkpoint``), with a barrier after it. streamio's saves are collective, so the
+plugin saves through a *solo* :class:`~streamio.checkpoint.CheckpointManager` (rank 0 of 1 while
+the process group exists, nothing collective): the dict Lightning hands over is the whole state,
+as with ``torch.save``. ``load_checkpoint`` runs on every rank and reads the same checkpoint.
+
+Each path is a root of its own holding one save (:mod:`.paths`): tensors as parts, CRC-checked on
+load, everything else as tagged JSON (docs/design.md "Layout and formats"): nothing is unpickled,
+and a value the format cannot hold is refused at save with a :class:`~streamio.errors.CheckpointError`
+naming where it is in the dict. A path saved again (``last.ckpt``) is taken over
+(:meth:`~streamio.checkpoint.CheckpointManager.adopt`): the new save becomes current by the
+pointer swap, then the old one is retired, so the path never holds less than one complete
+checkpoint. Saves are synchronous: Lightning expects the file to exist when the call returns.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from streamio.checkpoint import CheckpointManager, KeepLast, SaveOptions
+from streamio.errors import ArgumentError, CheckpointError, CheckpointNotFoundError
+from streamio.lightning.paths import checkpoint_store, remove_root
+from streamio.lightning.requirement import require
+from streamio.storage import RetryPolicy
+
+__all__ = ["STATE", "CheckpointIO"]
+
+STATE = "lightning"
+"""The one name a Lightning checkpoint dict is saved under in its root."""
+
+_LightningCheckpointIO: Any = require("lightning.fabric.plugins").CheckpointIO
+
+
+class CheckpointIO(_LightningCheckpointIO):  # type: ignore[misc]
+    """A Lightning ``CheckpointIO`` plugin over streamio checkpoints (see the module docstring).
+
+    Example::
+
+        trainer = L.Trainer(plugins=[CheckpointIO()],
+                            callbacks=[streamio.lightning.ModelCheckpoint(dirpath="s3://bucket/run/ckpt")])
+
+    Args:
+        storage_options: fsspec options (endpoint, credentials); never logged or stored.
+        options: part size, concurrency, compression (``per_rank`` does not apply: rank 0 saves).
+        retry: retry policy for transient storage errors.
+    """
+
+    def __init__(
+        self,
+        *,
+        storage_options: Mapping[str, Any] | None = None,
+        options: SaveOptions | None = None,
+        retry: RetryPolicy | None = None,
+    ) -> None:
+        self.storage_options = dict(storage_options or {})
+        self.options = options
+        self.retry = retry
+
+    def __repr__(self) -> str:
+        return "streamio.lightning.CheckpointIO()"
+
+    def _manager(self, path: str | os.PathLike[str]) -> CheckpointManager:
+        store = checkpoint_store(path, self.storage_options)
+        return CheckpointManager(store.root_url, async_save=False, solo=True, retention=KeepLast(1),
+                                 storage_options=self.storage_options, options=self.options, retry=self.retry)
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | os.PathLike[str],
+                        storage_options: Any | None = None) -> None:
+        """Commit ``checkpoint`` as the one checkpoint at ``path`` (its step: ``global_step``).
+
+        Raises:
+            ArgumentError: ``storage_options`` given per call (give them to the constructor).
+            CheckpointError: a value that cannot be saved without pickling (named), or a failed save
+                (the checkpoint ``path`` held before stays).
+            StorageError: the root cannot be reached.
+        """
+        if storage_options is not None:
+            raise ArgumentError(
+                f"streamio.lightning.CheckpointIO.save_checkpoint got storage_options={type(storage_options).__name__} "
+                f"for {os.fspath(path)!r}: give them once, as CheckpointIO(storage_options=...)"
+            )
+        step = checkpoint.get("global_step", 0)
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise CheckpointError(
+                f"the Lightning checkpoint for {os.fspath(path)!r} has global_step={step!r}: a step is an int >= 0"
+            )
+        with self._manager(path) as manager:
+            manager.adopt()
+            manager.save(step, {STATE: checkpoint})
+
+    def load_checkpoint(self, path: str | os.PathLike[str], map_location: Any | None = None,
+                        weights_only: bool | None = None) -> dict[str, Any]:
+        """The checkpoint dict saved at ``path`` (a root, or the pointer ``ckpt_path="last"`` found).
+
+        Tensors come back on the CPU whatever ``map_location`` says; Lightning moves them.
+        ``weights_only`` does not apply: nothing is unpickled.
+
+        Raises:
+            CheckpointNotFoundError: ``path`` holds no streamio checkpoint.
+            CheckpointError: no checkpoint there verifies, or it was not written by this plugin.
+            StorageError: the root cannot be reached.
+        """
+        state: dict[str, Any] = {STATE: None}
+        with self._manager(path) as manager:
+            try:
+                manager.restore(state)
+            except CheckpointNotFoundError as exc:
+                raise CheckpointNotFoundError(
+                    f"ckpt_path {os.fspath(path)!r} names no streamio checkpoint ({exc}); pass the path of a "
+                    f"checkpoint saved with streamio.lightning.CheckpointIO, or ckpt_path='last' with "
+                    f"streamio.lightning.ModelCheckpoint"
+                ) from exc
+        loaded = state[STATE]
+        if not isinstance(loaded, dict):
+            raise CheckpointError(
+                f"{manager.store.root_url} holds a streamio checkpoint, but not one saved by "
+                f"streamio.lightning.CheckpointIO (its {STATE!r} entry is {type(loaded).__name__}, not a dict)"
+            )
+        return loaded
+
+    def remove_checkpoint(self, path: str | os.PathLike[str]) -> None:
+        """Delete the checkpoint at ``path`` (each manifest first, so nothing is left half visible).
+
+        Raises:
+            StorageError: the root cannot be reached (what was deleted so far stays deleted).
+        """
+        remove_root(checkpoint_store(path, self.storage_options))

@@ -1,0 +1,81 @@
+"""torchrun, 2 gloo ranks, real Lightning: checkpoints through streamio.lightning to S3 (moto),
+kill -9 of the whole job mid-run, ``fit(ckpt_path="last")``: the same weights and per-step losses
+as an uninterrupted run, and ModelCheckpoint's top-k and ``last.ckpt`` as streamio roots."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from streamio.checkpoint.root import committed_saves, read_pointer
+from streamio.storage import Store
+from streamio.testing import S3Endpoint
+from support.dataset import all_keys, make_dataset
+
+pytest.importorskip("lightning")
+pytestmark = pytest.mark.slow
+
+SCRIPT = Path(__file__).parents[1] / "support" / "lightning_ddp.py"
+
+
+def _run(s3: S3Endpoint, dirpath: str, out: Path, *, kill_at: int = 0, resume: bool = False, steps: int = 14,
+         dataset: str | None = None) -> int:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(s3.env())
+    env["OMP_NUM_THREADS"] = "1"
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(SCRIPT),
+         dirpath, str(out), str(steps), str(kill_at), "1" if resume else "0", *([dataset] if dataset else [])],
+        env=env, capture_output=True, text=True, timeout=300, start_new_session=True,  # its own process group
+    )
+    assert proc.returncode == 0 or kill_at, proc.stderr[-3000:]
+    return proc.returncode
+
+
+def test_kill_9_then_ckpt_path_last_resumes_bit_exactly(s3: S3Endpoint, tmp_path: Path) -> None:
+    _run(s3, s3.url("full"), tmp_path / "full.json")
+    killed = _run(s3, s3.url("ckpt"), tmp_path / "killed.json", kill_at=10)
+    assert killed != 0 and not (tmp_path / "killed.json").exists()
+    parent = Store(s3.url("ckpt"), s3.storage_options())
+    last = parent.child("last.ckpt")
+    pointer = read_pointer(last)
+    assert pointer is not None and pointer.step == 8  # the kill came after step 10; saves every 4
+
+    _run(s3, s3.url("ckpt"), tmp_path / "resumed.json", resume=True)
+    full = json.loads((tmp_path / "full.json").read_text())
+    resumed = json.loads((tmp_path / "resumed.json").read_text())
+    assert resumed["global_step"] == full["global_step"] == 14
+    assert sorted(map(int, resumed["losses"])) == list(range(8, 14))  # it went on after step 8, not from 0
+    assert {k: full["losses"][k] for k in resumed["losses"]} == resumed["losses"]
+    assert resumed["weights"] == full["weights"]
+    # top-2 by step and last.ckpt, each a root holding exactly one committed save
+    roots = sorted({o.path.split("/")[0] for o in parent.list()})
+    assert roots == ["epoch=0-step=12.ckpt", "epoch=0-step=8.ckpt", "last.ckpt"], roots
+    assert [s.step for s in committed_saves(last)] == [12]
+    assert [s.step for s in committed_saves(parent.child("epoch=0-step=12.ckpt"))] == [12]
+
+
+@pytest.mark.xfail(strict=True, reason="needs branch t34-loader (an epoch ends when its last batch is handed out): "
+                                       "remove this mark when both are merged")
+def test_kill_9_inside_an_epoch_then_last_resumes_every_rank_at_its_next_batch(s3: S3Endpoint, tmp_path: Path) -> None:
+    counts = [7, 5, 9, 3]  # 24 samples: 6 batches of 2 per rank and epoch
+    make_dataset(s3.url("ds"), s3.storage_options(), counts)
+    _run(s3, s3.url("full"), tmp_path / "full.json", steps=18, dataset=s3.url("ds"))
+    _run(s3, s3.url("ckpt"), tmp_path / "killed.json", steps=18, kill_at=9, dataset=s3.url("ds"))
+    _run(s3, s3.url("ckpt"), tmp_path / "resumed.json", steps=18, resume=True, dataset=s3.url("ds"))
+    full = json.loads((tmp_path / "full.json").read_text())
+    resumed = json.loads((tmp_path / "resumed.json").read_text())
+    assert resumed["weights"] == full["weights"]
+    for rank in (0, 1):
+        whole = json.loads((tmp_path / f"full.json.rank{rank}").read_text())
+        rest = json.loads((tmp_path / f"resumed.json.rank{rank}").read_text())
+        assert rest == whole[8:], rank  # from the batch after step 8 (epoch 1, batch_idx 2) on, the same batches
+    for epoch in range(3):  # every sample once per epoch over both ranks
+        keys = [k for rank in (0, 1) for e, _, _, ks in json.loads((tmp_path / f"full.json.rank{rank}").read_text())
+                if e == epoch for k in ks]
+        assert sorted(keys) == sorted(all_keys(counts))
