@@ -60,8 +60,6 @@ def test_kill_9_then_ckpt_path_last_resumes_bit_exactly(s3: S3Endpoint, tmp_path
     assert [s.step for s in committed_saves(parent.child("epoch=0-step=12.ckpt"))] == [12]
 
 
-@pytest.mark.xfail(strict=True, reason="needs branch t34-loader (an epoch ends when its last batch is handed out): "
-                                       "remove this mark when both are merged")
 def test_kill_9_inside_an_epoch_then_last_resumes_every_rank_at_its_next_batch(s3: S3Endpoint, tmp_path: Path) -> None:
     counts = [7, 5, 9, 3]  # 24 samples: 6 batches of 2 per rank and epoch
     make_dataset(s3.url("ds"), s3.storage_options(), counts)

@@ -73,8 +73,6 @@ def test_the_resumed_epoch_is_counted_whole_and_ends_where_an_uninterrupted_one_
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="needs branch t34-loader (an epoch ends when its last batch is handed out): "
-                                       "remove this mark when both are merged")
 @pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning", "ignore::FutureWarning")
 @pytest.mark.parametrize("stop", [5, PER_EPOCH + 7])  # inside the first epoch, inside the second
 def test_a_fit_resumed_inside_an_epoch_sees_what_an_uninterrupted_fit_sees(
