@@ -12,11 +12,15 @@ snapshot (every rank alike):
    or any save after a durable one failed: agreed by all ranks), it is handed to the upload
    thread, which publishes it from the local files (:meth:`~.commit.Committer.upload`) over a group
    of its own, one save at a time, in order. A save due while an upload runs waits in a queue of
-   one; a further one waits for room in the save thread (backpressure: never unbounded disk).
-   Local retention keeps every save still to be uploaded.
+   one; a newer due save replaces it there (the older one stays on the local tier only, its
+   durability superseded), so the save thread never waits for the store: a slow or dead store
+   delays durability, never training, and disk use stays bounded (the upload, the one queued, and
+   ``keep``). Local retention keeps every save still to be uploaded.
 
 An upload that fails (store down, throttled past the retry policy) logs a warning naming the step
-and the cause and never raises: the local copy stands and the next save retries durability. A
+and the cause and never raises: the local copy stands and the next save retries durability. Until
+an upload succeeds again the saves are planned offline (:mod:`.plan`), so no save waits for the
+root's answer either. A
 conflict on the root's pointer (another job writes the root) is not transient: it is raised by the
 next ``save``, ``wait`` or ``close``. :attr:`TieredSaves.durable_step` says which step the root
 holds; ``close`` warns when the newest save never became durable.
@@ -61,7 +65,9 @@ class TieredSaves:
         self._retry_durable = False  # an upload failed: the next save is durable
         self._error: BaseException | None = None  # a conflict an upload met, raised once
         self._queue: list[LocalSave] = []  # due, not yet uploading (at most one)
+        self._queued: concurrent.futures.Future[None] | None = None  # the upload task that will take it
         self._uploading: LocalSave | None = None
+        self._root_down = False  # the root did not answer: plan offline until an upload succeeds
         self._lock = threading.Condition()
         self._uploads = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="streamio-ckpt-upload")
 
@@ -92,13 +98,12 @@ class TieredSaves:
         return SaveStats(plan.step, job.blocked_s, None, sum(f.size for f in files), len(files), local_s)
 
     def _plan(self, step: int) -> SavePlan:
-        """The save's plan; offline (with a warning) when the root does not answer."""
-        try:
-            return self.committer.plan(step, own_dir=True, comm=self.comm)
-        except StorageError as exc:
-            log.warning("the checkpoint root %s does not answer (%s): step %d is planned from the local tier",
-                        self.committer.store.root_url, exc, step)
-            return self.committer.plan(step, offline=True, comm=self.comm)
+        """The save's plan; offline when the root does not answer now (with a warning) or did not
+        at the last upload (rank 0 decides, :meth:`~.commit.Committer.plan`)."""
+        plan = self.committer.plan(step, own_dir=True, offline=True if self._root_down else None, comm=self.comm)
+        if plan.offline:
+            self._root_down = True  # (only a successful upload clears it: it may be the upload thread's too)
+        return plan
 
     def _commit_locally(self, job: Snapshot, plan: SavePlan) -> LocalSave | None:
         """The local commit, agreed: ``None`` unless every rank's copy committed (then every
@@ -121,13 +126,19 @@ class TieredSaves:
         return frozenset(s.plan.sdir for s in waiting)
 
     def _enqueue(self, saved: LocalSave) -> None:
-        """Queue ``saved`` for upload (waits while one upload runs and one waits: backpressure)."""
+        """Queue ``saved`` for upload; it replaces a save still waiting there (never waits)."""
+        root_url = self.committer.store.root_url
         with self._lock:
-            while self._queue:
-                self._lock.wait()
+            if self._queue:  # its task has not taken it yet (it pops under this lock): it takes this one
+                superseded, self._queue[0] = self._queue[0], saved
+                assert self._queued is not None
+                inflight.track(self._queued, saved.plan.step, root_url)  # the step the exit wait names
+                log.info("checkpoint step %d replaces step %d in the upload queue (step %d stays on the local "
+                         "tier only)", saved.plan.step, superseded.plan.step, superseded.plan.step)
+                return
             self._queue.append(saved)
-            future = self._uploads.submit(self._upload_next)
-        inflight.track(future, saved.plan.step, self.committer.store.root_url)  # waited for at exit
+            future = self._queued = self._uploads.submit(self._upload_next)
+        inflight.track(future, saved.plan.step, root_url)  # waited for at exit
         future.add_done_callback(inflight.forget)
 
     # ------------------------------------------------------------------ the upload thread
@@ -142,7 +153,7 @@ class TieredSaves:
         except CheckpointConflictError as exc:
             self._error = exc
         except (CheckpointError, StorageError) as exc:
-            self._retry_durable = True
+            self._retry_durable = self._root_down = True
             log.warning("checkpoint step %d is committed locally but could not be made durable at %s (%s); "
                         "the local copy stands and the next save tries again", step, self.committer.store.root_url,
                         exc)
@@ -155,7 +166,7 @@ class TieredSaves:
 
     def _durable(self, step: int) -> None:
         self.durable_step = step if self.durable_step is None else max(self.durable_step, step)
-        self._retry_durable = False
+        self._retry_durable = self._root_down = False
 
     # ------------------------------------------------------------------ waiting
     def drain(self) -> None:
