@@ -2,7 +2,7 @@
 
 With a local tier, every save after a failed upload is due for the root. The save thread used to
 wait for room in the upload queue, so during an outage every ``save()`` blocked the training loop
-for as long as an upload against the dead store took. Now a newer due save replaces the one
+for as long as an upload against the dead store took. Now newer due saves supersede older ones
 waiting in the queue, and while the root does not answer saves are planned without asking it.
 
 Real parts: moto S3 over HTTP behind the FaultProxy (every request answered 503 after a delay: a
@@ -91,7 +91,7 @@ def test_a_dead_store_never_blocks_save_and_the_newest_save_becomes_durable_when
             later = blocked[2:] if not durable_first else blocked
             assert sum(later) < 1.0, blocked
             assert mgr.durable_step == (1 if durable_first else None)
-            assert "replaces step" in caplog.text and "in the upload queue" in caplog.text
+            assert "is superseded in the upload queue by step" in caplog.text
             s3_proxy.clear()  # the store is back; the upload running may still fail: the next save is due
             assert _blocked(mgr, 8) < 1.0
             mgr.wait()
@@ -115,7 +115,7 @@ def test_a_store_that_hangs_never_blocks_save(s3: S3Endpoint, s3_proxy: FaultPro
         s3_proxy.set_latency(2.0)
         blocked = [_blocked(mgr, step) for step in range(2, 6)]
         assert sum(blocked) < 1.0, blocked  # 15d7008: the fourth save waits for the first upload
-        s3_proxy.clear()  # the uploads that waited complete: 2, then 5 (it replaced 3 and 4)
+        s3_proxy.clear()  # the uploads that waited complete: 2, then the newest (it superseded the others)
         mgr.wait()
         assert mgr.durable_step == 5
     finally:
