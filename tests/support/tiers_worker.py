@@ -47,12 +47,15 @@ def cadence(args: dict[str, Any]) -> dict[str, Any]:
     import time
 
     import torch
+    import torch.distributed as dist
 
     from streamio.checkpoint import CheckpointManager, LocalTier, SaveOptions
+    from streamio.storage import RetryPolicy
 
     local_s = []
+    retry = RetryPolicy(max_attempts=args.get("attempts", 8), initial_backoff=0.01)
     with CheckpointManager(args["root"], storage_options=args["storage"], options=SaveOptions(durable_every=1),
-                           local=LocalTier(args["local"], keep=2)) as mgr:
+                           local=LocalTier(args["local"].format(rank=dist.get_rank()), keep=2), retry=retry) as mgr:
         for step in args["steps"]:
             mgr.save(step, {"w": torch.full((16,), float(step)), "progress": {"step": step}})
             if mgr.last_stats is not None:
