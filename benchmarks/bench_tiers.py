@@ -16,7 +16,7 @@ median of the per-round ratios (a round = one run of every member). The groups t
 interleaved (A B C, B C A, ...), after one untimed warm-up round each (the first write into fresh
 memory is slow on these VMs):
 
-1. ``local.disk`` / ``local.shm``: ``save(step, state, durable=False)`` then ``wait()`` with a
+1. ``local.disk`` / ``local.shm``: ``save(step, state, durable="local")`` then ``wait()`` with a
    ``LocalTier`` there. ``commit``: from the end of the host copy (``SaveStats.blocked_s``) to
    ``latest.json`` written (the ``on_phase`` hook's ``"local-pointer"``), the local commit;
    ``SaveStats.local_s`` also counts the host copy and the local retention that follows.
@@ -180,7 +180,7 @@ class Bench:
         mgr = self.managers[name]
         key = name.replace(".", "-")
         t0 = time.perf_counter()
-        mgr.save(self._next(name), self.state, durable=False)
+        mgr.save(self._next(name), self.state, durable="local")
         stats = mgr.wait()
         assert stats is not None and stats.local_s is not None and stats.durable_s is None
         pointer = self.marks[(key, "local-pointer")] - t0  # latest.json written: the local commit

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import concurrent.futures
 import time
+import warnings
 from collections.abc import Mapping, MutableMapping
-from typing import Any
+from typing import Any, Literal
 
 from streamio.checkpoint import owner
 from streamio.checkpoint.comm import Comm
@@ -34,8 +35,8 @@ from streamio.checkpoint.save.local import LocalCommitter
 from streamio.checkpoint.save.snapshot import Snapshot, take_snapshot
 from streamio.checkpoint.save.tiers import TieredSaves
 from streamio.checkpoint.tensors.serialize import HostBuffer
-from streamio.deprecation import keyword_only
-from streamio.errors import CheckpointError
+from streamio.deprecation import REMOVED_IN, keyword_only
+from streamio.errors import ArgumentError, CheckpointError
 from streamio.storage import RetryPolicy, Store
 
 __all__ = ["CheckpointManager"]
@@ -146,7 +147,7 @@ class CheckpointManager:
     # ------------------------------------------------------------------------------ save
     def save(
         self, step: int, state: Mapping[str, Any], *, metrics: Mapping[str, Any] | None = None,
-        durable: bool | None = None,
+        durable: bool | Literal["local"] | None = None,
     ) -> None:
         """Snapshot ``state`` and commit it as ``step`` (in the background if ``async_save``).
 
@@ -156,16 +157,21 @@ class CheckpointManager:
             state: name -> object with ``state_dict()`` (model, optimizer, scheduler, scaler,
                 dataset, RNG state) or plain value (tensors, JSON-like values).
             metrics: numbers recorded in the manifest (what ``KeepBest`` ranks by).
-            durable: with a local tier, ``True`` sends this save to the root whatever
-                ``SaveOptions.durable_every`` says (``False``: local only); without one, every
-                save goes to the root. Pass the same on every rank.
+            durable: with a local tier, ``None`` (the default) sends this save to the root if
+                ``SaveOptions.durable_every`` says so, ``True`` sends it whatever that says, and
+                ``"local"`` keeps it on the local tier only. ``False`` is deprecated: it still
+                means ``"local"`` (a ``DeprecationWarning``), so ``durable=(step == last)`` kept
+                every other save off the root; from streamio 0.3.0 it means the same as ``None``.
+                Without a tier every save goes to the root. Pass the same on every rank.
 
         Raises:
             CheckpointError: the previous async save failed (raised here, once; e.g. a rank did
                 not reach that save within ``SaveOptions.collective_timeout_s``), or the state
                 holds a value that cannot be saved without pickling.
             CheckpointConflictError: another job writes this root (also from the previous save).
+            ArgumentError: ``durable`` is not ``None``, ``True``, ``"local"`` or ``False``.
         """
+        forced = _forced(durable)
         if self._closed:
             raise CheckpointError(f"CheckpointManager for {self.store.root_url} is closed")
         layout.step_dir(step)  # validates
@@ -174,16 +180,16 @@ class CheckpointManager:
         job = take_snapshot(step, state, comm=self._comm, per_rank=self.options.per_rank, buffer=self._buffer,
                             metrics=dict(metrics or {}), started=t0, block_size=self.options.block_size)
         if self.async_save:
-            self._pending = self._executor.submit(self._commit, job, durable)
+            self._pending = self._executor.submit(self._commit, job, forced)
             inflight.track(self._pending, step, self.store.root_url)  # waited for at exit if nobody does
         else:
-            self.last_stats = self._commit(job, durable)
+            self.last_stats = self._commit(job, forced)
 
-    def _commit(self, job: Snapshot, durable: bool | None) -> SaveStats:
+    def _commit(self, job: Snapshot, forced: bool | None) -> SaveStats:
         """Every rank at this save (bounded wait: :meth:`~.comm.Comm.arrive`), then the commit."""
         self._comm.arrive("save", job.step, where=f"saving step {job.step} to {self.store.root_url}")
         if self._tiers is not None:
-            return self._tiers.commit(job, durable)
+            return self._tiers.commit(job, forced)
         return self._committer.commit(job)
 
     def wait(self) -> SaveStats | None:
@@ -295,3 +301,25 @@ class CheckpointManager:
         restored = self._restorer.restore(state, step)
         self._committer.restored(self._restorer.outcome)
         return restored
+
+
+def _forced(durable: object) -> bool | None:
+    """``save(durable=...)`` as the tier takes it: ``True`` to the root, ``False`` local only,
+    ``None`` as ``durable_every`` says (see :meth:`CheckpointManager.save`)."""
+    if durable is None or durable is True:
+        return durable
+    if isinstance(durable, str) and durable == "local":
+        return False
+    if durable is False:
+        warnings.warn(
+            f"save(durable=False) keeps the save on the local tier only, whatever SaveOptions.durable_every says; "
+            f"that spelling is deprecated and means the same as durable=None from streamio {REMOVED_IN}: pass "
+            f"durable='local' to keep a save off the root, or durable=None (the default) to follow durable_every",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        return False
+    raise ArgumentError(
+        f"save(durable={durable!r}): durable must be None (as SaveOptions.durable_every says), True (to the root) "
+        f"or 'local' (the local tier only), e.g. durable=True if step == last else None"
+    )

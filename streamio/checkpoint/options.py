@@ -39,7 +39,8 @@ class SaveOptions:
             sharding needs only some rows of a part. Smaller blocks read less around each
             needed span; each block costs one CRC32C string in the manifest.
         durable_every: with a local tier, every ``durable_every``-th save also goes to the root
-            (``save(durable=True)`` whatever it says); 1 (the default) makes every save durable.
+            (``save(durable=True)`` whatever it says, ``save(durable="local")`` never); 1 (the
+            default) makes every save durable.
             Without a local tier every save goes to the root.
         parts_per_save: the most part objects one save of the whole job aims for: at large world
             sizes a rank's share is cut into ``parts_per_save / world`` parts (never more than

@@ -70,7 +70,7 @@ def test_every_save_commits_locally_and_every_nth_goes_to_the_root(tmp_path: Pat
     assert verify_checkpoint(Store(str(tmp_path / "local" / "rank-00000")), 7) == []
 
 
-def test_durable_true_and_false_override_durable_every(tmp_path: Path) -> None:
+def test_durable_true_and_local_override_durable_every(tmp_path: Path) -> None:
     tier = LocalTier(str(tmp_path / "local"))
     with CheckpointManager(str(tmp_path / "root"), local=tier, options=SaveOptions(durable_every=100)) as mgr:
         mgr.save(1, state(1), durable=True)
@@ -79,7 +79,7 @@ def test_durable_true_and_false_override_durable_every(tmp_path: Path) -> None:
         assert mgr.durable_step == 1
     tier2 = LocalTier(str(tmp_path / "local2"))  # a tier belongs to one root
     with CheckpointManager(str(tmp_path / "root2"), local=tier2, options=SaveOptions(durable_every=1)) as mgr:
-        mgr.save(10, state(10), durable=False)
+        mgr.save(10, state(10), durable="local")
         mgr.wait()
         assert mgr.durable_step is None
     assert saved_steps(tmp_path / "root") == [1] and saved_steps(tmp_path / "root2") == []
@@ -186,7 +186,7 @@ def test_a_store_that_is_down_never_stops_training(
         assert mgr.durable_step == 1
         assert "could not be made durable" in caplog.text and "step 2" in caplog.text
         s3_proxy.clear()
-        mgr.save(4, state(4), durable=False)  # the failure makes the next save durable anyway
+        mgr.save(4, state(4), durable="local")  # the failure makes the next save durable anyway
         mgr.wait()
         assert mgr.durable_step == 4
     finally:

@@ -55,7 +55,13 @@ from streamio.checkpoint.save.plan import Planner, SavePlan
 from streamio.checkpoint.save.pruning import Pruner
 from streamio.checkpoint.save.rates import WriteCap, shared_write_rate
 from streamio.checkpoint.save.snapshot import Snapshot
-from streamio.errors import CheckpointConflictError, CheckpointError, ObjectNotFoundError, WriteConflictError
+from streamio.errors import (
+    CheckpointConflictError,
+    CheckpointError,
+    ObjectNotFoundError,
+    StorageError,
+    WriteConflictError,
+)
 from streamio.storage import Store
 
 __all__ = ["PHASES", "Committer"]
@@ -139,11 +145,15 @@ class Committer:
         files = save.share.files
         return SaveStats(save.plan.step, 0.0, time.perf_counter() - began, sum(f.size for f in files), len(files))
 
-    def plan(self, step: int, *, offline: bool = False, own_dir: bool = False, comm: Comm | None = None) -> SavePlan:
+    def plan(
+        self, step: int, *, offline: bool | None = False, own_dir: bool = False, comm: Comm | None = None
+    ) -> SavePlan:
         """Rank 0's :meth:`Planner.plan`, on every rank (its error raised on every rank).
 
         Args:
-            offline: plan without reading the root (a local tier's save while it does not answer).
+            offline: plan without reading the root (a local tier's save while it does not answer);
+                ``None``: read it, and plan offline with a warning if it does not answer (rank 0
+                decides; :attr:`SavePlan.offline` says which it did).
             own_dir: always a save directory of its own (a save that also lives on a local tier).
             comm: the collectives to agree over (default: this committer's; a local tier's saves
                 plan over the group of the thread they run in).
@@ -153,9 +163,7 @@ class Committer:
         plan_exc: BaseException | None = None
         if comm.rank == 0:
             try:
-                self._self_fenced(offline)
-                plan = self.planner.plan(step, offline=offline, own_dir=own_dir,
-                                         prefixes=min(self.options.key_prefixes, comm.world))
+                plan = self._plan_here(step, offline, own_dir, prefixes=min(self.options.key_prefixes, comm.world))
             except Exception as exc:  # reported to every rank, raised here
                 plan_exc = exc
         shared = comm.broadcast(plan if plan is not None else f"{type(plan_exc).__name__}: {plan_exc}")
@@ -164,6 +172,19 @@ class Committer:
         if isinstance(shared, str):
             raise CheckpointError(f"rank 0 could not start saving step {step} under {self.store.root_url}: {shared}")
         return shared  # type: ignore[no-any-return]
+
+    def _plan_here(self, step: int, offline: bool | None, own_dir: bool, *, prefixes: int) -> SavePlan:
+        """Rank 0: the plan, online or offline as ``offline`` says (``None``: offline if the root
+        does not answer)."""
+        if offline is None:
+            try:
+                return self._plan_here(step, False, own_dir, prefixes=prefixes)
+            except StorageError as exc:
+                log.warning("the checkpoint root %s does not answer (%s): step %d is planned from the local tier",
+                            self.store.root_url, exc, step)
+                offline = True
+        self._self_fenced(offline)
+        return self.planner.plan(step, offline=offline, own_dir=own_dir, prefixes=prefixes)
 
     def _self_fenced(self, offline: bool) -> None:
         """Read the pointer's version once, before the first save (what its swap must find)."""

@@ -46,6 +46,7 @@ class SavePlan:
         timeline: the timeline it extends.
         parent: the save directory this save follows (``""`` if none).
         prefixes: how many key prefixes the ranks' parts and markers are spread over.
+        offline: planned without reading the root (it did not answer).
     """
 
     step: int
@@ -54,6 +55,7 @@ class SavePlan:
     timeline: Timeline
     parent: str
     prefixes: int = 1
+    offline: bool = False
 
     @property
     def place(self) -> layout.Placement:
@@ -121,7 +123,8 @@ class Planner:
             parent = start.path if start else ""
         save_id = layout.new_save_id(time.time(), uuid.uuid4().hex)
         taken = offline or own_dir or root.has_manifest(self.store, layout.step_dir(step))
-        return SavePlan(step, save_id, layout.save_dir(step, save_id if taken else ""), timeline, parent, prefixes)
+        return SavePlan(step, save_id, layout.save_dir(step, save_id if taken else ""), timeline, parent, prefixes,
+                        offline)
 
     def committed(self, plan: SavePlan) -> None:
         """``plan``'s save is committed: the job is on its timeline, and it is the job's last

@@ -11,12 +11,18 @@ snapshot (every rank alike):
 3. If this save is due to become durable (every ``durable_every``-th save, ``save(durable=True)``,
    or any save after a durable one failed: agreed by all ranks), it is handed to the upload
    thread, which publishes it from the local files (:meth:`~.commit.Committer.upload`) over a group
-   of its own, one save at a time, in order. A save due while an upload runs waits in a queue of
-   one; a further one waits for room in the save thread (backpressure: never unbounded disk).
-   Local retention keeps every save still to be uploaded.
+   of its own, one save at a time, in order. Saves due while an upload runs wait; of those only
+   the newest :data:`PENDING` stay (an older one stays on the local tier only, its durability
+   superseded), and each upload takes the newest save every rank has waiting (agreed over the
+   upload group: ranks see the queue at different moments). So the save thread never waits for
+   the store: a slow or dead store delays durability, never training, and disk use stays bounded
+   (the upload, the saves waiting, and ``keep``). Local retention keeps every save still to be
+   uploaded.
 
 An upload that fails (store down, throttled past the retry policy) logs a warning naming the step
-and the cause and never raises: the local copy stands and the next save retries durability. A
+and the cause and never raises: the local copy stands and the next save retries durability. Until
+an upload succeeds again the saves are planned offline (:mod:`.plan`), so no save waits for the
+root's answer either. A
 conflict on the root's pointer (another job writes the root) is not transient: it is raised by the
 next ``save``, ``wait`` or ``close``. :attr:`TieredSaves.durable_step` says which step the root
 holds; ``close`` warns when the newest save never became durable.
@@ -42,6 +48,9 @@ __all__ = ["TieredSaves"]
 
 log = logging.getLogger(__name__)
 
+PENDING = 2
+"""Due saves each rank keeps waiting for upload (the newest; older ones are superseded)."""
+
 
 class TieredSaves:
     """Local commits and background uploads for one manager (see the module docstring).
@@ -60,8 +69,10 @@ class TieredSaves:
         self._saves = 0
         self._retry_durable = False  # an upload failed: the next save is durable
         self._error: BaseException | None = None  # a conflict an upload met, raised once
-        self._queue: list[LocalSave] = []  # due, not yet uploading (at most one)
+        self._waiting: dict[int, LocalSave] = {}  # due, not yet uploading, by step (the newest PENDING)
+        self._tasks = 0  # upload tasks submitted and not finished (one per due save, on every rank)
         self._uploading: LocalSave | None = None
+        self._root_down = False  # the root did not answer: plan offline until an upload succeeds
         self._lock = threading.Condition()
         self._uploads = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="streamio-ckpt-upload")
 
@@ -70,10 +81,9 @@ class TieredSaves:
         """Commit ``job`` locally, and hand it to the upload thread if it is due (collective)."""
         self.raise_error()
         self._saves += 1
-        due = durable if durable is not None else (self._saves % self.options.durable_every == 0)
-        due = any(self.comm.all_gather(due or self._retry_durable))  # every rank uploads the same saves
+        wants = durable if durable is not None else (self._saves % self.options.durable_every == 0)
         plan = self._plan(job.step)
-        saved = self._commit_locally(job, plan)
+        saved, due = self._commit_locally(job, plan, wants)
         if saved is None:  # on the root alone, from the host buffer
             self.drain()
             stats = self.committer.commit(job, plan, comm=self.comm)
@@ -93,76 +103,104 @@ class TieredSaves:
         return SaveStats(plan.step, job.blocked_s, None, sum(f.size for f in files), len(files), local_s)
 
     def _plan(self, step: int) -> SavePlan:
-        """The save's plan; offline (with a warning) when the root does not answer."""
-        try:
-            return self.committer.plan(step, own_dir=True, comm=self.comm)
-        except StorageError as exc:
-            log.warning("the checkpoint root %s does not answer (%s): step %d is planned from the local tier",
-                        self.committer.store.root_url, exc, step)
-            return self.committer.plan(step, offline=True, comm=self.comm)
+        """The save's plan; offline when the root does not answer now (with a warning) or did not
+        at the last upload (rank 0 decides, :meth:`~.commit.Committer.plan`)."""
+        plan = self.committer.plan(step, own_dir=True, offline=True if self._root_down else None, comm=self.comm)
+        if plan.offline:
+            self._root_down = True  # (only a successful upload clears it: it may be the upload thread's too)
+        return plan
 
-    def _commit_locally(self, job: Snapshot, plan: SavePlan) -> LocalSave | None:
+    def _commit_locally(self, job: Snapshot, plan: SavePlan, wants: bool) -> tuple[LocalSave | None, bool]:
         """The local commit, agreed: ``None`` unless every rank's copy committed (then every
-        rank drops its copy of this save)."""
+        rank drops its copy of this save); and whether the save is due for the root (``wants``
+        on some rank, or an upload failed: every rank uploads the same saves). One all-gather
+        says both: each collective costs every rank the slowest one's latency."""
         try:
             saved: LocalSave | None = self.local.commit(job, plan)
         except CheckpointError as exc:
             log.warning("%s", exc)
             saved = None
-        if all(self.comm.all_gather(saved is not None)):
-            return saved
+        votes = self.comm.all_gather((saved is not None, wants or self._retry_durable))
+        due = any(v[1] for v in votes)
+        if all(v[0] for v in votes):
+            return saved, due
         if saved is not None:
             log.warning("another rank could not write its local copy of step %d: it goes to the root only", plan.step)
             self.local.drop(plan)
-        return None
+        return None, due
 
     def _protected(self) -> frozenset[str]:
         with self._lock:
-            waiting = [*self._queue, *([self._uploading] if self._uploading is not None else [])]
+            waiting = [*self._waiting.values(), *([self._uploading] if self._uploading is not None else [])]
         return frozenset(s.plan.sdir for s in waiting)
 
     def _enqueue(self, saved: LocalSave) -> None:
-        """Queue ``saved`` for upload (waits while one upload runs and one waits: backpressure)."""
+        """Hand ``saved`` to the upload thread (never waits); of the saves waiting there only the
+        newest :data:`PENDING` stay (the older ones stay on the local tier only)."""
         with self._lock:
-            while self._queue:
-                self._lock.wait()
-            self._queue.append(saved)
+            self._waiting[saved.plan.step] = saved
+            for step in sorted(self._waiting)[:-PENDING]:
+                log.info("checkpoint step %d is superseded in the upload queue by step %d: it stays on the local "
+                         "tier only", step, saved.plan.step)
+                del self._waiting[step]
+            self._tasks += 1
             future = self._uploads.submit(self._upload_next)
         inflight.track(future, saved.plan.step, self.committer.store.root_url)  # waited for at exit
         future.add_done_callback(inflight.forget)
 
     # ------------------------------------------------------------------ the upload thread
     def _upload_next(self) -> None:
-        with self._lock:
-            saved = self._queue.pop(0)
-            self._uploading = saved
-            self._lock.notify_all()
+        """One task per due save, on every rank alike: the ranks agree on the newest save every one
+        of them has waiting, and upload it; the older ones are superseded. (A rank's save thread is
+        at most one due save ahead of another's, so with :data:`PENDING` saves waiting each, a
+        common one exists; if a task finds none, an earlier one uploaded it.)"""
+        try:
+            with self._lock:
+                mine = sorted(self._waiting)
+            try:
+                common = set.intersection(*(set(w) for w in self.committer.comm.all_gather(mine)))
+            except CheckpointError as exc:  # a rank died: this upload, like the collectives after it, fails
+                self._failed_upload(max(mine, default=-1), exc)
+                return
+            if not common:
+                return
+            with self._lock:
+                saved = self._waiting[max(common)]
+                for step in [s for s in self._waiting if s <= saved.plan.step]:
+                    del self._waiting[step]
+                self._uploading = saved
+            self._upload(saved)
+        finally:
+            with self._lock:
+                self._tasks -= 1
+                self._uploading = None
+                self._lock.notify_all()
+
+    def _upload(self, saved: LocalSave) -> None:
         step = saved.plan.step
         try:
             self.committer.upload(saved, comm=self.committer.comm)
         except CheckpointConflictError as exc:
             self._error = exc
         except (CheckpointError, StorageError) as exc:
-            self._retry_durable = True
-            log.warning("checkpoint step %d is committed locally but could not be made durable at %s (%s); "
-                        "the local copy stands and the next save tries again", step, self.committer.store.root_url,
-                        exc)
+            self._failed_upload(step, exc)
         else:
             self._durable(step)
-        finally:
-            with self._lock:
-                self._uploading = None
-                self._lock.notify_all()
+
+    def _failed_upload(self, step: int, exc: BaseException) -> None:
+        self._retry_durable = self._root_down = True
+        log.warning("checkpoint step %d is committed locally but could not be made durable at %s (%s); "
+                    "the local copy stands and the next save tries again", step, self.committer.store.root_url, exc)
 
     def _durable(self, step: int) -> None:
         self.durable_step = step if self.durable_step is None else max(self.durable_step, step)
-        self._retry_durable = False
+        self._retry_durable = self._root_down = False
 
     # ------------------------------------------------------------------ waiting
     def drain(self) -> None:
         """Wait until no upload is queued or running."""
         with self._lock:
-            while self._queue or self._uploading is not None:
+            while self._tasks:
                 self._lock.wait()
 
     def raise_error(self) -> None:
