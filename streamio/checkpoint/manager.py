@@ -95,11 +95,10 @@ class CheckpointManager:
         identity = owner.root_identity(self.store.root_url)
         if local is not None:  # this rank's local root is this job's, or refused (ConfigError)
             owner.claim(Store(local.rank_root(self._comm.rank)), self.store)
-        self._tiers = None if local is None else TieredSaves(
-            self._committer, LocalCommitter(local, self._comm, owner=identity, options=self.options,
-                                            on_phase=on_phase),
-            self._comm, options=self.options,
-        )
+        local_commits = None if local is None else LocalCommitter(local, self._comm, owner=identity,
+                                                                  options=self.options, on_phase=on_phase)
+        self._tiers = None if local_commits is None else TieredSaves(self._committer, local_commits, self._comm,
+                                                                     options=self.options)
         self._restorer = Restorer(self.store, self._comm, concurrency=self.options.concurrency,
                                   part_store=self.store.for_verified_reads(),
                                   local=None if local is None else LocalCopies(local, self._comm.rank, owner=identity),
@@ -257,17 +256,9 @@ class CheckpointManager:
             CheckpointError: the pointer is unusable (restore first: it walks back).
         """
         self._wait_pending()
-        version = pointer_version(self.store)
-        try:
-            pointer = read_pointer(self.store)
-        except ManifestError as exc:
-            raise CheckpointError(
-                f"{self.store.root_url} holds an unusable latest.json ({exc}): restore() walks back to the newest "
-                f"complete checkpoint; or remove the root"
-            ) from exc
-        point = None if pointer is None else Point(pointer.timeline, pointer.step, pointer.path)
+        point, version = _current(self.store)
         self._committer.restored(None if point is None else (point, version))
-        return None if pointer is None else pointer.step
+        return None if point is None else point.step
 
     # ------------------------------------------------------------------------------ restore
     def restore(self, state: MutableMapping[str, Any], *moved: int | None, step: int | None = None) -> int:
@@ -301,6 +292,23 @@ class CheckpointManager:
         restored = self._restorer.restore(state, step)
         self._committer.restored(self._restorer.outcome)
         return restored
+
+
+def _current(store: Store) -> tuple[Point | None, str | None]:
+    """The save the root's pointer names (``None``: no checkpoint yet) and the pointer's version.
+
+    Raises:
+        CheckpointError: the pointer is unusable (restore walks back; adopt cannot).
+    """
+    version = pointer_version(store)
+    try:
+        pointer = read_pointer(store)
+    except ManifestError as exc:
+        raise CheckpointError(
+            f"{store.root_url} holds an unusable latest.json ({exc}): restore() walks back to the newest "
+            f"complete checkpoint; or remove the root"
+        ) from exc
+    return (None if pointer is None else Point(pointer.timeline, pointer.step, pointer.path)), version
 
 
 def _forced(durable: object) -> bool | None:

@@ -287,9 +287,8 @@ def parse_index(data: bytes, *, url: str, layouts_at: Store | None = None) -> Da
     )
 
 
-def load_index(
-    store: Store | str | os.PathLike[str], path: str = INDEX_NAME, *, storage_options: Mapping[str, Any] | None = None,
-) -> DatasetIndex:
+def load_index(store: Store | str | os.PathLike[str], path: str = INDEX_NAME, *,
+               storage_options: Mapping[str, Any] | None = None) -> DatasetIndex:
     """Read and validate ``index.json`` (or another ``path``) at the root of a dataset: ``store`` is
     its URL (``"s3://bucket/ds"``, with fsspec ``storage_options``), a local path or a
     :class:`~streamio.storage.Store`; a URL ending in ``.json`` is the index itself.
