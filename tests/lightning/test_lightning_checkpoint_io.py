@@ -194,8 +194,8 @@ def test_streamio_never_imports_lightning_and_says_what_to_install_without_it() 
 import sys
 import streamio, streamio.lightning
 assert "lightning" not in sys.modules, "import streamio imported lightning"
-sys.modules["lightning"] = None
-sys.modules["lightning.fabric.plugins"] = None
+for name in ("lightning", "lightning.fabric.plugins", "lightning_fabric", "lightning_fabric.plugins"):
+    sys.modules[name] = None  # neither package name of Lightning
 from streamio.errors import MissingDependencyError
 try:
     streamio.lightning.CheckpointIO
