@@ -10,6 +10,7 @@ covered by their own ``--quick`` modes and by the report tests below on syntheti
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from dataclasses import asdict
@@ -182,9 +183,13 @@ def test_quick_suite_runs_and_writes_its_report(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning", "ignore::FutureWarning")  # Lightning's
-def test_lightning_section_measures_both_plugins_on_s3_and_renders(tmp_path: Path) -> None:
+def test_lightning_section_measures_both_plugins_on_s3_and_renders(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("lightning")
     from benchmarks import bench_lightning
+
+    for name in [n for n in os.environ if n.startswith("AWS_")]:  # run() sets and clears AWS_*: restored after
+        monkeypatch.delenv(name)
 
     lines: list[str] = []
     sec = bench_lightning.run(2, 1, log=lines.append)  # a real Trainer's dict, both plugins, moto in a child
