@@ -47,6 +47,10 @@ declarative specs in :mod:`benchmarks.tables`, rendered by :mod:`benchmarks.repo
   proxy), blocked time with and without a tier, and a training loop saving every N steps with
   ``durable_every=10`` vs every save uploaded vs no checkpoint: :mod:`benchmarks.bench_tiers`
   (``--json``, a subprocess).
+* ``lightning``  — Lightning checkpoints to S3 (issue 35): time blocked per save and restore time
+  through ``streamio.lightning.CheckpointIO`` vs Lightning's ``TorchCheckpointIO`` on the same
+  moto bucket, each also wrapped in Lightning's ``AsyncCheckpointIO``, for the checkpoint dict a
+  real ``Trainer`` builds (MLP + Adam + loops): :mod:`benchmarks.bench_lightning` (``--json``, a subprocess).
 
 Each section runs its contenders interleaved, several repetitions, and reports medians with
 min-max and ratios to references measured in the same run (absolute numbers move between runs on
@@ -78,7 +82,7 @@ from benchmarks.report import fmt, render  # noqa: E402
 from benchmarks.tables import REPORT  # noqa: E402
 
 SECTIONS = ("references", "dataset", "mixture", "tokens", "scale", "pipeline", "read", "shard", "prepare", "plan",
-            "shuffle", "checkpoint", "sharded", "tiers", "fanout", "throttle")
+            "shuffle", "checkpoint", "sharded", "tiers", "fanout", "throttle", "lightning")
 HERE = Path(__file__).resolve().parent
 
 
@@ -206,6 +210,15 @@ def section_throttle(quick: bool, scratch: str) -> dict[str, Any]:
     return dict(res)
 
 
+def section_lightning(quick: bool, scratch: str) -> dict[str, Any]:
+    dest = os.path.join(scratch, "lightning.json")
+    args = ["--size-mb", "8", "--reps", "1"] if quick else ["--size-mb", "96", "--reps", "3"]
+    _subprocess(["-m", "benchmarks.bench_lightning", "--json", dest, *args], 900)
+    res = json.loads(Path(dest).read_text())
+    res["args"] = args
+    return dict(res)
+
+
 def section_sharded(quick: bool, scratch: str) -> dict[str, Any]:
     from benchmarks import bench_sharded
 
@@ -227,6 +240,7 @@ def run_sections(names: list[str], quick: bool, scratch: str, use_nginx: bool,
         "references": section_references, "read": section_read, "shard": section_shard, "prepare": section_prepare,
         "plan": section_plan, "checkpoint": section_checkpoint, "mixture": section_mixture,
         "sharded": section_sharded, "tiers": section_tiers, "fanout": section_fanout, "throttle": section_throttle,
+        "lightning": section_lightning,
         "shuffle": lambda quick, _scratch: section_shuffle(quick, peers),
         "pipeline": lambda quick, scratch: section_pipeline(quick, scratch, peers),
         "tokens": lambda quick, scratch: section_tokens(quick, scratch, peers),

@@ -143,6 +143,7 @@ HEADLINES = {  # section -> its headline ratios, in the order the table lists th
     + [(f"throttle: {th['job']['world']} ranks, {case}, save {i + 1}: {what}", c[key])
        for case, runs in th.get("job", {}).get("cases", {}).items() if case != JOB_FLOOR
        for i, c in enumerate(runs) for what, key in (("time / ideal", "over_ideal"), ("share refused", "refused"))],
+    "lightning": lambda li: [(f"lightning: {k}", v) for k, v in li["ratios"].items()],
 }
 
 
@@ -793,6 +794,34 @@ THROTTLE = SectionSpec("Writers through a rate limit (issue 26: `benchmarks/benc
 ))
 
 
+# ----------------------------------------------------------------------------- lightning
+LIGHTNING_ROWS = (  # (key in seconds, what it is), in the order of the report
+    ("streamio save", "`CheckpointIO()`: save_checkpoint returns (training blocked throughout)"),
+    ("torch save", "Lightning's `TorchCheckpointIO` (torch.save through fsspec/s3fs): the same"),
+    ("streamio async blocked", "`AsyncCheckpointIO(CheckpointIO())`: the call (Lightning clones the tensors)"),
+    ("torch async blocked", "`AsyncCheckpointIO(TorchCheckpointIO())`: the same"),
+    ("streamio async durable", "`AsyncCheckpointIO(CheckpointIO())`: until its writer thread is done"),
+    ("torch async durable", "`AsyncCheckpointIO(TorchCheckpointIO())`: the same"),
+    ("streamio load", "`CheckpointIO().load_checkpoint` (every part's CRC32C verified)"),
+    ("torch load", "`TorchCheckpointIO().load_checkpoint` (one GET, torch.load)"),
+)
+
+LIGHTNING = SectionSpec("Lightning checkpoints to S3 (issue 35: `benchmarks/bench_lightning.py`)", key="lightning",
+                        blocks=(
+    Text(lambda sec: [
+        f"The checkpoint dict a real Lightning `Trainer` hands its plugin after one Adam step of an MLP "
+        f"({sec['layers']} linear layers of {sec['width']}): {sec['size_bytes'] / 1e6:,.0f} MB of tensors "
+        "(parameters + Adam's two moments) plus loops, callbacks and hyperparameters. Saved to "
+        "`s3://.../last.ckpt` (a later step each time, as `save_last` does) on moto, no proxy latency, by each "
+        f"plugin on its own path of one bucket; {sec['reps']} repetitions after a warm-up, interleaved "
+        f"(arguments: `{' '.join(sec.get('args', []))}`). Seconds, median [min-max]."]),
+    Table((_str("measurement", 0), _str("what", 1), Column("seconds", lambda r: med(r[2], 3))),
+          rows=lambda sec: [(k, what, common.summary(sec["runs_s"][k])) for k, what in LIGHTNING_ROWS
+                            if k in sec["runs_s"]]),
+    _ratios(),
+))
+
+
 # ----------------------------------------------------------------------------- peers
 def _peers(res: Results) -> list[str]:
     ran = res.get("dataset", {}).get("contenders", {})
@@ -836,5 +865,5 @@ def _shuffle_peers(res: Results) -> list[str] | None:
 PEERS = SectionSpec("Peers in their own environments", blocks=(Text(_peers), Text(_shuffle_peers)))
 
 SECTIONS = (REFERENCES, DATASET, MIXTURE, TOKENS, SCALE, PIPELINE, READ, SHARD, PREPARE, PLAN, SHUFFLE, CHECKPOINT,
-            SHARDED, TIERS, FANOUT, THROTTLE)  # in the suite's order
+            SHARDED, TIERS, FANOUT, THROTTLE, LIGHTNING)  # in the suite's order
 REPORT = (INTRO, HEADLINE, *SECTIONS, PEERS)

@@ -7,6 +7,8 @@ installed raises :class:`~streamio.errors.MissingDependencyError` saying what to
 * :class:`CheckpointIO`, a Lightning ``CheckpointIO`` plugin: each checkpoint path is a streamio
   checkpoint root holding one save, written by global rank 0 alone (as Lightning calls it) with
   its pointer last, loaded on every rank with every part CRC-checked, nothing pickled.
+* :class:`AsyncCheckpointIO`, Lightning's ``AsyncCheckpointIO`` (saves in a thread, the training
+  loop blocked for a copy of the tensors) whose top-k removals wait for the saves before them.
 * :class:`ModelCheckpoint`, Lightning's callback whose ``ckpt_path="last"`` lookup finds the
   newest committed ``last*.ckpt`` root under ``dirpath`` on any storage.
 
@@ -21,11 +23,13 @@ from typing import TYPE_CHECKING
 
 from streamio.lazy import lazy_exports
 
-__all__ = ["CheckpointIO", "ModelCheckpoint"]
+__all__ = ["AsyncCheckpointIO", "CheckpointIO", "ModelCheckpoint"]
 
-_EXPORTS = {"CheckpointIO": "streamio.lightning.plugin", "ModelCheckpoint": "streamio.lightning.callback"}
+_EXPORTS = {"AsyncCheckpointIO": "streamio.lightning.background", "CheckpointIO": "streamio.lightning.plugin",
+            "ModelCheckpoint": "streamio.lightning.callback"}
 
 if TYPE_CHECKING:
+    from streamio.lightning.background import AsyncCheckpointIO
     from streamio.lightning.callback import ModelCheckpoint
     from streamio.lightning.plugin import CheckpointIO
 

@@ -29,7 +29,8 @@ class ModelCheckpoint(_LightningModelCheckpoint):  # type: ignore[misc]
     """``lightning.pytorch.callbacks.ModelCheckpoint`` whose ``last`` lookup reads streamio roots.
 
     Takes Lightning's arguments. The storage options of the lookup are those of the trainer's
-    :class:`~.plugin.CheckpointIO`; ``save_last="link"`` is refused on object storage by Lightning.
+    :class:`~.plugin.CheckpointIO`, also when Lightning's ``AsyncCheckpointIO`` wraps it;
+    ``save_last="link"`` is refused on object storage by Lightning.
     """
 
     def _find_last_checkpoints(self, trainer: Any) -> set[str]:
@@ -44,5 +45,9 @@ class ModelCheckpoint(_LightningModelCheckpoint):  # type: ignore[misc]
 
 
 def _storage_options(trainer: Any) -> Mapping[str, Any] | None:
+    """The storage options of the trainer's :class:`~.plugin.CheckpointIO`, also inside Lightning's
+    ``AsyncCheckpointIO`` (a wrapper holding the plugin it wraps as ``checkpoint_io``)."""
     plugin = getattr(trainer.strategy, "checkpoint_io", None)
-    return plugin.storage_options if isinstance(plugin, CheckpointIO) else None
+    while plugin is not None and not isinstance(plugin, CheckpointIO):
+        plugin = getattr(plugin, "checkpoint_io", None)
+    return plugin.storage_options if plugin is not None else None

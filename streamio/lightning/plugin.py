@@ -25,7 +25,7 @@ from typing import Any
 from streamio.checkpoint import CheckpointManager, KeepLast, SaveOptions
 from streamio.errors import ArgumentError, CheckpointError, CheckpointNotFoundError
 from streamio.lightning.paths import checkpoint_store, remove_root
-from streamio.lightning.requirement import require
+from streamio.lightning.requirement import require_any
 from streamio.storage import RetryPolicy
 
 __all__ = ["STATE", "CheckpointIO"]
@@ -33,11 +33,15 @@ __all__ = ["STATE", "CheckpointIO"]
 STATE = "lightning"
 """The one name a Lightning checkpoint dict is saved under in its root."""
 
-_LightningCheckpointIO: Any = require("lightning.fabric.plugins").CheckpointIO
+_BASES: tuple[type, ...] = require_any("CheckpointIO", "lightning.fabric.plugins", "lightning_fabric.plugins")
 
 
-class CheckpointIO(_LightningCheckpointIO):  # type: ignore[misc]
+class CheckpointIO(*_BASES):  # type: ignore[misc]
     """A Lightning ``CheckpointIO`` plugin over streamio checkpoints (see the module docstring).
+
+    It subclasses the ``CheckpointIO`` of each Lightning package installed (``lightning`` and the
+    older ``pytorch_lightning`` / ``lightning_fabric``), so both packages' ``Trainer`` and ``Fabric``
+    accept it.
 
     Example::
 

@@ -10,6 +10,7 @@ covered by their own ``--quick`` modes and by the report tests below on syntheti
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from dataclasses import asdict
@@ -20,6 +21,7 @@ import pytest
 
 from benchmarks import common, run
 from benchmarks.bench_dataset import _trial_stats, scale_model
+from benchmarks.tables import LIGHTNING_ROWS
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -177,6 +179,33 @@ def test_quick_suite_runs_and_writes_its_report(tmp_path: Path) -> None:
     text = (tmp_path / "RESULTS.md").read_text()
     assert "## Scale: simulated nodes and a model (issue 9)" in text and "| 8 x 8 |" in text
     assert "| streamio Shuffle() (default) | 1x2 | 32.0 (32) | 10.0 (10) |" in text
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning", "ignore::FutureWarning")  # Lightning's
+def test_lightning_section_measures_both_plugins_on_s3_and_renders(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("lightning")
+    from benchmarks import bench_lightning
+
+    for name in [n for n in os.environ if n.startswith("AWS_")]:  # run() sets and clears AWS_*: restored after
+        monkeypatch.delenv(name)
+
+    lines: list[str] = []
+    sec = bench_lightning.run(2, 1, log=lines.append)  # a real Trainer's dict, both plugins, moto in a child
+    layers, width = sec["layers"], sec["width"]  # params + Adam's two moments + its float32 step per param
+    assert sec["size_bytes"] == 3 * 4 * layers * (width**2 + width) + 2 * 4 * layers
+    assert set(sec["runs_s"]) == {k for k, _ in LIGHTNING_ROWS}  # every row the report shows, measured
+    assert all(len(v) == 1 and v[0] > 0 for v in sec["runs_s"].values())
+    assert len([line for line in lines if line.startswith("warm-up")]) == 6  # one untimed run of each timed call
+    assert set(sec["ratios"]) == {"save blocked: streamio / TorchCheckpointIO", "load: streamio / TorchCheckpointIO",
+                                  "async blocked: streamio / TorchCheckpointIO",
+                                  "async durable: streamio / TorchCheckpointIO", "streamio: async blocked / sync save"}
+    res = {"machine": common.machine(), "lightning": {"status": "ok", "args": ["--size-mb", "2"], **sec}}
+    text = run.write_report(res, tmp_path, []).read_text()
+    assert "## Lightning checkpoints to S3 (issue 35: `benchmarks/bench_lightning.py`)" in text
+    assert "| torch save | Lightning's `TorchCheckpointIO`" in text
+    assert "| lightning: load: streamio / TorchCheckpointIO |" in text  # in the headline table
 
 
 def test_peer_environment_needs_its_pins_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

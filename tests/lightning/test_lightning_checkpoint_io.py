@@ -194,8 +194,8 @@ def test_streamio_never_imports_lightning_and_says_what_to_install_without_it() 
 import sys
 import streamio, streamio.lightning
 assert "lightning" not in sys.modules, "import streamio imported lightning"
-sys.modules["lightning"] = None
-sys.modules["lightning.fabric.plugins"] = None
+for name in ("lightning", "lightning.fabric.plugins", "lightning_fabric", "lightning_fabric.plugins"):
+    sys.modules[name] = None  # neither package name of Lightning
 from streamio.errors import MissingDependencyError
 try:
     streamio.lightning.CheckpointIO
@@ -220,3 +220,44 @@ def test_a_local_file_at_a_checkpoint_path_is_named_and_never_blocks(tmp_path: P
             io.save_checkpoint(_ckpt(1), tmp_path / name)
     assert torch.load(tmp_path / "last.ckpt") == {"state_dict": {}}  # left as it was
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo.ckpt", "last.ckpt"]
+
+
+def test_lightnings_async_checkpoint_io_saves_through_the_plugin_in_its_thread(io: CheckpointIO,
+                                                                              s3: S3Endpoint) -> None:
+    from lightning.pytorch.plugins.io import AsyncCheckpointIO
+
+    path = s3.url("run/ckpt/last.ckpt")
+    wrapped = AsyncCheckpointIO(io)
+    state = _ckpt(7)
+    wrapped.save_checkpoint(state, path)  # returns once Lightning has cloned the tensors; the save runs behind
+    state["state_dict"]["net.weight"].add_(5.0)  # training goes on: the save keeps what was handed over
+    wrapped.teardown()  # what Lightning calls at the end of fit: waits for the save
+    assert _equal(io.load_checkpoint(path), _ckpt(7))
+    bad = _ckpt(9)
+    bad["hyper_parameters"]["thing"] = object()
+    wrapped.save_checkpoint(bad, path)
+    with pytest.raises(CheckpointError, match=r"hyper_parameters.*thing|thing.*hyper_parameters"):
+        wrapped.teardown()  # a failed save in Lightning's thread is raised here (or by the next save)
+    assert read_pointer(Store(path, s3.storage_options())).step == 7  # the path still holds step 7, whole
+    assert _equal(io.load_checkpoint(path), _ckpt(7))
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning", "ignore::FutureWarning")
+def test_async_saves_resume_with_ckpt_path_last_and_top_k_removes_each_path_after_its_save(
+        io: CheckpointIO, s3: S3Endpoint) -> None:
+    from streamio.lightning import AsyncCheckpointIO
+    from streamio.lightning.callback import _storage_options
+
+    opts = s3.storage_options()
+    dirpath = s3.url("run/ckpt")
+    data = torch.utils.data.DataLoader(torch.randn(64, 3), batch_size=4)
+    _trainer(AsyncCheckpointIO(io), dirpath, 6).fit(_Tiny(), data, ckpt_path="last")
+    last = Store(f"{dirpath}/last.ckpt", opts)
+    assert read_pointer(last).step == 6  # fit's teardown waited for the last save
+    trainer = _trainer(AsyncCheckpointIO(io), dirpath, 8)
+    assert _storage_options(trainer) == opts  # the lookup's, found inside Lightning's wrapper
+    trainer.fit(_Tiny(), data, ckpt_path="last")
+    assert trainer.ckpt_path == pointer_url(last)
+    assert read_pointer(last).step == 8 and [s.step for s in committed_saves(last)] == [8]
+    roots = sorted({o.path.split("/")[0] for o in Store(dirpath, opts).list()})
+    assert roots == ["epoch=0-step=8.ckpt", "last.ckpt"], roots  # save_top_k=1 removed the others, none came back
