@@ -41,6 +41,9 @@ from streamio.storage import RetryPolicy, Store
 
 __all__ = ["CheckpointManager"]
 
+LOCAL_ONLY = "local"
+"""``save(durable=LOCAL_ONLY)``: this save stays on the local tier (a save option, not a protocol)."""
+
 
 class CheckpointManager:
     """Saves and restores training state under one root URL; see the module docstring.
@@ -316,7 +319,7 @@ def _forced(durable: object) -> bool | None:
     ``None`` as ``durable_every`` says (see :meth:`CheckpointManager.save`)."""
     if durable is None or durable is True:
         return durable
-    if isinstance(durable, str) and durable == "local":
+    if isinstance(durable, str) and durable == LOCAL_ONLY:
         return False
     if durable is False:
         warnings.warn(

@@ -25,8 +25,8 @@ is not refused: a warning says so, and the tier is then used as a failing disk i
 to the root, agreed by every rank; restores read the root).
 
 The identity (:func:`root_identity`) is the root URL normalised: the scheme in lower case (``gcs``
-and ``s3a`` as ``gs`` and ``s3``), no userinfo, query or fragment (where credentials hide), the
-path without ``.``, ``..`` or repeated ``/``; a local root is its resolved absolute path. The
+and ``s3a`` as ``gs`` and ``s3``, by the storage layer's one table of protocol names), no
+userinfo, query or fragment (where credentials hide), the path without ``.``, ``..`` or repeated ``/``; a local root is its resolved absolute path. The
 endpoint is not part of it: one job may reach its bucket through different endpoints.
 """
 
@@ -45,25 +45,24 @@ from streamio.checkpoint.format.checks import ManifestError
 from streamio.checkpoint.format.notes import OwnerRecord
 from streamio.errors import ConfigError, ObjectTooLargeError, StreamioError, WriteConflictError
 from streamio.storage import Store
+from streamio.storage.backends import canonical, is_file_url
 
 __all__ = ["claim", "owns", "read_owner", "root_identity"]
 
 log = logging.getLogger(__name__)
 
-_ALIASES = {"gcs": "gs", "s3a": "s3"}
 _FIX = "give each job a LocalTier path of its own"
 
 
 def root_identity(url: str) -> str:
     """The identity of the checkpoint root at ``url`` (see the module docstring): what
     ``owner.json`` records, with no credential in it."""
-    scheme = urllib.parse.urlsplit(url).scheme.lower() if "://" in url else ""
-    if scheme in ("", "file"):
-        return "file://" + os.path.realpath(url.removeprefix("file://") if scheme else url)
+    if is_file_url(url):
+        return "file://" + os.path.realpath(url.split("://", 1)[1] if "://" in url else url)
     parts = urllib.parse.urlsplit(url)
     path = re.sub("/+", "/", parts.path)
     path = posixpath.normpath(path).rstrip("/") if path.strip("/") else ""
-    return f"{_ALIASES.get(scheme, scheme)}://{parts.netloc.rpartition('@')[2]}{path}"
+    return f"{canonical(parts.scheme.lower())}://{parts.netloc.rpartition('@')[2]}{path}"
 
 
 def read_owner(store: Store) -> OwnerRecord | None:
