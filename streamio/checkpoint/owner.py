@@ -26,8 +26,9 @@ to the root, agreed by every rank; restores read the root).
 
 The identity (:func:`root_identity`) is the root URL normalised: the scheme in lower case (``gcs``
 and ``s3a`` as ``gs`` and ``s3``, by the storage layer's one table of protocol names), no
-userinfo, query or fragment (where credentials hide), the path without ``.``, ``..`` or repeated ``/``; a local root is its resolved absolute path. The
-endpoint is not part of it: one job may reach its bucket through different endpoints.
+userinfo, query or fragment (where credentials hide), the path without ``.``, ``..`` or repeated
+``/``; a local root is its resolved absolute path. The endpoint is not part of it: one job may
+reach its bucket through different endpoints.
 """
 
 from __future__ import annotations
