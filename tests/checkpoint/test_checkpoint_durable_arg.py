@@ -19,14 +19,11 @@ import torch
 
 from streamio import CheckpointManager, LocalTier, SaveOptions
 from streamio.errors import ArgumentError
+from support.tiers import saved_steps
 
 
 def state(step: int) -> dict[str, Any]:
     return {"w": torch.full((8,), float(step)), "progress": {"step": step}}
-
-
-def saved_steps(root: Path) -> list[int]:
-    return sorted(int(p.name.split("-")[1]) for p in root.glob("step-*") if (p / "manifest.json").exists())
 
 
 def _manager(tmp_path: Path, every: int) -> CheckpointManager:

@@ -18,6 +18,7 @@ from streamio import CheckpointManager, LocalTier, SaveOptions
 from streamio.checkpoint.admin.tiers import list_tiers
 from streamio.errors import ConfigError
 from streamio.storage import Store
+from support.tiers import saved_steps
 
 LOCAL_ONLY = SaveOptions(part_size=64 << 10, durable_every=100)  # saves stay on the local tier
 
@@ -28,10 +29,6 @@ def state(step: int) -> dict[str, Any]:
 
 def blank() -> dict[str, Any]:
     return {"w": torch.zeros(32, 256), "progress": None}
-
-
-def saved_steps(root: Path) -> list[int]:
-    return sorted(int(p.name.split("-")[1]) for p in root.glob("step-*") if (p / "manifest.json").exists())
 
 
 def owner_record(root: str) -> bytes:

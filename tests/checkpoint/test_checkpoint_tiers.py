@@ -18,34 +18,13 @@ import torch
 from streamio import CheckpointManager, LocalTier, SaveOptions
 from streamio.checkpoint.admin import verify_checkpoint
 from streamio.errors import CheckpointNotFoundError, ConfigError
-from streamio.storage import RetryPolicy, Store
+from streamio.storage import Store
 from streamio.testing import FaultProxy, S3Endpoint
-
-OPTS = SaveOptions(part_size=64 << 10, concurrency=4)
-
-
-def _no_sleep(seconds: float) -> None:
-    """Retries without waiting (a module function: the policy is pickled with the Store)."""
-
-
-FAST = RetryPolicy(max_attempts=2, initial_backoff=0.01, sleep=_no_sleep)
-
-
-def state(step: int) -> dict[str, Any]:
-    g = torch.Generator().manual_seed(step)
-    return {"w": torch.randn(64, 512, generator=g), "progress": {"step": step}}
-
-
-def blank() -> dict[str, Any]:
-    return {"w": torch.zeros(64, 512), "progress": None}
+from support.tiers import FAST, OPTS, blank, saved_steps, state
 
 
 def assert_state(got: dict[str, Any], step: int) -> None:
     assert torch.equal(got["w"], state(step)["w"]) and got["progress"] == {"step": step}
-
-
-def saved_steps(root: Path) -> list[int]:
-    return sorted(int(p.name.split("-")[1]) for p in root.glob("step-*") if (p / "manifest.json").exists())
 
 
 @pytest.fixture

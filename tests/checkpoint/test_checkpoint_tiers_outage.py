@@ -15,34 +15,17 @@ import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 
-from streamio import CheckpointManager, LocalTier, SaveOptions
+from streamio import CheckpointManager, LocalTier
 from streamio.checkpoint.admin import verify_checkpoint
-from streamio.storage import RetryPolicy, Store
+from streamio.storage import Store
 from streamio.testing import FaultProxy, S3Endpoint
+from support.tiers import FAST, OPTS, blank, state
 
-OPTS = SaveOptions(part_size=64 << 10, concurrency=4)
 DOWN_S = 0.3  # every request to the dead store takes this long to fail
-
-
-def _no_sleep(seconds: float) -> None:
-    """Retries without waiting (a module function: the policy is pickled with the Store)."""
-
-
-FAST = RetryPolicy(max_attempts=2, initial_backoff=0.01, sleep=_no_sleep)
-
-
-def state(step: int) -> dict[str, Any]:
-    g = torch.Generator().manual_seed(step)
-    return {"w": torch.randn(64, 512, generator=g), "progress": {"step": step}}
-
-
-def blank() -> dict[str, Any]:
-    return {"w": torch.zeros(64, 512), "progress": None}
 
 
 @pytest.fixture

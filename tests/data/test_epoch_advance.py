@@ -12,32 +12,19 @@ from __future__ import annotations
 import collections
 import logging
 from collections.abc import Callable
-from typing import Any
 
 import pytest
-from torch.utils.data import DataLoader
-from torchdata.stateful_dataloader import StatefulDataLoader
 
 import streamio.data.position as position_module
 from streamio.data.dataset import StreamingDataset
 from streamio.data.loader import StreamingDataLoader
 from streamio.errors import PlanError
-from support.dataset import make_dataset
-
-COUNTS = [5, 7, 3, 9]  # 24 samples: 6 batches of 4 per epoch
-KINDS = ["plain-0", "streaming-0", "streaming-2", "stateful-0", "stateful-2"]
-Batch = tuple[str, ...]
-
-
-def keys_of(batch: list[dict[str, Any]]) -> Batch:
-    return tuple(s["__key__"] for s in batch)
+from support.loaders import KINDS, Batch, LoaderJob, keys_of, small_dataset
 
 
 @pytest.fixture(scope="module")
 def url(tmp_path_factory: pytest.TempPathFactory) -> str:
-    url = str(tmp_path_factory.mktemp("ds") / "small")
-    make_dataset(url, None, COUNTS)
-    return url
+    return small_dataset(str(tmp_path_factory.mktemp("ds") / "small"))
 
 
 @pytest.fixture(autouse=True)
@@ -45,21 +32,8 @@ def one_rank(as_rank: Callable[[int, int], None]) -> None:
     as_rank(0, 1)
 
 
-class Job:
+class Job(LoaderJob):
     """A dataset and a loader of one kind, with the loader's way to save and restore a position."""
-
-    def __init__(self, url: str, kind: str) -> None:
-        name, workers = kind.split("-")
-        n = int(workers)
-        self.ds = StreamingDataset(url, batch_size=4)
-        self.loader: Any
-        if name == "plain":
-            self.loader = DataLoader(self.ds, batch_size=4, num_workers=n, collate_fn=keys_of)
-        elif name == "streaming":
-            self.loader = StreamingDataLoader(self.ds, num_workers=n, collate_fn=keys_of)
-        else:
-            self.loader = StatefulDataLoader(self.ds, batch_size=4, num_workers=n, collate_fn=keys_of)
-        self.stateful = self.ds if name == "plain" else self.loader
 
     def run(self, passes: int, *, stop_after: int | None = None) -> list[list[Batch]]:
         """``passes`` loops over the loader, never calling set_epoch; the last stops after ``stop_after``."""

@@ -24,22 +24,15 @@ import streamio.data.dataset as dataset_module
 from streamio.data.dataset import StreamingDataset
 from streamio.data.loader import StreamingDataLoader
 from streamio.errors import PlanError, StateMismatchError
-from support.dataset import make_dataset
+from support.loaders import keys_of, small_dataset
 
 EPOCHS = 2
-COUNTS = [5, 7, 3, 9]  # 24 samples: 6 batches of 4 per epoch
 Cut = tuple[int, int | str]  # (epoch, batches taken in it); 0 = after set_epoch, "end" = after the loop
-
-
-def keys_of(batch: list[dict[str, Any]]) -> tuple[str, ...]:
-    return tuple(s["__key__"] for s in batch)
 
 
 @pytest.fixture(scope="module")
 def url(tmp_path_factory: pytest.TempPathFactory) -> str:
-    url = str(tmp_path_factory.mktemp("ds") / "small")
-    make_dataset(url, None, COUNTS)
-    return url
+    return small_dataset(str(tmp_path_factory.mktemp("ds") / "small"))
 
 
 @pytest.fixture(autouse=True)
