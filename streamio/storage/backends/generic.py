@@ -78,17 +78,7 @@ class GenericBackend:
 
     def open_stream(self, full: str, start: int, end: int | None, piece: int, on_end: OnEnd) -> Iterator[bytes]:
         with self.fs.open(full, "rb") as f:
-            size = int(self.fs.size(full))
-            end = size if end is None else min(end, size)
-            on_end(end)
-            f.seek(start)
-            pos = start
-            while pos < end:
-                data = f.read(min(piece, end - pos))
-                if not data:
-                    return
-                pos += len(data)
-                yield data
+            yield from pieces(f, int(self.fs.size(full)), start, end, piece, on_end)
 
     # ------------------------------------------------------------- metadata
     def info(self, full: str) -> tuple[int, str | None]:
@@ -137,3 +127,19 @@ class GenericBackend:
 
     def bucket_exists(self, bucket: str) -> bool:
         return True
+
+
+def pieces(f: Any, size: int, start: int, end: int | None, piece: int, on_end: OnEnd) -> Iterator[bytes]:
+    """Bytes ``[start, end)`` of the open file ``f`` of ``size`` bytes, in pieces of at most ``piece``;
+    ``on_end`` learns where the range ends (``end`` clipped to the size). A file that ends early ends
+    the stream (the caller's length check names it)."""
+    end = size if end is None else min(end, size)
+    on_end(end)
+    f.seek(start)
+    pos = start
+    while pos < end:
+        data = f.read(min(piece, end - pos))
+        if not data:
+            return
+        pos += len(data)
+        yield data

@@ -37,7 +37,7 @@ from streamio.storage.backends.base import (
     shorter_than_expected,
     too_large,
 )
-from streamio.storage.backends.generic import GenericBackend
+from streamio.storage.backends.generic import GenericBackend, pieces
 
 _KINDS = {
     stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket", stat.S_IFCHR: "a character device",
@@ -141,17 +141,7 @@ class LocalBackend(GenericBackend):
     def open_stream(self, full: str, start: int, end: int | None, piece: int, on_end: OnEnd) -> Iterator[bytes]:
         """``[start, end)`` in pieces of at most ``piece`` bytes, from one descriptor (:func:`open_regular`)."""
         with os.fdopen(open_regular(full), "rb", buffering=0) as f:
-            size = os.fstat(f.fileno()).st_size
-            end = size if end is None else min(end, size)
-            on_end(end)
-            f.seek(start)
-            pos = start
-            while pos < end:
-                data = f.read(min(piece, end - pos))
-                if not data:
-                    return
-                pos += len(data)
-                yield data
+            yield from pieces(f, os.fstat(f.fileno()).st_size, start, end, piece, on_end)
 
     def version_of(self, entry: Mapping[str, Any]) -> str | None:
         return local_version(entry["name"])
