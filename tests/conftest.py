@@ -6,7 +6,6 @@ import os
 import uuid
 from collections.abc import Iterator
 
-import gcsfs
 import pytest
 import s3fs
 from hypothesis import HealthCheck, settings
@@ -25,14 +24,14 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
     fsspec caches a filesystem per set of arguments, not per environment: an ``S3FileSystem()``
     made by code that finds its endpoint in the environment (Lightning's file checks, a benchmark's
-    ``TorchCheckpointIO``) would serve a later test the endpoint of a server that is gone.
+    ``TorchCheckpointIO``) would serve a later test the endpoint of a server that is gone. (Not
+    gcsfs's: clearing it made the next GCS test hang, a cause not yet found.)
     """
     for name in list(os.environ):
         if name.startswith(("AWS_", "GOOGLE_", "STORAGE_EMULATOR")):
             monkeypatch.delenv(name)
     monkeypatch.setenv("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
     s3fs.S3FileSystem.clear_instance_cache()
-    gcsfs.GCSFileSystem.clear_instance_cache()
 
 
 @pytest.fixture(scope="session")
