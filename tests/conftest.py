@@ -7,7 +7,6 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-import s3fs
 from hypothesis import HealthCheck, settings
 
 from streamio.storage import Store
@@ -20,18 +19,11 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Tests control every AWS_* / GCS variable they depend on (the host sets some).
-
-    fsspec caches a filesystem per set of arguments, not per environment: an ``S3FileSystem()``
-    made by code that finds its endpoint in the environment (Lightning's file checks, a benchmark's
-    ``TorchCheckpointIO``) would serve a later test the endpoint of a server that is gone. (Not
-    gcsfs's: clearing it made the next GCS test hang, a cause not yet found.)
-    """
+    """Tests control every AWS_* / GCS variable they depend on (the host sets some)."""
     for name in list(os.environ):
         if name.startswith(("AWS_", "GOOGLE_", "STORAGE_EMULATOR")):
             monkeypatch.delenv(name)
     monkeypatch.setenv("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
-    s3fs.S3FileSystem.clear_instance_cache()
 
 
 @pytest.fixture(scope="session")
