@@ -14,7 +14,11 @@ Refused, each with an error that names the fix, because each re-shards or drops 
 * a :class:`~streamio.StreamingDataset` where a loader belongs (give it a ``StreamingDataLoader``:
   the worker count and collate are the caller's to choose, and the batch size is the dataset's);
 * any other loader over a ``StreamingDataset`` (a torch ``DataLoader``, a loader Accelerate
-  already prepared): Accelerate would shard it again.
+  already prepared): Accelerate would shard it again;
+* a streamio loader whose rank and world size (the process group's, else torchrun's environment)
+  are not the accelerator's: ``Accelerator()`` on a machine without GPUs under torchrun trains in
+  independent processes while the dataset shards by ``WORLD_SIZE`` (measured: each process trained
+  on half the data, alone).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from streamio.accelerate.loader import DeviceLoader
 from streamio.accelerate.requirement import require
 from streamio.data.dataset import StreamingDataset
 from streamio.data.loader import StreamingDataLoader
+from streamio.distributed import rank_and_world
 from streamio.errors import ArgumentError, ConfigError
 
 __all__ = ["prepare", "refuse_resharded"]
@@ -86,6 +91,7 @@ def _wrap(accelerator: Any, loader: StreamingDataLoader | DeviceLoader) -> Devic
 
 def _check(accelerator: Any, obj: Any) -> None:
     if isinstance(obj, (StreamingDataLoader, DeviceLoader)):
+        _check_ranks(accelerator, obj)
         config = accelerator.dataloader_config
         for option in ("dispatch_batches", "split_batches"):
             if getattr(config, option, None):
@@ -104,6 +110,19 @@ def _check(accelerator: Any, obj: Any) -> None:
         dataset = _streaming_dataset(obj)
         if dataset is not None:
             raise ConfigError(_resharded(type(obj).__name__, dataset, "streamio.accelerate.prepare got"))
+
+
+def _check_ranks(accelerator: Any, loader: StreamingDataLoader | DeviceLoader) -> None:
+    """The dataset shards over the ranks the accelerator trains on (both read torchrun's, or the group's)."""
+    ranks = rank_and_world()
+    if ranks != (accelerator.process_index, accelerator.num_processes):
+        raise ConfigError(
+            f"streamio.accelerate.prepare: the dataset {loader.dataset!r} shards as rank {ranks[0]} of {ranks[1]} "
+            f"(torch.distributed, else torchrun's RANK/WORLD_SIZE), the Accelerator runs as process "
+            f"{accelerator.process_index} of {accelerator.num_processes}: each process would train alone on a "
+            f"share of the data. On CPUs under torchrun, make it Accelerator(cpu=True); or start the job with "
+            f"accelerate launch"
+        )
 
 
 def refuse_resharded(accelerator: Any) -> None:

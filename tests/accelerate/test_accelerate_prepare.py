@@ -119,6 +119,18 @@ def test_prepare_refuses_an_accelerator_that_dispatches_or_splits_batches(
     assert accelerator._models == [] and accelerator._optimizers == []  # refused before anything was prepared
 
 
+def test_prepare_refuses_a_dataset_sharded_over_other_ranks_than_the_accelerator(
+    url: str, s3: S3Endpoint, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    accelerator = Accelerator(cpu=True)  # one process: no process group
+    monkeypatch.setenv("RANK", "1")  # what torchrun sets for its second process (Accelerator() ignores it on CPUs)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    loader = _loader(url, s3)
+    with pytest.raises(ConfigError, match=r"shards as rank 1 of 2 .* runs as process 0 of 1: .*Accelerator\(cpu=True\)"):
+        prepare(accelerator, torch.nn.Linear(2, 2), loader)
+    assert accelerator._models == []
+
+
 def test_prepare_refuses_the_dataset_itself_and_loaders_accelerate_would_shard_again(url: str, s3: S3Endpoint) -> None:
     accelerator = Accelerator(cpu=True)
     dataset = _loader(url, s3).dataset
