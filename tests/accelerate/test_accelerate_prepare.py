@@ -126,7 +126,7 @@ def test_prepare_refuses_a_dataset_sharded_over_other_ranks_than_the_accelerator
     monkeypatch.setenv("RANK", "1")  # what torchrun sets for its second process (Accelerator() ignores it on CPUs)
     monkeypatch.setenv("WORLD_SIZE", "2")
     loader = _loader(url, s3)
-    with pytest.raises(ConfigError, match=r"shards as rank 1 of 2 .* runs as process 0 of 1: .*Accelerator\(cpu=True\)"):
+    with pytest.raises(ConfigError, match=r"rank 1 of 2 .* runs as process 0 of 1: .*Accelerator\(cpu=True\)"):
         prepare(accelerator, torch.nn.Linear(2, 2), loader)
     assert accelerator._models == []
 
