@@ -32,7 +32,7 @@ from streamio.accelerate.attached import Attached, attached
 from streamio.accelerate.loader import DeviceLoader
 from streamio.accelerate.preparation import refuse_resharded
 from streamio.checkpoint import CheckpointManager
-from streamio.errors import CheckpointFormatError, CheckpointNotFoundError, ConfigError
+from streamio.errors import ArgumentError, CheckpointFormatError, CheckpointNotFoundError, ConfigError
 from streamio.state_version import check_version
 
 __all__ = ["load_state", "save_state"]
@@ -61,9 +61,11 @@ def save_state(accelerator: Any, ckpt: CheckpointManager, step: int, *,
     Raises:
         ConfigError: a sharded engine (FSDP, DeepSpeed, ...), a manager whose ``per_rank`` lacks
             ``"rng"`` or ``"data"``, or a loader over a ``StreamingDataset`` prepared by Accelerate.
+        ArgumentError: ``ckpt`` is not a :class:`~streamio.CheckpointManager` (a URL, say).
         CheckpointError: a value that cannot be saved without pickling, or the previous save failed.
     """
-    ckpt.save(step, _state(accelerator, ckpt), metrics=metrics)
+    state = _state(accelerator, ckpt)  # checked before ckpt is used
+    ckpt.save(step, state, metrics=metrics)
 
 
 def load_state(accelerator: Any, ckpt: CheckpointManager) -> int | None:
@@ -81,14 +83,26 @@ def load_state(accelerator: Any, ckpt: CheckpointManager) -> int | None:
             model, another count of models, optimizers, loaders or registered objects).
         CheckpointFormatError: the checkpoint was not saved by :func:`save_state`.
     """
+    state = _state(accelerator, ckpt)
     try:
-        return ckpt.restore(_state(accelerator, ckpt))
+        return ckpt.restore(state)
     except CheckpointNotFoundError:
         return None
 
 
 def _state(accelerator: Any, ckpt: CheckpointManager) -> dict[str, Any]:
-    """The named state of ``accelerator`` (see the module docstring), after the checks."""
+    """The named state of ``accelerator`` (see the module docstring), after the checks.
+
+    The checked entries come first (``load_state_dict`` runs in this order once the tensors are
+    copied): a checkpoint of other objects or of another dataset stops before the optimizers,
+    schedulers and registered objects are loaded.
+    """
+    if not isinstance(ckpt, CheckpointManager):
+        raise ArgumentError(
+            f"streamio.accelerate.save_state/load_state take a streamio.CheckpointManager, not "
+            f"{type(ckpt).__name__} {str(ckpt)[:80]!r}: make one per process, streamio.CheckpointManager(url), and "
+            f"pass it to every call"
+        )
     kind = getattr(accelerator.distributed_type, "name", str(accelerator.distributed_type))
     if kind in _UNSUPPORTED:
         raise ConfigError(
@@ -106,12 +120,11 @@ def _state(accelerator: Any, ckpt: CheckpointManager) -> dict[str, Any]:
     refuse_resharded(accelerator)
     side = attached(accelerator)
     objects = _objects(accelerator)
-    state: dict[str, Any] = {META: _Meta(accelerator, {k: len(v) for k, v in objects.items()}, side)}
+    state: dict[str, Any] = {META: _Meta(accelerator, {k: len(v) for k, v in objects.items()}, side),
+                             DATA: _Loaders(side.loaders), RNG: side.rng}
     for kind_, items in objects.items():
         for i, obj in enumerate(items):
             state[_name(kind_, i)] = obj
-    state[RNG] = side.rng
-    state[DATA] = _Loaders(side.loaders)
     return state
 
 

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import torch
 from accelerate import Accelerator
+from accelerate.state import AcceleratorState
 from accelerate.utils import DataLoaderConfiguration
 from torch.utils.data import DataLoader
 
@@ -210,6 +211,33 @@ def test_a_manager_that_saves_rng_or_data_as_replicated_is_refused(url: str, s3:
         with pytest.raises(ConfigError, match=r"saves \['data'\] as replicated state.*SaveOptions\(per_rank="):
             save_state(accelerator, ckpt, 1)
         assert ckpt.steps() == []
+
+
+def test_save_and_load_take_a_manager_not_a_url(url: str, s3: S3Endpoint) -> None:
+    accelerator = Accelerator(cpu=True)
+    prepare(accelerator, _loader(url, s3))
+    with pytest.raises(ArgumentError, match=r"take a streamio.CheckpointManager, not str 's3://.*CheckpointManager\(url\)"):
+        save_state(accelerator, s3.url("ckpt"), 1)
+    with pytest.raises(ArgumentError, match=r"take a streamio.CheckpointManager, not str"):
+        load_state(accelerator, s3.url("ckpt"))
+
+
+def test_a_checkpoint_of_another_dataset_stops_before_the_optimizer_is_loaded(url: str, s3: S3Endpoint) -> None:
+    accelerator = Accelerator(cpu=True)
+    model, optimizer, _ = _parts()
+    model, optimizer, loader = prepare(accelerator, model, optimizer, _loader(url, s3))
+    with CheckpointManager(s3.url("ckpt"), storage_options=s3.storage_options()) as ckpt:
+        save_state(accelerator, ckpt, 1)
+    make_dataset(s3.url("other"), s3.storage_options(), [3, 3])
+    AcceleratorState._reset_state(True)
+    accelerator = Accelerator(cpu=True)
+    model, optimizer, _ = _parts()
+    model, optimizer, loader = prepare(accelerator, model, optimizer, _loader(s3.url("other"), s3))
+    with CheckpointManager(s3.url("ckpt"), storage_options=s3.storage_options()) as ckpt:
+        with pytest.raises(CheckpointError, match=r"into state entry 'data' failed.*StateMismatchError"):
+            load_state(accelerator, ckpt)
+    assert optimizer.state_dict()["state"] == {}  # the saved optimizer (one without steps too) was not loaded
+    assert loader.state_dict() == _loader(s3.url("other"), s3).state_dict()
 
 
 def test_a_missing_accelerate_names_the_extra_to_install() -> None:
