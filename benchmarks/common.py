@@ -369,6 +369,9 @@ class S3Servers:
         except (OSError, ValueError):
             pass
         self._child.wait(timeout=30)
+        for pipe in (self._child.stdin, self._child.stdout):  # else a ResourceWarning when the Popen is collected
+            if pipe is not None:
+                pipe.close()
         self._child = None
 
     def __enter__(self) -> S3Servers:

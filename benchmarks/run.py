@@ -51,6 +51,10 @@ declarative specs in :mod:`benchmarks.tables`, rendered by :mod:`benchmarks.repo
   through ``streamio.lightning.CheckpointIO`` vs Lightning's ``TorchCheckpointIO`` on the same
   moto bucket, each also wrapped in Lightning's ``AsyncCheckpointIO``, for the checkpoint dict a
   real ``Trainer`` builds (MLP + Adam + loops): :mod:`benchmarks.bench_lightning` (``--json``, a subprocess).
+* ``accelerate`` — HF Accelerate checkpoints to S3 (issue 36): time blocked per save and load time of
+  ``streamio.accelerate.save_state`` / ``load_state`` vs ``accelerator.save_state`` to local disk then an
+  s3fs upload (and download + ``accelerator.load_state``), same bucket, MLP + Adam + scheduler:
+  :mod:`benchmarks.bench_accelerate` (``--json``, a subprocess).
 
 Each section runs its contenders interleaved, several repetitions, and reports medians with
 min-max and ratios to references measured in the same run (absolute numbers move between runs on
@@ -82,7 +86,8 @@ from benchmarks.report import fmt, render  # noqa: E402
 from benchmarks.tables import REPORT  # noqa: E402
 
 SECTIONS = ("references", "dataset", "mixture", "tokens", "scale", "pipeline", "read", "shard", "prepare", "plan",
-            "shuffle", "checkpoint", "sharded", "tiers", "fanout", "throttle", "lightning")
+            "shuffle", "checkpoint", "sharded", "tiers", "fanout", "throttle", "lightning",
+            "accelerate")
 HERE = Path(__file__).resolve().parent
 
 
@@ -219,6 +224,15 @@ def section_lightning(quick: bool, scratch: str) -> dict[str, Any]:
     return dict(res)
 
 
+def section_accelerate(quick: bool, scratch: str) -> dict[str, Any]:
+    dest = os.path.join(scratch, "accelerate.json")
+    args = ["--size-mb", "8", "--reps", "1"] if quick else ["--size-mb", "96", "--reps", "3"]
+    _subprocess(["-m", "benchmarks.bench_accelerate", "--json", dest, *args], 900)
+    res = json.loads(Path(dest).read_text())
+    res["args"] = args
+    return dict(res)
+
+
 def section_sharded(quick: bool, scratch: str) -> dict[str, Any]:
     from benchmarks import bench_sharded
 
@@ -240,7 +254,7 @@ def run_sections(names: list[str], quick: bool, scratch: str, use_nginx: bool,
         "references": section_references, "read": section_read, "shard": section_shard, "prepare": section_prepare,
         "plan": section_plan, "checkpoint": section_checkpoint, "mixture": section_mixture,
         "sharded": section_sharded, "tiers": section_tiers, "fanout": section_fanout, "throttle": section_throttle,
-        "lightning": section_lightning,
+        "lightning": section_lightning, "accelerate": section_accelerate,
         "shuffle": lambda quick, _scratch: section_shuffle(quick, peers),
         "pipeline": lambda quick, scratch: section_pipeline(quick, scratch, peers),
         "tokens": lambda quick, scratch: section_tokens(quick, scratch, peers),

@@ -144,6 +144,7 @@ HEADLINES = {  # section -> its headline ratios, in the order the table lists th
        for case, runs in th.get("job", {}).get("cases", {}).items() if case != JOB_FLOOR
        for i, c in enumerate(runs) for what, key in (("time / ideal", "over_ideal"), ("share refused", "refused"))],
     "lightning": lambda li: [(f"lightning: {k}", v) for k, v in li["ratios"].items()],
+    "accelerate": lambda ac: [(f"accelerate: {k}", v) for k, v in ac["ratios"].items()],
 }
 
 
@@ -822,6 +823,31 @@ LIGHTNING = SectionSpec("Lightning checkpoints to S3 (issue 35: `benchmarks/benc
 ))
 
 
+# ----------------------------------------------------------------------------- accelerate
+ACCELERATE_ROWS = (  # (key in seconds, what it is), in the order of the report
+    ("streamio save blocked", "`streamio.accelerate.save_state`: until it returns (host copy; upload after it)"),
+    ("streamio save durable", "the same save until `ckpt.wait()` returns (committed, pointer written)"),
+    ("accelerate save + put", "`accelerator.save_state(dir)` then `s3fs.put(dir)`: blocked throughout"),
+    ("accelerate save_state (local)", "`accelerator.save_state(dir)` alone (local disk)"),
+    ("streamio load", "`streamio.accelerate.load_state` (every part's CRC32C verified)"),
+    ("get + accelerate load", "`s3fs.get` of the newest directory, then `accelerator.load_state(dir)`"),
+)
+
+ACCELERATE = SectionSpec("HF Accelerate checkpoints to S3 (issue 36: `benchmarks/bench_accelerate.py`)",
+                         key="accelerate", blocks=(
+    Text(lambda sec: [
+        f"One `Accelerator` (CPU) with an MLP ({sec['layers']} linear layers of {sec['width']}), Adam after one step "
+        f"and a scheduler: {sec['size_bytes'] / 1e6:,.0f} MB of tensors (parameters + Adam's two moments). Saved "
+        "to one moto bucket, no proxy latency, a later step each time; "
+        f"{sec['reps']} repetitions after a warm-up, interleaved "
+        f"(arguments: `{' '.join(sec.get('args', []))}`). Seconds, median [min-max]."]),
+    Table((_str("measurement", 0), _str("what", 1), Column("seconds", lambda r: med(r[2], 3))),
+          rows=lambda sec: [(k, what, common.summary(sec["runs_s"][k])) for k, what in ACCELERATE_ROWS
+                            if k in sec["runs_s"]]),
+    _ratios(),
+))
+
+
 # ----------------------------------------------------------------------------- peers
 def _peers(res: Results) -> list[str]:
     ran = res.get("dataset", {}).get("contenders", {})
@@ -865,5 +891,5 @@ def _shuffle_peers(res: Results) -> list[str] | None:
 PEERS = SectionSpec("Peers in their own environments", blocks=(Text(_peers), Text(_shuffle_peers)))
 
 SECTIONS = (REFERENCES, DATASET, MIXTURE, TOKENS, SCALE, PIPELINE, READ, SHARD, PREPARE, PLAN, SHUFFLE, CHECKPOINT,
-            SHARDED, TIERS, FANOUT, THROTTLE, LIGHTNING)  # in the suite's order
+            SHARDED, TIERS, FANOUT, THROTTLE, LIGHTNING, ACCELERATE)  # in the suite's order
 REPORT = (INTRO, HEADLINE, *SECTIONS, PEERS)

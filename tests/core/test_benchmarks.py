@@ -21,7 +21,7 @@ import pytest
 
 from benchmarks import common, run
 from benchmarks.bench_dataset import _trial_stats, scale_model
-from benchmarks.tables import LIGHTNING_ROWS
+from benchmarks.tables import ACCELERATE_ROWS, LIGHTNING_ROWS
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -206,6 +206,37 @@ def test_lightning_section_measures_both_plugins_on_s3_and_renders(tmp_path: Pat
     assert "## Lightning checkpoints to S3 (issue 35: `benchmarks/bench_lightning.py`)" in text
     assert "| torch save | Lightning's `TorchCheckpointIO`" in text
     assert "| lightning: load: streamio / TorchCheckpointIO |" in text  # in the headline table
+
+
+@pytest.mark.slow
+def test_accelerate_section_measures_both_ways_on_s3_and_renders(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("accelerate")
+    from accelerate.state import AcceleratorState, GradientState
+
+    from benchmarks import bench_accelerate
+
+    for name in [n for n in os.environ if n.startswith("AWS_")]:  # run() clears AWS_*: restored after
+        monkeypatch.delenv(name)
+    lines: list[str] = []
+    try:
+        sec = bench_accelerate.run(2, 1, log=lines.append)  # a real Accelerator, both ways, moto in a child
+    finally:
+        AcceleratorState._reset_state(True)
+        GradientState._reset_state()
+    layers, width = sec["layers"], sec["width"]
+    assert sec["size_bytes"] == 3 * 4 * layers * (width**2 + width)  # parameters + Adam's two moments
+    assert set(sec["runs_s"]) == {k for k, _ in ACCELERATE_ROWS}  # every row the report shows, measured
+    assert all(len(v) == 1 and v[0] > 0 for v in sec["runs_s"].values())
+    assert len([line for line in lines if line.startswith("warm-up")]) == 5  # one untimed run of each timed call
+    assert set(sec["ratios"]) == {"save blocked: streamio / accelerate save + put",
+                                  "save durable: streamio / accelerate save + put",
+                                  "load: streamio / get + accelerate load"}
+    res = {"machine": common.machine(), "accelerate": {"status": "ok", "args": ["--size-mb", "2"], **sec}}
+    text = run.write_report(res, tmp_path, []).read_text()
+    assert "## HF Accelerate checkpoints to S3 (issue 36: `benchmarks/bench_accelerate.py`)" in text
+    assert "| accelerate save + put | `accelerator.save_state(dir)` then `s3fs.put(dir)`" in text
+    assert "| accelerate: load: streamio / get + accelerate load |" in text  # in the headline table
 
 
 def test_peer_environment_needs_its_pins_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -90,3 +90,12 @@ def test_lightning_checkpoints_resume_from_last_on_s3(s3: S3Endpoint) -> None:
     assert "started from scratch" in run([*script, "--steps", "8"], s3)
     out = run([*script, "--steps", "12"], s3)
     assert f"resumed from {s3.url('lightning')}/last.ckpt/" in out and "stopped at global step 12" in out
+
+
+def test_accelerate_training_resumes_at_the_saved_step(s3: S3Endpoint) -> None:
+    pytest.importorskip("accelerate")
+    script = [sys.executable, str(EXAMPLES / "accelerate_training.py"), "--url", s3.url("accelerate")]
+    first = run([*script, "--steps", "4", "--ckpt-every", "2"], s3)
+    assert "nothing to resume under" in first and "finished at step 4; checkpoints: [2, 4]" in first
+    second = run([*script, "--steps", "6", "--ckpt-every", "2"], s3)
+    assert "resumed at step 4, 1 process(es)" in second and "finished at step 6; checkpoints: [4, 6]" in second
