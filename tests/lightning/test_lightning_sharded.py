@@ -1,7 +1,7 @@
 """streamio.lightning.ModelParallelStrategy: sharded Lightning checkpoints through streamio's torch DCP
 writer and reader. One process on the local S3 server (moto over HTTP) and memory:// for the format,
 the rest of the dict, rebinding a path and the refusals; real Lightning under torchrun (FSDP2 on 2
-gloo ranks, CPU) for kill -9, ``fit(ckpt_path="last")`` and resharding onto 1 rank and back."""
+gloo ranks, CPU) for kill -9, ``fit(ckpt_path="last")`` and resharding onto 1 rank."""
 
 from __future__ import annotations
 
@@ -192,7 +192,7 @@ def _run(s3: S3Endpoint, ranks: int, out: Path, steps: int, *, kill_at: int = 0,
 
 
 @pytest.mark.slow
-def test_kill_9_then_last_resumes_bit_exactly_and_reshards_onto_1_rank_and_back(s3: S3Endpoint,
+def test_kill_9_then_last_resumes_bit_exactly_and_reshards_onto_1_rank(s3: S3Endpoint,
                                                                                  tmp_path: Path) -> None:
     full = _run(s3, 2, tmp_path / "full.json", 8, dirpath="full")
     _run(s3, 2, tmp_path / "killed.json", 8, kill_at=5)
@@ -211,11 +211,10 @@ def test_kill_9_then_last_resumes_bit_exactly_and_reshards_onto_1_rank_and_back(
     res = CliRunner(env=s3.env()).invoke(cli, ["ckpt", "verify", s3.url("ckpt/last.ckpt")], catch_exceptions=False)
     assert res.exit_code == 0, res.output
 
-    # 2 ranks' shards onto 1 rank: step 6's loss (before its update) is the 2-rank run's on rank 0, and
-    # Adam's step count goes on from 6; then that 1-rank checkpoint (step 9) onto 2 ranks again
+    # 2 ranks' shards onto 1 rank: step 6's loss (before its update) is the 2-rank run's on rank 0 (the
+    # same weights, the same inputs), and Adam's step count goes on from 6. (1 rank onto 2 is the same
+    # code path; a fifth launch would add ~45 s on 2 busy cores.)
     one = _run(s3, 1, tmp_path / "one.json", 10, resume=True)
-    assert one["losses"]["6"] == full["losses"]["6"] and one["adam_steps"] == [10]
+    assert one["losses"]["6"] == full["losses"]["6"] and sorted(map(int, one["losses"])) == list(range(6, 10))
+    assert one["adam_steps"] == [10]
     assert [s.step for s in committed_saves(parent.child("last.ckpt"))] == [9]
-    back = _run(s3, 2, tmp_path / "back.json", 10, resume=True)
-    assert back["losses"]["9"] == one["losses"]["9"] and sorted(map(int, back["losses"])) == [9]
-    assert back["adam_steps"] == [10]
