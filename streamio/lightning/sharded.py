@@ -34,6 +34,7 @@ import torch
 
 from streamio.checkpoint import KeepLast, StreamioReader, StreamioWriter
 from streamio.checkpoint.comm import Comm
+from streamio.checkpoint.restore.candidates import detect_foreign
 from streamio.errors import CheckpointError, CheckpointFormatError, CheckpointNotFoundError
 from streamio.lightning.paths import checkpoint_store
 from streamio.lightning.plugin import CheckpointIO, lightning_step
@@ -52,11 +53,16 @@ def save_sharded(checkpoint: Mapping[str, Any], path: str, plugin: CheckpointIO,
     """Commit ``checkpoint`` (this rank's shards of it) as the one checkpoint at ``path``; every rank calls it.
 
     Raises:
-        CheckpointError: a value that cannot be saved without pickling (named), or the commit
-            failed on any rank (``path`` keeps the checkpoint it held).
+        CheckpointError: no ``state_dict``, a value that cannot be saved without pickling (named),
+            or the commit failed on any rank (``path`` keeps the checkpoint it held).
         CheckpointConflictError: another job writes ``path``.
         StorageError: the root cannot be reached.
     """
+    if "state_dict" not in checkpoint:
+        raise CheckpointError(
+            f"the Lightning checkpoint for {path!r} has no 'state_dict' (keys: {sorted(map(str, checkpoint))[:8]}): "
+            f"save through Trainer.save_checkpoint, which builds it"
+        )
     store = checkpoint_store(path, plugin.storage_options)
     state: dict[str, Any] = {MODEL: checkpoint["state_dict"]}
     state.update({f"optimizer_{i}": s for i, s in enumerate(checkpoint.get("optimizer_states", []))})
@@ -79,7 +85,8 @@ def load_sharded(path: str, plugin: CheckpointIO, comm: Comm, model: torch.nn.Mo
 
     Raises:
         CheckpointNotFoundError: ``path`` holds no streamio checkpoint.
-        CheckpointFormatError: it was not saved by a sharded strategy of ``streamio.lightning``.
+        CheckpointFormatError: it was not saved by a sharded strategy of ``streamio.lightning``
+            (another tool's checkpoint is named: Lightning's own DCP directory, a ``torch.save`` file).
         CorruptDataError: a part differs from its checksum (nothing was loaded on this rank).
         CheckpointError: it does not fit ``model`` / ``optimizers`` (another model, other optimizers).
     """
@@ -98,6 +105,12 @@ def load_sharded(path: str, plugin: CheckpointIO, comm: Comm, model: torch.nn.Mo
     try:
         reader.load(state)
     except CheckpointNotFoundError as exc:
+        foreign = detect_foreign(store)
+        if foreign is not None:
+            raise CheckpointFormatError(
+                f"ckpt_path {os.fspath(path)!r} is not a streamio checkpoint (Lightning's own strategy wrote it?): it "
+                f"holds {foreign}"
+            ) from exc
         raise CheckpointNotFoundError(
             f"ckpt_path {os.fspath(path)!r} names no streamio checkpoint ({exc}); pass the path of a checkpoint "
             f"saved with a streamio.lightning strategy, or ckpt_path='last' with streamio.lightning.ModelCheckpoint"

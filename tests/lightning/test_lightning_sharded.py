@@ -133,6 +133,8 @@ def test_a_value_that_needs_pickle_is_refused_naming_its_key_and_nothing_is_visi
     path = s3.url("run/ckpt/epoch=0-step=3.ckpt")
     with pytest.raises(CheckpointError, match=r"hyper_parameters.*thing"):
         save_sharded(_ckpt(model, optimizer, 3, hyper_parameters={"thing": object()}), path, io, Comm())
+    with pytest.raises(CheckpointError, match=r"epoch=0-step=3.ckpt' has no 'state_dict'"):
+        save_sharded({"global_step": 3}, path, io, Comm())
     assert read_pointer(Store(path, s3.storage_options())) is None
 
 
@@ -147,6 +149,13 @@ def test_loading_what_is_not_a_sharded_streamio_checkpoint_names_the_path_and_ch
     with pytest.raises(CheckpointFormatError, match=r"ddp.ckpt cannot be loaded by a sharded .*not written through "
                                                     r"torch DCP.*loads with that strategy"):
         load_sharded(ddp, io, Comm(), model, [optimizer])
+    import torch.distributed.checkpoint as dcp  # what Lightning's own ModelParallelStrategy writes at a path
+
+    dcp.save({"model": model.state_dict()}, checkpoint_id=tmp_path / "own.ckpt")
+    torch.save({"global_step": 2}, tmp_path / "own.ckpt" / "meta.pt")
+    with pytest.raises(CheckpointFormatError, match=r"own.ckpt' is not a streamio checkpoint .*holds a "
+                                                    r"torch.distributed.checkpoint directory"):
+        load_sharded(str(tmp_path / "own.ckpt"), CheckpointIO(), Comm(), model, [optimizer])
     torch.save({"state_dict": model.state_dict()}, tmp_path / "torch.ckpt")
     with pytest.raises(CheckpointFormatError, match=r"torch.ckpt holds a Lightning/torch.save checkpoint"):
         load_sharded(str(tmp_path / "torch.ckpt"), CheckpointIO(), Comm(), model, [optimizer])
