@@ -6,7 +6,8 @@ saving every 3 steps with top-2 by step and ``last.ckpt``. Each step's inputs de
 and the rank, so the loader's position does not matter. ``KILL_AT`` > 0: rank 0 sends SIGKILL to
 the whole process group after that step. ``RESUME`` = 1: ``fit(ckpt_path="last")``. Rank 0 writes
 the final (full) weights, its per-step losses and the Adam step count to OUT as JSON (floats as
-``float.hex``, so equality is bit equality).
+``float.hex``, so equality is bit equality). ``LIGHTNING_ACCELERATOR=gpu`` runs it on CUDA (NCCL),
+as scripts/gpu_check.sh does.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ class Model(L.LightningModule):
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         g = torch.Generator().manual_seed(1000 * self.global_step + self.global_rank)
-        x = torch.randn(16, 8, generator=g)
+        x = torch.randn(16, 8, generator=g).to(self.device)
         loss = torch.nn.functional.mse_loss(self.net(x), x.sum(1, keepdim=True))
         self.losses[self.global_step] = float(loss).hex()
         return loss
@@ -70,7 +71,8 @@ def main() -> None:
                                                    monitor="step", mode="max", save_last=True)]
     if kill_at > 0:
         callbacks.append(KillAt(kill_at))
-    trainer = L.Trainer(accelerator="cpu", devices=world, max_steps=max_steps, logger=False,
+    trainer = L.Trainer(accelerator=os.environ.get("LIGHTNING_ACCELERATOR", "cpu"), devices=world,
+                        max_steps=max_steps, logger=False,
                         strategy=ModelParallelStrategy(data_parallel_size=world, tensor_parallel_size=1),
                         enable_progress_bar=False, enable_model_summary=False, plugins=[CheckpointIO()],
                         callbacks=callbacks)
