@@ -22,16 +22,15 @@ from typing import Any, Literal
 from streamio.checkpoint import owner
 from streamio.checkpoint.comm import Comm
 from streamio.checkpoint.format import layout
-from streamio.checkpoint.format.checks import ManifestError
 from streamio.checkpoint.format.retention import RetentionPolicy
-from streamio.checkpoint.format.timeline import Point
 from streamio.checkpoint.options import LocalTier, SaveOptions, SaveStats
 from streamio.checkpoint.restore.local import LocalCopies
 from streamio.checkpoint.restore.walk import Restorer
-from streamio.checkpoint.root import PhaseHook, committed_steps, pointed_step, pointer_version, read_pointer
+from streamio.checkpoint.root import PhaseHook, committed_steps, pointed_step
 from streamio.checkpoint.save import inflight
 from streamio.checkpoint.save.commit import Committer
 from streamio.checkpoint.save.local import LocalCommitter
+from streamio.checkpoint.save.plan import current_point
 from streamio.checkpoint.save.snapshot import Snapshot, take_snapshot
 from streamio.checkpoint.save.tiers import TieredSaves
 from streamio.checkpoint.tensors.serialize import HostBuffer
@@ -259,7 +258,7 @@ class CheckpointManager:
             CheckpointError: the pointer is unusable (restore first: it walks back).
         """
         self._wait_pending()
-        point, version = _current(self.store)
+        point, version = current_point(self.store)
         self._committer.restored(None if point is None else (point, version))
         return None if point is None else point.step
 
@@ -295,23 +294,6 @@ class CheckpointManager:
         restored = self._restorer.restore(state, step)
         self._committer.restored(self._restorer.outcome)
         return restored
-
-
-def _current(store: Store) -> tuple[Point | None, str | None]:
-    """The save the root's pointer names (``None``: no checkpoint yet) and the pointer's version.
-
-    Raises:
-        CheckpointError: the pointer is unusable (restore walks back; adopt cannot).
-    """
-    version = pointer_version(store)
-    try:
-        pointer = read_pointer(store)
-    except ManifestError as exc:
-        raise CheckpointError(
-            f"{store.root_url} holds an unusable latest.json ({exc}): restore() walks back to the newest "
-            f"complete checkpoint; or remove the root"
-        ) from exc
-    return (None if pointer is None else Point(pointer.timeline, pointer.step, pointer.path)), version
 
 
 def _forced(durable: object) -> bool | None:

@@ -11,6 +11,9 @@ installed raises :class:`~streamio.errors.MissingDependencyError` saying what to
   loop blocked for a copy of the tensors) whose top-k removals wait for the saves before them.
 * :class:`ModelCheckpoint`, Lightning's callback whose ``ckpt_path="last"`` lookup finds the
   newest committed ``last*.ckpt`` root under ``dirpath`` on any storage.
+* :class:`ModelParallelStrategy`, Lightning's sharding strategy (FSDP2, tensor parallelism) whose
+  checkpoints every rank writes through streamio's torch DCP writer into one root per path, and
+  loads resharded onto the current ranks.
 
 ``streamio.StreamingDataLoader`` is already a stateful loader for Lightning (``state_dict`` /
 ``load_state_dict``); its state is global, so rank 0's copy resumes every rank.
@@ -23,15 +26,16 @@ from typing import TYPE_CHECKING
 
 from streamio.lazy import lazy_exports
 
-__all__ = ["AsyncCheckpointIO", "CheckpointIO", "ModelCheckpoint"]
+__all__ = ["AsyncCheckpointIO", "CheckpointIO", "ModelCheckpoint", "ModelParallelStrategy"]
 
 _EXPORTS = {"AsyncCheckpointIO": "streamio.lightning.background", "CheckpointIO": "streamio.lightning.plugin",
-            "ModelCheckpoint": "streamio.lightning.callback"}
+            "ModelCheckpoint": "streamio.lightning.callback", "ModelParallelStrategy": "streamio.lightning.strategies"}
 
 if TYPE_CHECKING:
     from streamio.lightning.background import AsyncCheckpointIO
     from streamio.lightning.callback import ModelCheckpoint
     from streamio.lightning.plugin import CheckpointIO
+    from streamio.lightning.strategies import ModelParallelStrategy
 
 
 __getattr__ = lazy_exports(__name__, _EXPORTS, globals())  # each name imported on first use

@@ -17,7 +17,7 @@ from typing import Any
 
 from streamio.lightning.epochs import count_whole_epochs
 from streamio.lightning.paths import newest_last
-from streamio.lightning.plugin import CheckpointIO
+from streamio.lightning.plugin import plugin_of
 from streamio.lightning.requirement import require
 
 __all__ = ["ModelCheckpoint"]
@@ -47,7 +47,5 @@ class ModelCheckpoint(_LightningModelCheckpoint):  # type: ignore[misc]
 def _storage_options(trainer: Any) -> Mapping[str, Any] | None:
     """The storage options of the trainer's :class:`~.plugin.CheckpointIO`, also inside Lightning's
     ``AsyncCheckpointIO`` (a wrapper holding the plugin it wraps as ``checkpoint_io``)."""
-    plugin = getattr(trainer.strategy, "checkpoint_io", None)
-    while plugin is not None and not isinstance(plugin, CheckpointIO):
-        plugin = getattr(plugin, "checkpoint_io", None)
+    plugin = plugin_of(getattr(trainer.strategy, "checkpoint_io", None))
     return plugin.storage_options if plugin is not None else None

@@ -28,7 +28,7 @@ from streamio.lightning.paths import checkpoint_store, remove_root
 from streamio.lightning.requirement import require_any
 from streamio.storage import RetryPolicy
 
-__all__ = ["STATE", "CheckpointIO"]
+__all__ = ["STATE", "CheckpointIO", "lightning_step", "plugin_of", "refuse_storage_options"]
 
 STATE = "lightning"
 """The one name a Lightning checkpoint dict is saved under in its root."""
@@ -83,16 +83,8 @@ class CheckpointIO(*_BASES):  # type: ignore[misc]
                 (the checkpoint ``path`` held before stays).
             StorageError: the root cannot be reached.
         """
-        if storage_options is not None:
-            raise ArgumentError(
-                f"streamio.lightning.CheckpointIO.save_checkpoint got storage_options={type(storage_options).__name__} "
-                f"for {os.fspath(path)!r}: give them once, as CheckpointIO(storage_options=...)"
-            )
-        step = checkpoint.get("global_step", 0)
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            raise CheckpointError(
-                f"the Lightning checkpoint for {os.fspath(path)!r} has global_step={step!r}: a step is an int >= 0"
-            )
+        refuse_storage_options(storage_options, path, "streamio.lightning.CheckpointIO.save_checkpoint")
+        step = lightning_step(checkpoint, path)
         with self._manager(path) as manager:
             manager.adopt()
             manager.save(step, {STATE: checkpoint})
@@ -134,3 +126,38 @@ class CheckpointIO(*_BASES):  # type: ignore[misc]
             StorageError: the root cannot be reached (what was deleted so far stays deleted).
         """
         remove_root(checkpoint_store(path, self.storage_options))
+
+
+def lightning_step(checkpoint: Mapping[str, Any], path: str | os.PathLike[str]) -> int:
+    """The step a Lightning checkpoint dict is saved as: its ``global_step`` (0 if it has none).
+
+    Raises:
+        CheckpointError: ``global_step`` is not an int >= 0.
+    """
+    step = checkpoint.get("global_step", 0)
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise CheckpointError(
+            f"the Lightning checkpoint for {os.fspath(path)!r} has global_step={step!r}: a step is an int >= 0"
+        )
+    return step
+
+
+def refuse_storage_options(storage_options: Any, path: str | os.PathLike[str], where: str) -> None:
+    """Refuse ``storage_options`` given per save, as Lightning's own plugin and strategies do.
+
+    Raises:
+        ArgumentError: ``storage_options`` is not ``None`` (they are given once, to the plugin).
+    """
+    if storage_options is not None:
+        raise ArgumentError(
+            f"{where} got storage_options={type(storage_options).__name__} for {os.fspath(path)!r}: give them once, "
+            f"as CheckpointIO(storage_options=...)"
+        )
+
+
+def plugin_of(checkpoint_io: Any) -> CheckpointIO | None:
+    """The :class:`CheckpointIO` a strategy's ``checkpoint_io`` is, or wraps (Lightning's
+    ``AsyncCheckpointIO`` holds the plugin it wraps as ``checkpoint_io``); ``None``: another plugin."""
+    while checkpoint_io is not None and not isinstance(checkpoint_io, CheckpointIO):
+        checkpoint_io = getattr(checkpoint_io, "checkpoint_io", None)
+    return checkpoint_io

@@ -31,12 +31,12 @@ from streamio.checkpoint.format.checks import short
 from streamio.checkpoint.format.layout import parse_step_dir
 from streamio.checkpoint.format.manifest import Manifest
 from streamio.checkpoint.tensors.tree import dtype_from_name
-from streamio.errors import CheckpointFormatError, ConfigError
+from streamio.errors import CheckpointError, CheckpointFormatError, ConfigError, StreamioError
 from streamio.limits import MAX_JSON_DEPTH
 
 __all__ = [
-    "DCP_KEY", "MAX_LIST_INDEX", "checkpoint_step", "metadata_of", "planner_data_from_json", "planner_data_to_json",
-    "values_by_rank",
+    "DCP_KEY", "MAX_LIST_INDEX", "checkpoint_step", "dcp_failure", "metadata_of", "planner_data_from_json",
+    "planner_data_to_json", "values_by_rank",
 ]
 
 DCP_KEY = "dcp"
@@ -159,3 +159,23 @@ class StepCheckpointId:
         except ConfigError:
             return False
         return True
+
+
+def dcp_failure(exc: Any, mine: StreamioError | None, rank: int, doing: str, hint: str) -> BaseException:
+    """The error to raise for torch DCP's ``CheckpointException`` ``exc``: what this rank's writer or
+    reader raised (``mine``), else another rank's streamio error, else a
+    :class:`~streamio.errors.CheckpointError` naming ``doing``, the first failing rank and ``hint``.
+
+    DCP catches every error of its storage layer and raises ``CheckpointException`` (a
+    ``BaseException`` carrying each rank's error in ``failures``), which ``except Exception`` misses.
+    """
+    if mine is not None:
+        return mine
+    failures = sorted(((r, error) for r, (error, _) in exc.failures.items()), key=lambda f: f[0])
+    ours = [e for _, e in failures if isinstance(e, StreamioError)]
+    if ours:
+        return ours[0]
+    first_rank, first = failures[0] if failures else (rank, exc)
+    return CheckpointError(
+        f"{doing} through torch DCP failed on rank {first_rank}: {type(first).__name__}: {first} ({hint})"
+    )

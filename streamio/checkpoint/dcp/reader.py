@@ -52,7 +52,7 @@ from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
 from streamio.checkpoint.comm import Comm
-from streamio.checkpoint.dcp.metadata import StepCheckpointId, metadata_of, values_by_rank
+from streamio.checkpoint.dcp.metadata import StepCheckpointId, dcp_failure, metadata_of, values_by_rank
 from streamio.checkpoint.format.manifest import Manifest
 from streamio.checkpoint.root import read_manifest, read_pointer, resolve_save
 from streamio.checkpoint.tensors.boxes import BoxSource, byte_span
@@ -76,6 +76,8 @@ class StreamioReader(StepCheckpointId, StorageReader):
         retry: retry policy for transient storage errors.
         concurrency: parallel ranged GETs.
         collective_timeout_s: how long a rank waits for the others (every rank constructs it).
+        comm: the collectives (default: gloo groups of its own, made here with ``collective_timeout_s``);
+            a job that reads many roots shares one.
 
     Attributes:
         manifest: the manifest of the save being (or last) loaded.
@@ -84,6 +86,7 @@ class StreamioReader(StepCheckpointId, StorageReader):
     def __init__(
         self, root_url: str, *, step: int | None = None, storage_options: Mapping[str, Any] | None = None,
         retry: RetryPolicy | None = None, concurrency: int = 8, collective_timeout_s: float = 300.0,
+        comm: Comm | None = None,
     ) -> None:
         self.store = Store(root_url, storage_options, retry=retry)
         self.step = step
@@ -93,7 +96,7 @@ class StreamioReader(StepCheckpointId, StorageReader):
         self._path = ""
         self._what = f"the checkpoint under {self.store.root_url}"  # the save being loaded, for messages
         self._failure: StreamioError | None = None  # what this reader raised during the load in progress
-        self._comm = Comm(timeout_s=collective_timeout_s)
+        self._comm = comm or Comm(timeout_s=collective_timeout_s)
 
     def __repr__(self) -> str:
         return f"StreamioReader({self.store.root_url!r}, step={self.step})"
@@ -120,17 +123,8 @@ class StreamioReader(StepCheckpointId, StorageReader):
 
     def _unwrapped(self, exc: Any) -> BaseException:
         """The error to raise for DCP's ``CheckpointException``."""
-        if self._failure is not None:
-            return self._failure
-        failures = sorted((rank, error) for rank, (error, _) in exc.failures.items())
-        ours = [e for _, e in failures if isinstance(e, StreamioError)]
-        if ours:
-            return ours[0]
-        rank, first = failures[0] if failures else (self._comm.rank, exc)
-        return CheckpointError(
-            f"loading {self._what} through torch DCP failed on rank {rank}: {type(first).__name__}: {first} "
-            f"(the state does not fit the checkpoint: another model, or keys it does not hold)"
-        )
+        return dcp_failure(exc, self._failure, self._comm.rank, f"loading {self._what}",
+                           "the state does not fit the checkpoint: another model, or keys it does not hold")
 
     # ------------------------------------------------------------------------ DCP's interface
     def read_metadata(self, *args: Any) -> Metadata:

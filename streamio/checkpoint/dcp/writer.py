@@ -38,16 +38,17 @@ from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
 from streamio.checkpoint.comm import Comm
-from streamio.checkpoint.dcp.metadata import DCP_KEY, StepCheckpointId, planner_data_to_json
+from streamio.checkpoint.dcp.metadata import DCP_KEY, StepCheckpointId, dcp_failure, planner_data_to_json
 from streamio.checkpoint.format.entries import ChunkEntry, ShardedEntry, TensorEntry
 from streamio.checkpoint.format.retention import RetentionPolicy
 from streamio.checkpoint.options import SaveOptions, SaveStats
 from streamio.checkpoint.save.commit import Committer, PhaseHook
+from streamio.checkpoint.save.plan import current_point
 from streamio.checkpoint.save.snapshot import Snapshot
 from streamio.checkpoint.tensors.serialize import HostBuffer, Layout, plan_layout, tensor_entries
 from streamio.checkpoint.tensors.shards import describe_layout
 from streamio.checkpoint.tensors.tree import TreeEncoder, dtype_name, is_dtensor
-from streamio.errors import CheckpointError
+from streamio.errors import CheckpointError, StreamioError
 from streamio.storage import RetryPolicy, Store
 
 __all__ = ["StreamioWriter"]
@@ -67,6 +68,9 @@ class StreamioWriter(StepCheckpointId, StorageWriter):
         options: part size, concurrency, block size, collective timeout.
         retry: retry policy for transient storage errors.
         on_phase: called with the name of each commit phase as it completes (tests kill there).
+        comm: the collectives of the commit (default: gloo groups of its own, made here). A job
+            that writes many roots (one per Lightning checkpoint path) shares one, since each
+            writer's groups live as long as the process.
 
     Attributes:
         metrics: numbers recorded in the next manifest (what ``KeepBest`` ranks by).
@@ -76,20 +80,55 @@ class StreamioWriter(StepCheckpointId, StorageWriter):
     def __init__(
         self, root_url: str, *, step: int | None = None, retention: RetentionPolicy | None = None,
         storage_options: Mapping[str, Any] | None = None, options: SaveOptions | None = None,
-        retry: RetryPolicy | None = None, on_phase: PhaseHook | None = None,
+        retry: RetryPolicy | None = None, on_phase: PhaseHook | None = None, comm: Comm | None = None,
     ) -> None:
         self.store = Store(root_url, storage_options, retry=retry)
         self.options = options or SaveOptions()
         self.step = step
         self.metrics: dict[str, Any] = {}
         self.last_stats: SaveStats | None = None
-        self._comm = Comm(timeout_s=self.options.collective_timeout_s)
+        self._comm = comm or Comm(timeout_s=self.options.collective_timeout_s)
         self._committer = Committer(self.store, self._comm, options=self.options, retention=retention,
                                     on_phase=on_phase)
         self._buffer = HostBuffer()
+        self._failure: StreamioError | None = None  # what this writer raised during the save in progress
 
     def __repr__(self) -> str:
         return f"StreamioWriter({self.store.root_url!r}, step={self.step})"
+
+    def adopt(self) -> int | None:
+        """Continue the root's current checkpoint without loading it: the next save supersedes it,
+        whatever its step (as :meth:`CheckpointManager.adopt <streamio.checkpoint.CheckpointManager.adopt>`;
+        every rank calls it).
+
+        Returns:
+            The step the pointer names (``None``: the root holds no checkpoint yet).
+
+        Raises:
+            CheckpointError: the pointer is unusable.
+        """
+        point, version = current_point(self.store)
+        self._committer.restored(None if point is None else (point, version))
+        return None if point is None else point.step
+
+    def save(self, state_dict: dict[str, Any], *, planner: SavePlanner | None = None) -> None:
+        """``torch.distributed.checkpoint.save(state_dict, storage_writer=self, ...)``, raising
+        streamio's errors rather than torch's ``CheckpointException`` (every rank calls it).
+
+        Raises:
+            CheckpointError: a value cannot be stored as JSON, or the commit failed on any rank (the
+                previous checkpoint stays current); what torch's planner refused, naming the rank.
+            CheckpointConflictError: another job writes this root.
+        """
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.api import CheckpointException
+
+        self._failure = None
+        try:
+            dcp.save(state_dict, storage_writer=self, planner=planner)
+        except CheckpointException as exc:
+            raise dcp_failure(exc, self._failure, self._comm.rank, f"saving step {self.step} to {self.store.root_url}",
+                              "the previous checkpoint stays current") from exc
 
     # ------------------------------------------------------------------------ DCP's interface
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
@@ -119,9 +158,13 @@ class StreamioWriter(StepCheckpointId, StorageWriter):
                 "StreamioWriter has no step: construct it with step=N, set writer.step, or pass checkpoint_id=N "
                 "to torch.distributed.checkpoint.save"
             )
-        job = self._snapshot(self.step, plan, planner, time.perf_counter())
-        self._comm.arrive("save", job.step, where=f"saving step {job.step} to {self.store.root_url} (torch DCP)")
-        self.last_stats = self._committer.commit(job)
+        try:
+            job = self._snapshot(self.step, plan, planner, time.perf_counter())
+            self._comm.arrive("save", job.step, where=f"saving step {job.step} to {self.store.root_url} (torch DCP)")
+            self.last_stats = self._committer.commit(job)
+        except StreamioError as exc:  # dcp.save keeps only its text on other ranks: save() raises it as it is
+            self._failure = exc
+            raise
         future: Future[list[WriteResult]] = Future()
         future.set_result([WriteResult(index=i.index, size_in_bytes=_nbytes(i), storage_data=None) for i in plan.items])
         return future

@@ -26,11 +26,11 @@ from streamio.checkpoint import root
 from streamio.checkpoint.format import layout
 from streamio.checkpoint.format.checks import ManifestError
 from streamio.checkpoint.format.timeline import Point, Timeline, branch
-from streamio.checkpoint.root import read_pointer
+from streamio.checkpoint.root import pointer_version, read_pointer
 from streamio.errors import CheckpointConflictError, CheckpointError
 from streamio.storage import Store
 
-__all__ = ["Planner", "SavePlan"]
+__all__ = ["Planner", "SavePlan", "current_point"]
 
 log = logging.getLogger(__name__)
 
@@ -165,3 +165,21 @@ def _pointed_start(store: Store, step: int, *, strict: bool) -> Point | None:
             f"(restore first; restore(state, step=...) goes back to an earlier step)"
         )
     return Point(pointer.timeline, pointer.step, pointer.path)
+
+
+def current_point(store: Store) -> tuple[Point | None, str | None]:
+    """The save the root's pointer names (``None``: no checkpoint yet) and the pointer's version,
+    read in that order: what a job that *adopts* the root's checkpoint continues (``adopt()``).
+
+    Raises:
+        CheckpointError: the pointer is unusable (restore walks back; adopt cannot).
+    """
+    version = pointer_version(store)
+    try:
+        pointer = read_pointer(store)
+    except ManifestError as exc:
+        raise CheckpointError(
+            f"{store.root_url} holds an unusable latest.json ({exc}): restore() walks back to the newest "
+            f"complete checkpoint; or remove the root"
+        ) from exc
+    return (None if pointer is None else Point(pointer.timeline, pointer.step, pointer.path)), version
