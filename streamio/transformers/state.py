@@ -11,10 +11,14 @@ entries (every rank takes part; docs/design.md "Checkpoints"):
 * ``rng``: every RNG of each rank (:class:`~streamio.checkpoint.RNGState`, saved per rank);
 * ``data``: the ``StreamingDataLoader``'s exact position (saved per rank; the same on each).
 
-Restoring loads the model and the loader's position at once and hands back the rest as plain
-values (:class:`Restored`): the optimizer and scheduler exist only after the Trainer's
-``accelerator.prepare``, and the RNG must be set right before the next batch, where the stock
-Trainer sets it.
+A restore reads and verifies every part of the save before it returns (the manager's all or
+nothing), and hands every entry back as a plain value (:class:`Restored`); the trainer then loads
+them in an order that changes nothing when the checkpoint does not fit: the loader's position
+first (a checkpoint of another dataset, seed or shuffle is refused with the loader as it was),
+then the model after its keys, shapes and dtypes are checked against the live one; the optimizer
+and scheduler after the Trainer's ``accelerator.prepare`` made them; the RNG right before the
+next batch, where the stock Trainer sets it. The cost: the model's tensors are held once more
+while they are copied in (as the stock Trainer holds the ``state_dict`` it reads from a file).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from streamio.errors import CheckpointError, CheckpointFormatError
+from streamio.errors import CheckpointError, CheckpointFormatError, PlanError
 from streamio.state_version import check_version
 
 __all__ = ["ENTRIES", "Restored", "restore_template", "save_state", "trainer_state_value"]
@@ -49,9 +53,9 @@ def save_state(*, model: Any, optimizer: Any, scheduler: Any, scaler: Any, train
             TRAINER: trainer_state_value(trainer_state), RNG: rng, DATA: loader}
 
 
-def restore_template(*, model: Any, loader: Any) -> dict[str, Any]:
-    """What a restore loads into: the model and the loader in place, placeholders for the rest."""
-    return {name: None for name in ENTRIES} | {MODEL: model, DATA: loader}
+def restore_template() -> dict[str, Any]:
+    """What a restore loads into: a placeholder per entry, each replaced by the saved value."""
+    return dict.fromkeys(ENTRIES)
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,8 @@ class Restored:
     """The entries of a restored checkpoint that are loaded later than the restore."""
 
     step: int
+    model: Mapping[str, Any]
+    data: Mapping[str, Any]
     optimizer: Mapping[str, Any]
     scheduler: Mapping[str, Any] | None
     scaler: Mapping[str, Any] | None
@@ -76,7 +82,9 @@ class Restored:
         fix = "resume with the StreamioTrainer (and streamio version) that saved it"
         trainer = check_version(values[TRAINER], _TRAINER_VERSION, what=f"trainer state of {where} step {step}",
                                 error=CheckpointFormatError, fix=fix)
-        shapes = {OPTIMIZER: Mapping, RNG: Mapping, SCHEDULER: (Mapping, type(None)), SCALER: (Mapping, type(None))}
+        optional = (Mapping, type(None))
+        shapes = {MODEL: Mapping, DATA: Mapping, OPTIMIZER: Mapping, RNG: Mapping, SCHEDULER: optional,
+                  SCALER: optional}
         for name, kind in shapes.items():
             if not isinstance(values[name], kind):
                 raise CheckpointFormatError(
@@ -85,7 +93,39 @@ class Restored:
                 )
         if not isinstance(trainer.get("trainer_state"), dict):
             raise CheckpointFormatError(f"{where} step {step} holds no TrainerState under {TRAINER!r}: {fix}")
-        return cls(step, values[OPTIMIZER], values[SCHEDULER], values[SCALER], trainer["trainer_state"], values[RNG])
+        return cls(step, values[MODEL], values[DATA], values[OPTIMIZER], values[SCHEDULER], values[SCALER],
+                   trainer["trainer_state"], values[RNG])
+
+    def load_data(self, loader: Any, where: str) -> None:
+        """The loader's saved position into ``loader`` (left as it was when the state is not its own).
+
+        Raises:
+            StateMismatchError: a position of another dataset, seed, policy or shuffle.
+            PlanError: a malformed position.
+        """
+        try:
+            loader.load_state_dict(self.data)
+        except PlanError as exc:
+            raise type(exc)(f"{where} step {self.step} holds the position of other data: {exc}") from exc
+
+    def load_model(self, model: Any, where: str) -> None:
+        """The saved weights into ``model``, after every key, shape and dtype is checked.
+
+        Raises:
+            CheckpointError: the checkpoint is of another model (the model is left as it was).
+        """
+        live = model.state_dict()
+        problems = [f"missing {k!r}" for k in live if k not in self.model]
+        problems += [f"unexpected {k!r}" for k in self.model if k not in live]
+        problems += [f"{k!r} is {tuple(v.shape)} {v.dtype}, saved {tuple(self.model[k].shape)} {self.model[k].dtype}"
+                     for k, v in live.items() if k in self.model and _spec(self.model[k]) != _spec(v)]
+        if problems:
+            raise CheckpointError(
+                f"{where} step {self.step} holds another model ({len(problems)} differences: "
+                f"{'; '.join(problems[:4])}): resume with the model the run that saved it trained, or use another "
+                f"checkpoint_root"
+            )
+        model.load_state_dict(self.model)
 
     def load_into(self, name: str, obj: Any, where: str) -> None:
         """``obj.load_state_dict`` of this checkpoint's ``name`` entry, its refusal named.
@@ -109,3 +149,7 @@ class Restored:
                 f"{where} step {self.step}: the saved {name!r} state does not fit this trainer's {type(obj).__name__} "
                 f"({exc}); resume with the same model, optimizer and TrainingArguments as the run that saved it"
             ) from exc
+
+
+def _spec(tensor: Any) -> tuple[Any, ...]:
+    return (tuple(getattr(tensor, "shape", ())), getattr(tensor, "dtype", type(tensor)))

@@ -19,7 +19,8 @@ the step). This subclass changes those three things and nothing else of the loop
   written to ``output_dir``'s ``checkpoint-N`` folders (logs and ``save_model()`` still go there).
 * ``train(resume_from_checkpoint=...)`` (:mod:`.resume`) restores from the root. The Trainer's own
   resume steps are kept, with the root's URL standing in for the checkpoint folder:
-  ``_init_training_state`` restores the model, the loader's position and the ``TrainerState``;
+  ``_init_training_state`` restores the checkpoint (every part verified before anything is
+  loaded) and loads the loader's position, the model and the ``TrainerState``;
   ``_load_optimizer_and_scheduler`` / ``_load_scaler`` load theirs after ``prepare``;
   ``get_resumed_dataloader`` returns the loader as it is (already at the next batch: nothing is
   read or replayed); ``_load_rng_state`` sets every rank's RNG where the stock Trainer does.
@@ -203,7 +204,7 @@ class StreamioTrainer(_Trainer):  # type: ignore[misc]
     def _restore(self) -> Restored | None:
         request = self._resume
         assert request is not None  # noqa: S101 - only called while train() resumes
-        values = restore_template(model=self.model, loader=self._loader)
+        values = restore_template()
         try:
             step = self.checkpoints.restore(values, step=request.step)
         except CheckpointNotFoundError as exc:
@@ -214,7 +215,10 @@ class StreamioTrainer(_Trainer):  # type: ignore[misc]
                 ) from exc
             log.info("%s holds no checkpoint: training starts fresh", self._root)
             return None
-        self._restored = Restored.of(step, values, self._root)
+        restored = Restored.of(step, values, self._root)
+        restored.load_data(self._loader, self._root)  # first: a checkpoint of other data changes nothing
+        restored.load_model(self.model, self._root)
+        self._restored = restored
         log.info("resumed from %s step %d (the data at its next batch, nothing replayed)", self._root, step)
         return self._restored
 

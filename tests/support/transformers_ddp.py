@@ -92,8 +92,9 @@ def main() -> None:
     counter, collate = Counter(), Collate()
     args = TrainingArguments(
         output_dir=f"{out}.output_dir", per_device_train_batch_size=2, max_steps=int(max_steps), save_steps=4,
-        logging_steps=1, learning_rate=1e-2, report_to="none", use_cpu=True, remove_unused_columns=False,
-        disable_tqdm=True, seed=0, ddp_backend="gloo" if "WORLD_SIZE" in os.environ else None,
+        save_total_limit=2, logging_steps=1, learning_rate=1e-2, report_to="none", use_cpu=True,
+        remove_unused_columns=False, disable_tqdm=True, seed=0,
+        ddp_backend="gloo" if "WORLD_SIZE" in os.environ else None,
     )
     ref: list[Any] = []
     trainer = StreamioTrainer(
