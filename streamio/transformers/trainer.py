@@ -95,6 +95,11 @@ class StreamioTrainer(_Trainer):  # type: ignore[misc]
         self._restored: Restored | None = None
 
     @property
+    def resumed_step(self) -> int | None:
+        """The step the last ``train()`` resumed from (``None``: it started fresh, or has not run)."""
+        return None if self._restored is None else self._restored.step
+
+    @property
     def _root(self) -> str:
         return self.checkpoints.store.root_url
 

@@ -90,3 +90,13 @@ def test_lightning_checkpoints_resume_from_last_on_s3(s3: S3Endpoint) -> None:
     assert "started from scratch" in run([*script, "--steps", "8"], s3)
     out = run([*script, "--steps", "12"], s3)
     assert f"resumed from {s3.url('lightning')}/last.ckpt/" in out and "stopped at global step 12" in out
+
+
+def test_transformers_trainer_resumes_from_its_root_on_s3(s3: S3Endpoint) -> None:
+    pytest.importorskip("transformers")
+    script = [sys.executable, str(EXAMPLES / "transformers_trainer.py"), "--url", s3.url("hf")]
+    first = run([*script, "--steps", "8"], s3)
+    assert "started from scratch" in first and "stopped at global step 8" in first
+    second = run([*script, "--steps", "12"], s3)
+    assert "resumed at step 8, nothing replayed" in second and "stopped at global step 12" in second
+    assert f"checkpoints in {s3.url('hf')}/ckpt: steps [8, 12]" in second

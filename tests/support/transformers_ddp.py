@@ -106,7 +106,7 @@ def main() -> None:
     trainer.train(resume_from_checkpoint=resume == "1")
     rank = trainer.args.process_index
     result: dict[str, Any] = {"batches": collate.batches, "fetched": counter.n,
-                              "restored": None if trainer._restored is None else trainer._restored.step}
+                              "restored": trainer.resumed_step}
     if rank == 0:
         result["losses"] = {str(e["step"]): float(e["loss"]).hex() for e in trainer.state.log_history if "loss" in e}
         result["weights"] = {k: [float(v).hex() for v in t.flatten().tolist()] for k, t in model.state_dict().items()}
