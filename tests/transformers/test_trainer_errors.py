@@ -78,7 +78,7 @@ def saved(moto_endpoint: str, tmp_path_factory: pytest.TempPathFactory, dataset:
     tmp = tmp_path_factory.mktemp("saved")
     trainer = _trainer(tmp, s3.url("ckpt"), dataset, storage_options=s3.storage_options())
     trainer.train(resume_from_checkpoint=True)
-    assert trainer._restored is None and trainer.state.global_step == 2  # an empty root: a fresh start
+    assert trainer.resumed_step is None and trainer.state.global_step == 2  # an empty root: a fresh start
     assert not (tmp / "out" / "checkpoint-2").exists()  # nothing in output_dir's checkpoint folders
     return s3, s3.url("ckpt")
 
