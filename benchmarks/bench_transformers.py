@@ -119,12 +119,14 @@ class Bench:
         data = self.samples if kind == "stock map-style" else self.streaming()
         return Timed(model=model, args=args, train_dataset=data, callbacks=[clock.callback], **kw)
 
-    def prepare(self, steps: Sequence[int]) -> None:
+    def prepare(self, steps: Sequence[int], log: Callable[[str], None]) -> None:
         for kind in KINDS:
+            t0 = time.perf_counter()
             trainer = self.trainer(kind, max(steps), _Clock(save_at=steps), saving=True)
             trainer.train()
             if kind == "streamio":
                 trainer.checkpoints.wait()
+            log(f"trained {kind} to step {max(steps)} in {time.perf_counter() - t0:.1f} s")
 
     def resume(self, kind: str, step: int) -> Callable[[], float]:
         def run() -> float:
@@ -154,7 +156,7 @@ def run(steps: Sequence[int], reps: int, embd: int, log: Callable[[str], None] =
                       spec=ShardSpec(max_count=256))
         with tempfile.TemporaryDirectory() as scratch:
             bench = Bench(s3.url("data"), s3.url("ckpt"), scratch, embd, samples)
-            bench.prepare(steps)
+            bench.prepare(steps, log)
             timed = {f"{kind} at {n}": bench.resume(kind, n) for n in steps for kind in KINDS}
             warm = {k: f for k, f in timed.items() if k.endswith(f" at {min(steps)}")}
             interleave(warm, 1, log=lambda line: log(f"warm-up {line}"))  # first-use costs (imports, S3 clients)

@@ -191,6 +191,16 @@ class StreamioTrainer(_Trainer):  # type: ignore[misc]
         restored = self._restore()
         if restored is None:
             return fresh
+        step = restored.trainer_state.get("global_step")
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise CheckpointFormatError(
+                f"{self._root} step {restored.step} holds a TrainerState with global_step={step!r}: resume with the "
+                f"StreamioTrainer that saved it"
+            )
+        epochs = step // num_update_steps_per_epoch
+        batches = step % num_update_steps_per_epoch * self.args.gradient_accumulation_steps
+        self._check_position(restored.step, batches)  # before the model changes
+        restored.load_model(self.model, self._root)
         try:
             self.state = _callbacks.TrainerState(**restored.trainer_state)
         except TypeError as exc:
@@ -201,14 +211,14 @@ class StreamioTrainer(_Trainer):  # type: ignore[misc]
         _utils.compare_trainer_and_checkpoint_args(self.args, self.state)
         self._load_callback_state()
         self.state.init_training_references(self, max_steps, num_train_epochs, trial)
-        epochs = self.state.global_step // num_update_steps_per_epoch
-        batches = self.state.global_step % num_update_steps_per_epoch * self.args.gradient_accumulation_steps
-        self._check_position(restored.step, batches)
+        self._restored = restored
+        log.info("resumed from %s step %d (the data at its next batch, nothing replayed)", self._root, restored.step)
         return epochs, batches
 
     def _restore(self) -> Restored | None:
         request = self._resume
-        assert request is not None  # noqa: S101 - only called while train() resumes
+        if request is None:
+            return None
         values = restore_template()
         try:
             step = self.checkpoints.restore(values, step=request.step)
@@ -222,10 +232,7 @@ class StreamioTrainer(_Trainer):  # type: ignore[misc]
             return None
         restored = Restored.of(step, values, self._root)
         restored.load_data(self._loader, self._root)  # first: a checkpoint of other data changes nothing
-        restored.load_model(self.model, self._root)
-        self._restored = restored
-        log.info("resumed from %s step %d (the data at its next batch, nothing replayed)", self._root, step)
-        return self._restored
+        return restored
 
     def _check_position(self, step: int, batches: int) -> None:
         """The loader's restored position must leave the rest of the epoch the Trainer's step leaves."""

@@ -154,6 +154,22 @@ def test_a_checkpoint_of_another_model_is_refused_before_anything_is_loaded(
 
 
 @pytest.mark.slow  # a Trainer run, or a restore over moto: 2-8 s each
+def test_a_position_the_trainers_step_does_not_match_is_refused_before_the_model_changes(
+        saved: tuple[S3Endpoint, str], tmp_path: Path, dataset: str) -> None:
+    s3, root = saved  # saved after 2 batches of 2 (4 of 8 samples); resumed with batches of 4, the step says epoch 1
+    data = StreamingDataset(dataset, batch_size=4, decode="auto", transform=Counter())
+    trainer = _trainer(tmp_path, root, data, storage_options=s3.storage_options(), per_device_train_batch_size=4)
+    before = _weights(trainer)
+    with pytest.raises(StateMismatchError) as info:
+        trainer.train(resume_from_checkpoint=True)
+    assert f"{root} step 2: the saved data position leaves 1 of this rank's 2 batches of the epoch, the " \
+           f"Trainer's step leaves 2" in str(info.value)
+    assert "resume with the same number of processes, per_device_train_batch_size" in str(info.value)
+    assert _same(before, _weights(trainer))
+    assert _kept(s3, root) == [2]
+
+
+@pytest.mark.slow  # a Trainer run, or a restore over moto: 2-8 s each
 def test_another_programs_root_is_refused_and_nothing_is_loaded(
         s3: S3Endpoint, tmp_path: Path, dataset: str) -> None:
     root = s3.url("other")
