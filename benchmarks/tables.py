@@ -144,7 +144,8 @@ HEADLINES = {  # section -> its headline ratios, in the order the table lists th
        for case, runs in th.get("job", {}).get("cases", {}).items() if case != JOB_FLOOR
        for i, c in enumerate(runs) for what, key in (("time / ideal", "over_ideal"), ("share refused", "refused"))],
     "lightning": lambda li: [(f"lightning: {k}", v) for k, v in li["ratios"].items()],
-    "transformers": lambda tr: [(f"transformers: {k}", v) for k, v in tr["ratios"].items()],
+    "transformers": lambda tr: [(f"transformers: {k}", v) for k, v in tr["ratios"].items()
+                                if not k.startswith("resume at") or k.startswith(f"resume at {max(tr['steps'])}:")],
 }
 
 
