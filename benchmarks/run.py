@@ -55,6 +55,10 @@ declarative specs in :mod:`benchmarks.tables`, rendered by :mod:`benchmarks.repo
   ``streamio.accelerate.save_state`` / ``load_state`` vs ``accelerator.save_state`` to local disk then an
   s3fs upload (and download + ``accelerator.load_state``), same bucket, MLP + Adam + scheduler:
   :mod:`benchmarks.bench_accelerate` (``--json``, a subprocess).
+* ``transformers`` — the transformers Trainer (issue 36): time to resume at step N through
+  ``StreamioTrainer`` vs the stock Trainer's replay (over the same ``StreamingDataset``, and over
+  the samples as a map-style list), and the loop's blocked time per save:
+  :mod:`benchmarks.bench_transformers` (``--json``, a subprocess).
 
 Each section runs its contenders interleaved, several repetitions, and reports medians with
 min-max and ratios to references measured in the same run (absolute numbers move between runs on
@@ -87,7 +91,7 @@ from benchmarks.tables import REPORT  # noqa: E402
 
 SECTIONS = ("references", "dataset", "mixture", "tokens", "scale", "pipeline", "read", "shard", "prepare", "plan",
             "shuffle", "checkpoint", "sharded", "tiers", "fanout", "throttle", "lightning",
-            "accelerate")
+            "accelerate", "transformers")
 HERE = Path(__file__).resolve().parent
 
 
@@ -233,6 +237,15 @@ def section_accelerate(quick: bool, scratch: str) -> dict[str, Any]:
     return dict(res)
 
 
+def section_transformers(quick: bool, scratch: str) -> dict[str, Any]:
+    dest = os.path.join(scratch, "transformers.json")
+    args = ["--steps", "4,12", "--reps", "1", "--embd", "16"] if quick else ["--steps", "50,200,800", "--reps", "2"]
+    _subprocess(["-m", "benchmarks.bench_transformers", "--json", dest, *args], 900)
+    res = json.loads(Path(dest).read_text())
+    res["args"] = args
+    return dict(res)
+
+
 def section_sharded(quick: bool, scratch: str) -> dict[str, Any]:
     from benchmarks import bench_sharded
 
@@ -254,7 +267,7 @@ def run_sections(names: list[str], quick: bool, scratch: str, use_nginx: bool,
         "references": section_references, "read": section_read, "shard": section_shard, "prepare": section_prepare,
         "plan": section_plan, "checkpoint": section_checkpoint, "mixture": section_mixture,
         "sharded": section_sharded, "tiers": section_tiers, "fanout": section_fanout, "throttle": section_throttle,
-        "lightning": section_lightning, "accelerate": section_accelerate,
+        "lightning": section_lightning, "accelerate": section_accelerate, "transformers": section_transformers,
         "shuffle": lambda quick, _scratch: section_shuffle(quick, peers),
         "pipeline": lambda quick, scratch: section_pipeline(quick, scratch, peers),
         "tokens": lambda quick, scratch: section_tokens(quick, scratch, peers),

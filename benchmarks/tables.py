@@ -145,6 +145,8 @@ HEADLINES = {  # section -> its headline ratios, in the order the table lists th
        for i, c in enumerate(runs) for what, key in (("time / ideal", "over_ideal"), ("share refused", "refused"))],
     "lightning": lambda li: [(f"lightning: {k}", v) for k, v in li["ratios"].items()],
     "accelerate": lambda ac: [(f"accelerate: {k}", v) for k, v in ac["ratios"].items()],
+    "transformers": lambda tr: [(f"transformers: {k}", v) for k, v in tr["ratios"].items()
+                                if not k.startswith("resume at") or k.startswith(f"resume at {max(tr['steps'])}:")],
 }
 
 
@@ -848,6 +850,39 @@ ACCELERATE = SectionSpec("HF Accelerate checkpoints to S3 (issue 36: `benchmarks
 ))
 
 
+# ----------------------------------------------------------------------------- transformers
+TRANSFORMERS_WHAT = {
+    "streamio": "`StreamioTrainer`: the loader restored at its next batch, nothing read before it",
+    "stock iterable": "`Trainer` over the same `StreamingDataset`: `skip_first_batches` reads the N batches",
+    "stock map-style": "`Trainer` over the samples as an in-memory list: the sampler's indices skipped",
+}
+
+
+def _transformers_rows(sec: Any) -> list[tuple[str, str, Any]]:
+    rows = [(f"{kind} at {n}", TRANSFORMERS_WHAT[kind], common.summary(sec["runs_s"][f"{kind} at {n}"]))
+            for n in sec["steps"] for kind in TRANSFORMERS_WHAT if f"{kind} at {n}" in sec["runs_s"]]
+    return rows + [(f"{kind} blocked per save", "the loop inside `_save_checkpoint`"
+                    + (" (upload in the background, to S3)" if kind == "streamio" else " (local disk, synchronous)"),
+                    common.summary(sec["runs_s"][f"{kind} blocked per save"]))
+                   for kind in TRANSFORMERS_WHAT if f"{kind} blocked per save" in sec["runs_s"]]
+
+
+TRANSFORMERS = SectionSpec(
+    "The transformers Trainer: resume at step N (issue 36: `benchmarks/bench_transformers.py`)", key="transformers",
+    blocks=(
+        Text(lambda sec: [
+            f"One process, a GPT-2 from a config ({sec['params']:,} parameters, width {sec['embd']}, 2 layers), "
+            f"batches of 2 sequences of 16 tokens from {sec['samples']:,} samples in moto S3 (no proxy latency); "
+            f"each trainer trained once to step {max(sec['steps'])} saving at every N, then a fresh trainer resumes "
+            "at N and runs one step: seconds from `train(resume_from_checkpoint=...)` to the end of that step. "
+            f"{sec['reps']} repetitions after a warm-up, interleaved (arguments: `{' '.join(sec.get('args', []))}`). "
+            "Seconds, median [min-max]."]),
+        Table((_str("measurement", 0), _str("what", 1), Column("seconds", lambda r: med(r[2], 3))),
+              rows=_transformers_rows),
+        _ratios(),
+    ))
+
+
 # ----------------------------------------------------------------------------- peers
 def _peers(res: Results) -> list[str]:
     ran = res.get("dataset", {}).get("contenders", {})
@@ -891,5 +926,5 @@ def _shuffle_peers(res: Results) -> list[str] | None:
 PEERS = SectionSpec("Peers in their own environments", blocks=(Text(_peers), Text(_shuffle_peers)))
 
 SECTIONS = (REFERENCES, DATASET, MIXTURE, TOKENS, SCALE, PIPELINE, READ, SHARD, PREPARE, PLAN, SHUFFLE, CHECKPOINT,
-            SHARDED, TIERS, FANOUT, THROTTLE, LIGHTNING, ACCELERATE)  # in the suite's order
+            SHARDED, TIERS, FANOUT, THROTTLE, LIGHTNING, ACCELERATE, TRANSFORMERS)  # in the suite's order
 REPORT = (INTRO, HEADLINE, *SECTIONS, PEERS)

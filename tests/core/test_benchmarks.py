@@ -413,3 +413,28 @@ def test_pipeline_trial_reads_every_sample_once_and_counts_worker_cpu(tmp_path: 
     jpg = next(all_samples(img.dir))["jpg"]
     assert jpg[:2] == b"\xff\xd8" and tuple(decode_resize(jpg).shape) == (224, 224, 3)
     assert 60_000 < img.payload / img.samples < 200_000  # ~110 KB JPEGs
+
+
+@pytest.mark.slow
+# S3Servers.stop() (benchmarks/common.py) leaves its child's pipes to the garbage collector, which may run here
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_transformers_section_resumes_every_trainer_at_every_step_and_renders(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("transformers")
+    from benchmarks import bench_transformers
+
+    for name in [n for n in os.environ if n.startswith("AWS_")]:  # run() sets and clears AWS_*: restored after
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    lines: list[str] = []
+    sec = bench_transformers.run([1, 3], 1, 8, log=lines.append)  # run() raises if a resume ends at another step
+    kinds = bench_transformers.KINDS
+    assert {k for k in sec["runs_s"] if " at " in k} == {f"{kind} at {n}" for kind in kinds for n in (1, 3)}
+    assert all(len(sec["runs_s"][f"{kind} at {n}"]) == 1 for kind in kinds for n in (1, 3))
+    assert [len(sec["runs_s"][f"{kind} blocked per save"]) for kind in kinds] == [2, 2, 2]  # saved at 1 and at 3
+    assert len([line for line in lines if line.startswith("warm-up")]) == 3
+    res = {"machine": common.machine(), "transformers": {"status": "ok", "args": ["--steps", "1,3"], **sec}}
+    text = run.write_report(res, tmp_path, []).read_text()
+    assert "## The transformers Trainer: resume at step N (issue 36" in text
+    assert "| stock iterable at 3 | `Trainer` over the same `StreamingDataset`" in text
+    assert "| transformers: resume at 3: stock iterable / streamio |" in text  # in the headline table

@@ -99,3 +99,13 @@ def test_accelerate_training_resumes_at_the_saved_step(s3: S3Endpoint) -> None:
     assert "nothing to resume under" in first and "finished at step 4; checkpoints: [2, 4]" in first
     second = run([*script, "--steps", "6", "--ckpt-every", "2"], s3)
     assert "resumed at step 4, 1 process(es)" in second and "finished at step 6; checkpoints: [4, 6]" in second
+
+
+def test_transformers_trainer_resumes_from_its_root_on_s3(s3: S3Endpoint) -> None:
+    pytest.importorskip("transformers")
+    script = [sys.executable, str(EXAMPLES / "transformers_trainer.py"), "--url", s3.url("hf")]
+    first = run([*script, "--steps", "8"], s3)
+    assert "started from scratch" in first and "stopped at global step 8" in first
+    second = run([*script, "--steps", "12"], s3)
+    assert "resumed at step 8, nothing replayed" in second and "stopped at global step 12" in second
+    assert f"checkpoints in {s3.url('hf')}/ckpt: steps [8, 12]" in second
