@@ -28,7 +28,7 @@ from streamio.checkpoint.format.timeline import Point
 from streamio.checkpoint.options import LocalTier, SaveOptions, SaveStats
 from streamio.checkpoint.restore.local import LocalCopies
 from streamio.checkpoint.restore.walk import Restorer
-from streamio.checkpoint.root import PhaseHook, committed_steps, pointed_step, pointer_version, read_pointer
+from streamio.checkpoint.root import ABSENT, PhaseHook, committed_steps, pointed_step, pointer_version, read_pointer
 from streamio.checkpoint.save import inflight
 from streamio.checkpoint.save.commit import Committer
 from streamio.checkpoint.save.local import LocalCommitter
@@ -304,6 +304,8 @@ def _current(store: Store) -> tuple[Point | None, str | None]:
         CheckpointError: the pointer is unusable (restore walks back; adopt cannot).
     """
     version = pointer_version(store)
+    if version == ABSENT:  # a fresh root: nothing to read (a pointer made meanwhile fails the create-only swap)
+        return None, version
     try:
         pointer = read_pointer(store)
     except ManifestError as exc:
