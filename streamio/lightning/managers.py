@@ -50,8 +50,10 @@ class Managers:
         self._lock = threading.Lock()
 
     @contextmanager
-    def saving(self, store: Store, step: int) -> Iterator[CheckpointManager]:
-        """The manager to save ``step`` to ``store`` with, ready to make it the root's current save.
+    def saving(self, store: Store, step: int | None) -> Iterator[tuple[CheckpointManager, int]]:
+        """The manager to save ``step`` to ``store`` with, ready to make it the root's current save,
+        and the step; ``None`` (a Fabric state without ``global_step``): one past the root's current
+        save, 0 for the first, so each save of a path counts on.
 
         Raises:
             CheckpointError: the root's pointer is unusable (from ``adopt()``).
@@ -63,9 +65,10 @@ class Managers:
                 manager = self._make(store)
                 manager._buffer = self._buffer  # noqa: SLF001 - one buffer for all: saves run one at a time
             try:
-                if manager.durable_step is None or step <= manager.durable_step:
-                    manager.adopt()
-                yield manager
+                last = manager.durable_step  # its own last save here (None: it has not saved here)
+                if last is None or (step is not None and step <= last):
+                    last = manager.adopt()  # the step the root holds (None: none)
+                yield manager, step if step is not None else 0 if last is None else last + 1
             except BaseException:
                 manager.close()  # its view of the root may be stale: the next save starts afresh
                 raise

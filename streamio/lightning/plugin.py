@@ -88,7 +88,10 @@ class CheckpointIO(*_BASES):  # type: ignore[misc]
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | os.PathLike[str],
                         storage_options: Any | None = None) -> None:
-        """Commit ``checkpoint`` as the one checkpoint at ``path`` (its step: ``global_step``).
+        """Commit ``checkpoint`` as the one checkpoint at ``path``.
+
+        Its step is ``global_step`` (the Trainer's); a state without one (Fabric's) counts the
+        saves of the path: one past the step the path holds, 0 for the first.
 
         Raises:
             ArgumentError: ``storage_options`` given per call (give them to the constructor).
@@ -101,13 +104,13 @@ class CheckpointIO(*_BASES):  # type: ignore[misc]
                 f"streamio.lightning.CheckpointIO.save_checkpoint got storage_options={type(storage_options).__name__} "
                 f"for {os.fspath(path)!r}: give them once, as CheckpointIO(storage_options=...)"
             )
-        step = checkpoint.get("global_step", 0)
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        step = checkpoint.get("global_step")
+        if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
             raise CheckpointError(
                 f"the Lightning checkpoint for {os.fspath(path)!r} has global_step={step!r}: a step is an int >= 0"
             )
-        with self._managers.saving(checkpoint_store(path, self.storage_options), step) as manager:
-            manager.save(step, {STATE: checkpoint})
+        with self._managers.saving(checkpoint_store(path, self.storage_options), step) as (manager, counted):
+            manager.save(counted, {STATE: checkpoint})
 
     def load_checkpoint(self, path: str | os.PathLike[str], map_location: Any | None = None,
                         weights_only: bool | None = None) -> dict[str, Any]:
