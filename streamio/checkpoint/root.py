@@ -62,6 +62,7 @@ ABSENT = "\0absent"
 
 UNREAD = "\0unread"  # a pointer version not read yet (the root did not answer): read before the next swap
 
+_DELETES = 8  # in flight while delete_save removes a save's objects (a request each) after its manifest
 
 @dataclass(frozen=True)
 class SaveRef:
@@ -353,11 +354,13 @@ def delete_save(store: Store, sdir: str, *, save_id: str | None = None, prefixes
     listing = (store.list() if prefixes is None
                else [o for d in layout.Placement(sdir, prefixes).dirs() for o in store.list(d + "/")])
     dirs = {sdir}
+    doomed: list[str] = []
     for o in listing:
         sdir_of, rest = layout.locate(o.path) or ("", "")
         if sdir_of == sdir and (not shared or rest == layout.BAD or layout.object_save_id(rest) == save_id):
-            store.delete(o.path)
+            doomed.append(o.path)
             dirs.update(layout.parents(o.path))
+    run_parallel(store.delete, doomed, concurrency=_DELETES, name="streamio-ckpt-delete")  # any order now
     remove_empty_dirs(store, dirs)
 
 

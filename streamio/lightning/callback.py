@@ -6,8 +6,9 @@ Lightning resolves ``fit(ckpt_path="last")`` before any plugin is called, from t
 subclass answers that lookup with the newest committed ``last*.ckpt`` root under ``dirpath``
 (:func:`~.paths.newest_last`), so a half-written save is never resumed from. When the training
 loader is a ``StreamingDataLoader`` resumed inside an epoch, it also makes Lightning count that
-epoch's batches from its start (:mod:`.epochs`), as the loader's state does. Everything else is
-Lightning's: top-k, ``save_last``, monitors, file names.
+epoch's batches from its start (:mod:`.epochs`), as the loader's state does. It carries every
+rank's RNG streams in the checkpoint rank 0 writes, and gives each rank its own back (:mod:`.rng`).
+Everything else is Lightning's: top-k, ``save_last``, monitors, file names.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from streamio.lightning.epochs import count_whole_epochs
 from streamio.lightning.paths import newest_last
 from streamio.lightning.plugin import plugin_of
 from streamio.lightning.requirement import require
+from streamio.lightning.rng import PendingRNG, gather_rng
 
 __all__ = ["ModelCheckpoint"]
 
@@ -32,6 +34,22 @@ class ModelCheckpoint(_LightningModelCheckpoint):  # type: ignore[misc]
     :class:`~.plugin.CheckpointIO`, also when Lightning's ``AsyncCheckpointIO`` wraps it;
     ``save_last="link"`` is refused on object storage by Lightning.
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._rng = PendingRNG()
+
+    def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(trainer, pl_module, checkpoint)
+        gather_rng(checkpoint, rank=trainer.global_rank, world=trainer.world_size)  # every rank calls it
+
+    def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+        super().on_load_checkpoint(trainer, pl_module, checkpoint)
+        self._rng.loaded(checkpoint)
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
+        self._rng.apply(rank=trainer.global_rank, world=trainer.world_size)
 
     def _find_last_checkpoints(self, trainer: Any) -> set[str]:
         if self.dirpath is None:

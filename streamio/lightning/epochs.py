@@ -11,7 +11,8 @@ Lightning measured before loading the state (``CombinedLoader.limits``); the res
 ends when the loader does, at the same batch as an uninterrupted run's.
 
 The Lightning internals read here (``fit_loop.max_batches``, ``_combined_loader``, ``limits``,
-``_data_fetcher.length``, ``val_check_batch``) are those of Lightning 2.2 to 2.6.
+``_data_fetcher.length``, ``val_check_batch``) are those of Lightning 2.5 and 2.6 (with 2.4 the
+resumed epoch's ``batch_idx`` comes out one lower).
 """
 
 from __future__ import annotations

@@ -13,7 +13,9 @@ and a value the format cannot hold is refused at save with a :class:`~streamio.e
 naming where it is in the dict. A path saved again (``last.ckpt``) is taken over
 (:meth:`~streamio.checkpoint.CheckpointManager.adopt`): the new save becomes current by the
 pointer swap, then the old one is retired, so the path never holds less than one complete
-checkpoint. Saves are synchronous: Lightning expects the file to exist when the call returns.
+checkpoint. Saves are synchronous: Lightning expects the file to exist when the call returns. The
+managers of the roots saved to last are kept for the next save (:mod:`.managers`: no pointer
+re-read, one host buffer).
 """
 
 from __future__ import annotations
@@ -24,9 +26,10 @@ from typing import Any
 
 from streamio.checkpoint import CheckpointManager, KeepLast, SaveOptions
 from streamio.errors import ArgumentError, CheckpointError, CheckpointNotFoundError
+from streamio.lightning.managers import Managers
 from streamio.lightning.paths import checkpoint_store, remove_root
 from streamio.lightning.requirement import require_any
-from streamio.storage import RetryPolicy
+from streamio.storage import RetryPolicy, Store
 
 __all__ = ["STATE", "CheckpointIO", "lightning_step", "plugin_of", "refuse_storage_options"]
 
@@ -64,18 +67,31 @@ class CheckpointIO(*_BASES):  # type: ignore[misc]
         self.storage_options = dict(storage_options or {})
         self.options = options
         self.retry = retry
+        self._managers = Managers(self._new_manager)
 
     def __repr__(self) -> str:
         return "streamio.lightning.CheckpointIO()"
 
-    def _manager(self, path: str | os.PathLike[str]) -> CheckpointManager:
-        store = checkpoint_store(path, self.storage_options)
+    def __getstate__(self) -> dict[str, Any]:  # ddp_spawn pickles the plugin: live managers stay here
+        return {k: v for k, v in self.__dict__.items() if k != "_managers"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._managers = Managers(self._new_manager)
+
+    def _new_manager(self, store: Store) -> CheckpointManager:
         return CheckpointManager(store.root_url, async_save=False, solo=True, retention=KeepLast(1),
                                  storage_options=self.storage_options, options=self.options, retry=self.retry)
 
+    def _manager(self, path: str | os.PathLike[str]) -> CheckpointManager:
+        return self._new_manager(checkpoint_store(path, self.storage_options))
+
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | os.PathLike[str],
                         storage_options: Any | None = None) -> None:
-        """Commit ``checkpoint`` as the one checkpoint at ``path`` (its step: ``global_step``).
+        """Commit ``checkpoint`` as the one checkpoint at ``path``.
+
+        Its step is ``global_step`` (the Trainer's); a state without one (Fabric's) counts the
+        saves of the path: one past the step the path holds, 0 for the first.
 
         Raises:
             ArgumentError: ``storage_options`` given per call (give them to the constructor).
@@ -84,10 +100,9 @@ class CheckpointIO(*_BASES):  # type: ignore[misc]
             StorageError: the root cannot be reached.
         """
         refuse_storage_options(storage_options, path, "streamio.lightning.CheckpointIO.save_checkpoint")
-        step = lightning_step(checkpoint, path)
-        with self._manager(path) as manager:
-            manager.adopt()
-            manager.save(step, {STATE: checkpoint})
+        step = None if checkpoint.get("global_step") is None else lightning_step(checkpoint, path)
+        with self._managers.saving(checkpoint_store(path, self.storage_options), step) as (manager, counted):
+            manager.save(counted, {STATE: checkpoint})
 
     def load_checkpoint(self, path: str | os.PathLike[str], map_location: Any | None = None,
                         weights_only: bool | None = None) -> dict[str, Any]:
@@ -125,7 +140,13 @@ class CheckpointIO(*_BASES):  # type: ignore[misc]
         Raises:
             StorageError: the root cannot be reached (what was deleted so far stays deleted).
         """
-        remove_root(checkpoint_store(path, self.storage_options))
+        store = checkpoint_store(path, self.storage_options)
+        self._managers.forget(store)
+        remove_root(store)
+
+    def teardown(self) -> None:
+        """Release the managers kept for the next saves (Lightning calls this at the end of ``fit``)."""
+        self._managers.close()
 
 
 def lightning_step(checkpoint: Mapping[str, Any], path: str | os.PathLike[str]) -> int:

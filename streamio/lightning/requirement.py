@@ -17,7 +17,7 @@ def require(module: str) -> ModuleType:
     """Import ``module`` (``lightning.pytorch.callbacks``, ``lightning.fabric.plugins``).
 
     Raises:
-        MissingDependencyError: Lightning (the ``lightning`` package, 2.2 or later) is not installed.
+        MissingDependencyError: Lightning (the ``lightning`` package, 2.5 or later) is not installed.
     """
     try:
         return importlib.import_module(module)

@@ -5,6 +5,7 @@ refusals and errors a user can act on."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import subprocess
@@ -81,7 +82,9 @@ def test_a_checkpoint_path_is_a_streamio_root_that_round_trips_and_the_cli_reads
     assert [s["step"] for s in listed] == [50], listed
 
 
-def test_save_last_rebinds_a_path_to_the_same_step_and_to_an_earlier_one(io: CheckpointIO, s3: S3Endpoint) -> None:
+def test_save_last_rebinds_a_path_to_the_same_step_and_to_an_earlier_one(
+        io: CheckpointIO, s3: S3Endpoint, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="streamio")
     path = s3.url("run/ckpt/last.ckpt")
     io.save_checkpoint(_ckpt(8, 1.0), path)
     io.save_checkpoint(_ckpt(8, 2.0), path)  # save_last after top-k at one step: no CheckpointConflictError
@@ -90,6 +93,14 @@ def test_save_last_rebinds_a_path_to_the_same_step_and_to_an_earlier_one(io: Che
     loaded = io.load_checkpoint(path)
     assert loaded["global_step"] == 4 and torch.equal(loaded["state_dict"]["net.weight"], torch.full((2, 3), 3.0))
     assert [s.step for s in committed_saves(Store(path, s3.storage_options()))] == [4]  # the old ones retired
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []  # what it was asked
+    assert sum("supersedes it" in r.getMessage() for r in caplog.records) == 2
+    store = Store(path, s3.storage_options())
+    store.put("step-000000002/manifest.json", b"not a manifest")  # something actually wrong: still a warning
+    io.save_checkpoint(_ckpt(5, 4.0), path)
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warned) == 1 and "retired checkpoint step 2" in warned[0] and "manifest is unusable" in warned[0]
+    assert [s.step for s in committed_saves(store)] == [5]
 
 
 def test_a_value_the_format_cannot_hold_is_refused_naming_its_key_and_nothing_is_visible(
@@ -151,7 +162,9 @@ def _trainer(io: CheckpointIO, dirpath: str, max_steps: int) -> Any:
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning", "ignore::FutureWarning")
-def test_ckpt_path_last_resumes_from_s3_in_a_real_trainer(io: CheckpointIO, s3: S3Endpoint) -> None:
+def test_ckpt_path_last_resumes_from_s3_in_a_real_trainer(io: CheckpointIO, s3: S3Endpoint,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="streamio")
     dirpath = s3.url("run/ckpt")
     data = torch.utils.data.DataLoader(torch.randn(64, 3), batch_size=4)
     _trainer(io, dirpath, 6).fit(_Tiny(), data, ckpt_path="last")  # nothing yet: starts from scratch
@@ -159,6 +172,7 @@ def test_ckpt_path_last_resumes_from_s3_in_a_real_trainer(io: CheckpointIO, s3: 
     trainer.fit(_Tiny(), data, ckpt_path="last")
     assert trainer.ckpt_path == pointer_url(Store(f"{dirpath}/last.ckpt", s3.storage_options()))
     assert read_pointer(Store(f"{dirpath}/last.ckpt", s3.storage_options())).step == 8
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("streamio")] == []  # 4 saves of last, quiet
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning", "ignore::FutureWarning")

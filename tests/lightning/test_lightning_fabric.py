@@ -43,7 +43,7 @@ def test_fabric_save_then_load_restores_modules_optimizers_and_values(fabric: An
     path = s3.url("run/fabric.ckpt")
     model, opt = _trained(fabric, 0)
     fabric.save(path, {"model": model, "optimizer": opt, "step": 3, "note": "kept"})
-    assert [s.step for s in committed_saves(Store(path, s3.storage_options()))] == [0]  # no global_step: step 0
+    assert [s.step for s in committed_saves(Store(path, s3.storage_options()))] == [0]  # no global_step: the 1st
     fresh, fresh_opt = _trained(fabric, 1)
     state = {"model": fresh, "optimizer": fresh_opt, "step": 0}
     rest = fabric.load(path, state)
@@ -52,10 +52,16 @@ def test_fabric_save_then_load_restores_modules_optimizers_and_values(fabric: An
     saved, loaded = opt.state_dict()["state"], fresh_opt.state_dict()["state"]
     assert saved.keys() == loaded.keys() and all(
         torch.equal(saved[k][m], loaded[k][m]) for k in saved for m in ("exp_avg", "exp_avg_sq", "step"))
-    model.weight.data.add_(1.0)  # saving the same path again: the new state wins, one save stays
-    fabric.save(path, {"model": model, "step": 4})
-    assert torch.equal(fabric.load(path)["model"]["weight"], model.weight.detach())
-    assert len(committed_saves(Store(path, s3.storage_options()))) == 1
+    store = Store(path, s3.storage_options())
+    for n in (1, 2):  # saving the same path again: the new state wins, one save stays, its step counts on
+        model.weight.data.add_(1.0)
+        fabric.save(path, {"model": model, "step": 3 + n})
+        assert torch.equal(fabric.load(path)["model"]["weight"], model.weight.detach())
+        assert [s.step for s in committed_saves(store)] == [n]
+    CheckpointIO(storage_options=s3.storage_options()).save_checkpoint({"step": 6}, path)  # another job
+    assert [s.step for s in committed_saves(store)] == [3]
+    fabric.save(path, {"model": model, "global_step": 2})  # a step given wins, earlier or not
+    assert [s.step for s in committed_saves(store)] == [2] and fabric.load(path)["global_step"] == 2
 
 
 def test_fabric_errors_name_the_path_and_the_key(fabric: Any, s3: S3Endpoint) -> None:

@@ -1,25 +1,29 @@
 """A Lightning DDP run (2 gloo ranks under torchrun) checkpointing through streamio to S3 (moto).
 
 ``python -m torch.distributed.run --nproc_per_node 2 lightning_ddp.py DIRPATH OUT MAX_STEPS KILL_AT RESUME [DATASET]``:
-trains a small deterministic model (no dropout), saving every 4 steps with top-2 by step and
-``last.ckpt``. Without DATASET each step's inputs derive from the step and the rank (the loader's
-position does not matter); with it, from the keys of the samples a ``StreamingDataLoader`` over
-DATASET hands out. ``KILL_AT`` > 0: rank 0 sends SIGKILL to the whole process group after that
-step. ``RESUME`` = 1: ``fit(ckpt_path="last")``. Rank 0 writes the final weights and its per-step
-losses to OUT as JSON (floats as ``float.hex``, so equality is bit equality); with DATASET every
-rank writes ``OUT.rank<r>`` with ``[epoch, step, batch_idx, keys]`` of each of its steps.
+trains a small model with dropout (each rank's torch stream, seeded by rank, shows in the weights),
+saving every 4 steps with top-2 by step and ``last.ckpt``. Without DATASET each step's inputs derive
+from the step and the rank (the loader's position does not matter); with it, from the keys of the
+samples a ``StreamingDataLoader`` over DATASET hands out. ``KILL_AT`` > 0: rank 0 sends SIGKILL to
+the whole process group after that step. ``RESUME`` = 1: ``fit(ckpt_path="last")``. Rank 0 writes
+the final weights and its per-step losses to OUT as JSON (floats as ``float.hex``, so equality is
+bit equality); with DATASET every rank writes ``OUT.rank<r>`` with ``[epoch, step, batch_idx,
+keys]`` of each of its steps. Every rank writes ``OUT.rng<r>``: per step, a draw of torch, Python
+``random`` and NumPy's global RNG.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import sys
 import zlib
 from typing import Any
 
 import lightning as L
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
@@ -31,8 +35,10 @@ from streamio.lightning import CheckpointIO, ModelCheckpoint
 class Model(L.LightningModule):
     def __init__(self) -> None:
         super().__init__()
-        self.net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+        self.net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Dropout(0.2),
+                                       torch.nn.Linear(16, 1))
         self.losses: dict[int, str] = {}
+        self.draws: dict[int, list[str]] = {}
         self.seen: list[list[Any]] = []
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
@@ -44,6 +50,8 @@ class Model(L.LightningModule):
         else:
             g = torch.Generator().manual_seed(1000 * self.global_step + self.global_rank)
             x = torch.randn(16, 8, generator=g)
+        draws = (float(torch.rand(1)), random.random(), float(np.random.rand()))
+        self.draws[self.global_step] = [d.hex() for d in draws]
         loss = torch.nn.functional.mse_loss(self.net(x), x.sum(1, keepdim=True))
         self.losses[self.global_step] = float(loss).hex()
         return loss
@@ -66,6 +74,10 @@ def main() -> None:
     torch.set_num_threads(1)
     torch.manual_seed(0)
     model = Model()
+    rank = int(os.environ["RANK"])
+    torch.manual_seed(100 + rank)  # each rank its own streams (what a resumed rank must get back)
+    random.seed(200 + rank)
+    np.random.seed(300 + rank)
     callbacks: list[L.Callback] = [ModelCheckpoint(dirpath=dirpath, every_n_train_steps=4, save_top_k=2,
                                                    monitor="step", mode="max", save_last=True)]
     if kill_at > 0:
@@ -81,6 +93,8 @@ def main() -> None:
     if len(sys.argv) > 6:
         with open(f"{out}.rank{trainer.global_rank}", "w") as f:
             json.dump(model.seen, f)
+    with open(f"{out}.rng{trainer.global_rank}", "w") as f:
+        json.dump(model.draws, f)
     if trainer.is_global_zero:
         weights = {k: [float(v).hex() for v in t.flatten().tolist()] for k, t in model.state_dict().items()}
         with open(out, "w") as f:

@@ -247,7 +247,7 @@ class Committer:
         """Rank 0, once the pointer names ``manifest``: the job is on ``plan``'s timeline; prune."""
         self.planner.committed(plan)
         self.pruner.committed(plan.sdir, manifest)
-        compacted = self.pruner.prune(Tip(plan.timeline, plan.step), plan.sdir)
+        compacted = self.pruner.prune(Tip(plan.timeline, plan.step), plan.sdir, continued=plan.parent)
         if compacted is not None:
             self.planner.compacted(compacted)
 

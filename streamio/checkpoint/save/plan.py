@@ -26,7 +26,7 @@ from streamio.checkpoint import root
 from streamio.checkpoint.format import layout
 from streamio.checkpoint.format.checks import ManifestError
 from streamio.checkpoint.format.timeline import Point, Timeline, branch
-from streamio.checkpoint.root import pointer_version, read_pointer
+from streamio.checkpoint.root import ABSENT, pointer_version, read_pointer
 from streamio.errors import CheckpointConflictError, CheckpointError
 from streamio.storage import Store
 
@@ -175,6 +175,8 @@ def current_point(store: Store) -> tuple[Point | None, str | None]:
         CheckpointError: the pointer is unusable (restore walks back; adopt cannot).
     """
     version = pointer_version(store)
+    if version == ABSENT:  # a fresh root: nothing to read (a pointer made meanwhile fails the create-only swap)
+        return None, version
     try:
         pointer = read_pointer(store)
     except ManifestError as exc:

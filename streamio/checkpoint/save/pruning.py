@@ -60,6 +60,9 @@ DEFAULT_RETENTION = KeepLast(2)
 
 _UNREAD = object()
 
+_ABANDONED = ("it is not on the current timeline (a step past the one a restore went back to, or a save that never "
+              "swapped latest.json)")
+
 
 class Pruner:
     """Retires abandoned and bad saves and applies the root's retention policy; see the module docstring.
@@ -95,9 +98,11 @@ class Pruner:
         """Remember the manifest of a save this job committed (no read needed to rank it later)."""
         self._manifests[sdir] = manifest
 
-    def prune(self, tip: Tip, current: str) -> Timeline | None:
+    def prune(self, tip: Tip, current: str, *, continued: str = "") -> Timeline | None:
         """Retire what is not on ``tip``'s timeline, then delete what the policy drops, never the
-        save in ``current`` (the one the pointer names).
+        save in ``current`` (the one the pointer names). ``continued`` is the save the new one
+        continues (restored or adopted): retiring it because the job saved its step or an earlier
+        one again is what the job asked for, logged at INFO (other retirements warn).
 
         Returns:
             ``tip``'s timeline without the history entries no save is left of
@@ -116,7 +121,7 @@ class Pruner:
                 m = self._manifests.get(ref.path)
                 why = self._retire_reason(tip, ref, m)
                 if why is not None:
-                    self._delete(ref, m, why, tip.step)
+                    self._delete(ref, m, why, tip.step, asked=ref.path == continued and why == _ABANDONED)
                 elif isinstance(m, Manifest) and classify(tip, m.line, m.step) == "current":
                     records[m.step] = ref
             ranked = [CheckpointRecord(s, self._metrics(records[s])) for s in sorted(records)]
@@ -139,17 +144,20 @@ class Pruner:
         if ref.bad:
             return f"a restore rejected it ({layout.bad_path(ref.path)})"
         if classify(tip, m.line, m.step) == "abandoned":
-            return ("it is not on the current timeline (a step past the one a restore went back to, or a save "
-                    "that never swapped latest.json)")
+            return _ABANDONED
         return None
 
-    def _delete(self, ref: SaveRef, m: Manifest | StreamioError | None, why: str | None, current: int) -> None:
+    def _delete(self, ref: SaveRef, m: Manifest | StreamioError | None, why: str | None, current: int, *,
+                asked: bool = False) -> None:
         known = m if isinstance(m, Manifest) else None
         delete_save(self.store, ref.path, save_id=known and known.save_id, prefixes=known and known.key_prefixes,
                     on_phase=self._on_phase)
         self._manifests.pop(ref.path, None)
         if why is None:
             log.info("retention deleted checkpoint step %d at %s", ref.step, self.store.url(ref.path))
+        elif asked:
+            log.info("retired checkpoint step %d at %s: step %d continues the save before it and supersedes it",
+                     ref.step, self.store.url(ref.path), current)
         else:
             log.warning("retired checkpoint step %d at %s after committing step %d: %s",
                         ref.step, self.store.url(ref.path), current, why)
