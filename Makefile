@@ -25,8 +25,12 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check streamio cli tests benchmarks scripts examples docs/api
 	$(PY) scripts/check_sizes.py streamio cli
 
+# Two pytest workers, each a whole test file at a time (module fixtures launch their processes
+# once); TEST_WORKERS=0 runs the suite in one process.
+TEST_WORKERS ?= 2
+
 test: $(STAMP) lint
-	$(PY) -m pytest -p no:cacheprovider --hypothesis-profile=ci
+	$(PY) -m pytest -p no:cacheprovider --hypothesis-profile=ci -n $(TEST_WORKERS) --dist loadfile
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -p no:cacheprovider -m "not slow"

@@ -7,6 +7,7 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+import s3fs
 from hypothesis import HealthCheck, settings
 
 from streamio.storage import Store
@@ -24,6 +25,14 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
         if name.startswith(("AWS_", "GOOGLE_", "STORAGE_EMULATOR")):
             monkeypatch.delenv(name)
     monkeypatch.setenv("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_s3fs() -> None:
+    """fsspec caches an ``S3FileSystem`` per set of arguments, not per environment: one made from
+    the environment earlier in a worker (a benchmark's, Lightning's) would serve a later test the
+    endpoint of another server. (gcsfs's cache is left alone: clearing it hung the next GCS test.)"""
+    s3fs.S3FileSystem.clear_instance_cache()
 
 
 @pytest.fixture(scope="session")

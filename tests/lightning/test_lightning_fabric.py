@@ -69,7 +69,7 @@ def test_fabric_errors_name_the_path_and_the_key(fabric: Any, s3: S3Endpoint) ->
     with pytest.raises(CheckpointNotFoundError, match=r"'s3://.*/run/none\.ckpt' names no streamio checkpoint"):
         fabric.load(nothing, {})
     for value, where in ((object(), "'lightning/extra' of type object"),
-                         ({"x": [1, {"fn": print}]}, "'lightning/extra/x/1/fn' of type builtin_function_or_method")):
+                         ({"x": [1, {"fn": len}]}, "'lightning/extra/x/1/fn' of type builtin_function_or_method")):
         with pytest.raises(CheckpointError, match=f"cannot save {where}: checkpoint state must be tensors"):
             fabric.save(s3.url("run/bad.ckpt"), {"step": 1, "extra": value})
     assert Store(s3.url("run"), s3.storage_options()).list() == []  # nothing half written
