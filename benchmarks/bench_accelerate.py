@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.common import MB, S3Servers, clean_aws_env, emit_json, interleave, machine, machine_line, ratio, summary
+from benchmarks.common import MB, S3Servers, clean_aws_env, interleave, machine, print_runs, ratio, summary
 
 WIDTH = 1024
 ROWS = ("streamio save blocked", "streamio save durable", "accelerate save + put", "accelerate save_state (local)",
@@ -180,14 +180,7 @@ def main() -> None:
     warnings.filterwarnings("ignore")
     logging.basicConfig(level=logging.WARNING)
     result = run(args.size_mb, args.reps)
-    print(machine_line(result["machine"]))
-    for name in ROWS:
-        s = summary(result["runs_s"][name])
-        print(f"{name:>30}: {s['median']:.3f} s [{s['min']:.3f}-{s['max']:.3f}]")
-    for name, value in result["ratios"].items():
-        print(f"{name}: {value:.2f}")
-    if args.json:
-        emit_json(result, args.json)
+    print_runs(result, args.json, ROWS)
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.common import MB, S3Servers, clean_aws_env, emit_json, interleave, machine, machine_line, ratio, summary
+from benchmarks.common import MB, S3Servers, clean_aws_env, interleave, machine, print_runs, ratio, summary
 
 WIDTH = 1024
 SAVES = ("streamio save", "torch save", "streamio async blocked", "torch async blocked",
@@ -181,14 +181,7 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("lightning").setLevel(logging.WARNING)
     result = run(args.size_mb, args.reps)
-    print(machine_line(result["machine"]))
-    for name, runs in result["runs_s"].items():
-        s = summary(runs)
-        print(f"{name:>24}: {s['median']:.3f} s [{s['min']:.3f}-{s['max']:.3f}]")
-    for name, value in result["ratios"].items():
-        print(f"{name}: {value:.2f}")
-    if args.json:
-        emit_json(result, args.json)
+    print_runs(result, args.json)
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.common import S3Servers, clean_aws_env, emit_json, interleave, machine, machine_line, ratio, summary
+from benchmarks.common import S3Servers, clean_aws_env, interleave, machine, print_runs, ratio, summary
 
 SEQ, VOCAB, BATCH = 16, 128, 2
 KINDS = ("streamio", "stock iterable", "stock map-style")
@@ -193,14 +193,7 @@ def main() -> None:
         logging.getLogger(name).setLevel(logging.ERROR)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     result = run([int(s) for s in args.steps.split(",")], args.reps, args.embd)
-    print(machine_line(result["machine"]))
-    for name, values in result["runs_s"].items():
-        s = summary(values)
-        print(f"{name:>34}: {s['median']:.3f} s [{s['min']:.3f}-{s['max']:.3f}]")
-    for name, value in result["ratios"].items():
-        print(f"{name}: {value:.2f}")
-    if args.json:
-        emit_json(result, args.json)
+    print_runs(result, args.json)
 
 
 if __name__ == "__main__":

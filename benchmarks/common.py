@@ -55,6 +55,21 @@ def emit_json(result: Any, path: str | None, *, indent: int = 2) -> None:
         print(text)
 
 
+def print_runs(result: Mapping[str, Any], json_path: str | None, names: Iterable[str] | None = None) -> None:
+    """A timing benchmark's end: its machine, each run's median [min-max] seconds (``names``, in
+    that order; default all of ``result["runs_s"]``) and its ratios, then ``--json`` if given."""
+    print(machine_line(result["machine"]))
+    names = list(result["runs_s"] if names is None else names)
+    width = max(map(len, names), default=0)
+    for name in names:
+        s = summary(result["runs_s"][name])
+        print(f"{name:>{width}}: {s['median']:.3f} s [{s['min']:.3f}-{s['max']:.3f}]")
+    for name, value in result["ratios"].items():
+        print(f"{name}: {value:.2f}")
+    if json_path:
+        emit_json(result, json_path)
+
+
 # ----------------------------------------------------------------------------- statistics
 def summary(values: Sequence[float]) -> dict[str, float]:
     """Median, min, max, count and relative spread ((max - min) / median) of ``values``."""
