@@ -26,7 +26,7 @@ from streamio.errors import (
     StorageError,
 )
 from streamio.storage import RetryPolicy, Store
-from streamio.testing import S3Endpoint
+from streamio.testing import GcsEndpoint, S3Endpoint
 
 L = pytest.importorskip("lightning")
 
@@ -275,3 +275,27 @@ def test_async_saves_resume_with_ckpt_path_last_and_top_k_removes_each_path_afte
     assert read_pointer(last).step == 8 and [s.step for s in committed_saves(last)] == [8]
     roots = sorted({o.path.split("/")[0] for o in Store(dirpath, opts).list()})
     assert roots == ["epoch=0-step=8.ckpt", "last.ckpt"], roots  # save_top_k=1 removed the others, none came back
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning", "ignore::FutureWarning")
+def test_top_k_save_last_and_ckpt_path_last_on_gcs_in_a_real_trainer(gcs: GcsEndpoint,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in gcs.env().items():  # what Lightning's own fsspec calls (ModelCheckpoint._fs) use
+        monkeypatch.setenv(name, value)
+    io, opts, dirpath = CheckpointIO(storage_options=gcs.storage_options()), gcs.storage_options(), gcs.url("run/ckpt")
+    data = torch.utils.data.DataLoader(torch.randn(64, 3), batch_size=4)
+
+    def trainer(max_steps: int) -> Any:
+        return L.Trainer(accelerator="cpu", devices=1, max_steps=max_steps, logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, plugins=[io],
+                         callbacks=[ModelCheckpoint(dirpath=dirpath, every_n_train_steps=2, save_last=True,
+                                                    save_top_k=2, monitor="step", mode="max")])
+
+    trainer(6).fit(_Tiny(), data, ckpt_path="last")  # nothing yet: starts from scratch
+    resumed = trainer(8)
+    resumed.fit(_Tiny(), data, ckpt_path="last")
+    assert resumed.ckpt_path == pointer_url(Store(f"{dirpath}/last.ckpt", opts))
+    roots = sorted({info.path.split("/")[0] for info in Store(dirpath, opts).list()})
+    assert roots == ["epoch=0-step=6.ckpt", "epoch=0-step=8.ckpt", "last.ckpt"]  # top-2 kept, the rest removed
+    assert read_pointer(Store(f"{dirpath}/last.ckpt", opts)).step == 8
+    assert io.load_checkpoint(f"{dirpath}/epoch=0-step=6.ckpt")["global_step"] == 6
