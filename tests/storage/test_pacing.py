@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -132,5 +133,8 @@ def test_many_writers_through_a_rate_limit_finish_near_the_limit(s3: S3Endpoint,
     refused = limit.refused / (limit.admitted + limit.refused)
     print(f"{n} PUTs at 60/s: {elapsed:.1f} s (ideal {(n - 60) / 60:.1f} s after the burst), {refused:.1%} refused")
     assert len(store.list()) == n
-    assert elapsed <= 1.3 * n / 60, elapsed
+    # A client starved of CPU is slower paced or not: the bound stretches only when the machine is
+    # overloaded (two test workers beside other multi-process tests measured 23 s here at load 6).
+    stretch = max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+    assert elapsed <= 1.3 * n / 60 * stretch, (elapsed, stretch)
     assert refused <= 0.25, refused
