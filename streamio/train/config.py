@@ -55,6 +55,9 @@ class TrainConfig:
         fsdp: shard the model and optimizer state over the ranks with FSDP2 (``fully_shard``)
             instead of replicating them with DDP, and checkpoint the shards (each rank writes its
             own; a run resumes on any number of ranks). Without torchrun the model stays plain.
+        preemption: on SIGTERM or SIGUSR1 (to any one rank), every rank saves the same step
+            durably, waits for the others and exits with status 143 (streamio.Preemption;
+            docs/preemption.md). Ctrl-C (SIGINT) is left alone.
     """
 
     data_url: str | tuple[str, ...] | None = None
@@ -86,6 +89,7 @@ class TrainConfig:
     val_samples: int = 1001
     device: str = "auto"
     fsdp: bool = False
+    preemption: bool = False
 
 
 def _attribute_help() -> dict[str, str]:
