@@ -37,7 +37,13 @@ Why it is built this way:
    so a rank whose save committed does not exit while another is still saving; the handlers
    stay installed until then, so torchrun's ``SIGTERM`` to a rank that is leaving anyway does not
    kill it half-way.
-4. **SIGINT is not taken by default**: Ctrl-C at a terminal keeps raising ``KeyboardInterrupt``,
+4. **DataLoader workers leave the signal to their rank.** torchrun forwards a ``SIGTERM`` it gets
+   (Kubernetes) to each rank's whole process group, and Slurm signals every process of a step: a
+   DataLoader worker killed by it makes the rank's ``SIGCHLD`` handler raise "DataLoader worker
+   ... is killed by signal" in the middle of a step, before any save. Pass
+   :attr:`Preemption.worker_init_fn` as the loader's ``worker_init_fn``: workers then ignore the
+   signals (they still end when the loader shuts them down, or when their rank dies).
+5. **SIGINT is not taken by default**: Ctrl-C at a terminal keeps raising ``KeyboardInterrupt``,
    as users expect. Pass ``signals=("SIGTERM", "SIGUSR1", "SIGINT")`` to have Ctrl-C save too.
 
 **Exit status.** :attr:`Preemption.EXIT_CODE` is 143 (128 + SIGTERM), what a shell, Docker and
@@ -54,6 +60,7 @@ import logging
 import signal
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from types import FrameType, TracebackType
 from typing import Any, NoReturn
 
@@ -63,7 +70,7 @@ import torch.distributed as dist
 from streamio.distributed import group_initialized, leave
 from streamio.errors import ConfigError
 
-__all__ = ["Preemption", "check_due"]
+__all__ = ["IgnoreSignals", "Preemption", "check_due"]
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +98,17 @@ def _signal_number(name: str | int) -> signal.Signals:
     if number.name in _UNCATCHABLE:
         raise ConfigError(f"signals: {number.name} cannot be caught by any process; leave it out")
     return number
+
+
+@dataclass(frozen=True)
+class IgnoreSignals:
+    """A DataLoader ``worker_init_fn`` that makes the worker ignore ``signals`` (picklable: spawn works too)."""
+
+    signals: tuple[int, ...]
+
+    def __call__(self, worker_id: int) -> None:
+        for number in self.signals:
+            signal.signal(number, signal.SIG_IGN)
 
 
 class Preemption:
@@ -135,6 +153,11 @@ class Preemption:
         # no I/O, no lock, no allocation worth naming: a signal may land anywhere in the main thread
         if self.received is None:
             self.received = signum
+
+    @property
+    def worker_init_fn(self) -> IgnoreSignals:
+        """A DataLoader ``worker_init_fn``: the workers ignore these signals and leave them to their rank."""
+        return IgnoreSignals(tuple(int(s) for s in self.signals))
 
     @property
     def signalled(self) -> bool:

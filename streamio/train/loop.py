@@ -122,7 +122,9 @@ class Trainer:
     ) -> None:
         self.cfg, self.d = cfg, d
         cuda = d.device.type == "cuda"
-        self.data = data or make_data(cfg, rank=d.rank, world_size=d.world_size, pin_memory=cuda)
+        self.stop = Preemption() if cfg.preemption else None  # before the loaders fork workers: they ignore it
+        init = None if self.stop is None else self.stop.worker_init_fn
+        self.data = data or make_data(cfg, rank=d.rank, world_size=d.world_size, pin_memory=cuda, worker_init_fn=init)
         self.ckpt = checkpointer if checkpointer is not None else make_checkpointer(
             cfg.ckpt_url, keep_last=cfg.keep_last, keep_best=cfg.keep_best, local_dir=cfg.local_ckpt,
             durable_every=cfg.durable_every,
@@ -141,8 +143,6 @@ class Trainer:
         self._last_saved = -1
         self._meter = Meter()  # the current log interval
         self._stall_s = 0.0  # data stall of the log intervals before it
-        # before the loaders start their workers, so a signal during the first step is seen too
-        self.stop = Preemption() if cfg.preemption else None
 
     def state(self) -> dict[str, Any]:
         """Everything a checkpoint holds, by name (all stateful objects).

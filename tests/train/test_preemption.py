@@ -125,6 +125,29 @@ def test_outside_the_main_thread_it_is_a_config_error(usr1_restored: Any) -> Non
     assert {s: signal.getsignal(s) for s in usr1_restored} == usr1_restored
 
 
+class _SignalsItself(torch.utils.data.Dataset[int]):
+    """Each item SIGTERMs the worker that loads it (what torchrun's killpg or Slurm does to a worker)."""
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, index: int) -> int:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.01)
+        return index
+
+
+def test_dataloader_workers_made_with_worker_init_fn_outlive_a_sigterm(usr1_restored: Any) -> None:
+    with Preemption() as stop:
+        loader = torch.utils.data.DataLoader(_SignalsItself(), num_workers=1, worker_init_fn=stop.worker_init_fn)
+        assert [int(b) for b in loader] == [0, 1, 2, 3]
+        assert not stop.signalled  # the worker's signals stayed in the worker
+        # the same loader without it: the worker dies and the main process is told so
+        bare = torch.utils.data.DataLoader(_SignalsItself(), num_workers=1)
+        with pytest.raises(RuntimeError, match=r"DataLoader worker \(pid\(s\) \d+\) exited unexpectedly"):
+            list(bare)
+
+
 def test_exit_leaves_with_the_documented_status() -> None:
     code = "import streamio; stop = streamio.Preemption(); print('bye', flush=True); stop.exit()"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
