@@ -5,7 +5,9 @@ Run: ``.venv/bin/python -m benchmarks.bench_preemption [--world 2] [--steps 60] 
 Each of ``--world`` gloo ranks (``torch.multiprocessing``) builds the reference trainer with the
 demo's settings (``streamio.train.demo``: batch 32, 2 micro-batches, the default MLP; in-memory
 data, no checkpoints) and times, in alternating blocks of 10 optimizer steps: the step alone, the
-step followed by ``requested(step)`` with ``check_every=1``, and with ``check_every=--every``.
+step followed by ``requested(step)`` with ``check_every=1``, and with ``check_every=--every``;
+and the time spent inside ``requested()`` per step (what the loop waits for; the difference of
+whole steps is within the noise of a loaded machine).
 It also times ``requested()`` alone, back to back (the bare all-reduce of one int32). Rank 0
 prints ms per step and the overhead in % of the step alone (medians over blocks).
 """
@@ -40,6 +42,7 @@ def _rank(rank: int, world: int, port: int, cfg: dict[str, Any]) -> None:
     batches = iter(trainer.data.train)
     stops = {1: Preemption(check_every=1), cfg["every"]: Preemption(check_every=cfg["every"])}
     times: dict[str, list[float]] = {"alone": [], "every 1": [], f"every {cfg['every']}": []}
+    inside: dict[str, float] = dict.fromkeys(times, 0.0)  # seconds spent in requested(), the loop's direct cost
     step = 0
     for _ in range(3):  # warm-up
         trainer.train_step(batches, Meter())
@@ -50,7 +53,9 @@ def _rank(rank: int, world: int, port: int, cfg: dict[str, Any]) -> None:
                 trainer.train_step(batches, Meter())
                 step += 1
                 if stop is not None:
+                    t0 = time.perf_counter()
                     stop.requested(step)
+                    inside[name] += time.perf_counter() - t0
             times[name].append((time.perf_counter() - start) / 10)
     start = time.perf_counter()
     for i in range(cfg["calls"]):
@@ -61,8 +66,10 @@ def _rank(rank: int, world: int, port: int, cfg: dict[str, Any]) -> None:
         print(f"world {world}: step alone {1000 * alone:.2f} ms (median of {len(times['alone'])} blocks of 10)")
         for name in list(times)[1:]:
             t = statistics.median(times[name])
+            per_step = inside[name] / (10 * len(times[name]))
             print(f"  step + requested(), check {name}: {1000 * t:.2f} ms, overhead {1000 * (t - alone):+.3f} ms "
-                  f"({100 * (t - alone) / alone:+.2f} %)")
+                  f"({100 * (t - alone) / alone:+.2f} %); inside requested() {1000 * per_step:.3f} ms per step "
+                  f"({100 * per_step / alone:.2f} %)")
         print(f"  requested() alone, back to back: {1000 * bare:.3f} ms per call "
               f"({100 * bare / alone:.2f} % of a step)")
     for stop in stops.values():
