@@ -131,6 +131,8 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainConfig:
     args = parser.parse_args(argv)
     if args.local_ckpt is not None and args.ckpt_url is None:
         parser.error("--local-ckpt needs --ckpt-url: the local tier keeps copies of the checkpoints saved there")
+    if args.preemption and args.ckpt_url is None:
+        parser.error("--preemption needs --ckpt-url: a preempted run saves its last step there, and resumes from it")
     if args.durable_every != 1 and args.local_ckpt is None:
         parser.error("--durable-every needs --local-ckpt: without a local tier every checkpoint goes to --ckpt-url")
     values = {f.name: getattr(args, f.name) for f in fields(TrainConfig)}

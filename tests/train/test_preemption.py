@@ -28,6 +28,7 @@ from streamio.errors import ConfigError
 from streamio.preemption import check_due
 from streamio.storage import Store
 from streamio.testing import S3Endpoint
+from streamio.train.config import parse_args
 from streamio.train.telemetry import read_metrics
 
 
@@ -153,6 +154,14 @@ def test_exit_leaves_with_the_documented_status() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == Preemption.EXIT_CODE == 143, done.stderr
     assert "preemption: exiting with status 143" in done.stderr
+
+
+def test_the_trainer_flag_needs_a_checkpoint_root(capsys: pytest.CaptureFixture[str]) -> None:
+    assert parse_args(["--preemption", "--ckpt-url", "s3://b/c"]).preemption is True
+    assert parse_args([]).preemption is False
+    with pytest.raises(SystemExit) as exc:
+        parse_args(["--preemption"])
+    assert exc.value.code == 2 and "--preemption needs --ckpt-url" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------------------------- torchrun
