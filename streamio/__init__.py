@@ -26,6 +26,7 @@ _EXPORTS = {
     "KeepLast": "streamio.checkpoint",
     "LocalTier": "streamio.checkpoint",
     "Pack": "streamio.data.plan",
+    "Preemption": "streamio.preemption",
     "PartSummary": "streamio.data.write.parts",
     "PartitionedWrite": "streamio.data.write.parts",
     "PrefetchConfig": "streamio.data.read.prefetch",
@@ -48,9 +49,9 @@ _EXPORTS = {
 
 __all__ = [
     "CacheConfig", "CheckpointManager", "DatasetIndex", "DatasetOptions", "KeepAll", "KeepBest", "KeepEvery",
-    "KeepLast", "LocalTier", "Pack", "PartSummary", "PartitionedWrite", "PrefetchConfig", "RNGState", "RetentionPolicy",
-    "RetryPolicy", "SaveOptions", "SaveStats", "ShardSpec", "Shuffle", "Store", "Stream", "StreamingDataLoader",
-    "StreamingDataset", "__version__",
+    "KeepLast", "LocalTier", "Pack", "PartSummary", "PartitionedWrite", "Preemption", "PrefetchConfig", "RNGState",
+    "RetentionPolicy", "RetryPolicy", "SaveOptions", "SaveStats", "ShardSpec", "Shuffle", "Store", "Stream",
+    "StreamingDataLoader", "StreamingDataset", "__version__",
     "build_index", "errors", "load_index", "select", "write_dataset",
 ]
 
@@ -79,6 +80,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the names, eagerly
     from streamio.data.write.indexer import build_index
     from streamio.data.write.parts import PartitionedWrite, PartSummary
     from streamio.data.write.writer import ShardSpec, write_dataset
+    from streamio.preemption import Preemption
     from streamio.storage import RetryPolicy, Store
 
 

@@ -55,6 +55,9 @@ class TrainConfig:
         fsdp: shard the model and optimizer state over the ranks with FSDP2 (``fully_shard``)
             instead of replicating them with DDP, and checkpoint the shards (each rank writes its
             own; a run resumes on any number of ranks). Without torchrun the model stays plain.
+        preemption: on SIGTERM or SIGUSR1 (to any one rank), every rank saves the same step
+            durably, waits for the others and exits with status 143 (streamio.Preemption;
+            docs/preemption.md). Ctrl-C (SIGINT) is left alone.
     """
 
     data_url: str | tuple[str, ...] | None = None
@@ -86,6 +89,7 @@ class TrainConfig:
     val_samples: int = 1001
     device: str = "auto"
     fsdp: bool = False
+    preemption: bool = False
 
 
 def _attribute_help() -> dict[str, str]:
@@ -127,6 +131,8 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainConfig:
     args = parser.parse_args(argv)
     if args.local_ckpt is not None and args.ckpt_url is None:
         parser.error("--local-ckpt needs --ckpt-url: the local tier keeps copies of the checkpoints saved there")
+    if args.preemption and args.ckpt_url is None:
+        parser.error("--preemption needs --ckpt-url: a preempted run saves its last step there, and resumes from it")
     if args.durable_every != 1 and args.local_ckpt is None:
         parser.error("--durable-every needs --local-ckpt: without a local tier every checkpoint goes to --ckpt-url")
     values = {f.name: getattr(args, f.name) for f in fields(TrainConfig)}

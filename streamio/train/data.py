@@ -35,7 +35,7 @@ storage.
 from __future__ import annotations
 
 import io
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -154,10 +154,11 @@ class InMemoryLoader:
         seed: int,
         num_workers: int = 0,
         pin_memory: bool = False,
+        worker_init_fn: Callable[[int], None] | None = None,
     ) -> None:
         self.dataset, self.batch_size = dataset, batch_size
         self.rank, self.world_size, self.seed = rank, world_size, seed
-        self.num_workers, self.pin_memory = num_workers, pin_memory
+        self.num_workers, self.pin_memory, self.worker_init_fn = num_workers, pin_memory, worker_init_fn
         self.epoch, self.batches = 0, 0
         self.start = 0  # indices of the epoch's order consumed before this world size took over
 
@@ -188,6 +189,7 @@ class InMemoryLoader:
             sampler=indices,
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,
+            worker_init_fn=self.worker_init_fn,
             drop_last=True,
             # its own generator: creating the iterator must not draw from the global torch RNG
             generator=torch.Generator().manual_seed(_seed_words(self.seed, self.epoch, self.batches, self.rank)),
@@ -257,7 +259,7 @@ class StreamingTrainLoader:
 
     def __init__(
         self, url: str | list[Any], cfg: TrainConfig, *, pin_memory: bool,
-        storage_options: Mapping[str, Any] | None = None,
+        storage_options: Mapping[str, Any] | None = None, worker_init_fn: Callable[[int], None] | None = None,
     ) -> None:
         from streamio.data.dataset import StreamingDataset
         from streamio.data.loader import StreamingDataLoader
@@ -268,7 +270,9 @@ class StreamingTrainLoader:
             url, shuffle=True, seed=cfg.seed, batch_size=cfg.batch_size, decode="auto", transform=self.transform,
             storage_options=storage_options, options=DatasetOptions(policy="drop"),
         )
-        self.loader = StreamingDataLoader(self.dataset, num_workers=cfg.num_workers, pin_memory=pin_memory)
+        self.loader = StreamingDataLoader(
+            self.dataset, num_workers=cfg.num_workers, pin_memory=pin_memory, worker_init_fn=worker_init_fn
+        )
 
     def set_epoch(self, epoch: int) -> None:
         self.dataset.set_epoch(epoch)
@@ -330,7 +334,10 @@ def _val_batches(
     return batches
 
 
-def make_data(cfg: TrainConfig, *, rank: int, world_size: int, pin_memory: bool) -> TrainData:
+def make_data(
+    cfg: TrainConfig, *, rank: int, world_size: int, pin_memory: bool,
+    worker_init_fn: Callable[[int], None] | None = None,
+) -> TrainData:
     """The training and validation data of this rank for ``cfg``.
 
     Args:
@@ -338,6 +345,7 @@ def make_data(cfg: TrainConfig, *, rank: int, world_size: int, pin_memory: bool)
         rank: this process's rank.
         world_size: number of ranks.
         pin_memory: pin host batches (on CUDA) so host-to-device copies can be non-blocking.
+        worker_init_fn: run in each training DataLoader worker (``Preemption.worker_init_fn``).
     """
     train: TrainLoader
     if cfg.data_url is not None:
@@ -348,7 +356,7 @@ def make_data(cfg: TrainConfig, *, rank: int, world_size: int, pin_memory: bool)
             url: str | list[Any] = f"{roots[0][0]}/train"
         else:
             url = [Stream(f"{root}/train", weight=weight) for root, weight in roots]
-        streaming = StreamingTrainLoader(url, cfg, pin_memory=pin_memory)
+        streaming = StreamingTrainLoader(url, cfg, pin_memory=pin_memory, worker_init_fn=worker_init_fn)
         train = streaming
         vals = [read_arrays(f"{root}/val") for root, _ in roots]
         vx, vy = np.concatenate([v[0] for v in vals]), np.concatenate([v[1] for v in vals])
@@ -365,6 +373,7 @@ def make_data(cfg: TrainConfig, *, rank: int, world_size: int, pin_memory: bool)
             seed=cfg.seed,
             num_workers=cfg.num_workers,
             pin_memory=pin_memory,
+            worker_init_fn=worker_init_fn,
         )
     val = _val_batches(vx, vy, rank=rank, world_size=world_size, batch_size=cfg.val_batch_size,
                        lockstep=cfg.fsdp and world_size > 1)

@@ -43,7 +43,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -52,6 +52,7 @@ from torch import nn
 
 from streamio.checkpoint.rng import RNGState
 from streamio.errors import CheckpointNotFoundError
+from streamio.preemption import Preemption
 from streamio.train.checkpointing import Checkpointer, EarlyStopping, Progress, make_checkpointer
 from streamio.train.config import TrainConfig
 from streamio.train.data import Batch, TrainData, make_data
@@ -121,7 +122,9 @@ class Trainer:
     ) -> None:
         self.cfg, self.d = cfg, d
         cuda = d.device.type == "cuda"
-        self.data = data or make_data(cfg, rank=d.rank, world_size=d.world_size, pin_memory=cuda)
+        self.stop = Preemption() if cfg.preemption else None  # before the loaders fork workers: they ignore it
+        init = None if self.stop is None else self.stop.worker_init_fn
+        self.data = data or make_data(cfg, rank=d.rank, world_size=d.world_size, pin_memory=cuda, worker_init_fn=init)
         self.ckpt = checkpointer if checkpointer is not None else make_checkpointer(
             cfg.ckpt_url, keep_last=cfg.keep_last, keep_best=cfg.keep_best, local_dir=cfg.local_ckpt,
             durable_every=cfg.durable_every,
@@ -175,17 +178,20 @@ class Trainer:
         self.metrics.write(event="resume", step=step, epoch=self.progress.epoch)
         return step
 
-    def save(self, meter: Meter | None = None, metrics: Mapping[str, float] | None = None) -> None:
+    def save(
+        self, meter: Meter | None = None, metrics: Mapping[str, float] | None = None, *, durable: bool = False
+    ) -> None:
         """Checkpoint the current step asynchronously (the loop blocks only for the snapshot).
 
         ``metrics`` (``val_loss``) is given only right after a validation of exactly these
         weights, so that keep-best retention compares like with like. With a local tier, the
-        run's last checkpoint is made durable whatever ``durable_every`` says.
+        run's last checkpoint (and a preemption save: ``durable=True``) is made durable whatever
+        ``durable_every`` says.
         """
         if self.ckpt is None or self._last_saved == self.progress.step:
             return
         start = time.perf_counter()
-        last = {"durable": True} if not self._epochs_left() else {}
+        last = {"durable": True} if durable or not self._epochs_left() else {}
         self.ckpt.save(self.progress.step, self.state(), metrics=metrics, **last)
         blocked_ms = 1000 * (time.perf_counter() - start)
         self._last_saved = self.progress.step
@@ -267,12 +273,14 @@ class Trainer:
         epoch_steps = p.epoch_step + len(self.data.train) // self.cfg.grad_accum
         batches = iter(self.data.train)
         while p.epoch_step < epoch_steps and not self._max_steps_reached():
-            self._step(batches, last=p.epoch_step + 1 == epoch_steps)
+            if self._step(batches, last=p.epoch_step + 1 == epoch_steps) and self.stop is not None:
+                del batches  # this rank's DataLoader workers end now, before torchrun's SIGTERM can kill them
+                leave_preempted(self, self.stop)
         del batches  # shuts this epoch's workers down
         return p.epoch_step >= epoch_steps
 
-    def _step(self, batches: Iterator[Batch], *, last: bool) -> None:
-        """One optimizer step and what follows it: metrics, a periodic save, a planned crash, a log line."""
+    def _step(self, batches: Iterator[Batch], *, last: bool) -> bool:
+        """One optimizer step, then metrics, a save, a planned crash, a log line; True: preempted (and saved)."""
         cfg, p = self.cfg, self.progress
         lr = self.scheduler.get_last_lr()[0]  # the rate this step uses
         loss = self.train_step(batches, self._meter)
@@ -280,7 +288,10 @@ class Trainer:
         p.epoch_step += 1
         loss_value = loss.item()
         self.metrics.write(event="step", step=p.step, epoch=p.epoch, loss=loss_value, lr=lr)
-        if self._save_due() and not last:
+        preempted = self.stop is not None and self.stop.requested(p.step)  # a collective: every rank
+        if preempted:
+            self.save(self._meter, durable=True)
+        elif self._save_due() and not last:
             self.save(self._meter)  # an epoch's last step is saved after its validation (_end_epoch)
         if p.step == cfg.fail_at_step:
             self._crash(p.step)
@@ -289,6 +300,7 @@ class Trainer:
                 log.info("%s", self._meter.line(p.step, p.epoch, loss_value, lr))
             self._stall_s += self._meter.stall_s
             self._meter = Meter()
+        return preempted
 
     def _end_epoch(self) -> bool:
         """Validate the epoch just trained, update early stopping, save if due; True to stop early."""
@@ -333,7 +345,25 @@ class Trainer:
         return s
 
     def close(self) -> None:
-        """Finish the checkpoint in flight and close the metrics file."""
+        """Finish the checkpoint in flight, close the metrics file, restore the signal handlers."""
         if self.ckpt is not None:
             self.ckpt.close()
         self.metrics.close()
+        if self.stop is not None:
+            self.stop.close()
+
+
+def leave_preempted(trainer: Trainer, stop: Preemption) -> NoReturn:
+    """After a preemption save: wait until it is durable, wait for every rank, exit ``Preemption.EXIT_CODE``.
+
+    ``close()`` waits for this rank's part of the commit; ``Preemption.exit`` then waits for every
+    rank, so no rank exits (and makes torchrun SIGTERM the others) while another is still saving.
+    The signal handlers stay installed until the process ends: a rank that torchrun SIGTERMs
+    while it is leaving anyway is not killed half-way.
+    """
+    p = trainer.progress
+    trainer.metrics.write(event="preempted", step=p.step, epoch=p.epoch)
+    if trainer.ckpt is not None:
+        trainer.ckpt.close()
+    trainer.metrics.close()
+    stop.exit()

@@ -12,7 +12,7 @@ from streamio.storage import Store
 def test_public_api_is_pinned() -> None:
     assert sorted(streamio.__all__) == sorted([
         "CacheConfig", "CheckpointManager", "DatasetIndex", "DatasetOptions", "KeepAll", "KeepBest", "KeepEvery",
-        "KeepLast", "LocalTier", "Pack", "PartSummary", "PartitionedWrite",
+        "KeepLast", "LocalTier", "Pack", "PartSummary", "PartitionedWrite", "Preemption",
         "PrefetchConfig", "RNGState", "RetentionPolicy", "RetryPolicy", "SaveOptions", "SaveStats", "ShardSpec",
         "Shuffle", "Stream",
         "Store", "StreamingDataLoader", "StreamingDataset", "__version__", "build_index", "errors", "load_index",
