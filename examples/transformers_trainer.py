@@ -10,7 +10,7 @@ docs/transformers.md is the guide.
 Run it (CPU, a few seconds per run; ``pip install 'streamio-torch[transformers]'``), against a local S3:
 
     python -m streamio.testing s3 --bucket examples --env-file s3.env &
-    until [ -s s3.env ]; do sleep 0.2; done; source s3.env
+    until [ -s s3.env ] || ! kill -0 $! 2>/dev/null; do sleep 0.2; done; source s3.env
     python examples/transformers_trainer.py --steps 8      # from scratch
     python examples/transformers_trainer.py --steps 16     # resumed at step 8
     streamio ckpt ls s3://examples/transformers/ckpt

@@ -208,9 +208,10 @@ def test_shard_workers_end_with_a_parent_killed_with_sigkill(tmp_path: Path) -> 
 _ORPHAN = """
 import os, sys, time
 from streamio.data.write.fanout import _watch
+parent = os.getpid()  # before the fork: the child may first run after this process is killed
 child = os.fork()
 if child == 0:
-    _watch(os.getppid(), 0.05)  # the watchdog alone, as where prctl is missing
+    _watch(parent, 0.05)  # the watchdog alone, as where prctl is missing
     os._exit(3)  # not reached: the watchdog kills its process
 print(child, flush=True)
 time.sleep(120)
