@@ -33,6 +33,7 @@ L = pytest.importorskip("lightning")
 from streamio.cli.main import cli  # noqa: E402
 from streamio.lightning import CheckpointIO, ModelCheckpoint  # noqa: E402
 from streamio.lightning.paths import newest_last  # noqa: E402
+from support.structures import same as _equal  # noqa: E402
 
 
 def _ckpt(step: int, weight: float = 1.0) -> dict[str, Any]:
@@ -48,15 +49,6 @@ def _ckpt(step: int, weight: float = 1.0) -> dict[str, Any]:
         "hyper_parameters": {"lr": 0.01, "name": None},
     }
 
-
-def _equal(a: Any, b: Any) -> bool:
-    if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
-    if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return type(a) is type(b) and len(a) == len(b) and all(map(_equal, a, b))
-    return bool(a == b) and type(a) is type(b)
 
 
 @pytest.fixture

@@ -38,6 +38,7 @@ from streamio.checkpoint.comm import Comm  # noqa: E402
 from streamio.cli.main import cli  # noqa: E402
 from streamio.lightning import CheckpointIO, ModelParallelStrategy  # noqa: E402
 from streamio.lightning.sharded import load_sharded, save_sharded  # noqa: E402
+from support.structures import same as _equal  # noqa: E402
 
 SCRIPT = Path(__file__).parents[1] / "support" / "lightning_sharded.py"
 _roots = itertools.count()
@@ -60,15 +61,6 @@ def _ckpt(model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int, *
             "loops": {"fit_loop": {"state_dict": {}, "epoch_progress": {"total": {"ready": 1}}}},
             "callbacks": {"ModelCheckpoint{'monitor': 'step'}": {"best_model_score": torch.tensor(3.0)}}, **rest}
 
-
-def _equal(a: Any, b: Any) -> bool:
-    if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
-    if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return type(a) is type(b) and len(a) == len(b) and all(map(_equal, a, b))
-    return bool(a == b) and type(a) is type(b)
 
 
 @pytest.fixture
