@@ -14,6 +14,7 @@ import json
 import random
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -39,9 +40,20 @@ def url(tmp_path_factory: pytest.TempPathFactory) -> str:
     return url
 
 
-def start(url: str, ckpt: Path, out: Path, die_at: int | None = None) -> subprocess.Popen[str]:
-    args = [sys.executable, str(SCRIPT), url, str(ckpt), str(out)] + ([str(die_at)] if die_at else [])
-    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+@pytest.fixture
+def start() -> Iterator[Callable[..., subprocess.Popen[str]]]:
+    """Starts the script; whatever still runs when the test ends (a failure) is killed and reaped."""
+    runs: list[subprocess.Popen[str]] = []
+
+    def run(url: str, ckpt: Path, out: Path, die_at: int | None = None) -> subprocess.Popen[str]:
+        args = [sys.executable, str(SCRIPT), url, str(ckpt), str(out)] + ([str(die_at)] if die_at else [])
+        runs.append(subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        return runs[-1]
+
+    yield run
+    for proc in runs:
+        proc.kill()
+        proc.communicate()
 
 
 def losses(run: subprocess.Popen[str], out: Path, code: int) -> dict[int, str]:
@@ -52,7 +64,9 @@ def losses(run: subprocess.Popen[str], out: Path, code: int) -> dict[int, str]:
 
 
 @pytest.mark.slow
-def test_a_run_killed_and_resumed_is_bit_exact_with_dropout(url: str, tmp_path: Path) -> None:
+def test_a_run_killed_and_resumed_is_bit_exact_with_dropout(
+    url: str, tmp_path: Path, start: Callable[..., subprocess.Popen[str]]
+) -> None:
     uninterrupted = start(url, tmp_path / "full", tmp_path / "full.txt")
     killed = start(url, tmp_path / "cut", tmp_path / "head.txt", die_at=17)
     head = losses(killed, tmp_path / "head.txt", -9)

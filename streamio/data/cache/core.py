@@ -42,6 +42,7 @@ from streamio.data.cache.stats import Counters, ReadStats
 from streamio.data.cache.transfer import RESERVE, Download, Follower
 from streamio.data.cache.verify import open_verified
 from streamio.errors import CacheError, CacheWriteError, CorruptDataError, StreamioError
+from streamio.flocks import release
 
 log = logging.getLogger(__name__)
 
@@ -291,7 +292,7 @@ class CacheCore:
             os.utime(lease)
             yield
         finally:
-            os.close(lease)
+            release(lease)
 
     def _wait(self, seconds: float) -> float:
         """Sleep ``seconds``; the seconds that really passed (a reader's stall)."""

@@ -38,6 +38,7 @@ from contextlib import contextmanager
 
 from streamio.checksum import crc32c
 from streamio.errors import CacheError, CacheWriteError
+from streamio.flocks import release
 
 log = logging.getLogger(__name__)
 
@@ -307,7 +308,7 @@ class CacheDirectory:
         fd = self.lock(name, shared=False, blocking=False)
         if fd is None:
             return True
-        os.close(fd)
+        release(fd)
         return False
 
     @contextmanager
@@ -319,7 +320,7 @@ class CacheDirectory:
         try:
             yield
         finally:
-            os.close(fd)
+            release(fd)
 
 
 # ---------------------------------------------------------------------- descriptor I/O

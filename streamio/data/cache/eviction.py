@@ -14,12 +14,12 @@ reader touches its lease): file times are the one clock every process on the nod
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 
 from streamio.data.cache.config import CacheConfig
 from streamio.data.cache.directory import CacheDirectory
 from streamio.data.cache.stats import ReadStats
+from streamio.flocks import release
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +115,6 @@ def evict(directory: CacheDirectory, key: str) -> int:
             directory.unlink(key + ".use")
             return freed
         finally:
-            os.close(dl)
+            release(dl)
     finally:
-        os.close(lease)
+        release(lease)

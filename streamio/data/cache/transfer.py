@@ -42,6 +42,7 @@ from streamio.data.cache.record import (
 from streamio.data.cache.source import Source
 from streamio.data.cache.stats import Counters
 from streamio.errors import CorruptDataError
+from streamio.flocks import release
 
 log = logging.getLogger(__name__)
 
@@ -97,9 +98,10 @@ class Download:
 
     def close(self) -> None:
         """Close the ``.part`` and release the download lock."""
-        for fd in (self.part_fd, self.dl):
-            if fd >= 0:
-                os.close(fd)
+        if self.part_fd >= 0:
+            os.close(self.part_fd)
+        if self.dl >= 0:
+            release(self.dl)
         self.part_fd = self.dl = -1
 
     # ------------------------------------------------------------------ reserve or resume

@@ -21,6 +21,7 @@ from streamio.data.cache.directory import CacheDirectory, crc_of
 from streamio.data.cache.record import Record, read_record_at, write_record
 from streamio.data.cache.source import Source
 from streamio.data.cache.stats import ReadStats
+from streamio.flocks import release
 
 log = logging.getLogger(__name__)
 
@@ -72,4 +73,4 @@ def _stamp(directory: CacheDirectory, key: str, st: os.stat_result) -> None:
     try:
         write_record(dl, Record.stamp_of(st))
     finally:
-        os.close(dl)
+        release(dl)

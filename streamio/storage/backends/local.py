@@ -29,6 +29,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from streamio.errors import ConfigError, CorruptDataError, NotRegularFileError
+from streamio.flocks import release
 from streamio.storage.backends.base import (
     TMP_SUFFIX,
     OnEnd,
@@ -237,6 +238,10 @@ def _dir_lock(directory: str) -> Iterator[None]:
     fd = os.open(directory, os.O_RDONLY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
+    except BaseException:
+        os.close(fd)
+        raise
+    try:
         yield
     finally:
-        os.close(fd)  # closing releases the flock
+        release(fd)  # not a plain close: a DataLoader worker forked meanwhile would keep it held
