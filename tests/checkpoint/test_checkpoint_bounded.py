@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from streamio.checkpoint import CheckpointManager, SaveOptions
+from streamio.checkpoint import CheckpointManager, LocalTier, SaveOptions
 from streamio.checkpoint.format import layout
 from streamio.errors import CheckpointError, ConfigError, SaveTimeoutError
 from streamio.storage import Store
@@ -125,7 +125,7 @@ def test_async_save_timeout_is_raised_by_the_next_save_and_close_returns_at_once
 
 CHILD = r"""
 import json, sys, time
-from streamio.checkpoint import CheckpointManager, SaveOptions
+from streamio.checkpoint import CheckpointManager, LocalTier, SaveOptions
 from support.ckpt import light_state_for
 ckpt = CheckpointManager(sys.argv[1], options=SaveOptions(part_size=64 << 10, save_timeout_s=float(sys.argv[3])),
                          storage_options=json.loads(sys.argv[2]))
@@ -154,3 +154,31 @@ def test_interpreter_exit_after_a_timed_out_save_is_prompt_and_reports_it(s3: S3
     assert Store(s3.url("run"), s3.storage_options()).exists("latest.json")
     assert CheckpointManager(s3.url("run"), storage_options=s3.storage_options()).latest_step() == 1
     assert took <= BOUND + MARGIN, took  # the exit waited for the save's bound, not for the stuck upload
+
+
+def test_with_a_local_tier_the_bound_covers_the_upload_and_the_local_copy_stands(
+    s3: S3Endpoint, moto_endpoint: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with FaultProxy(moto_endpoint) as proxy:
+        ckpt = CheckpointManager(s3.url("run"), options=OPTS, local=LocalTier(str(tmp_path / "tier")),
+                                 storage_options=s3.storage_options(proxy.endpoint_url))
+        ckpt.save(1, light_state_for(1))
+        ckpt.wait()
+        assert ckpt.durable_step == 1
+        _stall_parts(proxy)
+        began = time.monotonic()
+        with caplog.at_level(logging.WARNING, logger="streamio.checkpoint.save.tiers"):
+            ckpt.save(2, light_state_for(2))
+            ckpt.wait()  # the upload failed within its bound: logged, the local copy stands
+        assert time.monotonic() - began <= BOUND + MARGIN
+        assert any("checkpoint step 2 is committed locally but could not be made durable" in r.getMessage()
+                   and "did not commit within save_timeout_s=2 s: rank 0 was uploading its share" in r.getMessage()
+                   for r in caplog.records)
+        assert ckpt.durable_step == 1 and ckpt.latest_step() == 1 and ckpt.steps() == [1]
+        began = time.monotonic()
+        ckpt.close()
+        assert time.monotonic() - began < 1.0
+        fresh = light_state_for(0)
+        local = CheckpointManager(s3.url("run"), local=LocalTier(str(tmp_path / "tier")),
+                                  storage_options=s3.storage_options())
+        assert local.restore(fresh) == 2 and fresh["counters"] == {"step": 2}  # the local copy
