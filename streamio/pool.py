@@ -15,8 +15,8 @@ A job that should stop early once another one failed checks a shared
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
 import threading
+from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_EXCEPTION, Executor, Future, ThreadPoolExecutor, wait
 from typing import TypeVar
 

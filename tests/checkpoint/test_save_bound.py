@@ -48,7 +48,8 @@ def test_timeout_message_names_a_few_ranks_and_keys_then_counts_the_rest(
     step: int, bound: float, stuck: list[Stuck]
 ) -> None:
     message = timeout_message(step, bound, "s3://b/run/step-x", stuck)
-    assert message.startswith(f"saving step {step} to s3://b/run/step-x did not commit within save_timeout_s={bound:g} s: ")
+    head = f"saving step {step} to s3://b/run/step-x did not commit within save_timeout_s={bound:g} s: "
+    assert message.startswith(head)
     named = [int(r) for r in re.findall(r"(?:^|; )rank (\d+) was ", message.split(": ", 1)[1])]
     ranks = sorted(s.rank for s in stuck)
     assert named == ranks[:SHOWN_RANKS]

@@ -37,7 +37,11 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-__all__ = ["UNBOUNDED", "BoundExpired", "Expired", "SaveBound", "Stuck", "remaining", "timeout_message"]
+from streamio.errors import SaveTimeoutError
+
+__all__ = [
+    "UNBOUNDED", "BoundExpired", "Expired", "SaveBound", "Stuck", "raise_if_timed_out", "remaining", "timeout_message",
+]
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +101,20 @@ def timeout_message(step: int, bound_s: float, url: str, stuck: Sequence[Stuck])
         f"{landing} The stuck requests are abandoned; check the store and the network to it, or raise "
         f"SaveOptions(save_timeout_s=...) if saves of this size need longer"
     )
+
+
+def raise_if_timed_out(
+    step: int, bound: SaveBound, url: str, reports: Sequence[object], cause: BaseException | None
+) -> None:
+    """Raise :class:`~streamio.errors.SaveTimeoutError` naming the :class:`Stuck` ranks among
+    ``reports`` (what the ranks told each other at the barrier), if there are any.
+
+    Raises:
+        SaveTimeoutError: one or more ranks ran out of time (``from cause``: this rank's own error).
+    """
+    stuck = [r for r in reports if isinstance(r, Stuck)]
+    if stuck:
+        raise SaveTimeoutError(timeout_message(step, bound.bound_s or 0.0, url, stuck)) from cause
 
 
 def _few(keys: Sequence[str]) -> str:

@@ -52,7 +52,7 @@ from streamio.checkpoint.format.timeline import Point, Tip
 from streamio.checkpoint.options import SaveOptions, SaveStats
 from streamio.checkpoint.root import ABSENT, UNREAD, PhaseHook, pointer_version
 from streamio.checkpoint.save.abandon import FailedShares, discard_share, uncommitted, writing
-from streamio.checkpoint.save.bound import BoundExpired, SaveBound, Stuck, timeout_message
+from streamio.checkpoint.save.bound import BoundExpired, SaveBound, Stuck, raise_if_timed_out
 from streamio.checkpoint.save.local import LocalSave
 from streamio.checkpoint.save.parts import assemble_manifest, copy_share, share_ranges, write_share
 from streamio.checkpoint.save.plan import Planner, SavePlan
@@ -63,7 +63,6 @@ from streamio.errors import (
     CheckpointConflictError,
     CheckpointError,
     ObjectNotFoundError,
-    SaveTimeoutError,
     StorageError,
     WriteConflictError,
 )
@@ -99,7 +98,7 @@ class Committer:
         self.pruner = Pruner(store, retention, on_phase=on_phase)
         self.planner = Planner(store)  # rank 0's view of the job's timeline (the others follow it)
         self._failed = FailedShares(store, comm.rank)  # what failed saves of this rank left
-        self._on_phase = on_phase
+        self._phase: PhaseHook = on_phase or _no_phase
         self._pointer_version: Any = _UNKNOWN  # what the next pointer swap expects to replace
         self._cap = WriteCap(options.write_rate, store)  # the job's cap on its saves' writes (:mod:`.rates`)
 
@@ -121,8 +120,7 @@ class Committer:
 
         Raises:
             CheckpointConflictError: another job writes this root (or the step was saved).
-            SaveTimeoutError: a rank did not finish within ``SaveOptions.save_timeout_s`` of the
-                ``save`` call (every rank raises it, naming the stuck ones).
+            SaveTimeoutError: a rank did not finish within ``SaveOptions.save_timeout_s`` (named).
             CheckpointError: any rank failed; the previous checkpoint stays current.
         """
         comm = comm or self.comm
@@ -203,10 +201,9 @@ class Committer:
     def _all_ranks(
         self, plan: SavePlan, write: Callable[[], list[FileEntry]], comm: Comm, writes: int, bound: SaveBound
     ) -> list[FileEntry]:
-        """Every rank's ``write()`` of ``writes`` objects, paced as one job (:mod:`.rates`) and
-        bounded by ``bound``, then the barrier: one rank's failure is every rank's error (and what
-        the failed save wrote is removed; a rank that gave up on its writes removes its share once
-        they end, :mod:`.bound`)."""
+        """Every rank's ``write()`` of ``writes`` objects, paced as one job (:mod:`.rates`) within
+        ``bound`` (:mod:`.bound`), then the barrier: one rank's failure is every rank's error (and
+        what the failed save wrote is removed)."""
         store = self.store
         self._failed.retry()
         failure: str | Stuck | None = None
@@ -223,7 +220,7 @@ class Committer:
         bad = [o for o in comm.all_gather(failure) if o is not None]  # the barrier
         if bad:  # every rank knows: no manifest of this save was or will be written
             self._failed.discard(plan.place, plan.save_id)
-            self._timed_out(plan, bound, [o for o in bad if isinstance(o, Stuck)], own_exc)
+            raise_if_timed_out(plan.step, bound, store.url(plan.sdir), bad, own_exc)
             if isinstance(own_exc, CheckpointError):
                 raise own_exc
             raise CheckpointError(
@@ -232,16 +229,8 @@ class Committer:
             ) from own_exc
         return files
 
-    def _timed_out(self, plan: SavePlan, bound: SaveBound, stuck: list[Stuck], own_exc: BaseException | None) -> None:
-        """Raise the :class:`SaveTimeoutError` naming ``stuck`` (the ranks whose bound ran out), if any."""
-        if stuck:
-            assert bound.bound_s is not None
-            message = timeout_message(plan.step, bound.bound_s, self.store.url(plan.sdir), stuck)
-            raise SaveTimeoutError(message) from own_exc
-
     def _finish(self, plan: SavePlan, manifest_of: Callable[[], Manifest], comm: Comm, bound: SaveBound) -> None:
-        """Rank 0 publishes the manifest and swaps the pointer (within ``bound``); every rank
-        learns the outcome."""
+        """Rank 0 publishes the manifest and swaps the pointer within ``bound``; every rank learns the outcome."""
         store = self.store
         result: str | Stuck | None = None
         commit_exc: BaseException | None = None
@@ -251,18 +240,15 @@ class Committer:
             try:
                 manifest = bound.run(lambda: self._publish(plan, manifest_of(), bound),
                                      doing="publishing the manifest and the pointer")
-            except BoundExpired as exc:  # outcome unknown (a write may still land): keep everything
-                result, commit_exc = exc.stuck, exc
+            except Exception as exc:  # out of time: the outcome is unknown (a write may still land), keep all
+                late = isinstance(exc, BoundExpired)
+                result, commit_exc = exc.stuck if late else f"{type(exc).__name__}: {exc}", exc  # type: ignore[union-attr]
                 self.planner.abandon()
-            except Exception as exc:
-                result, commit_exc = f"{type(exc).__name__}: {exc}", exc
-                self.planner.abandon()
-                discard = uncommitted(store, plan.step, plan.sdir, plan.save_id)
+                discard = not late and uncommitted(store, plan.step, plan.sdir, plan.save_id)
         result, discard = comm.broadcast((result, discard))
         if discard:
             self._failed.discard(plan.place, plan.save_id)
-        if isinstance(result, Stuck):
-            self._timed_out(plan, bound, [result], commit_exc)
+        raise_if_timed_out(plan.step, bound, store.url(plan.sdir), [result], commit_exc)
         if commit_exc is not None:
             raise commit_exc
         if result is not None:
@@ -343,6 +329,6 @@ class Committer:
             ) from exc
         self._pointer_version = version
 
-    def _phase(self, name: str) -> None:
-        if self._on_phase is not None:
-            self._on_phase(name)
+
+def _no_phase(name: str) -> None:
+    """No ``on_phase`` hook."""
