@@ -9,7 +9,8 @@ and waits for it until the deadline, counted from the ``save`` call. When the de
 
 1. the bound expires: every request the abandoned thread has not sent yet is refused
    (:meth:`SaveBound.request` raises :class:`Expired`), so it never writes a done marker, a
-   manifest or a pointer for the timed-out save, nor another part;
+   manifest or a pointer for the timed-out save, nor another part (a manifest that landed late,
+   its pointer swap refused, is deleted again: no listing offers the step);
 2. :class:`BoundExpired` carries what this rank still waited for (:class:`Stuck`: the URLs of its
    requests in flight) to the commit barrier, where every rank learns every rank's
    (:mod:`.commit`), so all of them raise :class:`~streamio.errors.SaveTimeoutError` alike, with
@@ -150,16 +151,20 @@ class SaveBound:
             return self._expired
 
     @contextlib.contextmanager
-    def request(self, url: str) -> Iterator[None]:
-        """Around one storage request to ``url``: refused once the bound expired, else recorded
-        as in flight while it runs.
+    def request(self, url: str, *, refused: Callable[[], object] | None = None) -> Iterator[None]:
+        """Around one storage request to ``url``: refused once the bound expired (after calling
+        ``refused()``), else recorded as in flight while it runs.
 
         Raises:
             Expired: the bound has run out: the request is not sent.
         """
         with self._lock:
-            if self._expired:
-                raise Expired(f"{url}: the save's bound ran out, the request is not sent")
+            expired = self._expired
+        if expired:
+            if refused is not None:
+                refused()
+            raise Expired(f"{url}: the save's bound ran out, the request is not sent")
+        with self._lock:
             self._count += 1
             number = self._count
             self._in_flight[number] = url

@@ -51,7 +51,7 @@ from streamio.checkpoint.format.retention import RetentionPolicy
 from streamio.checkpoint.format.timeline import Point, Tip
 from streamio.checkpoint.options import SaveOptions, SaveStats
 from streamio.checkpoint.root import ABSENT, UNREAD, PhaseHook, pointer_version
-from streamio.checkpoint.save.abandon import FailedShares, discard_share, uncommitted, writing
+from streamio.checkpoint.save.abandon import FailedShares, discard_share, uncommitted, withdraw_manifest, writing
 from streamio.checkpoint.save.bound import BoundExpired, SaveBound, Stuck, raise_if_timed_out
 from streamio.checkpoint.save.local import LocalSave
 from streamio.checkpoint.save.parts import assemble_manifest, copy_share, share_ranges, write_share
@@ -128,7 +128,7 @@ class Committer:
         plan = plan if plan is not None else self.plan(job.step, comm=comm)
         writes = len(share_ranges(self.store, job, self.options, world=comm.world)) + 1  # and the marker
         files = self._all_ranks(plan, lambda: self._write_rank(job, plan, comm, bound), comm, writes, bound)
-        self._finish(plan, lambda: self._assemble(job, plan, comm.world, bound), comm, bound)
+        self._finish(plan, lambda: _assemble(self.store, self.options, job, plan, comm.world, bound), comm, bound)
         durable = time.perf_counter() - job.started
         log.info("checkpoint step %d durable at %s (%.3f s blocked, %.3f s to durable)",
                  job.step, self.store.url(plan.sdir), job.blocked_s, durable)
@@ -286,13 +286,6 @@ class Committer:
             root.write_marker(self.store, plan.place, marker)
         self._phase("markers")
 
-    def _assemble(self, job: Snapshot, plan: SavePlan, world: int, bound: SaveBound) -> Manifest:
-        """Rank 0: the manifest from every rank's marker in the root."""
-        with bound.request(self.store.url(plan.sdir)):
-            markers = root.read_markers(self.store, plan.place, plan.save_id, world,
-                                        concurrency=self.options.concurrency)
-        return assemble_manifest(plan, markers, job)
-
     def _publish(self, plan: SavePlan, manifest: Manifest, bound: SaveBound) -> Manifest:
         """Rank 0: the manifest (create-only), then latest.json (compare-and-swap)."""
         store, sdir = self.store, plan.sdir
@@ -307,7 +300,11 @@ class Committer:
         self._phase("manifest")
         pointer = Pointer(step=plan.step, path=sdir, manifest_checksum=digest, save_id=plan.save_id,
                           created=manifest.created, timeline=plan.timeline)
-        with bound.request(root.pointer_url(store)), writing(root.pointer_url(store)):
+
+        def late() -> None:  # the bound ran out before the swap was sent: the manifest is taken back
+            withdraw_manifest(store, plan.step, sdir, plan.save_id)
+
+        with bound.request(root.pointer_url(store), refused=late), writing(root.pointer_url(store)):
             self._swap_pointer(pointer)
         self._phase("pointer")
         return manifest
@@ -328,6 +325,15 @@ class Committer:
                 f"Give each job its own root"
             ) from exc
         self._pointer_version = version
+
+
+def _assemble(
+    store: Store, options: SaveOptions, job: Snapshot, plan: SavePlan, world: int, bound: SaveBound
+) -> Manifest:
+    """Rank 0: the manifest from every rank's marker in the root."""
+    with bound.request(store.url(plan.sdir)):
+        markers = root.read_markers(store, plan.place, plan.save_id, world, concurrency=options.concurrency)
+    return assemble_manifest(plan, markers, job)
 
 
 def _no_phase(name: str) -> None:
