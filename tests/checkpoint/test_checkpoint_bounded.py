@@ -214,3 +214,14 @@ def test_a_manifest_that_lands_after_the_bound_is_taken_back_and_no_listing_offe
         ckpt.save(2, light_state_for(2))  # the same step again, once the store answers
         assert ckpt.latest_step() == 2 and ckpt.steps() == [1, 2]
         ckpt.close()
+
+
+def test_taking_a_late_manifest_back_never_touches_another_saves_manifest(tmp_path: Path) -> None:
+    from streamio.checkpoint.save.abandon import withdraw_manifest
+
+    ckpt = CheckpointManager(str(tmp_path / "root"), async_save=False)
+    ckpt.save(1, {"w": torch.arange(10)})
+    store, sdir = Store(str(tmp_path / "root")), layout.step_dir(1)
+    before = store.read(layout.manifest_at(sdir))
+    withdraw_manifest(store, 1, sdir, "another-save-id")  # a save of the same step by someone else
+    assert store.read(layout.manifest_at(sdir)) == before and ckpt.steps() == [1] and ckpt.latest_step() == 1
