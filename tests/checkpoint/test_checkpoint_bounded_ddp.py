@@ -1,7 +1,7 @@
 """Bounded saves across 2 gloo ranks (issue 37): only rank 1's part uploads stall (FaultProxy), yet
 both ranks raise ``SaveTimeoutError`` within the bound, rank 0's message names rank 1 and its part,
-and the pointer still names the previous step; for replicated and for FSDP2 (DTensor) state, in one
-launch (tests/support/bounded_worker.py)."""
+and the pointer still names the previous step; for replicated and for FSDP2 (DTensor) state, and
+through torch DCP with a StreamioWriter, in one launch (tests/support/bounded_worker.py)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def test_only_rank_1_stalls_and_every_rank_fails_within_the_bound(
                 "proxied": s3.storage_options(proxy.endpoint_url)}
         ranks = zygote.run("stalled", 2, args, timeout=240, worker="support.bounded_worker")
         assert proxy.held() >= 1  # rank 1's upload is still stuck: nobody waited for it
-    for kind in ("replicated", "sharded"):
+    for kind in ("replicated", "sharded", "dcp"):
         for rank, got in enumerate(r[kind] for r in ranks):
             raised = got["raised"]
             assert raised is not None and raised["type"] == "SaveTimeoutError" and raised["timeout"], (kind, rank, got)
