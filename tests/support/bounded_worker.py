@@ -4,8 +4,8 @@ zygote of :mod:`support.sharded_procs`.
 ``stalled``: every rank saves step 1 straight to moto (replicated state, then FSDP2/DTensor state
 under a second root, then through ``torch.distributed.checkpoint.save`` and a ``StreamioWriter``
 under a third), then, through the FaultProxy whose ``stall`` holds rank 1's part uploads,
-continues each root (``adopt``; DCP: a writer of step 2) and saves step 2 with ``save_timeout_s``: what each rank raised,
-how long it took, and what rank 0 then sees in each root.
+continues each root (``adopt``; DCP: a writer of step 2) and saves step 2 with ``save_timeout_s``:
+what each rank raised, how long it took, and what rank 0 then sees in each root.
 """
 
 from __future__ import annotations
