@@ -44,7 +44,9 @@ refines, so callers can catch either (``except FileNotFoundError`` keeps working
     └── CheckpointError                           a checkpoint cannot be saved or restored
         ├── CheckpointNotFoundError (FileNotFoundError)
         ├── CheckpointFormatError (ValueError)        unknown version, foreign layout
-        └── CheckpointConflictError (FileExistsError) another job writes the same root
+        ├── CheckpointConflictError (FileExistsError) another job writes the same root
+        └── SaveTimeoutError (TimeoutError)           a save did not commit within
+                                                      ``SaveOptions.save_timeout_s``
 
 Messages are one f-string that names the URL / shard / step at fault and what to do about it.
 
@@ -218,3 +220,8 @@ class CheckpointFormatError(CheckpointError, ValueError):
 
 class CheckpointConflictError(CheckpointError, FileExistsError):
     """Another job is writing the same checkpoint root."""
+
+
+class SaveTimeoutError(CheckpointError, TimeoutError):
+    """A save did not commit within ``SaveOptions.save_timeout_s``: the message names the ranks and
+    the objects they still waited for; the previous checkpoint stays current."""

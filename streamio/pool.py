@@ -6,12 +6,16 @@ of the inputs, and on a failure the first error at once, with the jobs not start
 only when its iterator reaches the failed job, after every job queued before it ran.
 
 Running jobs are never interrupted (Python threads cannot be): they finish before the pool
-closes. A job that should stop early once another one failed checks a shared
+closes, except on :func:`run_detached`'s daemon threads, which nothing joins: for requests a
+store may never answer, which a save's deadline abandons (:mod:`streamio.checkpoint.save.bound`;
+a ``ThreadPoolExecutor``'s workers are joined at interpreter exit, so one stuck there hangs it).
+A job that should stop early once another one failed checks a shared
 :class:`threading.Event` itself (the S3 multipart upload does).
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_EXCEPTION, Executor, Future, ThreadPoolExecutor, wait
 from typing import TypeVar
@@ -45,3 +49,45 @@ def run_parallel(fn: Callable[[T], R], items: Iterable[T], *, concurrency: int, 
         return []
     with ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(jobs))), thread_name_prefix=name) as pool:
         return gather(pool, fn, jobs)
+
+
+def run_detached(fn: Callable[[T], R], items: Iterable[T], *, concurrency: int, name: str = "streamio") -> list[R]:
+    """:func:`run_parallel` on at most ``concurrency`` daemon threads that nothing joins: it returns
+    once every job ended, or raises the first error at once (jobs not started are skipped, running
+    ones end on their own); a caller that gives up on it (a deadline) leaves no thread for the
+    interpreter's exit to wait for."""
+    jobs = list(items)
+    if not jobs:
+        return []
+    results: list[R | None] = [None] * len(jobs)
+    lock = threading.Lock()
+    ended = threading.Event()
+    state = {"next": 0, "left": len(jobs)}
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        while True:
+            with lock:
+                if errors or state["next"] >= len(jobs):
+                    return
+                i = state["next"]
+                state["next"] += 1
+            try:
+                value = fn(jobs[i])
+            except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread below
+                with lock:
+                    errors.append(exc)
+                ended.set()
+                return
+            with lock:
+                results[i] = value
+                state["left"] -= 1
+                if not state["left"]:
+                    ended.set()
+
+    for n in range(max(1, min(concurrency, len(jobs)))):
+        threading.Thread(target=work, name=f"{name}_{n}", daemon=True).start()
+    ended.wait()
+    if errors:
+        raise errors[0]
+    return results  # type: ignore[return-value]

@@ -79,6 +79,7 @@ class SaveOptions:
     restore_fanout: bool = True
     write_rate: float | str | None = "store"
     key_prefixes: int = 16
+    save_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.part_size < 4096:
@@ -101,6 +102,9 @@ class SaveOptions:
             1 <= self.key_prefixes <= 256  # format.layout.MAX_PREFIXES (p-00 ... p-ff)
         ):
             raise ConfigError(f"key_prefixes must be a whole number in 1..256, got {self.key_prefixes!r}")
+        if self.save_timeout_s is not None and not _positive_finite(self.save_timeout_s):
+            raise ConfigError(f"save_timeout_s must be a positive finite number of seconds or None, got "
+                              f"{self.save_timeout_s!r}")
         object.__setattr__(self, "per_rank", frozenset(self.per_rank))
 
 

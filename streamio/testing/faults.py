@@ -4,6 +4,7 @@
   Its methods are pure: whether a request matches, whether a body is long enough, what a body
   piece becomes once the fault applies, the S3-style XML body of an injected error.
 * :class:`RequestRecord`: one request as the proxy saw it; the request log is a list of them.
+* :class:`StallGate`: where requests a ``stall`` fault holds wait until released or dropped.
 * :class:`FaultTable`: the faults in force, the latency and bandwidth settings and the request
   log, behind one lock: the proxy's public methods write it from the test's thread, the
   forwarding handler threads read and consume it.
@@ -17,7 +18,7 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from streamio.testing.ratelimit import RateLimit
 
@@ -25,6 +26,7 @@ FAIL = "fail"
 RESET = "reset"
 TRUNCATE = "truncate"
 CORRUPT = "corrupt"
+STALL = "stall"
 THROTTLED = "throttled"
 """What the log records for a request a :class:`~streamio.testing.ratelimit.RateLimit` refused."""
 BODY_FAULTS = (RESET, TRUNCATE, CORRUPT)
@@ -124,6 +126,15 @@ class _Document:
         return piece
 
 
+@dataclass
+class StallGate:
+    """Requests held by ``stall`` faults wait on :attr:`opened`; :attr:`dropped`: the proxy stops,
+    so they end unanswered instead of being forwarded."""
+
+    opened: threading.Event = field(default_factory=threading.Event)
+    dropped: bool = False
+
+
 class FaultTable:
     """The faults in force, the latency and bandwidth settings and the request log, thread-safe.
 
@@ -138,6 +149,8 @@ class FaultTable:
         self._latency = 0.0
         self._bandwidth: float | None = None
         self._rate: RateLimit | None = None
+        self._gate = StallGate()
+        self._held = 0
 
     def add(self, fault: Fault) -> None:
         """Put ``fault`` in force after those already there (one with no use left is ignored)."""
@@ -158,6 +171,35 @@ class FaultTable:
                         self._faults.remove(fault)
                 return fault
         return None
+
+    def take_stall(self, method: str, path: str) -> StallGate | None:
+        """Consume one use of the first matching ``stall`` fault: the gate to wait at, counted as
+        held until :meth:`unheld`."""
+        fault = self.take((STALL,), method, path)
+        if fault is None:
+            return None
+        with self._lock:
+            self._held += 1
+            return self._gate
+
+    def unheld(self) -> None:
+        """A held request left its gate."""
+        with self._lock:
+            self._held -= 1
+
+    def held(self) -> int:
+        """Requests waiting at a stall gate now."""
+        with self._lock:
+            return self._held
+
+    def release_stalls(self, *, drop: bool = False) -> None:
+        """End every ``stall`` fault and open the gate: held requests are forwarded (``drop``: they
+        end unanswered)."""
+        with self._lock:
+            self._faults = [f for f in self._faults if f.kind != STALL]
+            gate, self._gate = self._gate, StallGate()
+            gate.dropped = drop
+            gate.opened.set()
 
     def set_latency(self, first_byte_s: float) -> None:
         """Delay before every response's first byte (negative values count as 0)."""
@@ -202,3 +244,4 @@ class FaultTable:
             self._latency = 0.0
             self._bandwidth = None
             self._rate = None
+        self.release_stalls()

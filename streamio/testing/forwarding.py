@@ -97,6 +97,7 @@ class ForwardingServer:
         self._handler = type("_BoundHandler", (_Handler,), {"upstream": upstream, "table": table, "trigger": trigger})
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
+        self._table = table
 
     def start(self) -> str:
         """Listen on a free loopback port (if not already); return ``http://127.0.0.1:<port>``."""
@@ -114,6 +115,7 @@ class ForwardingServer:
 
     def stop(self) -> None:
         """Stop listening (connections in flight are abandoned)."""
+        self._table.release_stalls(drop=True)  # held requests end unanswered
         if self._server is None:
             return
         self._server.shutdown()
@@ -180,6 +182,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _proxy(self) -> None:
         split = urllib.parse.urlsplit(self.path)
         req = _Request(self.command.upper(), urllib.parse.unquote(split.path), split.query, self.headers.get("Range"))
+        self._hold(req)
         fail, kind = self.table.take((FAIL,), req.method, req.path), FAIL
         limit = self.table.rate_limit()
         if fail is None and limit is not None and not limit.admit(req.method, req.path):
@@ -199,6 +202,20 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
         finally:
             upstream.close()
+
+    def _hold(self, req: _Request) -> None:
+        """Wait at the stall gate if a ``stall`` fault matches: forwarded once released, ended
+        unanswered when the proxy stops."""
+        gate = self.table.take_stall(req.method, req.path)
+        if gate is None:
+            return
+        try:
+            gate.opened.wait()
+        finally:
+            self.table.unheld()
+        if gate.dropped:
+            self.table.record(req.record(0, 0, "stall"))
+            raise _Abort("a stalled request is dropped: the proxy stops")
 
     # ---------------------------------------------------------------- request side
     def _iter_request_body(self) -> Iterator[bytes]:

@@ -13,6 +13,7 @@ upstream server (a moto S3 server, a GCS emulator, any HTTP server). Point a cli
         proxy.set_latency(0.05)            # 50 ms before every response's first byte
         proxy.on_upload_bytes(n, kill)     # kill() once n request-body bytes went upstream; cut there
         proxy.limit_rate(100, prefix_chars=8)  # 503 SlowDown over 100 writes/s per key prefix
+        proxy.stall(method="PUT", path_contains="part-")  # no answer until proxy.release() or stop()
         proxy.count("GET", "shard-000")    # requests seen, from the thread-safe log
 
 Why a proxy rather than mocks: the faults that matter (a reset mid-body, a short body under a
@@ -51,7 +52,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from streamio.testing.faults import CORRUPT, FAIL, RESET, TRUNCATE, Fault, FaultTable, RequestRecord
+from streamio.testing.faults import CORRUPT, FAIL, RESET, STALL, TRUNCATE, Fault, FaultTable, RequestRecord
 from streamio.testing.forwarding import ForwardingServer, Upstream
 from streamio.testing.ratelimit import RateLimit
 from streamio.testing.upload_trigger import UploadTrigger
@@ -88,7 +89,7 @@ class FaultProxy:
         return self
 
     def stop(self) -> None:
-        """Stop listening (connections in flight are abandoned)."""
+        """Stop listening (connections in flight are abandoned; requests a stall holds end unanswered)."""
         self._server.stop()
 
     def __enter__(self) -> FaultProxy:
@@ -168,6 +169,20 @@ class FaultProxy:
         """Flip every bit of byte ``at_byte`` of the next ``n`` longer response bodies (no error is raised)."""
         self._table.add(Fault(CORRUPT, n, offset=at_byte, method=method, path_contains=path_contains))
 
+    def stall(self, times: int | None = None, *, method: str | None = None, path_contains: str | None = None) -> None:
+        """Hold the next ``times`` matching requests (None: every one until :meth:`release`) without
+        an answer: a store that stops answering. :meth:`release` forwards them as usual;
+        :meth:`stop` ends them unanswered (their connections close). :meth:`held` counts them."""
+        self._table.add(Fault(STALL, times, method=method, path_contains=path_contains))
+
+    def release(self) -> None:
+        """End every :meth:`stall`: the requests held are forwarded now, later ones are not held."""
+        self._table.release_stalls()
+
+    def held(self) -> int:
+        """Requests a :meth:`stall` holds now."""
+        return self._table.held()
+
     def on_upload_bytes(self, nbytes: int, callback: Callable[[], Any], *, forward_rest: bool = False) -> None:
         """Call ``callback()`` once, when request bodies forwarded upstream reach ``nbytes`` in all.
 
@@ -183,7 +198,8 @@ class FaultProxy:
         self._trigger.arm(nbytes, callback, forward_rest=forward_rest)
 
     def clear(self) -> None:
-        """Forget the request log and every fault, latency, bandwidth cap, rate limit and trigger."""
+        """Forget the request log and every fault, latency, bandwidth cap, rate limit and trigger
+        (requests a stall holds are forwarded)."""
         self._table.clear()
         self._trigger.disarm()
 

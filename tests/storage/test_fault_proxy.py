@@ -249,3 +249,44 @@ def test_writes_per_segment_cuts_the_log_at_its_marks() -> None:
            rec("DELETE", "/b/c"), rec("PUT", "/b/between-3"), rec("POST", "/b/d", "throttled")]
     assert writes_per_segment(log, "between-", 3) == [(1, 1), (1, 0), (0, 1)]
     assert writes_per_segment(log, "between-", 2) == [(1, 1), (1, 1)]  # marks past the last segment fold into it
+
+
+def test_stall_holds_matching_requests_until_release_then_stop_drops_them(
+    s3: S3Endpoint, proxy: FaultProxy, client  # type: ignore[no-untyped-def]
+) -> None:
+    import time
+
+    proxy.stall(method="PUT", path_contains="/held")
+    outcome: dict[str, object] = {}
+
+    def put(key: str) -> None:
+        try:
+            outcome[key] = client.put_object(Bucket=s3.bucket, Key=key, Body=b"x")["ResponseMetadata"]["HTTPStatusCode"]
+        except Exception as exc:  # noqa: BLE001 - the test reads what the client saw
+            outcome[key] = exc
+
+    first = threading.Thread(target=put, args=("held-1",), daemon=True)
+    first.start()
+    deadline = time.monotonic() + 10
+    while proxy.held() < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert proxy.held() == 1
+    assert client.get_object(Bucket=s3.bucket, Key="obj")["Body"].read() == BODY  # others pass meanwhile
+    assert client.put_object(Bucket=s3.bucket, Key="free", Body=b"y")["ResponseMetadata"]["HTTPStatusCode"] == 200
+    time.sleep(0.3)
+    assert first.is_alive() and "held-1" not in outcome  # no answer while held
+    proxy.release()
+    first.join(10)
+    assert outcome["held-1"] == 200 and proxy.held() == 0
+    assert client.get_object(Bucket=s3.bucket, Key="held-1")["Body"].read() == b"x"  # forwarded once released
+
+    proxy.stall(method="PUT", path_contains="/held")
+    second = threading.Thread(target=put, args=("held-2",), daemon=True)
+    second.start()
+    deadline = time.monotonic() + 10
+    while proxy.held() < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    proxy.stop()  # ends it unanswered: the client sees the connection close, never a 200
+    second.join(30)
+    assert not second.is_alive() and isinstance(outcome["held-2"], Exception)
+    assert [r.fault for r in proxy.log() if r.path.endswith("/held-2")][:1] == ["stall"]

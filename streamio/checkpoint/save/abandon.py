@@ -24,12 +24,12 @@ import errno
 import logging
 from collections.abc import Iterator
 
-from streamio.checkpoint.format.layout import Placement
-from streamio.checkpoint.root import delete_share, read_manifest
+from streamio.checkpoint.format.layout import Placement, manifest_at
+from streamio.checkpoint.root import delete_objects, delete_share, read_manifest
 from streamio.errors import CheckpointError, CheckpointNotFoundError
 from streamio.storage import Store
 
-__all__ = ["FailedShares", "discard_share", "room_problem", "uncommitted", "writing"]
+__all__ = ["FailedShares", "discard_share", "room_problem", "uncommitted", "withdraw_manifest", "writing"]
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +93,20 @@ def uncommitted(store: Store, step: int, sdir: str, save_id: str) -> bool:
         return True
     except Exception:  # noqa: BLE001 - unreadable or unreachable: it may be committed, keep everything
         return False
+
+
+def withdraw_manifest(store: Store, step: int, sdir: str, save_id: str) -> None:
+    """Rank 0, when a save ran out of time (``SaveOptions.save_timeout_s``) after its manifest was
+    written but before its pointer swap was sent: delete that manifest, if it is this save's, so
+    that no listing offers a step the pointer never named and never will (:mod:`.bound`)."""
+    try:
+        if read_manifest(store, step, path=sdir).save_id == save_id:
+            delete_objects(store, [manifest_at(sdir)])
+            log.warning("removed the manifest of step %d at %s: its save ran out of time before its pointer swap",
+                        step, store.url(sdir))
+    except Exception as exc:  # noqa: BLE001 - housekeeping after the save's own error: `gc` removes it too
+        log.warning("could not remove the manifest of the timed-out save %s at %s (%s: %s): `streamio ckpt gc` "
+                    "removes it", save_id, store.url(sdir), type(exc).__name__, exc)
 
 
 class FailedShares:

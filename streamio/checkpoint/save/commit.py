@@ -22,6 +22,9 @@ one :class:`~.snapshot.Snapshot` (a step's bytes on this rank, in host memory):
    pointer names is never deleted, so there is always a complete checkpoint.
 
 A save that fails before its manifest exists removes what each rank wrote (:mod:`.abandon`).
+With ``SaveOptions.save_timeout_s`` steps 1 and 3-4 run under the save's deadline (:mod:`.bound`):
+a rank whose share is not done in time reports what it still waits for at the barrier instead of
+its marker, and every rank raises :class:`~streamio.errors.SaveTimeoutError` naming it.
 
 Where a save goes and on which timeline is rank 0's :class:`~.plan.Planner`'s (docs/checkpoint-
 lifecycle.md); the pointer and the manifest record the timeline. Two live jobs on one root are
@@ -48,7 +51,8 @@ from streamio.checkpoint.format.retention import RetentionPolicy
 from streamio.checkpoint.format.timeline import Point, Tip
 from streamio.checkpoint.options import SaveOptions, SaveStats
 from streamio.checkpoint.root import ABSENT, UNREAD, PhaseHook, pointer_version
-from streamio.checkpoint.save.abandon import FailedShares, uncommitted, writing
+from streamio.checkpoint.save.abandon import FailedShares, discard_share, uncommitted, withdraw_manifest, writing
+from streamio.checkpoint.save.bound import BoundExpired, SaveBound, Stuck, raise_if_timed_out
 from streamio.checkpoint.save.local import LocalSave
 from streamio.checkpoint.save.parts import assemble_manifest, copy_share, share_ranges, write_share
 from streamio.checkpoint.save.plan import Planner, SavePlan
@@ -94,7 +98,7 @@ class Committer:
         self.pruner = Pruner(store, retention, on_phase=on_phase)
         self.planner = Planner(store)  # rank 0's view of the job's timeline (the others follow it)
         self._failed = FailedShares(store, comm.rank)  # what failed saves of this rank left
-        self._on_phase = on_phase
+        self._phase: PhaseHook = on_phase or _no_phase
         self._pointer_version: Any = _UNKNOWN  # what the next pointer swap expects to replace
         self._cap = WriteCap(options.write_rate, store)  # the job's cap on its saves' writes (:mod:`.rates`)
 
@@ -116,13 +120,15 @@ class Committer:
 
         Raises:
             CheckpointConflictError: another job writes this root (or the step was saved).
+            SaveTimeoutError: a rank did not finish within ``SaveOptions.save_timeout_s`` (named).
             CheckpointError: any rank failed; the previous checkpoint stays current.
         """
         comm = comm or self.comm
+        bound = SaveBound(self.options.save_timeout_s, job.started, rank=comm.rank)
         plan = plan if plan is not None else self.plan(job.step, comm=comm)
         writes = len(share_ranges(self.store, job, self.options, world=comm.world)) + 1  # and the marker
-        files = self._all_ranks(plan, lambda: self._write_rank(job, plan, comm), comm, writes)
-        self._finish(plan, lambda: self._assemble(job, plan, comm.world), comm)
+        files = self._all_ranks(plan, lambda: self._write_rank(job, plan, comm, bound), comm, writes, bound)
+        self._finish(plan, lambda: _assemble(self.store, self.options, job, plan, comm.world, bound), comm, bound)
         durable = time.perf_counter() - job.started
         log.info("checkpoint step %d durable at %s (%.3f s blocked, %.3f s to durable)",
                  job.step, self.store.url(plan.sdir), job.blocked_s, durable)
@@ -134,12 +140,13 @@ class Committer:
         writes the same manifest and swaps the pointer, then prunes.
 
         Raises:
-            as :meth:`commit`.
+            as :meth:`commit`; ``SaveOptions.save_timeout_s`` counts from the upload's start.
         """
         comm = comm or self.comm
         began = time.perf_counter()
-        self._all_ranks(save.plan, lambda: self._upload_rank(save), comm, len(save.share.files) + 1)
-        self._finish(save.plan, lambda: save.manifest, comm)
+        bound = SaveBound(self.options.save_timeout_s, began, rank=comm.rank)
+        self._all_ranks(save.plan, lambda: self._upload_rank(save, bound), comm, len(save.share.files) + 1, bound)
+        self._finish(save.plan, lambda: save.manifest, comm, bound)
         log.info("checkpoint step %d durable at %s (uploaded from the local tier in %.3f s)",
                  save.plan.step, self.store.url(save.plan.sdir), time.perf_counter() - began)
         files = save.share.files
@@ -192,24 +199,28 @@ class Committer:
             self._pointer_version = pointer_version(self.store)
 
     def _all_ranks(
-        self, plan: SavePlan, write: Callable[[], list[FileEntry]], comm: Comm, writes: int
+        self, plan: SavePlan, write: Callable[[], list[FileEntry]], comm: Comm, writes: int, bound: SaveBound
     ) -> list[FileEntry]:
-        """Every rank's ``write()`` of ``writes`` objects, paced as one job (:mod:`.rates`), then
-        the barrier: one rank's failure is every rank's error (and what the failed save wrote is
-        removed)."""
+        """Every rank's ``write()`` of ``writes`` objects, paced as one job (:mod:`.rates`) within
+        ``bound`` (:mod:`.bound`), then the barrier: one rank's failure is every rank's error (and
+        what the failed save wrote is removed)."""
         store = self.store
         self._failed.retry()
-        failure: str | None = None
+        failure: str | Stuck | None = None
         own_exc: BaseException | None = None
         files: list[FileEntry] = []
         try:
             with shared_write_rate(store, comm, writes, self._cap, prefixes=plan.prefixes):
-                files = write()
+                files = bound.run(write, doing="uploading its share",
+                                  on_abandoned=lambda: discard_share(store, plan.place, plan.save_id, comm.rank))
+        except BoundExpired as exc:
+            failure, own_exc = exc.stuck, exc
         except Exception as exc:  # reported to every rank below, then re-raised
             failure, own_exc = f"rank {comm.rank}: {type(exc).__name__}: {exc}", exc
         bad = [o for o in comm.all_gather(failure) if o is not None]  # the barrier
         if bad:  # every rank knows: no manifest of this save was or will be written
             self._failed.discard(plan.place, plan.save_id)
+            raise_if_timed_out(plan.step, bound, store.url(plan.sdir), bad, own_exc)
             if isinstance(own_exc, CheckpointError):
                 raise own_exc
             raise CheckpointError(
@@ -218,23 +229,26 @@ class Committer:
             ) from own_exc
         return files
 
-    def _finish(self, plan: SavePlan, manifest_of: Callable[[], Manifest], comm: Comm) -> None:
-        """Rank 0 publishes the manifest and swaps the pointer; every rank learns the outcome."""
+    def _finish(self, plan: SavePlan, manifest_of: Callable[[], Manifest], comm: Comm, bound: SaveBound) -> None:
+        """Rank 0 publishes the manifest and swaps the pointer within ``bound``; every rank learns the outcome."""
         store = self.store
-        result: str | None = None
+        result: str | Stuck | None = None
         commit_exc: BaseException | None = None
         manifest: Manifest | None = None
         discard = False
         if comm.rank == 0:
             try:
-                manifest = self._publish(plan, manifest_of())
-            except Exception as exc:
-                result, commit_exc = f"{type(exc).__name__}: {exc}", exc
+                manifest = bound.run(lambda: self._publish(plan, manifest_of(), bound),
+                                     doing="publishing the manifest and the pointer")
+            except Exception as exc:  # out of time: the outcome is unknown (a write may still land), keep all
+                late = isinstance(exc, BoundExpired)
+                result, commit_exc = exc.stuck if late else f"{type(exc).__name__}: {exc}", exc  # type: ignore[union-attr]
                 self.planner.abandon()
-                discard = uncommitted(store, plan.step, plan.sdir, plan.save_id)
+                discard = not late and uncommitted(store, plan.step, plan.sdir, plan.save_id)
         result, discard = comm.broadcast((result, discard))
         if discard:
             self._failed.discard(plan.place, plan.save_id)
+        raise_if_timed_out(plan.step, bound, store.url(plan.sdir), [result], commit_exc)
         if commit_exc is not None:
             raise commit_exc
         if result is not None:
@@ -251,35 +265,32 @@ class Committer:
         if compacted is not None:
             self.planner.compacted(compacted)
 
-    def _write_rank(self, job: Snapshot, plan: SavePlan, comm: Comm) -> list[FileEntry]:
+    def _write_rank(self, job: Snapshot, plan: SavePlan, comm: Comm, bound: SaveBound) -> list[FileEntry]:
         """This rank's share: parts uploaded and checked in the store, then its done marker."""
-        share = write_share(self.store, job, plan, comm.rank, self.options, world=comm.world)
+        share = write_share(self.store, job, plan, comm.rank, self.options, world=comm.world, bound=bound)
         self._phase("parts")
-        self._write_marker(plan, share.marker)
+        self._write_marker(plan, share.marker, bound)
         return list(share.files)
 
-    def _upload_rank(self, save: LocalSave) -> list[FileEntry]:
+    def _upload_rank(self, save: LocalSave, bound: SaveBound) -> list[FileEntry]:
         """This rank's share of a local save: its files uploaded as they are, then its marker."""
-        copy_share(save.store, self.store, save.plan.place, save.share, concurrency=self.options.concurrency)
+        copy_share(save.store, self.store, save.plan.place, save.share, concurrency=self.options.concurrency,
+                   bound=bound)
         self._phase("parts")
-        self._write_marker(save.plan, save.share.marker)
+        self._write_marker(save.plan, save.share.marker, bound)
         return list(save.share.files)
 
-    def _write_marker(self, plan: SavePlan, marker: DoneMarker) -> None:
-        with writing(self.store.url(plan.place.marker(marker.rank, plan.save_id))):
+    def _write_marker(self, plan: SavePlan, marker: DoneMarker, bound: SaveBound) -> None:
+        url = self.store.url(plan.place.marker(marker.rank, plan.save_id))
+        with bound.request(url), writing(url):
             root.write_marker(self.store, plan.place, marker)
         self._phase("markers")
 
-    def _assemble(self, job: Snapshot, plan: SavePlan, world: int) -> Manifest:
-        """Rank 0: the manifest from every rank's marker in the root."""
-        markers = root.read_markers(self.store, plan.place, plan.save_id, world, concurrency=self.options.concurrency)
-        return assemble_manifest(plan, markers, job)
-
-    def _publish(self, plan: SavePlan, manifest: Manifest) -> Manifest:
+    def _publish(self, plan: SavePlan, manifest: Manifest, bound: SaveBound) -> Manifest:
         """Rank 0: the manifest (create-only), then latest.json (compare-and-swap)."""
         store, sdir = self.store, plan.sdir
         try:
-            with writing(store.url(layout.manifest_at(sdir))):
+            with bound.request(store.url(layout.manifest_at(sdir))), writing(store.url(layout.manifest_at(sdir))):
                 digest = root.create_manifest(store, sdir, manifest)
         except WriteConflictError as exc:
             raise CheckpointConflictError(
@@ -289,7 +300,11 @@ class Committer:
         self._phase("manifest")
         pointer = Pointer(step=plan.step, path=sdir, manifest_checksum=digest, save_id=plan.save_id,
                           created=manifest.created, timeline=plan.timeline)
-        with writing(root.pointer_url(store)):
+
+        def late() -> None:  # the bound ran out before the swap was sent: the manifest is taken back
+            withdraw_manifest(store, plan.step, sdir, plan.save_id)
+
+        with bound.request(root.pointer_url(store), refused=late), writing(root.pointer_url(store)):
             self._swap_pointer(pointer)
         self._phase("pointer")
         return manifest
@@ -311,6 +326,15 @@ class Committer:
             ) from exc
         self._pointer_version = version
 
-    def _phase(self, name: str) -> None:
-        if self._on_phase is not None:
-            self._on_phase(name)
+
+def _assemble(
+    store: Store, options: SaveOptions, job: Snapshot, plan: SavePlan, world: int, bound: SaveBound
+) -> Manifest:
+    """Rank 0: the manifest from every rank's marker in the root."""
+    with bound.request(store.url(plan.sdir)):
+        markers = root.read_markers(store, plan.place, plan.save_id, world, concurrency=options.concurrency)
+    return assemble_manifest(plan, markers, job)
+
+
+def _no_phase(name: str) -> None:
+    """No ``on_phase`` hook."""

@@ -15,7 +15,6 @@ on every tier too: a save published from a local tier has the manifest bytes the
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import platform
 from collections.abc import Sequence
@@ -31,11 +30,12 @@ from streamio.checkpoint.format.entries import FileEntry, Section
 from streamio.checkpoint.format.manifest import DoneMarker, Manifest
 from streamio.checkpoint.options import SaveOptions, part_size_for
 from streamio.checkpoint.save.abandon import writing
+from streamio.checkpoint.save.bound import UNBOUNDED, SaveBound
 from streamio.checkpoint.save.plan import SavePlan
 from streamio.checkpoint.save.snapshot import Snapshot
 from streamio.checkpoint.tensors.serialize import block_checksums, encode_part, verify_file
 from streamio.errors import CheckpointError
-from streamio.pool import gather, run_parallel
+from streamio.pool import run_detached
 from streamio.storage import Store
 from streamio.version import __version__
 
@@ -71,10 +71,12 @@ def share_ranges(store: Store, job: Snapshot, options: SaveOptions, *, world: in
 
 
 def write_share(
-    store: Store, job: Snapshot, plan: SavePlan, rank: int, options: SaveOptions, *, world: int = 1
+    store: Store, job: Snapshot, plan: SavePlan, rank: int, options: SaveOptions, *, world: int = 1,
+    bound: SaveBound = UNBOUNDED,
 ) -> Share:
     """Write ``rank``'s parts of ``job`` into ``plan.sdir`` of ``store`` (one of ``world`` ranks) and
-    check they are there.
+    check they are there. Each request goes through ``bound`` (:mod:`.bound`: refused once the
+    save's deadline passed, named while in flight), on threads that nothing joins.
 
     Returns the share with its done marker (not written: the caller decides where it goes).
     """
@@ -89,16 +91,18 @@ def write_share(
         blocks = block_checksums(job.stream[start:end], size) if size else ()
         entry = FileEntry(path, rank, start, end - start, len(data), checksum, options.compression, size, blocks)
         key = plan.place.path(rank, entry.path)
-        with writing(store.url(key)):
+        with bound.request(store.url(key)), writing(store.url(key)):
             store.put(key, data)
         return entry
 
-    threads = max(1, options.concurrency)
-    with concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="streamio-ckpt-put") as pool:
-        entries_future = pool.submit(job.entries)  # tensor checksums, beside the uploads
-        files = gather(pool, put, range(len(ranges)))
-        rep_entries, rank_entries = entries_future.result()
-    check_written(store, plan.place, rank, files)
+    def run(i: int | None) -> Any:  # None: the tensor checksums, beside the uploads
+        return job.entries() if i is None else put(i)
+
+    done = run_detached(run, [None, *range(len(ranges))], concurrency=max(1, options.concurrency),
+                        name="streamio-ckpt-put")
+    (rep_entries, rank_entries), files = done[0], done[1:]
+    with bound.request(store.url(plan.place.rank_dir(rank))):
+        check_written(store, plan.place, rank, files)
     marker = DoneMarker(
         rank=rank, save_id=plan.save_id, files=tuple(files), replicated_tensors=rep_entries,
         per_rank=Section(tree=job.per_rank_tree, tensors=rank_entries), replicated_tree=job.replicated_tree,
@@ -107,7 +111,9 @@ def write_share(
     return Share(tuple(files), marker)
 
 
-def copy_share(source: Store, dest: Store, place: layout.Placement, share: Share, *, concurrency: int) -> None:
+def copy_share(
+    source: Store, dest: Store, place: layout.Placement, share: Share, *, concurrency: int, bound: SaveBound = UNBOUNDED
+) -> None:
     """Upload ``share``'s parts from ``source`` to ``dest`` as they are (same names and bytes), and
     check they arrived with their sizes. The bytes are checked against their CRC32C first: a
     local copy damaged since it was written is never published."""
@@ -115,11 +121,12 @@ def copy_share(source: Store, dest: Store, place: layout.Placement, share: Share
         path = place.path(f.rank, f.path)
         data = source.read_view(path)
         verify_file(data, f, source.url(path))
-        with writing(dest.url(path)):
+        with bound.request(dest.url(path)), writing(dest.url(path)):
             dest.put(path, data)
 
-    run_parallel(put, share.files, concurrency=max(1, concurrency), name="streamio-ckpt-upload")
-    check_written(dest, place, share.marker.rank, share.files)
+    run_detached(put, share.files, concurrency=max(1, concurrency), name="streamio-ckpt-upload")
+    with bound.request(dest.url(place.rank_dir(share.marker.rank))):
+        check_written(dest, place, share.marker.rank, share.files)
 
 
 def check_written(store: Store, place: layout.Placement, rank: int, files: Sequence[FileEntry]) -> None:
