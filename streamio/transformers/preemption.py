@@ -24,7 +24,7 @@ from streamio.errors import ConfigError
 from streamio.preemption import Preemption
 from streamio.transformers.requirement import require
 
-__all__ = ["PreemptionCallback"]
+__all__ = ["PreemptionCallback", "refuse"]
 
 _TrainerCallback: Any = require("transformers").TrainerCallback
 
@@ -41,21 +41,7 @@ class PreemptionCallback(_TrainerCallback):  # type: ignore[misc]
 
     @classmethod
     def install(cls, trainer: Any, stop: Preemption) -> PreemptionCallback:
-        """Add a callback over ``stop`` to ``trainer``.
-
-        Raises:
-            ConfigError: ``stop`` is not a ``streamio.Preemption``, or ``enable_jit_checkpoint`` is on too.
-        """
-        if not isinstance(stop, Preemption):
-            raise ConfigError(
-                f"preemption={stop!r} must be a streamio.Preemption (e.g. preemption=streamio.Preemption()), "
-                f"made in the main thread before the trainer"
-            )
-        if getattr(trainer.args, "enable_jit_checkpoint", False):
-            raise ConfigError(
-                "StreamioTrainer(preemption=...) with TrainingArguments(enable_jit_checkpoint=True): both take "
-                "SIGTERM, and the JIT checkpoint saves on the signalled rank alone; give enable_jit_checkpoint=False"
-            )
+        """Add a callback over ``stop`` to ``trainer`` (:func:`refuse` has been called before the Trainer was made)."""
         callback = cls(stop)
         trainer.add_callback(callback)
         return callback
@@ -78,3 +64,21 @@ class PreemptionCallback(_TrainerCallback):  # type: ignore[misc]
             return
         checkpoints.close()
         self.stop.exit()
+
+
+def refuse(stop: object, args: Any) -> None:
+    """Refuse, before the Trainer is made (it installs the JIT handler), what cannot work with ``stop``.
+
+    Raises:
+        ConfigError: ``stop`` is not a ``streamio.Preemption``, or ``args`` has ``enable_jit_checkpoint`` on.
+    """
+    if not isinstance(stop, Preemption):
+        raise ConfigError(
+            f"preemption={stop!r} must be a streamio.Preemption (e.g. preemption=streamio.Preemption()), "
+            f"made in the main thread before the trainer"
+        )
+    if getattr(args, "enable_jit_checkpoint", False):
+        raise ConfigError(
+            "StreamioTrainer(preemption=...) with TrainingArguments(enable_jit_checkpoint=True): both take "
+            "SIGTERM, and the JIT checkpoint saves on the signalled rank alone; give enable_jit_checkpoint=False"
+        )

@@ -47,7 +47,7 @@ from streamio.errors import CheckpointConflictError, CheckpointFormatError, Chec
 from streamio.preemption import Preemption
 from streamio.storage import RetryPolicy
 from streamio.transformers.arguments import check_arguments
-from streamio.transformers.preemption import PreemptionCallback
+from streamio.transformers.preemption import PreemptionCallback, refuse
 from streamio.transformers.requirement import require
 from streamio.transformers.resume import Resume, parse_resume
 from streamio.transformers.state import Restored, restore_template, save_state
@@ -89,6 +89,8 @@ class StreamioTrainer(_Trainer):  # type: ignore[misc]
     def __init__(self, *args: Any, checkpoint_root: str, storage_options: Mapping[str, Any] | None = None,
                  save_options: SaveOptions | None = None, retry: RetryPolicy | None = None,
                  preemption: Preemption | None = None, **kwargs: Any) -> None:
+        if preemption is not None:  # before the Trainer installs its own SIGTERM handler (enable_jit_checkpoint)
+            refuse(preemption, kwargs.get("args", args[1] if len(args) > 1 else None))
         super().__init__(*args, **kwargs)
         check_arguments(self.args, self.train_dataset, batch_size=self._train_batch_size,
                         sharded=bool(self.is_deepspeed_enabled or self.is_fsdp_enabled))
