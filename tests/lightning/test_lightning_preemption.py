@@ -59,7 +59,7 @@ def test_bad_arguments_are_refused_and_leave_the_handlers_alone(signals: Any, ch
     assert signal.getsignal(signal.SIGTERM) is before
 
 
-@pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning", "ignore::FutureWarning")  # Lightning's own, in fit
+@pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning", "ignore::FutureWarning")
 def test_without_a_streamio_model_checkpoint_fit_is_refused_before_the_first_step(tmp_path: Path) -> None:
     before = signal.getsignal(signal.SIGTERM)
     model = Model()
@@ -70,7 +70,7 @@ def test_without_a_streamio_model_checkpoint_fit_is_refused_before_the_first_ste
     assert not list(tmp_path.rglob("*.ckpt"))
 
 
-@pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning", "ignore::FutureWarning")  # Lightning's own, in fit
+@pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning", "ignore::FutureWarning")
 def test_the_signals_are_ours_while_training_and_lightnings_before_and_after(tmp_path: Path) -> None:
     before, before_usr1 = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGUSR1)
     callback = PreemptionCheckpoint()
