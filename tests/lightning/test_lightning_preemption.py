@@ -9,13 +9,18 @@ import logging
 import os
 import signal
 import stat
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+from streamio import Preemption
+from streamio.checkpoint.root import committed_saves
 from streamio.errors import ConfigError
+from streamio.storage import Store
 
 L = pytest.importorskip("lightning")
 
@@ -126,3 +131,25 @@ def test_requeue_runs_scontrol_and_says_when_it_failed(tmp_path: Path, monkeypat
     assert messages[2].startswith("preemption: the job was not requeued: Slurm requeue: the job id ''")
     assert messages[3].startswith("preemption: the job was not requeued: [Errno 2]")
     assert calls.read_text() == "requeue 77\n" and failing.read_text() == "requeue 78\n"
+
+
+@pytest.mark.slow
+def test_one_process_saves_and_exits_143_and_a_failed_save_is_an_error_not_a_preemption(tmp_path: Path) -> None:
+    """Without a process group the signal is acted upon at its own step; a save that fails (last.ckpt
+    is a regular file here) is raised by fit, the process exits 1, not 143, and the file is untouched."""
+    script = Path(__file__).parents[1] / "support" / "lightning_preempt_one.py"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "ok"), "3"], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == Preemption.EXIT_CODE == 143, done.stderr[-3000:]
+    assert "preemption requested (signal SIGTERM): saving step 3" in done.stderr
+    assert [s.step for s in committed_saves(Store(str(tmp_path / "ok" / "last.ckpt")))] == [3]
+
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "last.ckpt").write_bytes(b"not a root")
+    failed = subprocess.run([sys.executable, str(script), str(tmp_path / "bad"), "3"], env=env, capture_output=True,
+                            text=True, timeout=120)
+    assert failed.returncode == 1, failed.stderr[-3000:]
+    assert "CheckpointFormatError" in failed.stderr and "last.ckpt holds" in failed.stderr
+    assert "exiting with status 143" not in failed.stderr
+    assert (tmp_path / "bad" / "last.ckpt").read_bytes() == b"not a root"
