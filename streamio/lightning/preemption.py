@@ -147,7 +147,8 @@ def _last_path(trainer: Any) -> str:
 
 def _requeue_signal(trainer: Any) -> tuple[int, ...]:
     """Slurm's requeue signal when Lightning's ``SLURMEnvironment`` requeues (``auto_requeue``); else none."""
-    environment = getattr(trainer.strategy, "cluster_environment", None)
+    # where Lightning's own signal connector looks (a single-device strategy has no cluster_environment)
+    environment = getattr(getattr(trainer, "_accelerator_connector", None), "cluster_environment", None)
     if isinstance(environment, _SLURMEnvironment) and environment.auto_requeue:
         return (int(environment.requeue_signal),)
     return ()

@@ -134,16 +134,23 @@ def test_requeue_runs_scontrol_and_says_when_it_failed(tmp_path: Path, monkeypat
 
 
 @pytest.mark.slow
-def test_one_process_saves_and_exits_143_and_a_failed_save_is_an_error_not_a_preemption(tmp_path: Path) -> None:
-    """Without a process group the signal is acted upon at its own step; a save that fails (last.ckpt
-    is a regular file here) is raised by fit, the process exits 1, not 143, and the file is untouched."""
+def test_one_process_under_slurm_saves_requeues_and_exits_143_and_a_failed_save_is_fits_error(tmp_path: Path) -> None:
+    """Without a process group the signal is acted upon at its own step. Under Lightning's
+    SLURMEnvironment(auto_requeue=True), SIGUSR1 saves through streamio (not Lightning's hpc_ckpt
+    from its handler) and requeues the job (a real ``scontrol`` stand-in on PATH). A save that fails
+    (last.ckpt is a regular file here) is raised by fit: exit 1, not 143, the file untouched."""
     script = Path(__file__).parents[1] / "support" / "lightning_preempt_one.py"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, str(script), str(tmp_path / "ok"), "3"], env=env, capture_output=True,
-                          text=True, timeout=120)
+    calls = _scontrol(tmp_path / "bin", 0)
+    slurm = {"SLURM_JOB_ID": "4242", "SLURM_NTASKS": "1", "SLURM_JOB_NAME": "train", "SLURM_PROCID": "0",
+             "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_NODELIST": "localhost", "SLURM_NTASKS_PER_NODE": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}"}
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "ok"), "3", "SIGUSR1"], env={**env, **slurm},
+                          capture_output=True, text=True, timeout=120)
     assert done.returncode == Preemption.EXIT_CODE == 143, done.stderr[-3000:]
-    assert "preemption requested (signal SIGTERM): saving step 3" in done.stderr
+    assert "preemption requested (signal SIGUSR1): saving step 3" in done.stderr
     assert [s.step for s in committed_saves(Store(str(tmp_path / "ok" / "last.ckpt")))] == [3]
+    assert calls.read_text() == "requeue 4242\n"
+    assert not list(tmp_path.rglob("hpc_ckpt*"))  # Lightning's own Slurm handler did not run
 
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "last.ckpt").write_bytes(b"not a root")
