@@ -13,6 +13,9 @@ What it shows, against a plain Accelerate script:
   last, nothing pickled. ``load_state`` returns ``None`` when there is nothing to resume.
 * Run it again with more ``--steps`` and it continues at the exact next batch, also on another
   number of processes. docs/accelerate.md is the guide.
+* ``streamio.Preemption``: a ``SIGTERM``/``SIGUSR1`` to any process (``kill <pid>``, Slurm,
+  Kubernetes) makes every process save the same step, wait until it is durable, and exit 143;
+  run it again to continue from there.
 
 Run it (CPU; ``pip install 'streamio-torch[accelerate]'``), against a local S3:
 
@@ -82,7 +85,8 @@ def main() -> None:
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=10, gamma=0.8)
     dataset = streamio.StreamingDataset(f"{args.url}/data", batch_size=16, seed=0, decode="auto",
                                        transform=to_tensors)
-    loader = streamio.StreamingDataLoader(dataset, num_workers=1)
+    stop = streamio.Preemption()  # before the loader's workers start: they leave the signals to their rank
+    loader = streamio.StreamingDataLoader(dataset, num_workers=1, worker_init_fn=stop.worker_init_fn)
     model, optimizer, loader, scheduler = prepare(accelerator, model, optimizer, loader, scheduler)
 
     ckpt = streamio.CheckpointManager(f"{args.url}/ckpt", retention=streamio.KeepLast(2))
@@ -97,9 +101,13 @@ def main() -> None:
             scheduler.step()
             optimizer.zero_grad()
             step += 1
-            if step % args.ckpt_every == 0:
+            stopping = stop.requested(step)  # the same answer on every process (one tiny all-reduce)
+            if step % args.ckpt_every == 0 or stopping:
                 save_state(accelerator, ckpt, step)  # collective: every process calls it
                 accelerator.print(f"step {step}: loss {loss.item():.4f}, checkpoint saved")
+            if stopping:
+                ckpt.close()  # the save durable before any process leaves
+                stop.exit()  # waits for every process, then exits streamio.Preemption.EXIT_CODE (143)
             if step == args.steps:
                 break
     ckpt.close()  # waits for the last upload

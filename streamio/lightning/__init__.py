@@ -14,6 +14,9 @@ installed raises :class:`~streamio.errors.MissingDependencyError` saying what to
 * :class:`ModelParallelStrategy`, Lightning's sharding strategy (FSDP2, tensor parallelism) whose
   checkpoints every rank writes through streamio's torch DCP writer into one root per path, and
   loads resharded onto the current ranks.
+* :class:`PreemptionCheckpoint`, a callback: ``SIGTERM`` / ``SIGUSR1`` to any rank ends with every
+  rank saving ``last.ckpt`` of the same step, then exiting ``streamio.Preemption.EXIT_CODE``
+  (Slurm's requeue kept when Lightning's ``SLURMEnvironment`` requeues).
 
 ``streamio.StreamingDataLoader`` is already a stateful loader for Lightning (``state_dict`` /
 ``load_state_dict``); its state is global, so rank 0's copy resumes every rank.
@@ -26,15 +29,17 @@ from typing import TYPE_CHECKING
 
 from streamio.lazy import lazy_exports
 
-__all__ = ["AsyncCheckpointIO", "CheckpointIO", "ModelCheckpoint", "ModelParallelStrategy"]
+__all__ = ["AsyncCheckpointIO", "CheckpointIO", "ModelCheckpoint", "ModelParallelStrategy", "PreemptionCheckpoint"]
 
 _EXPORTS = {"AsyncCheckpointIO": "streamio.lightning.background", "CheckpointIO": "streamio.lightning.plugin",
-            "ModelCheckpoint": "streamio.lightning.callback", "ModelParallelStrategy": "streamio.lightning.strategies"}
+            "ModelCheckpoint": "streamio.lightning.callback", "ModelParallelStrategy": "streamio.lightning.strategies",
+            "PreemptionCheckpoint": "streamio.lightning.preemption"}
 
 if TYPE_CHECKING:
     from streamio.lightning.background import AsyncCheckpointIO
     from streamio.lightning.callback import ModelCheckpoint
     from streamio.lightning.plugin import CheckpointIO
+    from streamio.lightning.preemption import PreemptionCheckpoint
     from streamio.lightning.strategies import ModelParallelStrategy
 
 

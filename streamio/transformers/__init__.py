@@ -8,7 +8,8 @@ install (``pip install 'streamio-torch[transformers]'``). ``import streamio`` ne
   ``StreamingDataLoader`` over a ``StreamingDataset`` (streamio's own rank and worker sharding,
   never Accelerate's) and whose checkpoints go to a streamio checkpoint root (every rank saves its
   part, the pointer last, nothing pickled); ``train(resume_from_checkpoint=True)`` continues at the
-  exact next batch from the loader's saved position instead of replaying the skipped batches.
+  exact next batch from the loader's saved position instead of replaying the skipped batches;
+  ``preemption=streamio.Preemption()`` makes a signal to any rank end in one save of one step.
 
 docs/transformers.md is the guide; docs/design.md "The transformers Trainer" the design.
 """

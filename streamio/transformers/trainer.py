@@ -17,6 +17,8 @@ the step). This subclass changes those three things and nothing else of the loop
   :mod:`.state` to ``checkpoint_root``: parts from every rank, the pointer last, nothing pickled;
   ``save_total_limit`` is the root's retention (``KeepLast``; none: ``KeepAll``). Nothing is
   written to ``output_dir``'s ``checkpoint-N`` folders (logs and ``save_model()`` still go there).
+* ``preemption=streamio.Preemption()`` (:mod:`.preemption`): a signal to any rank ends with every
+  rank saving the same step, then exiting ``Preemption.EXIT_CODE``.
 * ``train(resume_from_checkpoint=...)`` (:mod:`.resume`) restores from the root. The Trainer's own
   resume steps are kept, with the root's URL standing in for the checkpoint folder:
   ``_init_training_state`` restores the checkpoint (every part verified before anything is
@@ -42,8 +44,10 @@ from typing import Any
 from streamio.checkpoint import CheckpointManager, KeepAll, KeepLast, RetentionPolicy, RNGState, SaveOptions
 from streamio.data.loader import StreamingDataLoader
 from streamio.errors import CheckpointConflictError, CheckpointFormatError, CheckpointNotFoundError, StateMismatchError
+from streamio.preemption import Preemption
 from streamio.storage import RetryPolicy
 from streamio.transformers.arguments import check_arguments
+from streamio.transformers.preemption import PreemptionCallback, refuse
 from streamio.transformers.requirement import require
 from streamio.transformers.resume import Resume, parse_resume
 from streamio.transformers.state import Restored, restore_template, save_state
@@ -73,14 +77,20 @@ class StreamioTrainer(_Trainer):  # type: ignore[misc]
         storage_options: fsspec options for the root (endpoint, credentials); never logged or stored.
         save_options: part size, concurrency, compression of the saves.
         retry: retry policy for transient storage errors of the saves and restores.
+        preemption: a ``streamio.Preemption``: a signal to any rank makes every rank save the same step,
+            then exit ``Preemption.EXIT_CODE`` when ``train()`` has stopped (:mod:`.preemption`).
         **kwargs: the ``Trainer``'s; ``train_dataset`` must be a ``StreamingDataset``.
 
     Raises:
-        ConfigError: a ``TrainingArguments`` setting that cannot work here (:mod:`.arguments`).
+        ConfigError: a ``TrainingArguments`` setting that cannot work here (:mod:`.arguments`);
+            ``preemption`` with ``enable_jit_checkpoint``.
     """
 
     def __init__(self, *args: Any, checkpoint_root: str, storage_options: Mapping[str, Any] | None = None,
-                 save_options: SaveOptions | None = None, retry: RetryPolicy | None = None, **kwargs: Any) -> None:
+                 save_options: SaveOptions | None = None, retry: RetryPolicy | None = None,
+                 preemption: Preemption | None = None, **kwargs: Any) -> None:
+        if preemption is not None:  # before the Trainer installs its own SIGTERM handler (enable_jit_checkpoint)
+            refuse(preemption, kwargs.get("args", args[1] if len(args) > 1 else None))
         super().__init__(*args, **kwargs)
         check_arguments(self.args, self.train_dataset, batch_size=self._train_batch_size,
                         sharded=bool(self.is_deepspeed_enabled or self.is_fsdp_enabled))
@@ -93,6 +103,7 @@ class StreamioTrainer(_Trainer):  # type: ignore[misc]
         self._epoch_batches = 0
         self._resume: Resume | None = None
         self._restored: Restored | None = None
+        self._preemption = None if preemption is None else PreemptionCallback.install(self, preemption)
 
     @property
     def resumed_step(self) -> int | None:
@@ -128,6 +139,8 @@ class StreamioTrainer(_Trainer):  # type: ignore[misc]
         finally:
             self._resume = None
         self.checkpoints.wait()  # the last save committed (or its error raised) before train() returns
+        if self._preemption is not None:
+            self._preemption.leave(self.checkpoints)  # stopped by a preemption: every rank exits, after the save
         return output
 
     def _refuse_earlier_run(self) -> None:
@@ -152,6 +165,8 @@ class StreamioTrainer(_Trainer):  # type: ignore[misc]
         extra = {} if a.dataloader_prefetch_factor is None else {"prefetch_factor": a.dataloader_prefetch_factor}
         if a.dataloader_multiprocessing_context is not None:
             extra["multiprocessing_context"] = a.dataloader_multiprocessing_context
+        if self._preemption is not None:  # workers leave the signals to their rank
+            extra["worker_init_fn"] = self._preemption.stop.worker_init_fn
         collate = self._get_collator_with_removed_columns(self.data_collator, description="training")
         self._loader = StreamingDataLoader(self.train_dataset, collate_fn=collate, num_workers=a.dataloader_num_workers,
                                            pin_memory=a.dataloader_pin_memory, drop_last=a.dataloader_drop_last,

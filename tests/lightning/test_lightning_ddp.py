@@ -1,12 +1,14 @@
 """torchrun, 2 gloo ranks, real Lightning: checkpoints through streamio.lightning to S3 (moto),
 kill -9 of the whole job mid-run, ``fit(ckpt_path="last")``: the same weights and per-step losses
 as an uninterrupted run (a model with dropout), each rank's own RNG streams back, and
-ModelCheckpoint's top-k and ``last.ckpt`` as streamio roots."""
+ModelCheckpoint's top-k and ``last.ckpt`` as streamio roots; SIGTERM to one rank under a
+PreemptionCheckpoint: the same, from the step every rank saved. One uninterrupted run serves both."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -25,22 +27,47 @@ SCRIPT = Path(__file__).parents[1] / "support" / "lightning_ddp.py"
 
 
 def _run(s3: S3Endpoint, dirpath: str, out: Path, *, kill_at: int = 0, resume: bool = False, steps: int = 14,
-         dataset: str | None = None) -> int:
+         dataset: str | None = None, sigterm_at: int | None = None) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     env.update(s3.env())
     env["OMP_NUM_THREADS"] = "1"
+    if sigterm_at is not None:  # with a PreemptionCheckpoint; rank 1 alone gets SIGTERM after that step (> 0)
+        env["SIGTERM_AT"] = str(sigterm_at)
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(SCRIPT),
          dirpath, str(out), str(steps), str(kill_at), "1" if resume else "0", *([dataset] if dataset else [])],
         env=env, capture_output=True, text=True, timeout=300, start_new_session=True,  # its own process group
     )
-    assert proc.returncode == 0 or kill_at, proc.stderr[-3000:]
-    return proc.returncode
+    assert proc.returncode == 0 or kill_at or sigterm_at, proc.stderr[-3000:]
+    return proc
 
 
-def test_kill_9_then_ckpt_path_last_resumes_bit_exactly(s3: S3Endpoint, tmp_path: Path) -> None:
-    _run(s3, s3.url("full"), tmp_path / "full.json")
-    killed = _run(s3, s3.url("ckpt"), tmp_path / "killed.json", kill_at=10)
+@pytest.fixture(scope="module")
+def full(moto_endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The uninterrupted 14-step run (no dataset): its OUT, shared by the resume tests."""
+    s3 = S3Endpoint(moto_endpoint, "unused").new_bucket()
+    out = tmp_path_factory.mktemp("full") / "full.json"
+    _run(s3, s3.url("full"), out)
+    return out
+
+
+def _same_as_full(full: Path, resumed: Path, first: int) -> None:
+    """The resumed run went on after step ``first`` with the full run's losses, weights and every rank's draws."""
+    whole, rest = json.loads(full.read_text()), json.loads(resumed.read_text())
+    assert rest["global_step"] == whole["global_step"] == 14
+    assert sorted(map(int, rest["losses"])) == list(range(first, 14))  # it went on after that step, not from 0
+    assert {k: whole["losses"][k] for k in rest["losses"]} == rest["losses"]
+    assert rest["weights"] == whole["weights"]
+    for rank in (0, 1):  # torch, random and numpy draws of each step: each rank's own streams came back
+        draws = json.loads(Path(f"{full}.rng{rank}").read_text())
+        resumed_draws = json.loads(Path(f"{resumed}.rng{rank}").read_text())
+        assert sorted(map(int, resumed_draws)) == list(range(first, 14)), rank
+        assert resumed_draws == {k: draws[k] for k in resumed_draws}, rank
+    assert draws != json.loads(Path(f"{full}.rng0").read_text())  # the ranks' streams differ
+
+
+def test_kill_9_then_ckpt_path_last_resumes_bit_exactly(full: Path, s3: S3Endpoint, tmp_path: Path) -> None:
+    killed = _run(s3, s3.url("ckpt"), tmp_path / "killed.json", kill_at=10).returncode
     assert killed != 0 and not (tmp_path / "killed.json").exists()
     parent = Store(s3.url("ckpt"), s3.storage_options())
     last = parent.child("last.ckpt")
@@ -48,22 +75,33 @@ def test_kill_9_then_ckpt_path_last_resumes_bit_exactly(s3: S3Endpoint, tmp_path
     assert pointer is not None and pointer.step == 8  # the kill came after step 10; saves every 4
 
     _run(s3, s3.url("ckpt"), tmp_path / "resumed.json", resume=True)
-    full = json.loads((tmp_path / "full.json").read_text())
-    resumed = json.loads((tmp_path / "resumed.json").read_text())
-    assert resumed["global_step"] == full["global_step"] == 14
-    assert sorted(map(int, resumed["losses"])) == list(range(8, 14))  # it went on after step 8, not from 0
-    assert {k: full["losses"][k] for k in resumed["losses"]} == resumed["losses"]
-    assert resumed["weights"] == full["weights"]
-    for rank in (0, 1):  # torch, random and numpy draws of each step: each rank's own streams came back
-        whole = json.loads((tmp_path / f"full.json.rng{rank}").read_text())
-        rest = json.loads((tmp_path / f"resumed.json.rng{rank}").read_text())
-        assert sorted(map(int, rest)) == list(range(8, 14)) and rest == {k: whole[k] for k in rest}, rank
-    assert whole != json.loads((tmp_path / "full.json.rng0").read_text())  # the ranks' streams differ
+    _same_as_full(full, tmp_path / "resumed.json", 8)
     # top-2 by step and last.ckpt, each a root holding exactly one committed save
     roots = sorted({o.path.split("/")[0] for o in parent.list()})
     assert roots == ["epoch=0-step=12.ckpt", "epoch=0-step=8.ckpt", "last.ckpt"], roots
     assert [s.step for s in committed_saves(last)] in ([12], [14])  # Lightning 2.5 saves last at fit's end too
     assert [s.step for s in committed_saves(parent.child("epoch=0-step=12.ckpt"))] == [12]
+
+
+def test_sigterm_to_one_rank_saves_one_step_on_every_rank_then_last_resumes_bit_exactly(
+        full: Path, s3: S3Endpoint, tmp_path: Path) -> None:
+    """PreemptionCheckpoint: SIGTERM to rank 1's process only, after step 10. The ranks agree one
+    step later (the vote overlaps a step), both save step 11 as last.ckpt, and exit 143 (torchrun: 1)."""
+    preempted = _run(s3, s3.url("ckpt"), tmp_path / "preempted.json", sigterm_at=10)
+    assert preempted.returncode == 1, preempted.stderr[-3000:]  # torchrun turns the ranks' 143 into 1
+    assert re.search(r"exitcode\s*:\s*143", preempted.stderr), preempted.stderr[-3000:]
+    assert "SIGTERMException" not in preempted.stderr  # Lightning's own SIGTERM path never ran
+    assert preempted.stderr.count("preemption requested (signal SIGTERM): saving step 11") == 1
+    assert preempted.stderr.count("preemption requested (another rank's signal): saving step 11") == 1
+    assert not (tmp_path / "preempted.json").exists()  # fit did not go on after the save
+    parent = Store(s3.url("ckpt"), s3.storage_options())
+    last = parent.child("last.ckpt")
+    pointer = read_pointer(last)
+    assert pointer is not None and pointer.step == 11 and [s.step for s in committed_saves(last)] == [11]
+    assert [s.step for s in committed_saves(parent.child("epoch=0-step=8.ckpt"))] == [8]  # the periodic saves stand
+
+    _run(s3, s3.url("ckpt"), tmp_path / "resumed.json", resume=True, sigterm_at=0)  # the same callbacks, no signal
+    _same_as_full(full, tmp_path / "resumed.json", 11)
 
 
 def test_kill_9_inside_an_epoch_then_last_resumes_every_rank_at_its_next_batch(s3: S3Endpoint, tmp_path: Path) -> None:

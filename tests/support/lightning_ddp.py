@@ -9,7 +9,8 @@ the whole process group after that step. ``RESUME`` = 1: ``fit(ckpt_path="last")
 the final weights and its per-step losses to OUT as JSON (floats as ``float.hex``, so equality is
 bit equality); with DATASET every rank writes ``OUT.rank<r>`` with ``[epoch, step, batch_idx,
 keys]`` of each of its steps. Every rank writes ``OUT.rng<r>``: per step, a draw of torch, Python
-``random`` and NumPy's global RNG.
+``random`` and NumPy's global RNG. With ``SIGTERM_AT`` in the environment the trainer has a
+``PreemptionCheckpoint`` too, and rank 1 alone sends itself SIGTERM after step ``SIGTERM_AT`` (> 0).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from streamio import StreamingDataLoader, StreamingDataset
-from streamio.lightning import CheckpointIO, ModelCheckpoint
+from streamio.lightning import CheckpointIO, ModelCheckpoint, PreemptionCheckpoint
 
 
 class Model(L.LightningModule):
@@ -69,6 +70,17 @@ class KillAt(L.Callback):
             os.killpg(os.getpgid(0), signal.SIGKILL)
 
 
+class SigtermAt(L.Callback):
+    """Rank 1 alone gets SIGTERM after ``step``: one rank's process only, as ``kill <pid>`` does."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: object) -> None:
+        if trainer.global_step == self.step and trainer.global_rank == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
 def main() -> None:
     dirpath, out, max_steps, kill_at, resume = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
     torch.set_num_threads(1)
@@ -82,6 +94,10 @@ def main() -> None:
                                                    monitor="step", mode="max", save_last=True)]
     if kill_at > 0:
         callbacks.append(KillAt(kill_at))
+    if "SIGTERM_AT" in os.environ:
+        sigterm_at = int(os.environ["SIGTERM_AT"])
+        callbacks += [SigtermAt(sigterm_at)] if sigterm_at > 0 else []
+        callbacks.append(PreemptionCheckpoint())
     trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_steps=max_steps, logger=False,
                         enable_progress_bar=False, enable_model_summary=False, plugins=[CheckpointIO()],
                         callbacks=callbacks)

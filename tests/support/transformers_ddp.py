@@ -7,7 +7,9 @@ then sends SIGKILL to the whole process group. ``RESUME`` = 1: ``train(resume_fr
 Every rank writes ``OUT.rank<r>`` as JSON: the keys of each batch its loader handed out, how many
 samples its dataset produced, the step it resumed from; rank 0 also the per-step losses of the log
 history and the final weights (floats as ``float.hex``: equality is bit equality). The model keeps
-GPT-2's dropout, so the RNG streams of every rank must be restored for the losses to match.
+GPT-2's dropout, so the RNG streams of every rank must be restored for the losses to match. With
+``SIGTERM_AT`` in the environment the trainer gets ``preemption=streamio.Preemption()``, and rank 1
+alone sends itself SIGTERM after step ``SIGTERM_AT`` (> 0).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import torch
 import torch.distributed as dist
 from transformers import GPT2Config, GPT2LMHeadModel, TrainerCallback, TrainingArguments
 
-from streamio import StreamingDataset
+from streamio import Preemption, StreamingDataset
 from streamio.data.write.writer import ShardSpec, write_dataset
 from streamio.transformers import StreamioTrainer
 
@@ -82,6 +84,17 @@ class KillAt(TrainerCallback):
                 os.killpg(os.getpgid(0), signal.SIGKILL)
 
 
+class SigtermAt(TrainerCallback):
+    """Rank 1 alone gets SIGTERM after ``step``: one rank's process only, as ``kill <pid>`` does."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        if state.global_step == self.step and args.process_index == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
 def main() -> None:
     dataset, root, out, max_steps, kill_at, resume = sys.argv[1:7]
     torch.set_num_threads(1)
@@ -97,10 +110,13 @@ def main() -> None:
         ddp_backend="gloo" if "WORLD_SIZE" in os.environ else None,
     )
     ref: list[Any] = []
+    callbacks: list[TrainerCallback] = [KillAt(int(kill_at), ref)] if int(kill_at) else []
+    sigterm_at = int(os.environ.get("SIGTERM_AT", "0"))
+    callbacks += [SigtermAt(sigterm_at)] if sigterm_at else []
     trainer = StreamioTrainer(
         model=model, args=args, data_collator=collate, checkpoint_root=root,
         train_dataset=StreamingDataset(dataset, batch_size=2, seed=3, decode="auto", transform=counter),
-        callbacks=[KillAt(int(kill_at), ref)] if int(kill_at) else None,
+        callbacks=callbacks or None, preemption=Preemption() if "SIGTERM_AT" in os.environ else None,
     )
     ref.append(trainer)
     trainer.train(resume_from_checkpoint=resume == "1")

@@ -3,13 +3,14 @@ refuses, each refusal's class and message, and the root and the model as they we
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from streamio import CheckpointManager, RetryPolicy, StreamingDataset
+from streamio import CheckpointManager, Preemption, RetryPolicy, StreamingDataset
 from streamio.checkpoint.root import committed_saves
 from streamio.errors import (
     ArgumentError,
@@ -50,7 +51,7 @@ def _model() -> Any:
 
 
 def _trainer(tmp_path: Path, root: str, data: Any, *, storage_options: Any = None, steps: int = 2,
-             **overrides: Any) -> Any:
+             preemption: Any = None, **overrides: Any) -> Any:
     from streamio.transformers import StreamioTrainer
 
     options = {"output_dir": str(tmp_path / "out"), "per_device_train_batch_size": 2, "max_steps": steps,
@@ -60,7 +61,7 @@ def _trainer(tmp_path: Path, root: str, data: Any, *, storage_options: Any = Non
                                                                      transform=Counter())
     return StreamioTrainer(model=_model(), args=transformers.TrainingArguments(**options), data_collator=Collate(),
                            train_dataset=train, checkpoint_root=root, storage_options=storage_options,
-                           retry=RetryPolicy(max_attempts=2, max_total=5))
+                           retry=RetryPolicy(max_attempts=2, max_total=5), preemption=preemption)
 
 
 def _weights(trainer: Any) -> dict[str, torch.Tensor]:
@@ -213,6 +214,20 @@ def test_a_dataset_that_is_not_streaming_is_refused(tmp_path: Path) -> None:
     data = [{"input_ids": torch.zeros(SEQ, dtype=torch.long)}] * 4
     with pytest.raises(ConfigError, match="needs train_dataset=streamio.StreamingDataset"):
         _trainer(tmp_path, str(tmp_path / "ckpt"), data)
+
+
+@pytest.mark.parametrize("preemption, overrides, says", [
+    ("SIGTERM", {}, "preemption='SIGTERM' must be a streamio.Preemption (e.g. preemption=streamio.Preemption())"),
+    (None, {"enable_jit_checkpoint": True}, "both take SIGTERM, and the JIT checkpoint saves on the signalled rank"),
+])
+def test_a_preemption_that_cannot_work_is_refused_before_any_handler_is_installed(
+        tmp_path: Path, dataset: str, preemption: Any, overrides: dict[str, Any], says: str) -> None:
+    before = signal.getsignal(signal.SIGTERM)
+    with Preemption(("SIGUSR1",)) as stop, pytest.raises(ConfigError) as info:
+        _trainer(tmp_path, str(tmp_path / "ckpt"), dataset, preemption=preemption or stop, **overrides)
+    assert says in str(info.value)
+    assert signal.getsignal(signal.SIGTERM) is before  # transformers' JIT handler was not installed either
+    assert not (tmp_path / "ckpt").exists()
 
 
 def test_without_transformers_the_error_says_what_to_install() -> None:
