@@ -46,6 +46,8 @@ def _rank(rank: int, world: int, port: int, cfg: dict[str, Any]) -> None:
     step = 0
     for _ in range(3):  # warm-up
         trainer.train_step(batches, Meter())
+    for stop in stops.values():  # the first due step makes the vote's group (collective, once)
+        stop.requested(0)
     for _ in range(cfg["steps"] // 10):
         for name, stop in (("alone", None), ("every 1", stops[1]), (f"every {cfg['every']}", stops[cfg["every"]])):
             start = time.perf_counter()
