@@ -6,12 +6,12 @@ spot VMs give 30 s to 2 min. A process whose ``SIGTERM`` keeps its default actio
 loses everything since its last checkpoint. :class:`Preemption` takes those signals and lets the
 training loop decide when to stop::
 
-    stop = streamio.Preemption()               # SIGTERM and SIGUSR1; a flag, nothing else
+    stop = streamio.Preemption(grace_s=25)     # SIGTERM and SIGUSR1; a flag, nothing else
     for step in range(first, last):
         train_step()
         if stop.requested(step):               # the same answer on every rank
             ckpt.save(step, state, durable=True)
-            ckpt.close()                       # waits until the save is durable
+            ckpt.close(timeout_s=stop.remaining_s)  # durable, or (local tier) past grace_s
             stop.exit()                        # waits for every rank, then exits EXIT_CODE
 
 Why it is built this way:
@@ -36,8 +36,9 @@ Why it is built this way:
    the loop's collectives, and under NCCL it stays on the CPU. Without a process group there is no
    collective (and no delay). Once True, it stays True with no further collective (every rank
    latched it at the same call). Measured: docs/preemption.md "Cost".
-3. **Nobody leaves early.** When one rank exits, torchrun SIGTERMs every other rank's process
-   group within ~0.1 s. :meth:`Preemption.exit` first waits for every rank (one more all-reduce),
+3. **Nobody leaves early.** When one rank exits non-zero, torchrun SIGTERMs every other rank's
+   process group within ~0.1 s (and SIGKILLs it 30 s later); ``srun --kill-on-bad-exit=1`` kills
+   them at once. :meth:`Preemption.exit` first waits for every rank (one more all-reduce),
    so a rank whose save committed does not exit while another is still saving; the handlers
    stay installed until then, so torchrun's ``SIGTERM`` to a rank that is leaving anyway does not
    kill it half-way.
@@ -47,7 +48,12 @@ Why it is built this way:
    ... is killed by signal" in the middle of a step, before any save. Pass
    :attr:`Preemption.worker_init_fn` as the loader's ``worker_init_fn``: workers then ignore the
    signals (they still end when the loader shuts them down, or when their rank dies).
-5. **SIGINT is not taken by default**: Ctrl-C at a terminal keeps raising ``KeyboardInterrupt``,
+5. **A grace period, with a local tier.** ``grace_s`` is the scheduler's time between notice and
+   ``SIGKILL``, less a margin; :attr:`Preemption.remaining_s` counts it down for
+   ``ckpt.close(timeout_s=...)``, which waits for the local commit and then for the upload only
+   that long. A late upload leaves the local copy (a restart on the same node resumes from it) and
+   a WARNING; the exit status is :attr:`EXIT_CODE` either way (docs/preemption.md).
+6. **SIGINT is not taken by default**: Ctrl-C at a terminal keeps raising ``KeyboardInterrupt``,
    as users expect. Pass ``signals=("SIGTERM", "SIGUSR1", "SIGINT")`` to have Ctrl-C save too.
 
 **Exit status.** :attr:`Preemption.EXIT_CODE` is 143 (128 + SIGTERM), what a shell, Docker and
@@ -271,9 +277,9 @@ class _Ballot:
 
     On a gloo group of its own, made once (collective: every rank makes it at its first due step),
     so the vote never queues behind the training loop's collectives on the default group, and
-    under NCCL it stays on the CPU: reading it never waits for the GPU's stream. Measured
-    (docs/preemption.md "Cost"): the tensor made once and the group of its own took the loop's
-    wait per step from 1.16 ms to the figure there.
+    under NCCL it stays on the CPU: reading it never waits for the GPU's stream. What a due
+    step costs is mostly issuing the all-reduce (handing it to gloo's worker thread), measured in
+    docs/preemption.md "Cost".
     """
 
     def __init__(self) -> None:

@@ -122,8 +122,7 @@ class Trainer:
     ) -> None:
         self.cfg, self.d = cfg, d
         cuda = d.device.type == "cuda"
-        # before the loaders fork workers: they ignore its signals
-        self.stop = Preemption(grace_s=cfg.grace_s) if cfg.preemption else None
+        self.stop = Preemption(grace_s=cfg.grace_s) if cfg.preemption else None  # before the loaders' workers
         init = None if self.stop is None else self.stop.worker_init_fn
         self.data = data or make_data(cfg, rank=d.rank, world_size=d.world_size, pin_memory=cuda, worker_init_fn=init)
         self.ckpt = checkpointer if checkpointer is not None else make_checkpointer(
