@@ -25,7 +25,7 @@ import pytest
 import s3fs
 import torch
 
-from streamio import CheckpointManager, Preemption
+from streamio import CheckpointManager, LocalTier, Preemption
 from streamio.errors import ArgumentError, ConfigError
 from streamio.storage import Store
 from streamio.testing import FaultProxy, S3Endpoint
@@ -75,6 +75,22 @@ def test_close_refuses_a_timeout_that_is_not_seconds_and_stays_open(tmp_path: Pa
     ckpt.save(1, {"w": torch.ones(2)})  # still open
     ckpt.close(timeout_s=0)
     assert ckpt.latest_step() == 1  # without a tier the save in flight is waited for whatever the timeout
+
+
+def test_a_bound_beyond_what_a_lock_can_wait_still_waits_for_the_upload(
+    s3: S3Endpoint, moto_endpoint: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # grace_s=1e10 or timeout_s=inf: a Condition.wait that long raises OverflowError
+    with FaultProxy(moto_endpoint) as proxy:
+        ckpt = CheckpointManager(s3.url("root"), storage_options=s3.storage_options(proxy.endpoint_url),
+                                 local=LocalTier(str(tmp_path / "local")))
+        ckpt.save(1, {"w": torch.ones(4)}, durable=True)
+        ckpt.wait()  # the local commit, and the upload: the save below is the one in flight
+        proxy.set_latency(0.3)  # so that close() finds its upload running
+        ckpt.save(2, {"w": torch.full((4,), 2.0)}, durable=True)
+        ckpt.close(timeout_s=math.inf)
+    assert ckpt.durable_step == 2 and ckpt.latest_step() == 2
+    assert "not made durable" not in caplog.text and "on the local tier only" not in caplog.text
 
 
 def test_the_trainer_grace_option(capsys: pytest.CaptureFixture[str]) -> None:

@@ -205,7 +205,7 @@ class TieredSaves:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return False
-                self._lock.wait(left)
+                self._lock.wait(None if left is None else min(left, threading.TIMEOUT_MAX))  # (1e10 s: OverflowError)
         return True
 
     def raise_error(self) -> None:
