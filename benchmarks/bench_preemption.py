@@ -1,6 +1,6 @@
 """What ``Preemption.requested(step)`` costs per step in the reference trainer (issue 37).
 
-Run: ``.venv/bin/python -m benchmarks.bench_preemption [--world 2] [--steps 60] [--every 10]``.
+Run: ``.venv/bin/python -m benchmarks.bench_preemption [--world 2] [--steps 60] [--every 10] [--json out.json]``.
 
 Each of ``--world`` gloo ranks (``torch.multiprocessing``) builds the reference trainer with the
 demo's settings (``streamio.train.demo``: batch 32, 2 micro-batches, the default MLP; in-memory
@@ -9,12 +9,14 @@ step followed by ``requested(step)`` with ``check_every=1``, and with ``check_ev
 and the time spent inside ``requested()`` per step (what the loop waits for; the difference of
 whole steps is within the noise of a loaded machine).
 It also times ``requested()`` alone, back to back (the bare all-reduce of one int32). Rank 0
-prints ms per step and the overhead in % of the step alone (medians over blocks).
+prints ms per step and the overhead in % of the step alone (medians over blocks), or writes them
+to ``--json`` (what ``benchmarks/run.py``'s ``preemption`` section reads).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import time
@@ -46,6 +48,8 @@ def _rank(rank: int, world: int, port: int, cfg: dict[str, Any]) -> None:
     step = 0
     for _ in range(3):  # warm-up
         trainer.train_step(batches, Meter())
+    for stop in stops.values():  # the first due step makes the vote's group (collective, once)
+        stop.requested(0)
     for _ in range(cfg["steps"] // 10):
         for name, stop in (("alone", None), ("every 1", stops[1]), (f"every {cfg['every']}", stops[cfg["every"]])):
             start = time.perf_counter()
@@ -61,7 +65,20 @@ def _rank(rank: int, world: int, port: int, cfg: dict[str, Any]) -> None:
     for i in range(cfg["calls"]):
         stops[1].requested(i)
     bare = (time.perf_counter() - start) / cfg["calls"]
-    if rank == 0:
+    if rank == 0 and cfg["json"]:
+        alone = statistics.median(times["alone"])
+        inside_ms = {name: 1000 * inside[name] / (10 * len(times[name])) for name in list(times)[1:]}
+        result = {
+            "world": world, "steps": cfg["steps"], "every": cfg["every"], "calls": cfg["calls"],
+            "step_ms": {name: [1000 * t for t in runs] for name, runs in times.items()},
+            "inside_ms": inside_ms, "bare_ms": 1000 * bare,
+            "ratios": {**{f"inside requested() / step, check {name}": v / (1000 * alone)
+                          for name, v in inside_ms.items()},
+                       "requested() back to back / step": bare / alone},
+        }
+        with open(cfg["json"], "w", encoding="utf-8") as f:
+            json.dump(result, f, indent=1)
+    elif rank == 0:
         alone = statistics.median(times["alone"])
         print(f"world {world}: step alone {1000 * alone:.2f} ms (median of {len(times['alone'])} blocks of 10)")
         for name in list(times)[1:]:
@@ -84,11 +101,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--every", type=int, default=10)
     parser.add_argument("--calls", type=int, default=500)
+    parser.add_argument("--json", default=None, help="write the results here (else print them)")
     args = parser.parse_args()
     import tempfile
 
     with tempfile.TemporaryDirectory() as out:
-        cfg = {"steps": args.steps, "every": args.every, "calls": args.calls, "out": out}
+        cfg = {"steps": args.steps, "every": args.every, "calls": args.calls, "out": out, "json": args.json}
         mp.spawn(_rank, args=(args.world, free_port(), cfg), nprocs=args.world, join=True)
 
 

@@ -55,6 +55,9 @@ declarative specs in :mod:`benchmarks.tables`, rendered by :mod:`benchmarks.repo
   ``streamio.accelerate.save_state`` / ``load_state`` vs ``accelerator.save_state`` to local disk then an
   s3fs upload (and download + ``accelerator.load_state``), same bucket, MLP + Adam + scheduler:
   :mod:`benchmarks.bench_accelerate` (``--json``, a subprocess).
+* ``preemption`` — ``streamio.Preemption.requested(step)`` in the reference trainer (issue 37): ms
+  per step the loop waits inside it at ``check_every=1`` and ``10`` vs the demo's step, 2 gloo
+  ranks: :mod:`benchmarks.bench_preemption` (``--json``, a subprocess).
 * ``transformers`` — the transformers Trainer (issue 36): time to resume at step N through
   ``StreamioTrainer`` vs the stock Trainer's replay (over the same ``StreamingDataset``, and over
   the samples as a map-style list), and the loop's blocked time per save:
@@ -91,7 +94,7 @@ from benchmarks.tables import REPORT  # noqa: E402
 
 SECTIONS = ("references", "dataset", "mixture", "tokens", "scale", "pipeline", "read", "shard", "prepare", "plan",
             "shuffle", "checkpoint", "sharded", "tiers", "fanout", "throttle", "lightning",
-            "accelerate", "transformers")
+            "accelerate", "transformers", "preemption")
 HERE = Path(__file__).resolve().parent
 
 
@@ -246,6 +249,15 @@ def section_transformers(quick: bool, scratch: str) -> dict[str, Any]:
     return dict(res)
 
 
+def section_preemption(quick: bool, scratch: str) -> dict[str, Any]:
+    dest = os.path.join(scratch, "preemption.json")
+    args = ["--steps", "30", "--calls", "200"] if quick else ["--steps", "150", "--calls", "1000"]
+    _subprocess(["-m", "benchmarks.bench_preemption", "--json", dest, *args], 900)
+    res = json.loads(Path(dest).read_text())
+    res["args"] = args
+    return dict(res)
+
+
 def section_sharded(quick: bool, scratch: str) -> dict[str, Any]:
     from benchmarks import bench_sharded
 
@@ -268,6 +280,7 @@ def run_sections(names: list[str], quick: bool, scratch: str, use_nginx: bool,
         "plan": section_plan, "checkpoint": section_checkpoint, "mixture": section_mixture,
         "sharded": section_sharded, "tiers": section_tiers, "fanout": section_fanout, "throttle": section_throttle,
         "lightning": section_lightning, "accelerate": section_accelerate, "transformers": section_transformers,
+        "preemption": section_preemption,
         "shuffle": lambda quick, _scratch: section_shuffle(quick, peers),
         "pipeline": lambda quick, scratch: section_pipeline(quick, scratch, peers),
         "tokens": lambda quick, scratch: section_tokens(quick, scratch, peers),

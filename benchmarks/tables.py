@@ -145,6 +145,7 @@ HEADLINES = {  # section -> its headline ratios, in the order the table lists th
        for i, c in enumerate(runs) for what, key in (("time / ideal", "over_ideal"), ("share refused", "refused"))],
     "lightning": lambda li: [(f"lightning: {k}", v) for k, v in li["ratios"].items()],
     "accelerate": lambda ac: [(f"accelerate: {k}", v) for k, v in ac["ratios"].items()],
+    "preemption": lambda pe: [(f"preemption: {k}, %", 100 * v) for k, v in pe["ratios"].items() if "inside" in k],
     "transformers": lambda tr: [(f"transformers: {k}", v) for k, v in tr["ratios"].items()
                                 if not k.startswith("resume at") or k.startswith(f"resume at {max(tr['steps'])}:")],
 }
@@ -925,6 +926,22 @@ def _shuffle_peers(res: Results) -> list[str] | None:
 
 PEERS = SectionSpec("Peers in their own environments", blocks=(Text(_peers), Text(_shuffle_peers)))
 
+# ----------------------------------------------------------------------------- preemption
+PREEMPTION = SectionSpec("Preemption's agreement per step (issue 37: `benchmarks/bench_preemption.py`)",
+                         key="preemption", blocks=(
+    Text(lambda sec: [
+        f"The reference trainer with the demo's settings on {sec['world']} gloo ranks (CPU, in-memory data, no "
+        f"checkpoints), {sec['steps']} steps of each contender in alternating blocks of 10: the step alone, then "
+        f"followed by `Preemption.requested(step)` at `check_every=1` and at `check_every={sec['every']}` "
+        f"(arguments: `{' '.join(sec.get('args', []))}`). What the loop waits inside `requested()`, in ms per step; "
+        f"back to back (no step between) one call takes {sec['bare_ms']:.3f} ms."]),
+    Table((_str("contender", 0), Column("ms per step", lambda r: med(r[1], 2)),
+           Column("inside requested(), ms per step", lambda r: fmt(r[2], 3))),
+          rows=lambda sec: [(k, common.summary(v), sec["inside_ms"].get(k, 0.0)) for k, v in sec["step_ms"].items()]),
+    _ratios(lambda sec: {f"{k}, %": 100 * v for k, v in sec["ratios"].items()}),
+))
+
+
 SECTIONS = (REFERENCES, DATASET, MIXTURE, TOKENS, SCALE, PIPELINE, READ, SHARD, PREPARE, PLAN, SHUFFLE, CHECKPOINT,
-            SHARDED, TIERS, FANOUT, THROTTLE, LIGHTNING, ACCELERATE, TRANSFORMERS)  # in the suite's order
+            SHARDED, TIERS, FANOUT, THROTTLE, LIGHTNING, ACCELERATE, TRANSFORMERS, PREEMPTION)  # in the suite's order
 REPORT = (INTRO, HEADLINE, *SECTIONS, PEERS)

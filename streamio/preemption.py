@@ -6,12 +6,12 @@ spot VMs give 30 s to 2 min. A process whose ``SIGTERM`` keeps its default actio
 loses everything since its last checkpoint. :class:`Preemption` takes those signals and lets the
 training loop decide when to stop::
 
-    stop = streamio.Preemption()               # SIGTERM and SIGUSR1; a flag, nothing else
+    stop = streamio.Preemption(grace_s=25)     # SIGTERM and SIGUSR1; a flag, nothing else
     for step in range(first, last):
         train_step()
         if stop.requested(step):               # the same answer on every rank
             ckpt.save(step, state, durable=True)
-            ckpt.close()                       # waits until the save is durable
+            ckpt.close(timeout_s=stop.remaining_s)  # durable, or (local tier) past grace_s
             stop.exit()                        # waits for every rank, then exits EXIT_CODE
 
 Why it is built this way:
@@ -27,18 +27,18 @@ Why it is built this way:
 2. **Ranks agree with one tiny collective.** A signal often reaches one rank only (``kill`` of
    one pid, a node notice) or reaches ranks at different steps. If each rank stopped at its own
    step, they would save different steps and hang in each other's collectives. Every
-   ``check_every`` steps, :meth:`Preemption.requested` all-reduces (MAX) the local flag over the
-   default process group, so every rank answers True at the same step when any one rank was
+   ``check_every`` steps, :meth:`Preemption.requested` all-reduces (MAX) the local flag over every
+   rank of the default process group, so every rank answers True at the same step when any one rank was
    signalled. The vote is asynchronous: the answer at a due step is the one started at the
    previous due step, so the all-reduce's latency overlaps a step of work, and a signal is acted
-   upon at the second due step after it at the latest. It is one 1-element int32 tensor: on
-   NCCL on the current CUDA device, on gloo on the CPU. Without a process group there is no
+   upon at the second due step after it at the latest. It is one 1-element int32 tensor, made once,
+   on a gloo group of the vote's own (made at the first due step): the vote never queues behind
+   the loop's collectives, and under NCCL it stays on the CPU. Without a process group there is no
    collective (and no delay). Once True, it stays True with no further collective (every rank
-   latched it at the same call). Measured (``benchmarks/bench_preemption.py``, 2 gloo ranks on a
-   loaded 2-core machine, the demo's ~28 ms step): the loop waits 1.2 ms per step inside it at
-   ``check_every=1`` (2.7 ms with a blocking all-reduce), 0.07 ms at ``check_every=10``.
-3. **Nobody leaves early.** When one rank exits, torchrun SIGTERMs every other rank's process
-   group within ~0.1 s. :meth:`Preemption.exit` first waits for every rank (one more all-reduce),
+   latched it at the same call). Measured: docs/preemption.md "Cost".
+3. **Nobody leaves early.** When one rank exits non-zero, torchrun SIGTERMs every other rank's
+   process group within ~0.1 s (and SIGKILLs it 30 s later); ``srun --kill-on-bad-exit=1`` kills
+   them at once. :meth:`Preemption.exit` first waits for every rank (one more all-reduce),
    so a rank whose save committed does not exit while another is still saving; the handlers
    stay installed until then, so torchrun's ``SIGTERM`` to a rank that is leaving anyway does not
    kill it half-way.
@@ -48,7 +48,12 @@ Why it is built this way:
    ... is killed by signal" in the middle of a step, before any save. Pass
    :attr:`Preemption.worker_init_fn` as the loader's ``worker_init_fn``: workers then ignore the
    signals (they still end when the loader shuts them down, or when their rank dies).
-5. **SIGINT is not taken by default**: Ctrl-C at a terminal keeps raising ``KeyboardInterrupt``,
+5. **A grace period, with a local tier.** ``grace_s`` is the scheduler's time between notice and
+   ``SIGKILL``, less a margin; :attr:`Preemption.remaining_s` counts it down for
+   ``ckpt.close(timeout_s=...)``, which waits for the local commit and then for the upload only
+   that long. A late upload leaves the local copy (a restart on the same node resumes from it) and
+   a WARNING; the exit status is :attr:`EXIT_CODE` either way (docs/preemption.md).
+6. **SIGINT is not taken by default**: Ctrl-C at a terminal keeps raising ``KeyboardInterrupt``,
    as users expect. Pass ``signals=("SIGTERM", "SIGUSR1", "SIGINT")`` to have Ctrl-C save too.
 
 **Exit status.** :attr:`Preemption.EXIT_CODE` is 143 (128 + SIGTERM), what a shell, Docker and
@@ -62,8 +67,10 @@ into 1 (docs/preemption.md has the recipes).
 from __future__ import annotations
 
 import logging
+import math
 import signal
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import FrameType, TracebackType
@@ -125,10 +132,15 @@ class Preemption:
         check_every: ranks agree every this many steps (one tiny all-reduce each time); raise it
             for very short steps. Steps that are not a multiple of it answer False without a
             collective.
+        grace_s: the seconds the scheduler leaves between its notice and its ``SIGKILL``, less a
+            margin (25 under Kubernetes' default 30): :attr:`remaining_s` counts them down, for
+            ``ckpt.close(timeout_s=stop.remaining_s)`` (a local tier's upload is waited for only
+            that long). ``None``: no deadline.
 
     Raises:
         ConfigError: (a ValueError) an unknown or uncatchable signal, ``check_every`` < 1, or
-            made outside the main thread (Python runs signal handlers only there).
+            made outside the main thread (Python runs signal handlers only there), ``grace_s``
+            not a finite number >= 0.
 
     Use it as a context manager, or call :meth:`close`, to restore the previous handlers.
     """
@@ -136,9 +148,19 @@ class Preemption:
     EXIT_CODE = 143
     """The rank's exit status after a preemption save: 128 + SIGTERM (see the module docstring)."""
 
-    def __init__(self, signals: Sequence[str | int] = DEFAULT_SIGNALS, *, check_every: int = 1) -> None:
+    def __init__(
+        self, signals: Sequence[str | int] = DEFAULT_SIGNALS, *, check_every: int = 1, grace_s: float | None = None
+    ) -> None:
         if isinstance(check_every, bool) or not isinstance(check_every, int) or check_every < 1:
             raise ConfigError(f"check_every={check_every!r} must be an int >= 1 (1: agree at every step)")
+        if grace_s is not None and (
+            isinstance(grace_s, bool) or not isinstance(grace_s, (int, float)) or not math.isfinite(grace_s)
+            or grace_s < 0
+        ):
+            raise ConfigError(
+                f"grace_s={grace_s!r} must be a number of seconds >= 0 (the scheduler's grace period less a margin, "
+                f"e.g. 25 under Kubernetes' default 30) or None"
+            )
         if isinstance(signals, str):
             raise ConfigError(f"signals={signals!r} must be a sequence of names, e.g. ({signals!r},)")
         numbers = tuple(dict.fromkeys(_signal_number(s) for s in signals))
@@ -147,10 +169,12 @@ class Preemption:
                 "Preemption() must be made in the main thread: Python runs signal handlers only there"
             )
         self.check_every = check_every
+        self.grace_s = None if grace_s is None else float(grace_s)
         self.signals = numbers
         self.received: int | None = None  # the first signal's number; set by the handler only
+        self._noticed: float | None = None  # time.monotonic() when this rank learned of the stop
         self._agreed = False
-        self._vote: _Vote | None = None
+        self._ballot: _Ballot | None = None  # made at the first due step under a process group
         self._previous: dict[signal.Signals, Any] = {}
         for number in numbers:
             self._previous[number] = signal.signal(number, self._on_signal)
@@ -158,12 +182,27 @@ class Preemption:
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         # no I/O, no lock, no allocation worth naming: a signal may land anywhere in the main thread
         if self.received is None:
+            self._noticed = time.monotonic()
             self.received = signum
 
     @property
     def worker_init_fn(self) -> IgnoreSignals:
         """A DataLoader ``worker_init_fn``: the workers ignore these signals and leave them to their rank."""
         return IgnoreSignals(tuple(int(s) for s in self.signals))
+
+    @property
+    def remaining_s(self) -> float | None:
+        """Seconds left of ``grace_s`` (never below 0); ``None`` without ``grace_s``.
+
+        The grace period starts when this rank received the signal, or, on a rank that learned of
+        it from the other ranks, when :meth:`requested` returned True (up to two ``check_every``
+        intervals later: keep that margin in ``grace_s``). Before either, it is all of ``grace_s``.
+        """
+        if self.grace_s is None:
+            return None
+        if self._noticed is None:
+            return self.grace_s
+        return max(0.0, self._noticed + self.grace_s - time.monotonic())
 
     @property
     def signalled(self) -> bool:
@@ -184,12 +223,17 @@ class Preemption:
             return False
         local = self.received is not None
         if group_initialized():  # the previous due step's vote (done by now), then this one's, in flight
-            agreed = self._vote is not None and self._vote.result()
-            self._vote = None if agreed else _Vote(local)
+            if self._ballot is None:
+                self._ballot = _Ballot()
+            agreed = self._ballot.result()
+            if not agreed:
+                self._ballot.cast(local)
         else:
             agreed = local
         if agreed:
             self._agreed = True
+            if self._noticed is None:
+                self._noticed = time.monotonic()
             how = f"signal {signal.Signals(self.received).name}" if local else "another rank's signal"
             log.warning("preemption requested (%s): saving step %d, then exiting", how, step)
         return agreed
@@ -202,9 +246,10 @@ class Preemption:
         stdout and stderr, :func:`streamio.distributed.leave`).
         """
         if group_initialized():
-            if self._vote is not None:
-                self._vote.result()  # every rank has one in flight, or none
-            _Vote(False).result()  # a barrier that works the same on gloo and NCCL
+            ballot = self._ballot or _Ballot()
+            ballot.result()  # every rank has one in flight, or none
+            ballot.cast(False)
+            ballot.result()  # a barrier that works the same on gloo and NCCL
         log.warning("preemption: exiting with status %d", self.EXIT_CODE)
         leave(self.EXIT_CODE)
 
@@ -227,16 +272,30 @@ class Preemption:
         return f"Preemption(signals=({names}), check_every={self.check_every}, signalled={self.signalled})"
 
 
-class _Vote:
-    """An asynchronous all-reduce MAX of one flag over the default process group (NCCL: on the current CUDA device)."""
+class _Ballot:
+    """The vote: an asynchronous all-reduce MAX of one flag, at most one in flight, into one tensor made once.
 
-    def __init__(self, flag: bool) -> None:
-        on_cuda = dist.get_backend() == "nccl"
-        device = torch.device("cuda", torch.cuda.current_device()) if on_cuda else torch.device("cpu")
-        self.value = torch.tensor([int(flag)], dtype=torch.int32, device=device)
-        self.work = dist.all_reduce(self.value, op=dist.ReduceOp.MAX, async_op=True)
+    On a gloo group of its own, made once (collective: every rank makes it at its first due step),
+    so the vote never queues behind the training loop's collectives on the default group, and
+    under NCCL it stays on the CPU: reading it never waits for the GPU's stream. What a due
+    step costs is mostly issuing the all-reduce (handing it to gloo's worker thread), measured in
+    docs/preemption.md "Cost".
+    """
+
+    def __init__(self) -> None:
+        self.group = dist.new_group(backend="gloo")
+        self.value = torch.zeros(1, dtype=torch.int32)
+        self.work: Any = None
+
+    def cast(self, flag: bool) -> None:
+        """Start the vote (the previous one must be done: :meth:`result`)."""
+        self.value[0] = int(flag)
+        self.work = dist.all_reduce(self.value, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
 
     def result(self) -> bool:
-        """Whether any rank voted True (waits for the all-reduce)."""
-        self.work.wait()
-        return bool(self.value.item())
+        """Whether any rank voted True in the vote in flight (waits for it); False if none is."""
+        work, self.work = self.work, None
+        if work is None:
+            return False
+        work.wait()
+        return bool(self.value[0])

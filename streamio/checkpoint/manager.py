@@ -206,18 +206,18 @@ class CheckpointManager:
             self._tiers.raise_error()
         return self.last_stats
 
-    def close(self) -> None:
-        """Wait for the save in flight, then release the thread and host buffer."""
+    def close(self, *, timeout_s: float | None = None) -> None:
+        """Wait for the save in flight, release the thread and host buffer (``timeout_s``: :func:`upload_bound`)."""
+        bound = upload_bound(timeout_s)
         if self._closed:
             return
         try:
             self._wait_pending()
         finally:
-            self._closed = True
+            self._closed, self._buffer = True, HostBuffer()
             self._executor.shutdown(wait=True)
-            self._buffer = HostBuffer()
             if self._tiers is not None:
-                self._tiers.close()
+                self._tiers.close(timeout_s=bound)
 
     def _wait_pending(self) -> None:
         pending = self._pending
@@ -294,6 +294,25 @@ class CheckpointManager:
         restored = self._restorer.restore(state, step)
         self._committer.restored(self._restorer.outcome)
         return restored
+
+
+def upload_bound(timeout_s: object) -> float | None:
+    """``close(timeout_s=...)``: with a local tier, wait at most this long for the uploads that make
+    the saves durable (``Preemption.remaining_s``: a preemption's grace period). Past it a WARNING
+    names the step that is on the local tier only and where; the upload goes on in the background
+    until the process ends (``Preemption.exit()`` ends it at once; a normal interpreter exit waits
+    for it). The save in flight is always waited for: it is what commits the local copy (without a
+    tier, the root's). ``None``: no bound.
+
+    Raises:
+        ArgumentError: ``timeout_s`` is not ``None`` or a number >= 0.
+    """
+    if timeout_s is None:
+        return None
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s >= 0:
+        raise ArgumentError(f"close(timeout_s={timeout_s!r}): give a number of seconds >= 0, or None to wait "
+                            f"for the uploads however long they take")
+    return float(timeout_s)
 
 
 def _forced(durable: object) -> bool | None:

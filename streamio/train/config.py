@@ -58,6 +58,11 @@ class TrainConfig:
         preemption: on SIGTERM or SIGUSR1 (to any one rank), every rank saves the same step
             durably, waits for the others and exits with status 143 (streamio.Preemption;
             docs/preemption.md). Ctrl-C (SIGINT) is left alone.
+        grace_s: with ``preemption`` and ``local_ckpt``, the preemption save commits on the local
+            tier and its upload to ``ckpt_url`` is waited for at most this many seconds from the
+            signal; past it the local copy stays (a restart on this node resumes from it) and the
+            exit status is still 143. Set it a few seconds under the scheduler's grace period
+            (Kubernetes' terminationGracePeriodSeconds, 30 by default; Slurm's --signal=TERM@N).
     """
 
     data_url: str | tuple[str, ...] | None = None
@@ -90,6 +95,7 @@ class TrainConfig:
     device: str = "auto"
     fsdp: bool = False
     preemption: bool = False
+    grace_s: float = 25.0
 
 
 def _attribute_help() -> dict[str, str]:
@@ -133,6 +139,8 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainConfig:
         parser.error("--local-ckpt needs --ckpt-url: the local tier keeps copies of the checkpoints saved there")
     if args.preemption and args.ckpt_url is None:
         parser.error("--preemption needs --ckpt-url: a preempted run saves its last step there, and resumes from it")
+    if not args.grace_s >= 0:
+        parser.error(f"--grace-s {args.grace_s}: give the seconds a preemption save may take to become durable (>= 0)")
     if args.durable_every != 1 and args.local_ckpt is None:
         parser.error("--durable-every needs --local-ckpt: without a local tier every checkpoint goes to --ckpt-url")
     values = {f.name: getattr(args, f.name) for f in fields(TrainConfig)}

@@ -122,7 +122,7 @@ class Trainer:
     ) -> None:
         self.cfg, self.d = cfg, d
         cuda = d.device.type == "cuda"
-        self.stop = Preemption() if cfg.preemption else None  # before the loaders fork workers: they ignore it
+        self.stop = Preemption(grace_s=cfg.grace_s) if cfg.preemption else None  # before the loaders' workers
         init = None if self.stop is None else self.stop.worker_init_fn
         self.data = data or make_data(cfg, rank=d.rank, world_size=d.world_size, pin_memory=cuda, worker_init_fn=init)
         self.ckpt = checkpointer if checkpointer is not None else make_checkpointer(
@@ -356,14 +356,16 @@ class Trainer:
 def leave_preempted(trainer: Trainer, stop: Preemption) -> NoReturn:
     """After a preemption save: wait until it is durable, wait for every rank, exit ``Preemption.EXIT_CODE``.
 
-    ``close()`` waits for this rank's part of the commit; ``Preemption.exit`` then waits for every
-    rank, so no rank exits (and makes torchrun SIGTERM the others) while another is still saving.
+    ``close()`` waits for this rank's part of the commit (with a local tier: for the local commit,
+    and for the upload until ``--grace-s`` after the signal; the local copy stays if it is late);
+    ``Preemption.exit`` then waits for every rank, so no rank exits (and makes torchrun SIGTERM the
+    others) while another is still saving.
     The signal handlers stay installed until the process ends: a rank that torchrun SIGTERMs
     while it is leaving anyway is not killed half-way.
     """
     p = trainer.progress
     trainer.metrics.write(event="preempted", step=p.step, epoch=p.epoch)
     if trainer.ckpt is not None:
-        trainer.ckpt.close()
+        trainer.ckpt.close(timeout_s=stop.remaining_s)
     trainer.metrics.close()
     stop.exit()

@@ -197,11 +197,16 @@ class TieredSaves:
         self._retry_durable = self._root_down = False
 
     # ------------------------------------------------------------------ waiting
-    def drain(self) -> None:
-        """Wait until no upload is queued or running."""
+    def drain(self, timeout_s: float | None = None) -> bool:
+        """Wait until no upload is queued or running, at most ``timeout_s``; whether none is."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._lock:
             while self._tasks:
-                self._lock.wait()
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._lock.wait(None if left is None else min(left, threading.TIMEOUT_MAX))  # (1e10 s: OverflowError)
+        return True
 
     def raise_error(self) -> None:
         """Raise (once) the conflict an upload met."""
@@ -209,14 +214,29 @@ class TieredSaves:
         if error is not None:
             raise error
 
-    def close(self) -> None:
-        """Wait for the uploads, stop the upload thread, apply local retention to what uploads kept,
-        and say if the newest save is not durable."""
-        self.drain()
+    def close(self, timeout_s: float | None = None) -> None:
+        """Wait for the uploads (at most ``timeout_s``), stop the upload thread, apply local
+        retention to what uploads kept, and say if the newest save is not durable.
+
+        Past ``timeout_s`` the uploads are left running (the process's end stops them) and
+        nothing local is pruned: the save being uploaded stays where a restart finds it."""
+        if not self.drain(timeout_s):
+            self._uploads.shutdown(wait=False, cancel_futures=True)
+            log.warning("checkpoint step %d is committed on the local tier at %s but was not made durable at %s "
+                        "within %.1f s; the root holds %s: a restart on this node resumes from the local copy, a "
+                        "restart elsewhere from the root's pointer. Give the upload more time (a longer grace period: "
+                        "Preemption(grace_s=...) and the scheduler's) or save durably more often",
+                        self.newest_step, self.local.store.root_url, self.committer.store.root_url, timeout_s,
+                        self._held())
+            return
         self._uploads.shutdown(wait=True)
         self.local.prune()  # what the last saves kept while it was uploading
         if self.newest_step is not None and (self.durable_step is None or self.durable_step < self.newest_step):
-            held = "no step" if self.durable_step is None else f"step {self.durable_step}"
             log.warning("the newest checkpoint, step %d, is on the local tier only; the root %s holds %s "
                         "(save(step, state, durable=True) makes a save durable)",
-                        self.newest_step, self.committer.store.root_url, held)
+                        self.newest_step, self.committer.store.root_url, self._held())
+
+    def _held(self) -> str:
+        if self.durable_step is None:
+            return "no save of this job (what it held before, if anything)"
+        return f"step {self.durable_step}"
