@@ -67,7 +67,8 @@ def test_timeout_message_of_one_rank_lists_three_keys_then_a_count() -> None:
     assert ("rank 1 was uploading its share, waiting for s3://b/r/part-0, s3://b/r/part-1, s3://b/r/part-2 "
             "and 2 more object(s).") in message
     assert "The previous checkpoint stays current." in message
-    pointer = timeout_message(7, 2.5, "s3://b/r", [Stuck(0, "publishing", ("s3://b/r/latest.json",))])
+    pointer = timeout_message(7, 2.5, "s3://b/r", [Stuck(0, "publishing", ("s3://b/r/latest.json",))],
+                              pointer="s3://b/r/latest.json")
     assert "The pointer write was in flight: if it still lands, the step becomes current" in pointer
     idle = timeout_message(7, 2.5, "s3://b/r", [Stuck(0, "uploading its share", ())])
     assert "waiting for no request (its time went to the host copy or to waiting for other ranks)" in idle

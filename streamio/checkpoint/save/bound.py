@@ -88,15 +88,16 @@ def remaining(deadline: float | None, now: float) -> float | None:
     return None if deadline is None else max(0.0, deadline - now)
 
 
-def timeout_message(step: int, bound_s: float, url: str, stuck: Sequence[Stuck]) -> str:
+def timeout_message(step: int, bound_s: float, url: str, stuck: Sequence[Stuck], *, pointer: str | None = None) -> str:
     """The :class:`~streamio.errors.SaveTimeoutError` message: the step, the bound, each stuck rank
-    (a few, then a count) with the objects it waited for (a few, then a count), and the fix."""
+    (a few, then a count) with the objects it waited for (a few, then a count), and the fix;
+    ``pointer`` (the root's pointer URL) is named as possibly landing when a rank waited for it."""
     ranks = sorted(stuck, key=lambda s: s.rank)
     named = "; ".join(f"rank {s.rank} was {s.doing}, waiting for {_few(s.keys)}" for s in ranks[:SHOWN_RANKS])
     more = f"; and {len(ranks) - SHOWN_RANKS} more rank(s)" if len(ranks) > SHOWN_RANKS else ""
-    pointer = any(s.keys and s.keys[-1].endswith("/latest.json") for s in ranks)
+    in_flight = pointer is not None and any(s.keys and s.keys[-1] == pointer for s in ranks)
     landing = (" The pointer write was in flight: if it still lands, the step becomes current (it is complete)."
-               if pointer else " The previous checkpoint stays current.")
+               if in_flight else " The previous checkpoint stays current.")
     return (
         f"saving step {step} to {url} did not commit within save_timeout_s={bound_s:g} s: {named}{more}."
         f"{landing} The stuck requests are abandoned; check the store and the network to it, or raise "
@@ -105,7 +106,8 @@ def timeout_message(step: int, bound_s: float, url: str, stuck: Sequence[Stuck])
 
 
 def raise_if_timed_out(
-    step: int, bound: SaveBound, url: str, reports: Sequence[object], cause: BaseException | None
+    step: int, bound: SaveBound, url: str, reports: Sequence[object], cause: BaseException | None, *,
+    pointer: str | None = None,
 ) -> None:
     """Raise :class:`~streamio.errors.SaveTimeoutError` naming the :class:`Stuck` ranks among
     ``reports`` (what the ranks told each other at the barrier), if there are any.
@@ -115,7 +117,7 @@ def raise_if_timed_out(
     """
     stuck = [r for r in reports if isinstance(r, Stuck)]
     if stuck:
-        raise SaveTimeoutError(timeout_message(step, bound.bound_s or 0.0, url, stuck)) from cause
+        raise SaveTimeoutError(timeout_message(step, bound.bound_s or 0.0, url, stuck, pointer=pointer)) from cause
 
 
 def _few(keys: Sequence[str]) -> str:

@@ -220,7 +220,7 @@ class Committer:
         bad = [o for o in comm.all_gather(failure) if o is not None]  # the barrier
         if bad:  # every rank knows: no manifest of this save was or will be written
             self._failed.discard(plan.place, plan.save_id)
-            raise_if_timed_out(plan.step, bound, store.url(plan.sdir), bad, own_exc)
+            raise_if_timed_out(plan.step, bound, store.url(plan.sdir), bad, own_exc, pointer=root.pointer_url(store))
             if isinstance(own_exc, CheckpointError):
                 raise own_exc
             raise CheckpointError(
@@ -248,7 +248,8 @@ class Committer:
         result, discard = comm.broadcast((result, discard))
         if discard:
             self._failed.discard(plan.place, plan.save_id)
-        raise_if_timed_out(plan.step, bound, store.url(plan.sdir), [result], commit_exc)
+        raise_if_timed_out(plan.step, bound, store.url(plan.sdir), [result], commit_exc,
+                           pointer=root.pointer_url(store))
         if commit_exc is not None:
             raise commit_exc
         if result is not None:

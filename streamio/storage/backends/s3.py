@@ -1,47 +1,42 @@
 """S3 (and S3-compatible stores) through s3fs's client, plus a botocore client for whole reads.
 
 Retries: s3fs's own loop is set to one attempt (``fs.retries = 1``) and botocore's to
-``total_max_attempts=1``; without this, attempts multiply under the store's policy (25 attempts
-/ 34 s for one persistent 503 with the defaults). Requests go straight to the client
-(:func:`s3_call`): s3fs's ``_call_s3`` still sleeps after a retryable failure and turns errors
-into bare ``OSError``s, and its ``info`` follows a 404 HEAD with a listing.
+``total_max_attempts=1``; without this, attempts multiply under the store's policy (25 attempts / 34 s for
+one persistent 503 with the defaults). Requests go straight to the client (:func:`s3_call`): s3fs's
+``_call_s3`` still sleeps after a retryable failure and turns errors into bare ``OSError``s, and its
+``info`` follows a 404 HEAD with a listing.
 
 Streams: one ``GetObject`` whose aiobotocore body is yielded as it arrives.
 
-Whole reads (:meth:`S3Backend.read`): in the calling thread, through a botocore client built
-from the s3fs instance's own resolved settings (:func:`sync_client`). Why: s3fs runs every
-request of a process on one event loop thread, and aiohttp's body handling is Python code holding
-the GIL, so parallel reads through it stop scaling at ~0.6 GB/s here whatever the number of
-reading threads (more loops do not help: measured 0.50-0.65 GB/s for 8 x 38 MB on moto with 1, 4
-or 8 loops). botocore's synchronous client reads a body in the thread that asked, with the GIL
-released while the socket fills one buffer of the whole length: 8 threads reach 0.95-1.0 GB/s on
-the same server, the boto3 ceiling. They serve bounded reads wanted whole (checkpoint parts,
-manifests, pointers, indexes); streaming reads keep s3fs and resume from the last byte received,
-while a whole read that fails mid-body is retried from its start (its waste is bounded by the
-size asked for). The client mirrors credentials, endpoint, ``client_kwargs``, ``config_kwargs``
-(with the one-attempt retries), ``anon`` and session keyword arguments such as ``profile``;
-requester-pays and ``s3_additional_kwargs`` go on each GET, so both clients see the same
-account. A caller who passes their own aiobotocore ``session`` keeps the s3fs path: a sync
-client could not share it.
+Whole reads (:meth:`S3Backend.read`): in the calling thread, through a botocore client built from the s3fs
+instance's own resolved settings (:func:`sync_client`). Why: s3fs runs every request of a process on one
+event loop thread, and aiohttp's body handling is Python code holding the GIL, so parallel reads through it
+stop scaling at ~0.6 GB/s here whatever the number of reading threads (more loops do not help: measured
+0.50-0.65 GB/s for 8 x 38 MB on moto with 1, 4 or 8 loops). botocore's synchronous client reads a body in
+the thread that asked, with the GIL released while the socket fills one buffer of the whole length: 8
+threads reach 0.95-1.0 GB/s on the same server, the boto3 ceiling. They serve bounded reads wanted whole
+(checkpoint parts, manifests, pointers, indexes); streaming reads keep s3fs and resume from the last byte
+received, while a whole read that fails mid-body is retried from its start (its waste is bounded by the size
+asked for). The client mirrors credentials, endpoint, ``client_kwargs``, ``config_kwargs`` (with the
+one-attempt retries), ``anon`` and session keyword arguments such as ``profile``; requester-pays and
+``s3_additional_kwargs`` go on each GET, so both clients see the same account. A caller who passes their own
+aiobotocore ``session`` keeps the s3fs path: a sync client could not share it.
 
-Puts: one ``PutObject`` below the multipart threshold, else a multipart upload whose parts go up
-in parallel (bounded by ``concurrency``) and which becomes visible only on completion (aborted on
-failure). Create-only sends ``If-None-Match: *``, compare-and-swap ``If-Match: "etag"``, on the
-single PUT and on the completion; 412 -> WriteConflictError. Version: ETag. A compare-and-swap
-multipart put first compares the version with a HEAD (moto ignores ``If-Match`` on the
-completion; AWS honours it, which closes the remaining window there). A part that exhausts its
-retries stops the upload (no further part is sent) and the upload is aborted. A process killed
-mid-upload cannot abort: its upload stays invisible but billed; set the bucket lifecycle rule
-``AbortIncompleteMultipartUpload`` (e.g. DaysAfterInitiation 1) or run ``streamio ckpt gc``,
-which removes stale uploads (:meth:`S3Backend.incomplete_uploads`).
-"""
+Puts: one ``PutObject`` below the multipart threshold, else a multipart upload whose parts go up in parallel
+(bounded by ``concurrency``) and which becomes visible only on completion (aborted on failure). Create-only
+sends ``If-None-Match: *``, compare-and-swap ``If-Match: "etag"``, on the single PUT and on the completion;
+412 -> WriteConflictError. Version: ETag. A compare-and-swap multipart put first compares the version with a
+HEAD (moto ignores ``If-Match`` on the completion; AWS honours it, which closes the remaining window there).
+A part that exhausts its retries stops the upload (no further part is sent) and the upload is aborted. A
+process killed mid-upload cannot abort: its upload stays invisible but billed; set the bucket lifecycle rule
+``AbortIncompleteMultipartUpload`` (e.g. DaysAfterInitiation 1) or run ``streamio ckpt gc``, which removes
+stale uploads (:meth:`S3Backend.incomplete_uploads`)."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
 import threading
-import weakref
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -65,7 +60,7 @@ from streamio.storage.failures import code_of, says_not_found
 from streamio.storage.retry import RetryPolicy
 from streamio.storage.secrets import guard_library_logs
 
-_CLIENTS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+_CLIENT_ATTR = "_streamio_sync_client"  # on the filesystem instance itself: see sync_client
 _CLIENTS_LOCK = threading.Lock()
 _LOADER: Any = None  # botocore's data loader, shared by every session of this process (see shared_loader)
 _LOADER_LOCK = threading.Lock()  # not _CLIENTS_LOCK: sync_client holds that one while it makes a session
@@ -309,13 +304,18 @@ class _Multipart:
 # ----------------------------------------------------------------- the botocore client for whole reads
 def sync_client(fs: Any) -> Any:
     """The botocore S3 client mirroring ``fs`` (see the module docstring), one per filesystem
-    instance, shared by every thread."""
+    instance, shared by every thread. Kept on the instance: fsspec filesystems made with the same
+    arguments compare equal under any ``AWS_*`` environment, so a table keyed by them mixed endpoints."""
     with _CLIENTS_LOCK:
-        found = _CLIENTS.get(fs)
+        found = cached_client(fs)
         if found is None:
-            found = _CLIENTS[fs] = _make_client(fs)
+            setattr(fs, _CLIENT_ATTR, found := _make_client(fs))
             guard_library_logs()  # botocore's modules imported for this client log secrets at DEBUG
         return found
+
+
+def cached_client(fs: Any) -> Any | None:  # the client sync_client made for fs, if any
+    return vars(fs).get(_CLIENT_ATTR)
 
 
 def _make_client(fs: Any) -> Any:
