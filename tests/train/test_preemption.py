@@ -1,9 +1,10 @@
 """streamio.Preemption: the handler only sets a flag, ranks agree on one step, the trainer saves it and exits.
 
 In-process: real signals to this process (``os.kill``), the handlers installed and restored, the
-schedule of agreements (a hypothesis property). Slow: the reference trainer on 2 gloo ranks under
-torchrun against moto, SIGTERM to ONE rank's process only; every rank saves the same step and
-exits with ``Preemption.EXIT_CODE``, and a restart reproduces an uninterrupted run bit for bit.
+schedule of agreements (a hypothesis property). The reference trainer on 2 gloo ranks under
+torchrun, SIGTERM to ONE rank's process only (every rank saves the same step, exits with
+``Preemption.EXIT_CODE``, a restart reproduces an uninterrupted run bit for bit): the first part
+of tests/train/test_preemption_grace.py, which imports this file's launch helpers.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from hypothesis import strategies as st
 from streamio import Preemption
 from streamio.errors import ConfigError
 from streamio.preemption import check_due
-from streamio.storage import Store
 from streamio.testing import S3Endpoint
 from streamio.train.config import parse_args
 from streamio.train.telemetry import read_metrics
@@ -214,48 +214,3 @@ def _last_step(path: Path) -> int:
 
 def _losses(out: Path, rank: int) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in read_metrics(out / f"rank-{rank:05d}.jsonl") if r["event"] == "step"}
-
-
-@pytest.mark.slow
-def test_sigterm_to_one_rank_saves_one_step_on_every_rank_and_the_restart_is_exact(
-    tmp_path: Path, s3: S3Endpoint
-) -> None:
-    env = _env(s3)
-    ref_out, run_out, resumed_out = tmp_path / "ref", tmp_path / "run", tmp_path / "resumed"
-    ref = _torchrun([*COMMON, "--ckpt-url", s3.url("ref"), "--out-dir", str(ref_out)], env)
-    run = _torchrun([*COMMON, "--ckpt-url", s3.url("run"), "--out-dir", str(run_out)], env)
-
-    deadline = time.monotonic() + 90
-    while _last_step(run_out / "rank-00001.jsonl") < 3:
-        assert run.poll() is None and time.monotonic() < deadline, "the run ended before its third step"
-        time.sleep(0.005)
-    os.kill(_rank_pid(run.pid, 1), signal.SIGTERM)  # rank 1's main process only: not rank 0, not torchrun
-    run_log, ref_log = _finish(run), _finish(ref)
-    assert ref.returncode == 0, ref_log[-3000:]
-    # torchrun turns a rank's non-zero status into its own 1, and names the rank's own status
-    assert run.returncode == 1, run_log[-3000:]
-    assert f"exitcode  : {Preemption.EXIT_CODE}" in run_log, run_log[-3000:]
-    assert "preemption requested (signal SIGTERM)" in run_log and "another rank's signal" in run_log
-    # each rank leaves with the code itself (torchrun's report may list only the first to fail)
-    leaving = {line.split("]")[0] for line in run_log.splitlines() if line.endswith("exiting with status 143")}
-    assert leaving == {"[rank 0", "[rank 1"}, run_log[-3000:]
-
-    preempted = [
-        [r["step"] for r in read_metrics(run_out / f"rank-{k:05d}.jsonl") if r["event"] == "preempted"] for k in (0, 1)
-    ]
-    assert preempted[0] == preempted[1] and len(preempted[0]) == 1, preempted
-    step = preempted[0][0]
-    assert 3 <= step < 40 and max(_losses(run_out, 0)) == max(_losses(run_out, 1)) == step
-    assert json.loads(Store(s3.url("run"), storage_options=s3.storage_options()).read("latest.json"))["step"] == step
-
-    resumed = _torchrun([*COMMON, "--ckpt-url", s3.url("run"), "--out-dir", str(resumed_out)], env)
-    resumed_log = _finish(resumed)
-    assert resumed.returncode == 0, resumed_log[-3000:]
-    assert [r["step"] for r in read_metrics(resumed_out / "rank-00000.jsonl") if r["event"] == "resume"] == [step]
-    for k in (0, 1):
-        ref_losses = _losses(ref_out, k)
-        assert sorted(ref_losses) == list(range(1, 41))
-        assert {**_losses(run_out, k), **_losses(resumed_out, k)} == ref_losses
-    ref_model = torch.load(ref_out / "final_model.pt", weights_only=True)
-    got_model = torch.load(resumed_out / "final_model.pt", weights_only=True)
-    assert ref_model.keys() == got_model.keys() and all(torch.equal(ref_model[k], got_model[k]) for k in ref_model)

@@ -219,6 +219,11 @@ def test_with_a_local_tier_the_save_is_durable_within_the_grace_or_the_local_cop
     a_log = _finish(a)
     a_step = _preempted_step(a_out)
     assert a.returncode == 1 and f"exitcode  : {Preemption.EXIT_CODE}" in a_log, a_log[-3000:]
+    assert "preemption requested (signal SIGTERM)" in a_log and "another rank's signal" in a_log
+    # each rank leaves with the code itself (torchrun's report may list only the first to fail)
+    leaving = {line.split("]")[0] for line in a_log.splitlines() if line.endswith("exiting with status 143")}
+    assert leaving == {"[rank 0", "[rank 1"}, a_log[-3000:]
+    assert max(_losses(a_out, 0)) == max(_losses(a_out, 1)) == a_step
     assert _pointed(s3, "run") == a_step and _local_steps(local) == [a_step, a_step]
     assert "was not made durable" not in a_log and "on the local tier only" not in a_log, a_log[-3000:]
 
