@@ -32,15 +32,6 @@ from streamio.train.config import parse_args
 from streamio.train.telemetry import read_metrics
 
 
-@pytest.fixture
-def usr1_restored() -> Any:
-    """SIGUSR1 and SIGTERM as they were before the test, whatever it installed."""
-    before = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGTERM)}
-    yield before
-    for s, handler in before.items():
-        signal.signal(s, handler)
-
-
 def _deliver(sig: int) -> None:
     """Send ``sig`` to this process and let the main thread run its Python handler."""
     os.kill(os.getpid(), sig)

@@ -34,23 +34,15 @@ from streamio.train.telemetry import read_metrics
 from tests.train.test_preemption import COMMON, _env, _finish, _last_step, _losses, _rank_pid, _torchrun
 
 
-@pytest.fixture
-def handlers_restored() -> Any:
-    before = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGTERM)}
-    yield before
-    for s, handler in before.items():
-        signal.signal(s, handler)
-
-
 @pytest.mark.parametrize("grace", [-1, math.nan, math.inf, True, "25"])
-def test_a_grace_that_is_not_seconds_is_a_config_error_and_installs_nothing(grace: Any, handlers_restored: Any) -> None:
+def test_a_grace_that_is_not_seconds_is_a_config_error_and_installs_nothing(grace: Any, usr1_restored: Any) -> None:
     with pytest.raises(ConfigError, match=rf"grace_s={grace!r} must be a number of seconds >= 0") as info:
         Preemption(grace_s=grace)
     assert isinstance(info.value, ValueError)
-    assert {s: signal.getsignal(s) for s in handlers_restored} == handlers_restored
+    assert {s: signal.getsignal(s) for s in usr1_restored} == usr1_restored
 
 
-def test_the_grace_counts_down_from_the_signal(handlers_restored: Any) -> None:
+def test_the_grace_counts_down_from_the_signal(usr1_restored: Any) -> None:
     with Preemption() as none:
         assert none.remaining_s is None
     with Preemption(grace_s=25) as stop:
