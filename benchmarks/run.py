@@ -112,6 +112,17 @@ def _subprocess(args: list[str], timeout: float) -> subprocess.CompletedProcess[
     return proc
 
 
+def _json_section(
+    name: str, args: list[str], scratch: str, timeout: float, *, extra: Sequence[str] = ()
+) -> dict[str, Any]:
+    """Run ``benchmarks.bench_<name> --json DEST *extra *args`` and return what it wrote, with ``args``."""
+    dest = os.path.join(scratch, f"{name}.json")
+    _subprocess(["-m", f"benchmarks.bench_{name}", "--json", dest, *extra, *args], timeout)
+    res = json.loads(Path(dest).read_text())
+    res["args"] = args
+    return dict(res)
+
+
 def section_references(quick: bool, scratch: str) -> dict[str, Any]:
     return {
         "memcpy": common.memcpy_reference(64 if quick else 256, 3 if quick else 5),
@@ -196,66 +207,38 @@ def section_checkpoint(quick: bool, scratch: str) -> dict[str, Any]:
 
 
 def section_tiers(quick: bool, scratch: str) -> dict[str, Any]:
-    dest = os.path.join(scratch, "tiers.json")
     args = ["--quick"] if quick else ["--size-mb", "300", "--reps", "5"]
-    _subprocess(["-m", "benchmarks.bench_tiers", "--json", dest, "--dir", scratch, *args], 1500)
-    res = json.loads(Path(dest).read_text())
-    res["args"] = args
-    return dict(res)
+    return _json_section("tiers", args, scratch, 1500, extra=["--dir", scratch])
 
 
 def section_fanout(quick: bool, scratch: str) -> dict[str, Any]:
-    dest = os.path.join(scratch, "fanout.json")
     args = ["--size-mb", "16", "--reps", "1"] if quick else ["--size-mb", "64", "--reps", "2"]
-    _subprocess(["-m", "benchmarks.bench_fanout", "--json", dest, *args], 1500)
-    res = json.loads(Path(dest).read_text())
-    res["args"] = args
-    return dict(res)
+    return _json_section("fanout", args, scratch, 1500)
 
 
 def section_throttle(quick: bool, scratch: str) -> dict[str, Any]:
-    dest = os.path.join(scratch, "throttle.json")
     args = ["--reps", "1"] if quick else ["--reps", "3"]
-    _subprocess(["-m", "benchmarks.bench_throttle", "--json", dest, *args], 900)
-    res = json.loads(Path(dest).read_text())
-    res["args"] = args
-    return dict(res)
+    return _json_section("throttle", args, scratch, 900)
 
 
 def section_lightning(quick: bool, scratch: str) -> dict[str, Any]:
-    dest = os.path.join(scratch, "lightning.json")
     args = ["--size-mb", "8", "--reps", "1"] if quick else ["--size-mb", "96", "--reps", "3"]
-    _subprocess(["-m", "benchmarks.bench_lightning", "--json", dest, *args], 900)
-    res = json.loads(Path(dest).read_text())
-    res["args"] = args
-    return dict(res)
+    return _json_section("lightning", args, scratch, 900)
 
 
 def section_accelerate(quick: bool, scratch: str) -> dict[str, Any]:
-    dest = os.path.join(scratch, "accelerate.json")
     args = ["--size-mb", "8", "--reps", "1"] if quick else ["--size-mb", "96", "--reps", "3"]
-    _subprocess(["-m", "benchmarks.bench_accelerate", "--json", dest, *args], 900)
-    res = json.loads(Path(dest).read_text())
-    res["args"] = args
-    return dict(res)
+    return _json_section("accelerate", args, scratch, 900)
 
 
 def section_transformers(quick: bool, scratch: str) -> dict[str, Any]:
-    dest = os.path.join(scratch, "transformers.json")
     args = ["--steps", "4,12", "--reps", "1", "--embd", "16"] if quick else ["--steps", "50,200,800", "--reps", "2"]
-    _subprocess(["-m", "benchmarks.bench_transformers", "--json", dest, *args], 900)
-    res = json.loads(Path(dest).read_text())
-    res["args"] = args
-    return dict(res)
+    return _json_section("transformers", args, scratch, 900)
 
 
 def section_preemption(quick: bool, scratch: str) -> dict[str, Any]:
-    dest = os.path.join(scratch, "preemption.json")
     args = ["--steps", "30", "--calls", "200"] if quick else ["--steps", "150", "--calls", "1000"]
-    _subprocess(["-m", "benchmarks.bench_preemption", "--json", dest, *args], 900)
-    res = json.loads(Path(dest).read_text())
-    res["args"] = args
-    return dict(res)
+    return _json_section("preemption", args, scratch, 900)
 
 
 def section_sharded(quick: bool, scratch: str) -> dict[str, Any]:
