@@ -6,7 +6,7 @@ of the inputs, and on a failure the first error at once, with the jobs not start
 only when its iterator reaches the failed job, after every job queued before it ran.
 
 Running jobs are never interrupted (Python threads cannot be): they finish before the pool
-closes, except on :func:`run_detached`'s daemon threads, which nothing joins: for requests a
+closes or :func:`run_detached` raises; its threads are daemons that nothing joins: for requests a
 store may never answer, which a save's deadline abandons (:mod:`streamio.checkpoint.save.bound`;
 a ``ThreadPoolExecutor``'s workers are joined at interpreter exit, so one stuck there hangs it).
 A job that should stop early once another one failed checks a shared
@@ -53,16 +53,17 @@ def run_parallel(fn: Callable[[T], R], items: Iterable[T], *, concurrency: int, 
 
 def run_detached(fn: Callable[[T], R], items: Iterable[T], *, concurrency: int, name: str = "streamio") -> list[R]:
     """:func:`run_parallel` on at most ``concurrency`` daemon threads that nothing joins: it returns
-    once every job ended, or raises the first error at once (jobs not started are skipped, running
-    ones end on their own); a caller that gives up on it (a deadline) leaves no thread for the
-    interpreter's exit to wait for."""
+    once every job ended, or raises the first error once the jobs running then have ended too (jobs
+    not started are skipped), so a caller that cleans up after the error finds nothing still being
+    written. A caller that gives up waiting (a save's deadline, from another thread) leaves no
+    thread for the interpreter's exit to wait for."""
     jobs = list(items)
     if not jobs:
         return []
     results: list[R | None] = [None] * len(jobs)
     lock = threading.Lock()
     ended = threading.Event()
-    state = {"next": 0, "left": len(jobs)}
+    state = {"next": 0, "running": 0}
     errors: list[BaseException] = []
 
     def work() -> None:
@@ -72,17 +73,18 @@ def run_detached(fn: Callable[[T], R], items: Iterable[T], *, concurrency: int, 
                     return
                 i = state["next"]
                 state["next"] += 1
+                state["running"] += 1
             try:
-                value = fn(jobs[i])
+                value, error = fn(jobs[i]), None
             except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread below
-                with lock:
-                    errors.append(exc)
-                ended.set()
-                return
+                value, error = None, exc
             with lock:
-                results[i] = value
-                state["left"] -= 1
-                if not state["left"]:
+                state["running"] -= 1
+                if error is None:
+                    results[i] = value
+                else:
+                    errors.append(error)
+                if not state["running"] and (errors or state["next"] >= len(jobs)):
                     ended.set()
 
     for n in range(max(1, min(concurrency, len(jobs)))):

@@ -64,5 +64,9 @@ def test_a_job_saving_again_starts_from_the_rate_it_was_admitted_at(
     s3: S3Endpoint, s3_proxy: FaultProxy, tmp_path: Path
 ) -> None:
     first, second = _save(s3, s3_proxy, tmp_path, "shared", {"SAVES": "2"})
-    assert second["refused"] < first["refused"], (first, second)
+    # Idle, the first save finds the limit (38% refused in the benchmark) and the second starts at the
+    # job's admitted rate (12%). On 2 busy cores the ranks may not reach the limit at all in the first
+    # save (a CI run: 7%, then 12%), so the claim checked is the second save's own: near the limit,
+    # far from the 38% of starting over or the 69% of not pacing.
+    assert second["refused"] <= 0.20, (first, second)
     assert second["seconds"] <= 2.5 * second["admitted"] / RATE, second
