@@ -11,7 +11,7 @@ import s3fs
 from hypothesis import HealthCheck, settings
 
 from streamio.storage import Store
-from streamio.testing import FakeGcsServer, GcsEndpoint, MotoServer, S3Endpoint
+from streamio.testing import FakeGcsServer, GcsEndpoint, MotoProcess, S3Endpoint
 
 settings.register_profile("ci", max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("default", max_examples=100, deadline=None)
@@ -37,8 +37,9 @@ def _fresh_s3fs() -> None:
 
 @pytest.fixture(scope="session")
 def moto_endpoint() -> Iterator[str]:
-    """One moto server (real HTTP on 127.0.0.1) for the whole session."""
-    server = MotoServer()
+    """One moto server (real HTTP on 127.0.0.1) for the whole session, in a process of its own: the
+    tests fork DataLoader workers, which must not inherit locks that moto's threads hold."""
+    server = MotoProcess()
     yield server.start()
     server.stop()
 

@@ -6,8 +6,9 @@ modules: docs/design.md "Layout and the direction of dependencies".
 
 from streamio.testing.gcs import FakeGcsServer, GcsEndpoint, local_gcs
 from streamio.testing.proxy import FaultProxy, RequestRecord
-from streamio.testing.s3 import MotoServer, S3Endpoint, local_s3
+from streamio.testing.s3 import MotoProcess, MotoServer, S3Endpoint, local_s3
 
 __all__ = [
-    "MotoServer", "S3Endpoint", "local_s3", "FaultProxy", "RequestRecord", "FakeGcsServer", "GcsEndpoint", "local_gcs",
+    "MotoServer", "MotoProcess", "S3Endpoint", "local_s3", "FaultProxy", "RequestRecord",
+    "FakeGcsServer", "GcsEndpoint", "local_gcs",
 ]

@@ -8,6 +8,14 @@ The credentials are moto's dummies; nothing real is ever used or needed.
 from __future__ import annotations
 
 import logging
+import os
+import select
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -91,6 +99,66 @@ class MotoServer:
 
     def stop(self) -> None:
         self._server.stop()
+
+
+class MotoProcess:
+    """moto in a process of its own (``python -m streamio.testing s3``) on 127.0.0.1, a free port;
+    ``start()`` / ``stop()`` as :class:`MotoServer`.
+
+    For a process that forks while the server runs (a DataLoader's workers): in-process, moto's
+    threads are mid-request at the fork, and a lock they hold (OpenSSL's, through ``hashlib``; an
+    import's) stays held in the child for good, where creating a TLS context then hangs. The server
+    gets SIGTERM if the process that started it dies first (Linux).
+    """
+
+    START_TIMEOUT_S = 60.0
+
+    def __init__(self) -> None:
+        self.endpoint_url = ""
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> str:
+        with tempfile.TemporaryFile() as err:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "streamio.testing", "s3"], stdin=subprocess.DEVNULL,
+                bufsize=0,  # unbuffered: select() then sees every line still to read
+                stdout=subprocess.PIPE, stderr=err, preexec_fn=_die_with_parent,  # noqa: PLW1509 - prctl only
+            )
+            assert self._proc.stdout is not None
+            deadline = time.monotonic() + self.START_TIMEOUT_S
+            while not self.endpoint_url:
+                ready, _, _ = select.select([self._proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
+                line = self._proc.stdout.readline().decode() if ready else ""
+                if line.startswith("export AWS_ENDPOINT_URL_S3="):
+                    self.endpoint_url = shlex.split(line.split("=", 1)[1])[0]
+                elif not line:
+                    self.stop()
+                    err.seek(0)
+                    raise RuntimeError(f"the moto process did not start within {self.START_TIMEOUT_S:g} s: "
+                                       f"{err.read().decode()[-2000:]}")
+        return self.endpoint_url
+
+    def stop(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def _die_with_parent() -> None:
+    if sys.platform == "linux":
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        if os.getppid() == 1:  # the parent died before prctl
+            os._exit(1)
 
 
 @contextmanager
