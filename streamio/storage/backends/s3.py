@@ -1,10 +1,9 @@
 """S3 (and S3-compatible stores) through s3fs's client, plus a botocore client for whole reads.
 
-Retries: s3fs's own loop is set to one attempt (``fs.retries = 1``) and botocore's to
-``total_max_attempts=1``; without this, attempts multiply under the store's policy (25 attempts / 34 s for
-one persistent 503 with the defaults). Requests go straight to the client (:func:`s3_call`): s3fs's
-``_call_s3`` still sleeps after a retryable failure and turns errors into bare ``OSError``s, and its
-``info`` follows a 404 HEAD with a listing.
+Retries: s3fs's own loop is set to one attempt (``fs.retries = 1``) and botocore's to ``total_max_attempts=1``;
+without this, attempts multiply under the store's policy (25 attempts / 34 s for one persistent 503 with the
+defaults). Requests go straight to the client (:func:`s3_call`): s3fs's ``_call_s3`` still sleeps after a retryable
+failure and turns errors into bare ``OSError``s, and its ``info`` follows a 404 HEAD with a listing.
 
 Streams: one ``GetObject`` whose aiobotocore body is yielded as it arrives.
 
@@ -44,6 +43,7 @@ from fsspec.asyn import sync
 
 from streamio.errors import TruncatedBodyError
 from streamio.pool import run_parallel
+from streamio.storage import accounting
 from streamio.storage.backends.base import (
     OnEnd,
     PutRequest,
@@ -151,7 +151,7 @@ class S3Backend(GenericBackend):
         deadline = self.policy.body_deadline
         timer = watchdog().arm(deadline.allowed(length), functools.partial(_shut, body))
         try:
-            data: bytes = body.read() if limit is None else _read_at_most(body, url, length, limit)
+            data = accounting.counted(body.read if limit is None else lambda: _read_at_most(body, url, length, limit))
         except Exception as exc:
             if timer.fired:
                 raise deadline.missed(url, length) from exc
@@ -184,6 +184,7 @@ class S3Backend(GenericBackend):
                 on_end(start + int(length))
             yield from pump(self.fs.loop, body.read, piece, Pace(deadline, url))
         finally:
+            accounting.read_bytes(accounting.received(getattr(body, "_raw_stream", None)))  # read or not, cut or not
             with contextlib.suppress(Exception):
                 body.close()
 
@@ -298,7 +299,6 @@ class _Multipart:
             self.failed.set()
             raise
         return {"PartNumber": i + 1, "ETag": out["ETag"]}
-
 
 
 # ----------------------------------------------------------------- the botocore client for whole reads
