@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import time
 import urllib.parse
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -43,8 +44,8 @@ from streamio.metrics.catalog import STORE_BYTES_READ, STORE_BYTES_WRITTEN, STOR
 from streamio.storage.failures import chain
 
 __all__ = [
-    "Ledger", "attempt", "counted", "gcs_op", "outcome", "read_bytes", "received", "received_before", "s3_op",
-    "written_bytes",
+    "Ledger", "attempt", "call_outcome", "counted", "counted_call", "counted_stream", "gcs_op", "outcome",
+    "read_bytes", "received", "received_before", "s3_op", "written_bytes",
 ]
 
 T = TypeVar("T")
@@ -187,11 +188,60 @@ def attempt(op: str, status: int | None, seconds: float | None = None) -> None:
     (send to response headers; ``None`` when there was no response)."""
     if seconds is not None:
         STORE_SECONDS.observe(seconds, op)
+    _note(op, outcome(status))
+
+
+def _note(op: str, result: str) -> None:
     ledger = _LEDGER.get()
     if ledger is None:
-        STORE_REQUESTS.add(1.0, op, outcome(status))
+        STORE_REQUESTS.add(1.0, op, result)
     else:
-        ledger.noted.append((op, outcome(status)))
+        ledger.noted.append((op, result))
+
+
+def call_outcome(exc: BaseException | None) -> str:
+    """The outcome of one call of a store without HTTP (``file://``, ``memory://``) that raised
+    ``exc`` (``None``: it returned): absence and a lost condition are answers, a connection or
+    timeout error is retried, anything else failed."""
+    if exc is None or isinstance(exc, (FileNotFoundError, FileExistsError)):
+        return "ok"
+    return "retried" if isinstance(exc, (ConnectionError, TimeoutError)) else "failed"
+
+
+def counted_call(op: str, fn: Callable[[], T], *, sent: int = 0) -> Callable[[], T]:
+    """``fn`` (one call of a store without HTTP) counted as one request of ``op``; what a ``get``
+    returns is counted as bytes read, ``sent`` bytes as written once it returned."""
+
+    def call() -> T:
+        began = time.monotonic()
+        try:
+            out = fn()
+        except Exception as exc:
+            _note(op, call_outcome(exc))
+            raise
+        STORE_SECONDS.observe(time.monotonic() - began, op)
+        _note(op, "ok")
+        if op == "get" and isinstance(out, (bytes, bytearray, memoryview)):
+            read_bytes(len(out))
+        written_bytes(sent)
+        return out
+
+    return call
+
+
+def counted_stream(pieces: Iterator[bytes]) -> Iterator[bytes]:
+    """``pieces`` (one streamed read of a store without HTTP) counted as one ``get`` and its bytes."""
+    began, result = time.monotonic(), "ok"
+    try:
+        for piece in pieces:
+            read_bytes(len(piece))
+            yield piece
+    except Exception as exc:
+        result = call_outcome(exc)
+        raise
+    finally:
+        STORE_SECONDS.observe(time.monotonic() - began, "get")
+        _note("get", result)
 
 
 def read_bytes(n: int) -> None:

@@ -7,17 +7,16 @@ failure and turns errors into bare ``OSError``s, and its ``info`` follows a 404 
 
 Streams: one ``GetObject`` whose aiobotocore body is yielded as it arrives.
 
-Whole reads (:meth:`S3Backend.read`): in the calling thread, through a botocore client built from the s3fs
-instance's own resolved settings (:func:`sync_client`). Why: s3fs runs every request of a process on one
-event loop thread, and aiohttp's body handling is Python code holding the GIL, so parallel reads through it
-stop scaling at ~0.6 GB/s here whatever the number of reading threads (more loops do not help: measured
-0.50-0.65 GB/s for 8 x 38 MB on moto with 1, 4 or 8 loops). botocore's synchronous client reads a body in
-the thread that asked, with the GIL released while the socket fills one buffer of the whole length: 8
-threads reach 0.95-1.0 GB/s on the same server, the boto3 ceiling. They serve bounded reads wanted whole
-(checkpoint parts, manifests, pointers, indexes); streaming reads keep s3fs and resume from the last byte
-received, while a whole read that fails mid-body is retried from its start (its waste is bounded by the size
-asked for). The client mirrors credentials, endpoint, ``client_kwargs``, ``config_kwargs`` (with the
-one-attempt retries), ``anon`` and session keyword arguments such as ``profile``; requester-pays and
+Whole reads (:meth:`S3Backend.read`): in the calling thread, through a botocore client built from the s3fs instance's
+own resolved settings (:func:`sync_client`). Why: s3fs runs every request of a process on one event loop thread, and
+aiohttp's body handling is Python code holding the GIL, so parallel reads through it stop scaling at ~0.6 GB/s here
+whatever the number of reading threads (more loops do not help: measured 0.50-0.65 GB/s for 8 x 38 MB on moto with 1,
+4 or 8 loops). botocore's synchronous client reads a body in the thread that asked, with the GIL released while the
+socket fills one buffer of the whole length: 8 threads reach 0.95-1.0 GB/s on the same server, the boto3 ceiling. They
+serve bounded reads wanted whole (checkpoint parts, manifests, pointers, indexes); streaming reads keep s3fs and
+resume from the last byte received, while a whole read that fails mid-body is retried from its start (its waste is
+bounded by the size asked for). The client mirrors credentials, endpoint, ``client_kwargs``, ``config_kwargs`` (with
+the one-attempt retries), ``anon`` and session keyword arguments such as ``profile``; requester-pays and
 ``s3_additional_kwargs`` go on each GET, so both clients see the same account. A caller who passes their own
 aiobotocore ``session`` keeps the s3fs path: a sync client could not share it.
 
@@ -80,6 +79,7 @@ class S3Backend(GenericBackend):
 
     find_kwargs: Mapping[str, Any] = {}
     writes_per_s, endpoint_env = 3500.0, ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")  # AWS, per prefix
+    counts_requests = True  # every HTTP attempt, in its sessions (s3_bodies)
 
     def __init__(self, fs: Any, root: str, protocol: str, *, options: Mapping[str, Any], policy: RetryPolicy) -> None:
         super().__init__(fs, root, protocol, options=options, policy=policy)
