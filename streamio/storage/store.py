@@ -41,8 +41,9 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from streamio.errors import ConfigError, ObjectNotFoundError
+from streamio.metrics.trace import span
 from streamio.pool import run_parallel
-from streamio.storage import accounting, backends
+from streamio.storage import backends
 from streamio.storage.backends import TMP_SUFFIX, Backend, PutRequest, WriteMode
 from streamio.storage.connection import Connection
 from streamio.storage.pacing import Pacer, pacer_for
@@ -197,7 +198,7 @@ class Store:
         if not backend.whole_reads:
             pieces = self.iter_bytes(path, start or 0, end, chunk_size=1 << 20)
             return b"".join(pieces) if max_bytes is None else at_most(pieces, max_bytes, url)
-        return self._call(_counted(backend, "get", lambda: backend.read(full, url, start or 0, end, max_bytes)), url)
+        return self._call(_fetch(lambda: backend.read(full, url, start or 0, end, max_bytes), url), url)
 
     def read_view(self, path: str) -> bytes | memoryview:
         """The whole of an object that is never rewritten in place, for reading once.
@@ -209,7 +210,7 @@ class Store:
         if not backend.is_local:
             return self.read(path)
         full = self._conn.full(path)
-        return self.retry.call(_counted(backend, "get", lambda: backend.map(full)), self.url(path))
+        return self.retry.call(lambda: backend.map(full), self.url(path))
 
     def iter_bytes(
         self, path: str, start: int = 0, end: int | None = None, *, chunk_size: int = 8 << 20
@@ -231,7 +232,7 @@ class Store:
                 end = self.info(path).size
             if end is not None and end <= start:
                 return
-            opener = _opener(self._backend, self._conn.full(path))
+            opener = functools.partial(self._backend.open_stream, self._conn.full(path))
             yield from resuming(opener, url, start, end, piece=piece, budget=budget)
         except ObjectNotFoundError as exc:
             self._buckets.ensure(self._backend, url, exc)
@@ -240,11 +241,12 @@ class Store:
     def info(self, path: str) -> ObjectInfo:
         """Size and version of ``path``, read fresh (never from a cached listing), in one request."""
         backend, full = self._backend, self._conn.full(path)
-        size, version = self._call(_counted(backend, "head", lambda: backend.info(full)), self.url(path))
+        size, version = self._call(lambda: backend.info(full), self.url(path))
         return ObjectInfo(path=path, size=size, version=version)
 
     def exists(self, path: str) -> bool:
-        """Whether ``path`` exists now (fresh; a missing bucket, refusal or outage raises, never ``False``)."""
+        """Whether ``path`` exists now (fresh; a missing bucket, permission and transient errors
+        are raised: only a reachable root answers ``False``)."""
         try:
             self.info(path)
         except FileNotFoundError:
@@ -262,7 +264,7 @@ class Store:
 
         def op() -> list[ObjectInfo]:
             out = []
-            for name, d in _counted(backend, "list", lambda: backend.find(full))().items():
+            for name, d in backend.find(full).items():
                 if name.endswith(TMP_SUFFIX) or d.get("type") == "directory":
                     continue
                 try:
@@ -304,13 +306,12 @@ class Store:
         backend, full, url = self._backend, self._conn.full(path), self.url(path)
         view = memoryview(data) if isinstance(data, bytes) else memoryview(data).cast("B")
         request = PutRequest(mode, if_match, concurrency, PART_SIZE, MULTIPART_THRESHOLD)
-        put = _counted(backend, "put", lambda: backend.put(full, url, view, request), sent=len(view))
-        return self._call(put, url, pacer=_pacer(self))
+        return self._call(lambda: backend.put(full, url, view, request), url, pacer=_pacer(self))
 
     def delete(self, path: str) -> None:
         """Delete ``path``; deleting what is already gone is not an error."""
         backend, full = self._backend, self._conn.full(path)
-        self.retry.call(_counted(backend, "delete", lambda: backend.delete(full)), self.url(path), pacer=_pacer(self))
+        self.retry.call(lambda: backend.delete(full), self.url(path), pacer=_pacer(self))
 
     def incomplete_uploads(self, prefix: str = "") -> list[IncompleteUpload]:
         """Multipart uploads under ``prefix`` started and never completed or aborted (``[]`` where
@@ -342,15 +343,14 @@ class Store:
         return run_parallel(fn, items, concurrency=concurrency, name="streamio-store")
 
 
-def _counted(backend: Backend, op: str, fn: Callable[[], T], *, sent: int = 0) -> Callable[[], T]:
-    """``fn``, counted as one request of ``op`` where ``backend`` does not count its own (file://, memory://)."""
-    return fn if backend.counts_requests else accounting.counted_call(op, fn, sent=sent)
+def _fetch(read: Callable[[], bytes], url: str) -> Callable[[], bytes]:
+    """``read`` (one attempt at reading an object whole) in a ``fetch`` span of the trace."""
 
+    def fetch() -> bytes:
+        with span("fetch", url=url):
+            return read()
 
-def _opener(backend: Backend, full: str) -> Callable[..., Iterator[bytes]]:
-    """Streams of ``full``, each counted as one ``get`` where ``backend`` does not count its own requests."""
-    opener = functools.partial(backend.open_stream, full)
-    return opener if backend.counts_requests else lambda *args: accounting.counted_stream(opener(*args))
+    return fetch
 
 
 def _over(conn: Connection, buckets: BucketCheck | None = None) -> Store:
