@@ -226,3 +226,71 @@ def test_gcs_requests_and_bytes_equal_the_proxy_log(gcs: GcsEndpoint, gcs_endpoi
         assert logged[("get", "throttled")] == 2 and logged[("get", "retried")] == 1
         read = sum(r.response_bytes for r in proxy.log() if "alt=media" in r.query and 200 <= r.status < 300)
         assert _bytes() == (read, len(data))  # written: the object's bytes, not the multipart envelope
+
+
+# ------------------------------------------------------------------ a checkpoint save and restore
+def test_checkpoint_save_with_multipart_parts_and_restore_equal_the_proxy_log(
+    s3: S3Endpoint, proxy: FaultProxy, monkeypatch: Any
+) -> None:
+    import torch
+
+    from streamio.checkpoint import CheckpointManager, SaveOptions
+
+    monkeypatch.setattr(store_module, "MULTIPART_THRESHOLD", 6 << 20)
+    monkeypatch.setattr(store_module, "PART_SIZE", 5 << 20)
+    state = {"w": torch.arange(3_500_000, dtype=torch.float32), "step": 7}  # 14 MB: parts of 2 S3 parts
+    _start(proxy)
+    proxy.fail_next(1, 503, "SlowDown", method="PUT", path_contains="part")
+    with CheckpointManager(s3.url("run"), async_save=False, storage_options=s3.storage_options(proxy.endpoint_url),
+                           options=SaveOptions(part_size=12 << 20, concurrency=1)) as ckpt:
+        ckpt.save(1, state)
+        saved, saved_bytes = _requests(), _bytes()
+        assert saved == _logged(proxy) and saved[("put", "throttled")] == 1
+        assert saved_bytes == _logged_bytes(proxy) and saved_bytes[1] > 14_000_000
+        assert sum(r.method == "POST" and "uploads" in r.query for r in proxy.log()) >= 1, [
+            (r.method, r.path, r.query, r.request_bytes) for r in proxy.log()]  # multipart, really
+        fresh = {"w": torch.zeros(3_500_000), "step": 0}
+        assert ckpt.restore(fresh) == 1
+    assert torch.equal(fresh["w"], state["w"])
+    assert _requests() == _logged(proxy)
+    assert _bytes() == _logged_bytes(proxy) and _bytes()[0] > 14_000_000
+
+
+# ------------------------------------------------------------------ a dataset epoch, 2 DataLoader workers
+@pytest.mark.slow
+def test_dataset_epoch_with_two_workers_equals_the_proxy_log(s3: S3Endpoint, proxy: FaultProxy) -> None:
+    from streamio.data.loader import StreamingDataLoader
+    from support.dataset import all_keys, make_dataset
+
+    counts = [40, 30, 50, 20]
+    make_dataset(s3.url("ds"), s3.storage_options(), counts)  # written around the proxy: not counted
+    _start(proxy)
+    proxy.fail_next(2, 503, "SlowDown", method="GET", path_contains="part001")  # a storm inside a worker
+    ds = _Reporting(s3.url("ds"), batch_size=10, shuffle=False, storage_options=s3.storage_options(proxy.endpoint_url))
+    loader = StreamingDataLoader(ds, num_workers=2, collate_fn=lambda batch: [s["__key__"] for s in batch])
+    keys = [k for batch in loader for k in batch]
+    assert sorted(keys) == sorted(all_keys(counts))
+    # the workers' counts reached this process once the epoch's iterator was exhausted
+    assert _requests() == _logged(proxy)
+    assert _requests()[("get", "throttled")] == 2
+    assert _bytes() == _logged_bytes(proxy)
+    assert _bytes()[0] > 0
+
+
+def _reporting_class() -> type:
+    from streamio.data.dataset import StreamingDataset
+
+    class Reporting(StreamingDataset):  # type: ignore[misc]
+        """Reports a worker's metrics when its iterator ends (until StreamingDataset does it itself)."""
+
+        def __iter__(self) -> Any:
+            try:
+                yield from super().__iter__()
+            finally:
+                streamio.metrics.report()
+
+    return Reporting
+
+
+def _Reporting(*args: Any, **kwargs: Any) -> Any:  # noqa: N802 - a class, made on first use
+    return _reporting_class()(*args, **kwargs)
