@@ -3,6 +3,10 @@ the outcome of a status, and the ledger's promise that every attempt lands in ex
 
 from __future__ import annotations
 
+import json
+import os
+from typing import Any
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -136,3 +140,37 @@ def test_an_error_an_inner_loop_settled_is_not_settled_again() -> None:
         outer.run(upload)
     outer.gave_up(err, answer=False)
     assert _requests() == {("put", "failed"): 1.0, ("delete", "ok"): 1.0}
+
+
+# ------------------------------------------------------------------ claims from outside: a child's report
+@pytest.mark.parametrize(
+    "forged",
+    [
+        [[["get", "ok"], -5]],  # a counter going down
+        [[["get", "ok"], float("nan")]],
+        [[["get", "ok"], 1e309]],  # inf once parsed
+        [[["get", "ok"], True]],  # a bool where a number is expected
+        [[["get", "ok"], "7"]],
+        [[["get"], 1]],  # labels that are not the instrument's
+    ],
+    ids=["negative", "nan", "inf", "bool", "string", "labels"],
+)
+def test_a_forged_child_report_is_skipped_whole(
+    forged: list, tmp_path: Any, caplog: pytest.LogCaptureFixture  # type: ignore[type-arg]
+) -> None:
+    from streamio.metrics import processes
+
+    streamio.metrics.reset()
+    processes._before_fork()  # the directory forked children report into (made before a first fork)
+    assert processes._state.own_dir is not None
+    path = os.path.join(processes._state.own_dir, "1-deadbeef.json")  # pid 1: not our child, "exited"
+    doc = {"v": 1, "metrics": {
+        "streamio_store_bytes_read_total": [[[], 10]],  # one honest line beside the forged one
+        "streamio_store_requests_total": forged,
+    }}
+    with open(path, "w") as f:
+        f.write(json.dumps(doc))
+    snap = streamio.metrics.snapshot()
+    assert snap["streamio_store_requests_total"] == {} and snap["streamio_store_bytes_read_total"] == 0
+    assert "skipped a worker's report" in caplog.text
+    streamio.metrics.reset()
