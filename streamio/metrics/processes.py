@@ -25,6 +25,7 @@ import atexit
 import contextlib
 import json
 import logging
+import math
 import os
 import secrets
 import shutil
@@ -100,7 +101,9 @@ def recording_started() -> None:
         return
     with state.lock:
         if state.reporter is None:
-            state.reporter = threading.Thread(target=_report_forever, args=(state,), name="streamio-metrics", daemon=True)
+            state.reporter = threading.Thread(
+                target=_report_forever, args=(state,), name="streamio-metrics", daemon=True
+            )
             state.reporter.start()
 
 
@@ -204,6 +207,7 @@ def _read_report(path: str, known: Mapping[str, Instrument]) -> Family | None:
 
 def _values(instrument: Instrument, rows: Any) -> dict[tuple[str, ...], Any]:
     out: dict[tuple[str, ...], Any] = {}
+    signed = isinstance(instrument, Gauge)  # a counter or a histogram never holds a negative value
     for labels, value in rows:
         key = tuple(str(v) for v in labels)
         if len(key) != len(instrument.labels):
@@ -211,9 +215,18 @@ def _values(instrument: Instrument, rows: Any) -> dict[tuple[str, ...], Any]:
         if isinstance(instrument, Histogram):
             if len(value) != len(instrument.buckets) + 3:
                 raise ValueError(f"{instrument.name}: {len(value)} histogram fields")
-            out[key] = [float(v) for v in value]
+            out[key] = [_number(instrument, v, signed) for v in value]
         elif isinstance(value, list):
-            out[key] = (float(value[0]), float(value[1]))
+            out[key] = (_number(instrument, value[0], signed), _number(instrument, value[1], signed))
         else:
-            out[key] = float(value)
+            out[key] = _number(instrument, value, signed)
     return out
+
+
+def _number(instrument: Instrument, value: Any, signed: bool) -> float:
+    """``value`` as a float, if it is a finite JSON number (not a bool), non-negative unless ``signed``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{instrument.name}: {value!r} is not a finite number")
+    if value < 0 and not signed:
+        raise ValueError(f"{instrument.name}: {value!r} is negative")
+    return float(value)

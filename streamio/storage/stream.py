@@ -60,12 +60,26 @@ def resuming(
         CorruptDataError: the object ends before ``end``.
         Whatever ``budget`` maps a non-transient or persistent failure to.
     """
+    try:
+        yield from _resuming(open_at, url, start, end, piece=piece, budget=budget)
+    finally:
+        budget.ledger.close()  # the requests still noted are counted (the reader may stop early)
+
+
+def _resuming(
+    open_at: Opener, url: str, start: int, end: int | None, *, piece: int, budget: RetryBudget
+) -> Iterator[bytes]:
     bound = _Bound(url, end)
     pos = start
+    ledger = budget.ledger
     while bound.end is None or pos < bound.end:
         stream = open_at(pos, bound.end, piece, bound.learn)
         try:
-            for data in stream:
+            while True:
+                with ledger.active():  # the request is sent on the first next(): noted in the ledger
+                    data = next(stream, None)
+                if data is None:
+                    break
                 data = bound.clip(data, pos)
                 if data:
                     pos += len(data)
