@@ -37,6 +37,7 @@ from typing import Any
 
 from torch.utils.data import IterableDataset, get_worker_info
 
+from streamio import metrics
 from streamio.data.cache import ShardCache
 from streamio.data.dataloader.allocator import tune_worker_malloc
 from streamio.data.dataloader.stateful_loader import LoaderState, install
@@ -257,9 +258,12 @@ class StreamingDataset(IterableDataset):
         stream = plan.stream(rank, worker)
         check_worker(position, stream)
         position.rewind()
-        for sample in _samples(self, plan, stream, position.yielded):
-            position.count(token, stream.size)  # the last sample ends the epoch as it goes out
-            yield self.transform(sample) if self.transform is not None else sample
+        try:
+            for sample in _samples(self, plan, stream, position.yielded):
+                position.count(token, stream.size)  # the last sample ends the epoch as it goes out
+                yield self.transform(sample) if self.transform is not None else sample
+        finally:
+            metrics.report()  # a forked worker's counts reach the main process before its iterator ends
         if token is not None:
             position.end(token)
 

@@ -19,6 +19,17 @@ lease file's mtime is the LRU clock. Inside the lease, one look (:meth:`CacheCor
 ``open_range`` (a reader) and ``fill`` (a prefetcher: cached or being cached, no bytes handed over)
 share that one look.
 
+**Hits and misses** (``streamio_cache_hits_total`` / ``streamio_cache_misses_total``,
+:mod:`streamio.metrics`) count *reads*: one per ranged read of a shard (a run), decided by the read's
+first look. A hit: the object is committed, or another reader on the node is downloading it (this
+read fetches nothing from the store). A miss: this read starts or resumes the download, or streams
+the object uncached (no room, or larger than the cache). A prefetcher's ``fill`` is the first look
+of the read its consumer's ``open_range(..., prefetched=True)`` then serves, so that read counts
+once. Not counted again: a follower that takes over a download whose downloader died, and a
+prefetched read whose committed file then fails verification (both are re-downloads within one
+read). So ``hits + misses`` is the number of runs read through the cache, and ``misses`` the
+number of downloads this process started.
+
 A write the system refuses (file-size limit, full disk, read-only, permissions, the directory
 removed: :func:`~streamio.data.cache.directory.write_refused`) is a
 :class:`~streamio.errors.CacheWriteError`; under ``CacheConfig(on_error="bypass")`` the read goes on
@@ -43,6 +54,7 @@ from streamio.data.cache.transfer import RESERVE, Download, Follower
 from streamio.data.cache.verify import open_verified
 from streamio.errors import CacheError, CacheWriteError, CorruptDataError, StreamioError
 from streamio.flocks import release
+from streamio.metrics.catalog import CACHE_HITS, CACHE_MISSES
 
 log = logging.getLogger(__name__)
 
@@ -89,10 +101,13 @@ class CacheCore:
         return size + RESERVE <= self.config.max_bytes
 
     # ------------------------------------------------------------------ readers
-    def open_range(self, src: Source, start: int, end: int, *, stats: ReadStats | None = None) -> Iterator[bytes]:
+    def open_range(
+        self, src: Source, start: int, end: int, *, stats: ReadStats | None = None, prefetched: bool = False
+    ) -> Iterator[bytes]:
         """Yield ``[start, end)`` of ``src`` as it arrives: from the cache, a download, or a follow.
 
         Closing the generator early leaves a download resumable and releases every lock.
+        ``prefetched``: :meth:`fill` made the first look of this read (its hit or miss is counted).
 
         Raises:
             CorruptDataError: the object does not match its size or checksum.
@@ -104,9 +119,11 @@ class CacheCore:
                 "shard %s (%d bytes) is larger than cache %s can hold; streaming it uncached",
                 src.url, src.size, self.directory.path,
             )
+            if not prefetched:
+                CACHE_MISSES.add(1.0)
             yield from self.bypass(src, start, end, counters)
             return
-        pos, cached = start, self._cached_range(src, start, end, counters)
+        pos, cached = start, self._cached_range(src, start, end, counters, count=not prefetched)
         try:
             for chunk in cached:
                 pos += len(chunk)
@@ -117,12 +134,15 @@ class CacheCore:
         finally:
             cached.close()
 
-    def _cached_range(self, src: Source, start: int, end: int, counters: Counters) -> Iterator[bytes]:
+    def _cached_range(self, src: Source, start: int, end: int, counters: Counters, *, count: bool) -> Iterator[bytes]:
         """:meth:`open_range` through the cache (the one look, then a hit, a download or a follow)."""
         with self._lease(src.key):
             pos = start
             while True:
                 claim = self._claim(src, pos, counters, verify=True)
+                if count:  # the read's first look decides (see the module docstring)
+                    _count_read(claim)
+                    count = False
                 if isinstance(claim, _Hit):
                     yield from self._read_hit(claim, pos, end, counters)
                     return
@@ -162,6 +182,7 @@ class CacheCore:
         """
         counters = Counters(self.stats, stats)
         if not self.fits(src.size):
+            CACHE_MISSES.add(1.0)  # the caller streams it from the store
             return False
         started = False
 
@@ -183,6 +204,7 @@ class CacheCore:
     ) -> bool:
         with self._lease(src.key):
             claim = self._claim(src, min(start, src.size), counters, verify=False)
+            _count_read(claim)
             if claim == _FULL:
                 return False
             on_started()
@@ -299,3 +321,12 @@ class CacheCore:
         before = self._clock()
         self._sleep(seconds)
         return self._clock() - before
+
+
+def _count_read(claim: _Hit | Download | str) -> None:
+    """Count a read by its first look: a hit when the cache has the object or another reader is
+    downloading it, a miss when this read downloads it or streams it uncached."""
+    if isinstance(claim, _Hit) or claim == _BUSY:
+        CACHE_HITS.add(1.0)
+    else:
+        CACHE_MISSES.add(1.0)
