@@ -9,6 +9,12 @@ lives in :mod:`.save` and :mod:`.restore` (docs/design.md "Checkpoints").
 Under ``torch.distributed`` every rank constructs the manager; state named in
 ``SaveOptions.per_rank`` (default ``"rng"``, ``"data"``) is saved by every rank, everything else
 is taken as replicated and divided among ranks for upload (:mod:`.save.snapshot`).
+
+Metrics (:mod:`streamio.metrics`): ``streamio_checkpoint_seconds`` observes ``blocked`` (the
+snapshot's own measure, ``SaveStats.blocked_s``) once per ``save`` and ``restore`` once per
+successful ``restore`` (a restore that finds nothing or fails is not a restore's time); ``local``
+and ``durable`` are observed where those phases end (:mod:`.save.tiers`, :mod:`.save.commit`), in
+the save thread for an async save. Span ``snapshot`` covers the copy into the host buffer.
 """
 
 from __future__ import annotations
@@ -36,6 +42,8 @@ from streamio.checkpoint.save.tiers import TieredSaves
 from streamio.checkpoint.tensors.serialize import HostBuffer
 from streamio.deprecation import REMOVED_IN, keyword_only
 from streamio.errors import ArgumentError, CheckpointError
+from streamio.metrics.catalog import CHECKPOINT_SECONDS
+from streamio.metrics.trace import span
 from streamio.storage import RetryPolicy, Store
 
 __all__ = ["CheckpointManager"]
@@ -178,8 +186,10 @@ class CheckpointManager:
         layout.step_dir(step)  # validates
         t0 = time.perf_counter()
         self._wait_pending()
-        job = take_snapshot(step, state, comm=self._comm, per_rank=self.options.per_rank, buffer=self._buffer,
-                            metrics=dict(metrics or {}), started=t0, block_size=self.options.block_size)
+        with span("snapshot", step=step):
+            job = take_snapshot(step, state, comm=self._comm, per_rank=self.options.per_rank, buffer=self._buffer,
+                                metrics=dict(metrics or {}), started=t0, block_size=self.options.block_size)
+        CHECKPOINT_SECONDS.observe(job.blocked_s, "blocked")
         if self.async_save:
             self._pending = self._executor.submit(self._commit, job, forced)
             inflight.track(self._pending, step, self.store.root_url)  # waited for at exit if nobody does
@@ -288,11 +298,13 @@ class CheckpointManager:
                 reach this restore within ``SaveOptions.collective_timeout_s``: nothing was loaded.
         """
         step = keyword_only("CheckpointManager.restore", "step", moved, step)
+        began = time.perf_counter()
         self._wait_pending()
         where = f"restoring {'the newest step' if step is None else f'step {step}'} from {self.store.root_url}"
         self._comm.arrive("restore", step, where=where)
         restored = self._restorer.restore(state, step)
         self._committer.restored(self._restorer.outcome)
+        CHECKPOINT_SECONDS.observe(time.perf_counter() - began, "restore")
         return restored
 
 

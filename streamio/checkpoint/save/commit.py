@@ -30,6 +30,10 @@ Where a save goes and on which timeline is rank 0's :class:`~.plan.Planner`'s (d
 lifecycle.md); the pointer and the manifest record the timeline. Two live jobs on one root are
 stopped by the fencing above: whichever swaps the pointer second finds it changed.
 
+Metrics (:mod:`streamio.metrics`): the ``durable`` phase of ``streamio_checkpoint_seconds`` is
+observed here, on every rank, once the pointer names the step (from the ``save()`` call, also for a
+save published from a local tier); spans ``upload`` (step 1) and ``commit`` (steps 3-4).
+
 ``on_phase`` is called with the name of each phase as it completes (:data:`PHASES`); the kill
 tests use it to ``kill -9`` the process there.
 """
@@ -66,6 +70,8 @@ from streamio.errors import (
     StorageError,
     WriteConflictError,
 )
+from streamio.metrics.catalog import CHECKPOINT_SECONDS
+from streamio.metrics.trace import span
 from streamio.storage import Store
 
 __all__ = ["PHASES", "Committer"]
@@ -128,8 +134,10 @@ class Committer:
         plan = plan if plan is not None else self.plan(job.step, comm=comm)
         writes = len(share_ranges(self.store, job, self.options, world=comm.world)) + 1  # and the marker
         files = self._all_ranks(plan, lambda: self._write_rank(job, plan, comm, bound), comm, writes, bound)
-        self._finish(plan, lambda: _assemble(self.store, self.options, job, plan, comm.world, bound), comm, bound)
+        with span("commit", step=job.step):
+            self._finish(plan, lambda: _assemble(self.store, self.options, job, plan, comm.world, bound), comm, bound)
         durable = time.perf_counter() - job.started
+        CHECKPOINT_SECONDS.observe(durable, "durable")
         log.info("checkpoint step %d durable at %s (%.3f s blocked, %.3f s to durable)",
                  job.step, self.store.url(plan.sdir), job.blocked_s, durable)
         return SaveStats(job.step, job.blocked_s, durable, sum(f.size for f in files), len(files))
@@ -146,7 +154,9 @@ class Committer:
         began = time.perf_counter()
         bound = SaveBound(self.options.save_timeout_s, began, rank=comm.rank)
         self._all_ranks(save.plan, lambda: self._upload_rank(save, bound), comm, len(save.share.files) + 1, bound)
-        self._finish(save.plan, lambda: save.manifest, comm, bound)
+        with span("commit", step=save.plan.step):
+            self._finish(save.plan, lambda: save.manifest, comm, bound)
+        CHECKPOINT_SECONDS.observe(time.perf_counter() - (began if save.started is None else save.started), "durable")
         log.info("checkpoint step %d durable at %s (uploaded from the local tier in %.3f s)",
                  save.plan.step, self.store.url(save.plan.sdir), time.perf_counter() - began)
         files = save.share.files
@@ -268,15 +278,17 @@ class Committer:
 
     def _write_rank(self, job: Snapshot, plan: SavePlan, comm: Comm, bound: SaveBound) -> list[FileEntry]:
         """This rank's share: parts uploaded and checked in the store, then its done marker."""
-        share = write_share(self.store, job, plan, comm.rank, self.options, world=comm.world, bound=bound)
+        with span("upload", step=plan.step):
+            share = write_share(self.store, job, plan, comm.rank, self.options, world=comm.world, bound=bound)
         self._phase("parts")
         self._write_marker(plan, share.marker, bound)
         return list(share.files)
 
     def _upload_rank(self, save: LocalSave, bound: SaveBound) -> list[FileEntry]:
         """This rank's share of a local save: its files uploaded as they are, then its marker."""
-        copy_share(save.store, self.store, save.plan.place, save.share, concurrency=self.options.concurrency,
-                   bound=bound)
+        with span("upload", step=save.plan.step):
+            copy_share(save.store, self.store, save.plan.place, save.share, concurrency=self.options.concurrency,
+                       bound=bound)
         self._phase("parts")
         self._write_marker(save.plan, save.share.marker, bound)
         return list(save.share.files)

@@ -7,7 +7,8 @@ for ranged reads of sharded state) in a thread of a bounded pool and written wit
 to check that every part is there with its size. The result (:class:`Share`) is what the rank's
 done marker records. The durable root's commit and a local tier's (:mod:`.local`) write through
 here alike, so a part has the same name, bytes and checksum on every tier; :func:`copy_share`
-uploads a share already on one tier to another as it is.
+uploads a share already on one tier to another as it is. Every part written, on any tier, adds its
+stored bytes to ``streamio_checkpoint_bytes_total{direction="write"}`` (:mod:`streamio.metrics`).
 
 The manifest assembled from the ranks' markers (:func:`assemble_manifest`) is the same function
 on every tier too: a save published from a local tier has the manifest bytes the local commit had.
@@ -35,6 +36,7 @@ from streamio.checkpoint.save.plan import SavePlan
 from streamio.checkpoint.save.snapshot import Snapshot
 from streamio.checkpoint.tensors.serialize import block_checksums, encode_part, verify_file
 from streamio.errors import CheckpointError
+from streamio.metrics.catalog import CHECKPOINT_BYTES
 from streamio.pool import run_detached
 from streamio.storage import Store
 from streamio.version import __version__
@@ -93,6 +95,7 @@ def write_share(
         key = plan.place.path(rank, entry.path)
         with bound.request(store.url(key)), writing(store.url(key)):
             store.put(key, data)
+        CHECKPOINT_BYTES.add(len(data), "write")
         return entry
 
     def run(i: int | None) -> Any:  # None: the tensor checksums, beside the uploads
@@ -123,6 +126,7 @@ def copy_share(
         verify_file(data, f, source.url(path))
         with bound.request(dest.url(path)), writing(dest.url(path)):
             dest.put(path, data)
+        CHECKPOINT_BYTES.add(len(data), "write")
 
     run_detached(put, share.files, concurrency=max(1, concurrency), name="streamio-ckpt-upload")
     with bound.request(dest.url(place.rank_dir(share.marker.rank))):
