@@ -240,6 +240,7 @@ class StreamingDataLoader(DataLoader):
         self._batches_epoch: int | None = None  # the dataset epoch `_batches` counts batches of
 
     def __iter__(self) -> Iterator[Any]:
+        waited = time.perf_counter()  # the first batch's wait includes planning and starting the workers
         ds = self._streaming
         token = ds.begin_iteration()  # the next epoch when the last one was read whole and set_epoch was not called
         self._batches, self._batches_epoch = 0, ds.epoch
@@ -257,9 +258,7 @@ class StreamingDataLoader(DataLoader):
         stack = self._collate.stack = stack and not self.pin_memory
         batches = super().__iter__()
         while True:
-            # the loop's wait for this batch (the first included): one clock pair per batch
-            waited = time.perf_counter()
-            with span("wait"):
+            with span("wait"):  # the loop's wait for this batch: one clock pair per batch
                 batch = next(batches, _END)
                 if batch is _END:
                     break
@@ -270,6 +269,7 @@ class StreamingDataLoader(DataLoader):
             if self._batches == last:  # handed out now: a loop that takes len(loader) batches never asks for more
                 ds.end_iteration(token)
             yield batch
+            waited = time.perf_counter()
         if rings is not None:
             rings.close()  # every batch arrived: unmap them now, not at the next iteration
         ds.end_iteration(token)

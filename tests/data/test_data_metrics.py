@@ -1,0 +1,131 @@
+"""The data path's metrics against what really happened: the loop's own clock and the proxy's log.
+
+A dataset of 6 shards on moto behind the fault proxy with 30 ms before every response's first byte,
+read by a loop that does nothing with its batches. What is asserted is a relation with an outside
+measure, never "non-zero": the loader's waits sum to what the loop measured around ``next()``; a
+cold epoch's cache misses are the shards the proxy saw fetched, a warm epoch's hits the same shards
+with no shard GET at all; the cache-bytes gauge is the shards' bytes plus the per-shard lock files;
+the prefetch depth is back to 0 after an epoch and after an abandoned iterator. With DataLoader
+workers (slow), the workers' counts reach the main process's snapshot when the epoch ends, through
+``StreamingDataLoader`` and a plain ``torch.utils.data.DataLoader`` alike.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from torch.utils.data import DataLoader
+
+from streamio import metrics
+from streamio.data.cache import CacheConfig
+from streamio.data.cache.transfer import RESERVE
+from streamio.data.dataset import StreamingDataset
+from streamio.data.loader import StreamingDataLoader
+from streamio.data.options import DatasetOptions
+from streamio.testing import FaultProxy, S3Endpoint
+from support.dataset import make_dataset
+
+SHARDS, PER_SHARD, BATCH = 6, 40, 8
+LATENCY_S = 0.03
+
+
+@pytest.fixture
+def dataset(s3: S3Endpoint, proxy: FaultProxy, tmp_path: Path) -> StreamingDataset:
+    make_dataset(s3.url("ds"), s3.storage_options(), [PER_SHARD] * SHARDS)
+    cache = CacheConfig(tmp_path / "cache", max_bytes=1 << 30)
+    return StreamingDataset(s3.url("ds"), batch_size=BATCH, storage_options=s3.storage_options(proxy.endpoint_url),
+                            options=DatasetOptions(cache=cache))
+
+
+def _sizes(batch: list[Any]) -> int:
+    return len(batch)
+
+
+def timed_epoch(loader: Any) -> tuple[list[float], dict[str, Any]]:
+    """The loop's own wait for each batch, and the snapshot once the iterator is exhausted."""
+    waits = []
+    it: Iterator[Any] = iter(loader)
+    while True:
+        t0 = time.perf_counter()
+        batch = next(it, None)
+        if batch is None:
+            break
+        waits.append(time.perf_counter() - t0)
+    return waits, metrics.snapshot()
+
+
+def shard_gets(proxy: FaultProxy) -> set[str]:
+    return {r.path for r in proxy.log() if r.method == "GET" and r.path.endswith(".tar") and r.status < 300}
+
+
+def test_loader_wait_shows_the_stall_a_warm_cache_removes_it_and_cache_counts_match_the_proxy(
+    dataset: StreamingDataset, proxy: FaultProxy
+) -> None:
+    loader = StreamingDataLoader(dataset, collate_fn=_sizes)
+    shard_bytes = sum(sh.bytes for sh in dataset.index.shards)
+    proxy.set_latency(LATENCY_S)
+    sums = []
+    for epoch in range(2):
+        metrics.reset()
+        proxy.clear()
+        dataset.set_epoch(epoch)
+        waits, snap = timed_epoch(loader)
+        wait = snap["streamio_loader_wait_seconds"]
+        batches = SHARDS * PER_SHARD // BATCH
+        assert len(waits) == wait["count"] == snap["streamio_loader_batches_total"] == batches
+        # the loader's window lies inside the loop's: the same waits, less the loop's own few microseconds
+        assert sum(waits) - 0.0005 * batches <= wait["sum"] <= sum(waits)
+        assert snap["streamio_prefetch_depth"] == 0
+        fetched = shard_gets(proxy)
+        if epoch == 0:  # cold: one download per shard, each behind the injected latency
+            assert len(fetched) == SHARDS
+            assert (snap["streamio_cache_misses_total"], snap["streamio_cache_hits_total"]) == (len(fetched), 0)
+            assert wait["sum"] >= LATENCY_S  # the first batch alone waited for a shard's first byte
+            # what the cache holds as measured at its last reservation: the shards and their lock files
+            assert shard_bytes <= snap["streamio_cache_bytes"] <= shard_bytes + SHARDS * RESERVE
+        else:  # warm: every shard read from the cache, not one shard request
+            assert fetched == set()
+            assert (snap["streamio_cache_misses_total"], snap["streamio_cache_hits_total"]) == (0, SHARDS)
+        sums.append(wait["sum"])
+    assert sums[1] < sums[0] / 2, sums
+
+
+def test_prefetch_depth_counts_runs_fetched_ahead_and_returns_to_zero_when_abandoned(
+    dataset: StreamingDataset, proxy: FaultProxy
+) -> None:
+    loader = StreamingDataLoader(dataset, collate_fn=_sizes)
+    proxy.set_latency(LATENCY_S)
+    metrics.reset()
+    it = iter(loader)
+    next(it)  # behind 30 ms of latency: the prefetch threads (4 by default) started their runs meanwhile
+    ahead = metrics.snapshot()["streamio_prefetch_depth"]
+    assert 1 <= ahead <= dataset.options.prefetch.workers - 1
+    del it
+    gc.collect()
+    assert metrics.snapshot()["streamio_prefetch_depth"] == 0
+
+
+@pytest.mark.slow
+def test_forked_workers_counts_reach_the_main_process_when_the_epoch_ends(
+    dataset: StreamingDataset, proxy: FaultProxy
+) -> None:
+    """With 2 forked workers: StreamingDataLoader (cold), then a plain DataLoader (warm)."""
+    metrics.reset()
+    proxy.clear()
+    waits, snap = timed_epoch(StreamingDataLoader(dataset, num_workers=2, collate_fn=_sizes))
+    assert len(shard_gets(proxy)) == SHARDS
+    assert (snap["streamio_cache_misses_total"], snap["streamio_cache_hits_total"]) == (SHARDS, 0)
+    assert snap["streamio_loader_wait_seconds"]["count"] == len(waits) == SHARDS * PER_SHARD // BATCH
+    assert snap["streamio_prefetch_depth"] == 0
+    metrics.reset()
+    proxy.clear()
+    dataset.set_epoch(1)
+    _, snap = timed_epoch(DataLoader(dataset, batch_size=BATCH, num_workers=2, collate_fn=_sizes))
+    assert shard_gets(proxy) == set()
+    assert (snap["streamio_cache_misses_total"], snap["streamio_cache_hits_total"]) == (0, SHARDS)
+    assert snap["streamio_loader_batches_total"] == 0  # a plain DataLoader is not measured: no loader counts
