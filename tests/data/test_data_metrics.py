@@ -22,7 +22,10 @@ import pytest
 from torch.utils.data import DataLoader
 
 from streamio import metrics
+from streamio.checksum import checksum_bytes
 from streamio.data.cache import CacheConfig
+from streamio.data.cache.core import CacheCore
+from streamio.data.cache.source import Source
 from streamio.data.cache.transfer import RESERVE
 from streamio.data.dataset import StreamingDataset
 from streamio.data.loader import StreamingDataLoader
@@ -129,3 +132,51 @@ def test_forked_workers_counts_reach_the_main_process_when_the_epoch_ends(
     assert shard_gets(proxy) == set()
     assert (snap["streamio_cache_misses_total"], snap["streamio_cache_hits_total"]) == (0, SHARDS)
     assert snap["streamio_loader_batches_total"] == 0  # a plain DataLoader is not measured: no loader counts
+
+
+# ---------------------------------------------------------------------------- the counting rule, without a server
+class _Object:
+    """An object in memory whose fetches are counted (what the store would have seen)."""
+
+    def __init__(self, size: int) -> None:
+        self.data = bytes(i * 7 & 0xFF for i in range(size))
+        self.fetches = 0
+
+    def fetch(self, start: int, end: int) -> Iterator[bytes]:
+        self.fetches += 1
+        yield self.data[start:end]
+
+    def source(self) -> Source:
+        return Source("k" * 40, "mem://obj", len(self.data), checksum_bytes(self.data), self.fetch)
+
+
+def _counts() -> tuple[float, float]:
+    snap = metrics.snapshot()
+    return snap["streamio_cache_misses_total"], snap["streamio_cache_hits_total"]
+
+
+def test_misses_are_the_fetches_reads_started_and_a_prefetched_read_counts_once(tmp_path: Path) -> None:
+    core, obj = CacheCore(CacheConfig(tmp_path / "c", max_bytes=1 << 20)), _Object(5000)
+    src = obj.source()
+    metrics.reset()
+    assert b"".join(core.open_range(src, 0, 5000)) == obj.data  # cold: downloads
+    assert b"".join(core.open_range(src, 100, 200)) == obj.data[100:200]  # committed: a hit
+    assert (_counts(), obj.fetches) == ((1, 1), 1)
+    core.invalidate(src.key)
+    assert core.fill(src) and b"".join(core.open_range(src, 0, 5000, prefetched=True)) == obj.data
+    assert core.fill(src) and b"".join(core.open_range(src, 0, 10, prefetched=True)) == obj.data[:10]
+    assert (_counts(), obj.fetches) == ((2, 2), 2)  # one miss, then one hit: each read once
+    # a committed file damaged since (its size changed): the prefetch's look found it (a hit), the
+    # consumer's verification discarded it and fetched again: that fetch is a miss too
+    data_file = next(p for p in (tmp_path / "c").iterdir() if p.name.endswith(".data"))
+    data_file.write_bytes(obj.data[:-1])
+    assert core.fill(src) and b"".join(core.open_range(src, 0, 5000, prefetched=True)) == obj.data
+    assert (_counts(), obj.fetches) == ((3, 3), 3)
+
+
+def test_an_object_larger_than_the_cache_is_a_miss_per_read(tmp_path: Path) -> None:
+    core, obj = CacheCore(CacheConfig(tmp_path / "c", max_bytes=1000)), _Object(5000)
+    metrics.reset()
+    assert b"".join(core.open_range(obj.source(), 0, 5000)) == obj.data
+    assert not core.fill(obj.source())  # the prefetcher streams it itself: a fetch, so a miss
+    assert (_counts(), obj.fetches) == ((2, 0), 1)

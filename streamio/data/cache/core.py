@@ -20,15 +20,15 @@ lease file's mtime is the LRU clock. Inside the lease, one look (:meth:`CacheCor
 share that one look.
 
 **Hits and misses** (``streamio_cache_hits_total`` / ``streamio_cache_misses_total``,
-:mod:`streamio.metrics`) count *reads*: one per ranged read of a shard (a run), decided by the read's
-first look. A hit: the object is committed, or another reader on the node is downloading it (this
-read fetches nothing from the store). A miss: this read starts or resumes the download, or streams
-the object uncached (no room, or larger than the cache). A prefetcher's ``fill`` is the first look
-of the read its consumer's ``open_range(..., prefetched=True)`` then serves, so that read counts
-once. Not counted again: a follower that takes over a download whose downloader died, and a
-prefetched read whose committed file then fails verification (both are re-downloads within one
-read). So ``hits + misses`` is the number of runs read through the cache, and ``misses`` the
-number of downloads this process started.
+:mod:`streamio.metrics`) count *reads*: one per ranged read of a shard (a run). A miss is every look
+that sends the read to the store: it starts or resumes the download, or streams the object uncached
+(no room, or larger than the cache). A hit is a read whose first look found the object committed,
+or being downloaded by another reader on the node (this read fetched nothing). A prefetcher's
+``fill`` is the first look of the read its consumer's ``open_range(..., prefetched=True)`` then
+serves, so that read counts once. So ``misses`` is the number of fetches from the store this
+process's reads started, and ``hits + misses`` the number of runs read, except for a read that
+fetched after all (it took over the download of a reader that died, or its committed file failed
+verification): it counts a hit and a miss.
 
 A write the system refuses (file-size limit, full disk, read-only, permissions, the directory
 removed: :func:`~streamio.data.cache.directory.write_refused`) is a
@@ -107,7 +107,7 @@ class CacheCore:
         """Yield ``[start, end)`` of ``src`` as it arrives: from the cache, a download, or a follow.
 
         Closing the generator early leaves a download resumable and releases every lock.
-        ``prefetched``: :meth:`fill` made the first look of this read (its hit or miss is counted).
+        ``prefetched``: :meth:`fill` made the first look of this read (and counted it: see the module docstring).
 
         Raises:
             CorruptDataError: the object does not match its size or checksum.
@@ -140,9 +140,8 @@ class CacheCore:
             pos = start
             while True:
                 claim = self._claim(src, pos, counters, verify=True)
-                if count:  # the read's first look decides (see the module docstring)
-                    _count_read(claim)
-                    count = False
+                _count_read(claim, first=count)  # see the module docstring
+                count = False
                 if isinstance(claim, _Hit):
                     yield from self._read_hit(claim, pos, end, counters)
                     return
@@ -204,7 +203,7 @@ class CacheCore:
     ) -> bool:
         with self._lease(src.key):
             claim = self._claim(src, min(start, src.size), counters, verify=False)
-            _count_read(claim)
+            _count_read(claim, first=True)
             if claim == _FULL:
                 return False
             on_started()
@@ -323,10 +322,10 @@ class CacheCore:
         return self._clock() - before
 
 
-def _count_read(claim: _Hit | Download | str) -> None:
-    """Count a read by its first look: a hit when the cache has the object or another reader is
-    downloading it, a miss when this read downloads it or streams it uncached."""
-    if isinstance(claim, _Hit) or claim == _BUSY:
-        CACHE_HITS.add(1.0)
-    else:
+def _count_read(claim: _Hit | Download | str, *, first: bool) -> None:
+    """Count a look of a read: a miss when it downloads the object or streams it uncached; a hit,
+    at the read's ``first`` look only, when the cache has it or another reader is downloading it."""
+    if isinstance(claim, Download) or claim == _FULL:
         CACHE_MISSES.add(1.0)
+    elif first:
+        CACHE_HITS.add(1.0)
