@@ -149,7 +149,7 @@ def merge_values(instrument: Instrument, into: Values, more: Values) -> None:
         if have is None:
             into[key] = list(value) if isinstance(value, list) else value
         elif isinstance(instrument, Histogram):
-            into[key] = [a + b for a, b in zip(have, value)]
+            into[key] = [a + b for a, b in zip(have, value, strict=True)]
         elif isinstance(instrument, Gauge) and instrument.mode == "latest":
             into[key] = max(have, value, key=lambda v: v[1])
         else:

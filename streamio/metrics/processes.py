@@ -100,7 +100,9 @@ def recording_started() -> None:
         return
     with state.lock:
         if state.reporter is None:
-            state.reporter = threading.Thread(target=_report_forever, args=(state,), name="streamio-metrics", daemon=True)
+            state.reporter = threading.Thread(
+                target=_report_forever, args=(state,), name="streamio-metrics", daemon=True
+            )
             state.reporter.start()
 
 

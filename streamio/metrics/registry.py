@@ -56,7 +56,7 @@ def reset() -> None:
 
 def label_string(instrument: Instrument, key: LabelKey) -> str:
     """``op="get",outcome="ok"``: Prometheus' label syntax."""
-    return ",".join(f'{n}="{_escape(v)}"' for n, v in zip(instrument.labels, key))
+    return ",".join(f'{n}="{_escape(v)}"' for n, v in zip(instrument.labels, key, strict=True))
 
 
 def _escape(value: str) -> str:
@@ -67,7 +67,7 @@ def _render(instrument: Instrument, values: dict[LabelKey, Any]) -> Any:
     def one(value: Any) -> Any:
         if isinstance(instrument, Histogram):
             running, buckets = 0, {}
-            for bound, count in zip((*instrument.buckets, float("inf")), value[:-2]):
+            for bound, count in zip((*instrument.buckets, float("inf")), value[:-2], strict=True):
                 running += count
                 buckets["+Inf" if bound == float("inf") else repr(bound)] = running
             return {"count": value[-1], "sum": value[-2], "buckets": buckets}
