@@ -11,10 +11,10 @@ Under ``torch.distributed`` every rank constructs the manager; state named in
 is taken as replicated and divided among ranks for upload (:mod:`.save.snapshot`).
 
 Metrics (:mod:`streamio.metrics`): ``streamio_checkpoint_seconds`` observes ``blocked`` (the
-snapshot's own measure, ``SaveStats.blocked_s``) once per ``save`` and ``restore`` once per
-successful ``restore`` (a restore that finds nothing or fails is not a restore's time); ``local``
-and ``durable`` are observed where those phases end (:mod:`.save.tiers`, :mod:`.save.commit`), in
-the save thread for an async save. Span ``snapshot`` covers the copy into the host buffer.
+snapshot's own measure, ``SaveStats.blocked_s``: :mod:`.save.snapshot`, with the span ``snapshot``)
+once per ``save`` and ``restore`` once per successful ``restore`` (a restore that finds nothing or
+fails is not a restore's time); ``local`` and ``durable`` are observed where those phases end
+(:mod:`.save.tiers`, :mod:`.save.commit`), in the save thread for an async save.
 """
 
 from __future__ import annotations
@@ -43,7 +43,6 @@ from streamio.checkpoint.tensors.serialize import HostBuffer
 from streamio.deprecation import REMOVED_IN, keyword_only
 from streamio.errors import ArgumentError, CheckpointError
 from streamio.metrics.catalog import CHECKPOINT_SECONDS
-from streamio.metrics.trace import span
 from streamio.storage import RetryPolicy, Store
 
 __all__ = ["CheckpointManager"]
@@ -186,10 +185,8 @@ class CheckpointManager:
         layout.step_dir(step)  # validates
         t0 = time.perf_counter()
         self._wait_pending()
-        with span("snapshot", step=step):
-            job = take_snapshot(step, state, comm=self._comm, per_rank=self.options.per_rank, buffer=self._buffer,
-                                metrics=dict(metrics or {}), started=t0, block_size=self.options.block_size)
-        CHECKPOINT_SECONDS.observe(job.blocked_s, "blocked")
+        job = take_snapshot(step, state, comm=self._comm, per_rank=self.options.per_rank, buffer=self._buffer,
+                            metrics=dict(metrics or {}), started=t0, block_size=self.options.block_size)
         if self.async_save:
             self._pending = self._executor.submit(self._commit, job, forced)
             inflight.track(self._pending, step, self.store.root_url)  # waited for at exit if nobody does
@@ -240,9 +237,8 @@ class CheckpointManager:
             inflight.forget(pending)
             raise
         # (an interrupt leaves it pending: the next call, or the exit wait, still sees it)
-        self._pending = None
+        self._pending, self.last_stats = None, stats
         inflight.forget(pending)
-        self.last_stats = stats
 
     # ------------------------------------------------------------------------------ queries
     def latest_step(self) -> int | None:
@@ -297,8 +293,7 @@ class CheckpointManager:
                 (a name not saved, another model's keys, shapes or dtypes), or a rank did not
                 reach this restore within ``SaveOptions.collective_timeout_s``: nothing was loaded.
         """
-        step = keyword_only("CheckpointManager.restore", "step", moved, step)
-        began = time.perf_counter()
+        step, began = keyword_only("CheckpointManager.restore", "step", moved, step), time.perf_counter()
         self._wait_pending()
         where = f"restoring {'the newest step' if step is None else f'step {step}'} from {self.store.root_url}"
         self._comm.arrive("restore", step, where=where)

@@ -258,12 +258,9 @@ class StreamingDataset(IterableDataset):
         stream = plan.stream(rank, worker)
         check_worker(position, stream)
         position.rewind()
-        try:
-            for sample in _samples(self, plan, stream, position.yielded):
-                position.count(token, stream.size)  # the last sample ends the epoch as it goes out
-                yield self.transform(sample) if self.transform is not None else sample
-        finally:
-            metrics.report()  # a forked worker's counts reach the main process before its iterator ends
+        for sample in _samples(self, plan, stream, position.yielded):
+            position.count(token, stream.size)  # the last sample ends the epoch as it goes out
+            yield self.transform(sample) if self.transform is not None else sample
         if token is not None:
             position.end(token)
 
@@ -350,11 +347,20 @@ def _readers(ds: StreamingDataset, decode: DecodeSpec) -> tuple[WindowReader, To
     return reader, TokenPacker(reader, ds.pack.member) if ds.pack is not None else None
 
 
-def _samples(ds: StreamingDataset, plan: EpochPlan | PackPlan, stream: WorkerStream | PackStream, skip: int) -> Any:
-    """The samples (or packed sequences) of ``stream``, after its first ``skip``."""
+def _samples(
+    ds: StreamingDataset, plan: EpochPlan | PackPlan, stream: WorkerStream | PackStream, skip: int
+) -> Iterator[Any]:
+    """The samples (or packed sequences) of ``stream``, after its first ``skip``; at their end (or
+    when the iteration is closed) this process's metrics go to its parent: a forked worker's counts
+    reach the main process before the worker's iterator ends (:func:`streamio.metrics.report`)."""
     if isinstance(plan, PackPlan) and isinstance(stream, PackStream) and ds.packer is not None:
-        return ds.packer.read(plan, stream, skip)
-    return ds.reader.read(stream.windows(), skip)  # type: ignore[union-attr]
+        samples = ds.packer.read(plan, stream, skip)
+    else:
+        samples = ds.reader.read(stream.windows(), skip)  # type: ignore[union-attr]
+    try:
+        yield from samples
+    finally:
+        metrics.report()
 
 
 def _plan(

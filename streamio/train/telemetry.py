@@ -16,8 +16,10 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,6 +47,13 @@ class Summary:
     ckpt_blocked_ms_total: float = 0.0
     ckpt_blocked_ms_max: float = 0.0
     checkpoints: int = 0
+
+    def saved(self, blocked_ms: float) -> float:
+        """Count a checkpoint save that blocked the loop ``blocked_ms``; returns ``blocked_ms``."""
+        self.checkpoints += 1
+        self.ckpt_blocked_ms_total += blocked_ms
+        self.ckpt_blocked_ms_max = max(self.ckpt_blocked_ms_max, blocked_ms)
+        return blocked_ms
 
 
 @dataclass
@@ -103,20 +112,25 @@ class StoreTotals:
                            self.throttled - other.throttled, self.failed - other.failed)
 
 
-@dataclass
 class EpochMeter:
-    """Where one epoch's time went, for its summary line.
+    """Where one epoch's time went, for its summary line: :meth:`begin`, then :meth:`end`.
 
-    Attributes:
-        stall_s: the run's data stall seconds when the epoch began (the loop's running total).
-        ckpt_ms: the run's checkpoint-blocked milliseconds when the epoch began.
-        store: the store totals when the epoch began.
+    Args:
+        totals: the loop's running totals now: data stall seconds and checkpoint-blocked milliseconds.
     """
 
-    stall_s: float = 0.0
-    ckpt_ms: float = 0.0
-    store: StoreTotals = field(default_factory=StoreTotals)
-    start: float = field(default_factory=time.perf_counter)
+    def __init__(self, totals: Callable[[], tuple[float, float]]) -> None:
+        self.totals = totals
+        self.start, (self.stall_s, self.ckpt_ms), self.store = time.perf_counter(), (0.0, 0.0), StoreTotals()
+
+    def begin(self) -> None:
+        """The epoch starts now: take the running totals."""
+        self.start, (self.stall_s, self.ckpt_ms), self.store = time.perf_counter(), self.totals(), StoreTotals.now()
+
+    def end(self, epoch: int, log: logging.Logger | None) -> None:
+        """The epoch ended: log its line to ``log`` (None: this rank does not log)."""
+        if log is not None:
+            log.info("%s", self.line(epoch, *self.totals(), StoreTotals.now()))
 
     def line(self, epoch: int, stall_s: float, ckpt_ms: float, store: StoreTotals) -> str:
         """``epoch N done in S s | data wait W%, ckpt blocked C% | store R MB read, ...``, given the

@@ -151,8 +151,10 @@ def test_epoch_line_reports_the_epoch_s_shares_and_store_traffic_from_snapshot_d
         'op="get",outcome="ok"': 40.0, 'op="get",outcome="throttled"': 3.0, 'op="put",outcome="ok"': 5.0,
         'op="get",outcome="retried"': 1.0, 'op="put",outcome="failed"': 1.0,
     }))
-    meter = EpochMeter(stall_s=2.0, ckpt_ms=100.0, store=before)
+    meter = EpochMeter(lambda: (2.0, 100.0))
+    meter.begin()
     meter.start -= 10.0  # the epoch took 10 s
+    meter.store = before
     line = meter.line(4, stall_s=3.0, ckpt_ms=600.0, store=after)
     assert re.fullmatch(r"epoch 4 done in 10\.\d\d s \| data wait 10\.0%, ckpt blocked 5\.0% \| store 12\.50 MB read, "
                         r"2\.00 MB written, 40 requests \(3 throttled, 1 failed\)", line), line

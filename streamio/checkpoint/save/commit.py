@@ -32,7 +32,7 @@ stopped by the fencing above: whichever swaps the pointer second finds it change
 
 Metrics (:mod:`streamio.metrics`): the ``durable`` phase of ``streamio_checkpoint_seconds`` is
 observed here, on every rank, once the pointer names the step (from the ``save()`` call, also for a
-save published from a local tier); spans ``upload`` (step 1) and ``commit`` (steps 3-4).
+save published from a local tier); span ``commit`` covers steps 3-4 (``upload``, step 1: :mod:`.parts`).
 
 ``on_phase`` is called with the name of each phase as it completes (:data:`PHASES`); the kill
 tests use it to ``kill -9`` the process there.
@@ -134,10 +134,8 @@ class Committer:
         plan = plan if plan is not None else self.plan(job.step, comm=comm)
         writes = len(share_ranges(self.store, job, self.options, world=comm.world)) + 1  # and the marker
         files = self._all_ranks(plan, lambda: self._write_rank(job, plan, comm, bound), comm, writes, bound)
-        with span("commit", step=job.step):
-            self._finish(plan, lambda: _assemble(self.store, self.options, job, plan, comm.world, bound), comm, bound)
-        durable = time.perf_counter() - job.started
-        CHECKPOINT_SECONDS.observe(durable, "durable")
+        self._finish(plan, lambda: _assemble(self.store, self.options, job, plan, comm.world, bound), comm, bound)
+        CHECKPOINT_SECONDS.observe(durable := time.perf_counter() - job.started, "durable")
         log.info("checkpoint step %d durable at %s (%.3f s blocked, %.3f s to durable)",
                  job.step, self.store.url(plan.sdir), job.blocked_s, durable)
         return SaveStats(job.step, job.blocked_s, durable, sum(f.size for f in files), len(files))
@@ -154,8 +152,7 @@ class Committer:
         began = time.perf_counter()
         bound = SaveBound(self.options.save_timeout_s, began, rank=comm.rank)
         self._all_ranks(save.plan, lambda: self._upload_rank(save, bound), comm, len(save.share.files) + 1, bound)
-        with span("commit", step=save.plan.step):
-            self._finish(save.plan, lambda: save.manifest, comm, bound)
+        self._finish(save.plan, lambda: save.manifest, comm, bound)
         CHECKPOINT_SECONDS.observe(time.perf_counter() - (began if save.started is None else save.started), "durable")
         log.info("checkpoint step %d durable at %s (uploaded from the local tier in %.3f s)",
                  save.plan.step, self.store.url(save.plan.sdir), time.perf_counter() - began)
@@ -248,8 +245,9 @@ class Committer:
         discard = False
         if comm.rank == 0:
             try:
-                manifest = bound.run(lambda: self._publish(plan, manifest_of(), bound),
-                                     doing="publishing the manifest and the pointer")
+                with span("commit", step=plan.step):  # steps 3-4 (rank 0)
+                    manifest = bound.run(lambda: self._publish(plan, manifest_of(), bound),
+                                         doing="publishing the manifest and the pointer")
             except Exception as exc:  # out of time: the outcome is unknown (a write may still land), keep all
                 late = isinstance(exc, BoundExpired)
                 result, commit_exc = exc.stuck if late else f"{type(exc).__name__}: {exc}", exc  # type: ignore[union-attr]
@@ -278,17 +276,15 @@ class Committer:
 
     def _write_rank(self, job: Snapshot, plan: SavePlan, comm: Comm, bound: SaveBound) -> list[FileEntry]:
         """This rank's share: parts uploaded and checked in the store, then its done marker."""
-        with span("upload", step=plan.step):
-            share = write_share(self.store, job, plan, comm.rank, self.options, world=comm.world, bound=bound)
+        share = write_share(self.store, job, plan, comm.rank, self.options, world=comm.world, bound=bound)
         self._phase("parts")
         self._write_marker(plan, share.marker, bound)
         return list(share.files)
 
     def _upload_rank(self, save: LocalSave, bound: SaveBound) -> list[FileEntry]:
         """This rank's share of a local save: its files uploaded as they are, then its marker."""
-        with span("upload", step=save.plan.step):
-            copy_share(save.store, self.store, save.plan.place, save.share, concurrency=self.options.concurrency,
-                       bound=bound)
+        copy_share(save.store, self.store, save.plan.place, save.share, concurrency=self.options.concurrency,
+                   bound=bound)
         self._phase("parts")
         self._write_marker(save.plan, save.share.marker, bound)
         return list(save.share.files)

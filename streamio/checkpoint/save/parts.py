@@ -8,7 +8,8 @@ to check that every part is there with its size. The result (:class:`Share`) is 
 done marker records. The durable root's commit and a local tier's (:mod:`.local`) write through
 here alike, so a part has the same name, bytes and checksum on every tier; :func:`copy_share`
 uploads a share already on one tier to another as it is. Every part written, on any tier, adds its
-stored bytes to ``streamio_checkpoint_bytes_total{direction="write"}`` (:mod:`streamio.metrics`).
+stored bytes to ``streamio_checkpoint_bytes_total{direction="write"}`` (:mod:`streamio.metrics`);
+the uploads of a share are the ``upload`` span.
 
 The manifest assembled from the ranks' markers (:func:`assemble_manifest`) is the same function
 on every tier too: a save published from a local tier has the manifest bytes the local commit had.
@@ -37,6 +38,7 @@ from streamio.checkpoint.save.snapshot import Snapshot
 from streamio.checkpoint.tensors.serialize import block_checksums, encode_part, verify_file
 from streamio.errors import CheckpointError
 from streamio.metrics.catalog import CHECKPOINT_BYTES
+from streamio.metrics.trace import span
 from streamio.pool import run_detached
 from streamio.storage import Store
 from streamio.version import __version__
@@ -101,8 +103,9 @@ def write_share(
     def run(i: int | None) -> Any:  # None: the tensor checksums, beside the uploads
         return job.entries() if i is None else put(i)
 
-    done = run_detached(run, [None, *range(len(ranges))], concurrency=max(1, options.concurrency),
-                        name="streamio-ckpt-put")
+    with span("upload", step=plan.step):
+        done = run_detached(run, [None, *range(len(ranges))], concurrency=max(1, options.concurrency),
+                            name="streamio-ckpt-put")
     (rep_entries, rank_entries), files = done[0], done[1:]
     with bound.request(store.url(plan.place.rank_dir(rank))):
         check_written(store, plan.place, rank, files)
@@ -128,7 +131,8 @@ def copy_share(
             dest.put(path, data)
         CHECKPOINT_BYTES.add(len(data), "write")
 
-    run_detached(put, share.files, concurrency=max(1, concurrency), name="streamio-ckpt-upload")
+    with span("upload", save=share.marker.save_id):
+        run_detached(put, share.files, concurrency=max(1, concurrency), name="streamio-ckpt-upload")
     with bound.request(dest.url(place.rank_dir(share.marker.rank))):
         check_written(dest, place, share.marker.rank, share.files)
 
