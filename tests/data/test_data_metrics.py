@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import gc
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,11 +38,21 @@ LATENCY_S = 0.03
 
 
 @pytest.fixture
-def dataset(s3: S3Endpoint, proxy: FaultProxy, tmp_path: Path) -> StreamingDataset:
+def open_dataset(s3: S3Endpoint, proxy: FaultProxy, tmp_path: Path) -> Callable[..., StreamingDataset]:
+    """``open_dataset(**kw)``: the 6-shard dataset through the proxy, with a node cache."""
     make_dataset(s3.url("ds"), s3.storage_options(), [PER_SHARD] * SHARDS)
-    cache = CacheConfig(tmp_path / "cache", max_bytes=1 << 30)
-    return StreamingDataset(s3.url("ds"), batch_size=BATCH, storage_options=s3.storage_options(proxy.endpoint_url),
-                            options=DatasetOptions(cache=cache))
+    options = DatasetOptions(cache=CacheConfig(tmp_path / "cache", max_bytes=1 << 30))
+
+    def opened(**kw: Any) -> StreamingDataset:
+        return StreamingDataset(s3.url("ds"), batch_size=BATCH, storage_options=s3.storage_options(proxy.endpoint_url),
+                                options=options, **kw)
+
+    return opened
+
+
+@pytest.fixture
+def dataset(open_dataset: Callable[..., StreamingDataset]) -> StreamingDataset:
+    return open_dataset()
 
 
 def _sizes(batch: list[Any]) -> int:
@@ -99,15 +109,15 @@ def test_loader_wait_shows_the_stall_a_warm_cache_removes_it_and_cache_counts_ma
 
 
 def test_prefetch_depth_counts_runs_fetched_ahead_and_returns_to_zero_when_abandoned(
-    dataset: StreamingDataset, proxy: FaultProxy
+    open_dataset: Callable[..., StreamingDataset], proxy: FaultProxy
 ) -> None:
-    loader = StreamingDataLoader(dataset, collate_fn=_sizes)
+    in_order = open_dataset(shuffle=False)  # one shard after the other: each run is one shard
+    loader = StreamingDataLoader(in_order, collate_fn=_sizes)
     proxy.set_latency(LATENCY_S)
     metrics.reset()
     it = iter(loader)
-    next(it)  # behind 30 ms of latency: the prefetch threads (4 by default) started their runs meanwhile
-    ahead = metrics.snapshot()["streamio_prefetch_depth"]
-    assert 1 <= ahead <= dataset.options.prefetch.workers - 1
+    next(it)  # from run 0, behind 30 ms of latency: the 4 prefetch threads started runs 0-3 meanwhile
+    assert metrics.snapshot()["streamio_prefetch_depth"] == in_order.options.prefetch.workers - 1 == 3
     del it
     gc.collect()
     assert metrics.snapshot()["streamio_prefetch_depth"] == 0
