@@ -25,6 +25,7 @@ import atexit
 import contextlib
 import json
 import logging
+import math
 import os
 import secrets
 import shutil
@@ -213,9 +214,17 @@ def _values(instrument: Instrument, rows: Any) -> dict[tuple[str, ...], Any]:
         if isinstance(instrument, Histogram):
             if len(value) != len(instrument.buckets) + 3:
                 raise ValueError(f"{instrument.name}: {len(value)} histogram fields")
-            out[key] = [float(v) for v in value]
+            out[key] = [_number(instrument, v, counts=True) for v in value]
         elif isinstance(value, list):
-            out[key] = (float(value[0]), float(value[1]))
+            out[key] = (_number(instrument, value[0]), _number(instrument, value[1]))
         else:
-            out[key] = float(value)
+            out[key] = _number(instrument, value, counts=not isinstance(instrument, Gauge))
     return out
+
+
+def _number(instrument: Instrument, value: Any, *, counts: bool = False) -> float:
+    """``value`` as a finite float (a count: also >= 0); else the report is refused."""
+    number = float(value)
+    if not math.isfinite(number) or counts and number < 0:
+        raise ValueError(f"{instrument.name}: {value!r} is not a finite{' count >= 0' if counts else ' number'}")
+    return number
