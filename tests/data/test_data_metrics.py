@@ -13,6 +13,9 @@ workers (slow), the workers' counts reach the main process's snapshot when the e
 from __future__ import annotations
 
 import gc
+import multiprocessing
+import os
+import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -30,6 +33,7 @@ from streamio.data.cache.transfer import RESERVE
 from streamio.data.dataset import StreamingDataset
 from streamio.data.loader import StreamingDataLoader
 from streamio.data.options import DatasetOptions
+from streamio.metrics import processes
 from streamio.testing import FaultProxy, S3Endpoint
 from support.dataset import make_dataset
 
@@ -142,6 +146,31 @@ def test_forked_workers_counts_reach_the_main_process_when_the_epoch_ends(
     assert shard_gets(proxy) == set()
     assert (snap["streamio_cache_misses_total"], snap["streamio_cache_hits_total"]) == (0, SHARDS)
     assert snap["streamio_loader_batches_total"] == 0  # a plain DataLoader is not measured: no loader counts
+
+
+@pytest.mark.slow
+def test_a_worker_killed_mid_epoch_holds_no_prefetch_depth_and_keeps_its_last_report(
+    open_dataset: Callable[..., StreamingDataset], proxy: FaultProxy
+) -> None:
+    in_order = open_dataset(shuffle=False)  # 3 shards per worker: run 0 read, runs 1-2 fetched ahead
+    metrics.reset()
+    others = {p.pid for p in multiprocessing.active_children()}
+    it = iter(StreamingDataLoader(in_order, num_workers=2, collate_fn=_sizes))
+    next(it)
+    workers = [p.pid for p in multiprocessing.active_children() if p.pid not in others]
+    time.sleep(processes.REPORT_EVERY_S * 1.5)  # each worker reported once, blocked on its full queue
+    before = metrics.snapshot()
+    assert before["streamio_prefetch_depth"] == 4 and before["streamio_cache_misses_total"] == SHARDS
+    assert len(workers) == 2
+    os.kill(workers[0], signal.SIGKILL)
+    with pytest.raises(RuntimeError, match="exited unexpectedly"):
+        for _ in it:
+            pass
+    del it
+    gc.collect()
+    after = metrics.snapshot()
+    assert after["streamio_prefetch_depth"] == 0  # what the dead worker held is held no more
+    assert after["streamio_cache_misses_total"] == SHARDS  # its last report stays counted
 
 
 # ---------------------------------------------------------------------------- the counting rule, without a server
