@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from streamio.metrics import trace
 from streamio.metrics.instruments import Gauge, Histogram, Instrument, merge_values
 
 __all__ = ["REPORT_EVERY_S", "Family", "bind", "children_values", "forget_children", "recording_started", "report"]
@@ -107,14 +108,20 @@ def recording_started() -> None:
 def _report_forever(state: _State) -> None:
     while state is _state:
         time.sleep(REPORT_EVERY_S)
-        report()
+        _report(periodic=True)
 
 
 def report() -> None:
-    """Write this process's totals where its parent reads them (nothing if it was not forked)."""
+    """Write this process's totals where its parent reads them, and its trace file (nothing if it
+    was not forked: the main process writes its trace at exit)."""
+    _report(periodic=False)
+
+
+def _report(*, periodic: bool) -> None:
     state = _state
     if state.parent_dir is None:
         return
+    trace.write(periodic=periodic)
     totals = _own_values()
     known = _by_name()
     for name, values in children_values().items():
