@@ -14,6 +14,7 @@ needs to be installed or configured.
 
 from streamio.metrics.catalog import ALL
 from streamio.metrics.processes import report
+from streamio.metrics.prometheus import serve
 from streamio.metrics.registry import reset, snapshot
 
-__all__ = ["ALL", "report", "reset", "snapshot"]
+__all__ = ["ALL", "report", "reset", "serve", "snapshot"]

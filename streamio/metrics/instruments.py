@@ -47,7 +47,8 @@ def _recording(value: str) -> bool:
     if word in ("off", "0", "false", "no"):
         return False
     if word not in ("", "on", "1", "true", "yes"):
-        log.warning("%s=%r is neither on nor off: metrics stay on (set it to off to stop recording)", METRICS_ENV, value)
+        log.warning("%s=%r is neither on nor off: metrics stay on (set it to off to stop recording)",
+                    METRICS_ENV, value)
     return True
 
 
@@ -173,7 +174,7 @@ def merge_values(instrument: Instrument, into: Values, more: Values) -> None:
         if have is None:
             into[key] = list(value) if isinstance(value, list) else value
         elif isinstance(instrument, Histogram):
-            into[key] = [a + b for a, b in zip(have, value)]
+            into[key] = [a + b for a, b in zip(have, value, strict=True)]
         elif isinstance(instrument, Gauge) and instrument.mode == "latest":
             into[key] = max(have, value, key=lambda v: v[1])
         else:

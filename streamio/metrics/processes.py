@@ -37,7 +37,10 @@ from typing import Any
 from streamio.metrics import trace
 from streamio.metrics.instruments import Gauge, Histogram, Instrument, merge_values
 
-__all__ = ["REPORT_EVERY_S", "Family", "bind", "children_values", "forget_children", "recording_started", "report"]
+__all__ = [
+    "REPORT_EVERY_S", "Family", "bind", "children_values", "forget_children", "in_forked_child", "recording_started",
+    "report",
+]
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +97,11 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
 
 
+def in_forked_child() -> bool:
+    """Whether this process reports to a parent (its totals are part of the parent's)."""
+    return _state.parent_dir is not None
+
+
 def recording_started() -> None:
     """Called the first time a thread records: a forked child starts reporting periodically."""
     state = _state
@@ -101,7 +109,9 @@ def recording_started() -> None:
         return
     with state.lock:
         if state.reporter is None:
-            state.reporter = threading.Thread(target=_report_forever, args=(state,), name="streamio-metrics", daemon=True)
+            state.reporter = threading.Thread(
+                target=_report_forever, args=(state,), name="streamio-metrics", daemon=True
+            )
             state.reporter.start()
 
 

@@ -111,7 +111,8 @@ class _Recorder:
         for buf in buffers:
             events = list(buf.events)
             kept += len(events)
-            out.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": buf.tid, "args": {"name": buf.thread_name}})
+            out.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": buf.tid,
+                        "args": {"name": buf.thread_name}})
             out.extend({"name": name, "cat": "streamio", "ph": "X", "ts": start / 1000, "dur": dur / 1000,
                         "pid": pid, "tid": buf.tid, "args": args} for name, start, dur, args in events)
         meta = {"pid": pid, "events": kept, "dropped": max(0, attempted - kept), "max_events": MAX_EVENTS}
