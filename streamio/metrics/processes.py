@@ -25,6 +25,7 @@ import atexit
 import contextlib
 import json
 import logging
+import math
 import os
 import secrets
 import shutil
@@ -48,6 +49,10 @@ REPORT_EVERY_S = 1.0
 """How often a forked child that recorded something reports its totals to its parent."""
 MAX_REPORT_BYTES = 4 << 20
 """A child's report larger than this is skipped with a warning (a bounded read)."""
+MAX_LABEL_CHARS = 256
+"""A report whose label value is longer than this is skipped with a warning."""
+MAX_SERIES = 1000
+"""A report with more label sets than this for one instrument is skipped with a warning."""
 
 Family = dict[str, dict[tuple[str, ...], Any]]
 """Values of several instruments: name -> label key -> value."""
@@ -214,23 +219,40 @@ def _read_report(path: str, known: Mapping[str, Instrument]) -> Family | None:
         return {name: _values(known[name], rows) for name, rows in doc["metrics"].items() if name in known}
     except FileNotFoundError:
         return None
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
         log.warning("streamio metrics: skipped a worker's report %s: %s", path, exc)
         return None
 
 
 def _values(instrument: Instrument, rows: Any) -> dict[tuple[str, ...], Any]:
+    """A report's rows of ``instrument``, checked: label strings of bounded length, finite numbers
+    (not negative where only a gauge may be), each value of the shape its instrument keeps."""
+    if not isinstance(rows, list) or len(rows) > MAX_SERIES:
+        raise ValueError(f"{instrument.name}: not a list of at most {MAX_SERIES} series")
     out: dict[tuple[str, ...], Any] = {}
     for labels, value in rows:
-        key = tuple(str(v) for v in labels)
+        if not isinstance(labels, list) or not all(isinstance(v, str) and len(v) <= MAX_LABEL_CHARS for v in labels):
+            raise ValueError(f"{instrument.name}: labels {str(labels)[:100]}")
+        key = tuple(labels)
         if len(key) != len(instrument.labels):
             raise ValueError(f"{instrument.name}: labels {key}")
         if isinstance(instrument, Histogram):
-            if len(value) != len(instrument.buckets) + 3:
-                raise ValueError(f"{instrument.name}: {len(value)} histogram fields")
-            out[key] = [float(v) for v in value]
-        elif isinstance(value, list):
-            out[key] = (float(value[0]), float(value[1]))
+            if not isinstance(value, list) or len(value) != len(instrument.buckets) + 3:
+                raise ValueError(f"{instrument.name}: not {len(instrument.buckets) + 3} histogram fields")
+            out[key] = [_number(v) for v in value]
+        elif isinstance(instrument, Gauge) and instrument.mode == "latest":
+            if not isinstance(value, list) or len(value) != 2:
+                raise ValueError(f"{instrument.name}: not a [value, time] pair")
+            out[key] = (_number(value[0], signed=True), _number(value[1]))
         else:
-            out[key] = float(value)
+            out[key] = _number(value, signed=isinstance(instrument, Gauge))
+    return out
+
+
+def _number(value: Any, *, signed: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{str(value)[:40]} is not a number")
+    out = float(value)
+    if not math.isfinite(out) or (out < 0 and not signed):
+        raise ValueError(f"{out} is out of range")
     return out

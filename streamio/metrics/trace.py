@@ -16,7 +16,8 @@ Recording takes no lock: each thread appends ``(name, start, duration, args)`` t
 own (registered under a lock once per thread). A process keeps at most :data:`MAX_EVENTS` events;
 the ones after are dropped and counted (``otherData.streamio.dropped`` in the file). A
 ``STREAMIO_TRACE`` that cannot be written (a directory, a missing or read-only folder) gives one
-warning and turns tracing off; it never stops training.
+warning and turns tracing off; it never stops training. A relative path is taken from the working
+directory at import; the files are readable by their owner only (spans may name objects).
 
 The file is Chrome's trace format: ``{"traceEvents": [...], "otherData": {...}}`` with complete
 events (``"ph": "X"``, ``ts`` and ``dur`` in microseconds, ``pid``, ``tid``) and ``thread_name``
@@ -31,6 +32,7 @@ import itertools
 import json
 import logging
 import os
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -120,8 +122,8 @@ class _Recorder:
 
 
 _PATH = os.environ.get(TRACE_ENV) or None
-if _PATH is not None:
-    _PATH = _usable(_PATH)
+if _PATH is not None:  # absolute: a later chdir must not move where the files go
+    _PATH = _usable(os.path.abspath(_PATH))
 _rec = _Recorder()
 _write_failed = False
 
@@ -165,15 +167,18 @@ def write(*, periodic: bool = False) -> Path | None:
         return None
     _rec.written_at = time.monotonic()
     target = path_of(_PATH, os.getpid())
-    tmp = target.with_name(f".{target.name}.tmp")
-    try:
-        tmp.write_text(json.dumps(_rec.document(), default=str))
+    tmp = None
+    try:  # a fresh temp file (O_EXCL: never a link planted in a shared /tmp), then a rename
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+        with os.fdopen(fd, "w") as f:
+            json.dump(_rec.document(), f, default=str)
         os.replace(tmp, target)
     except OSError as exc:  # a full disk or a folder removed: the trace is lost, training goes on
         _write_failed = True
         log.warning("%s: cannot write the trace %s: %s", TRACE_ENV, target, exc)
-        with contextlib.suppress(OSError):
-            tmp.unlink()
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
         return None
     return target
 

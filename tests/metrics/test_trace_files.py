@@ -20,9 +20,9 @@ from streamio.metrics.trace import path_of
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _run(args: list[str], trace: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def _run(args: list[str], trace: str, timeout: float = 120, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "STREAMIO_TRACE": trace, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([sys.executable, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
 
 
 def _spans(doc: dict[str, Any]) -> list[dict[str, Any]]:
@@ -42,6 +42,7 @@ def test_an_epoch_with_two_workers_writes_one_chrome_trace_per_process(tmp_path:
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     files = {int(p.name.split(".")[1]): json.loads(p.read_text()) for p in tmp_path.glob("trace.*.json")}
     assert out["pid"] in files and len(files) == 3, sorted(files)  # the main process and its 2 workers
+    assert not list(tmp_path.glob(".trace*"))  # no temp file left
     for pid, doc in files.items():
         assert doc["otherData"]["streamio"] == {"pid": pid, "events": len(_spans(doc)), "dropped": 0,
                                                 "max_events": doc["otherData"]["streamio"]["max_events"]}
@@ -69,13 +70,16 @@ def spans(n):
 threads = [threading.Thread(target=spans, args=(9,), name=f"t{k}") for k in range(3)]
 for t in threads: t.start()
 for t in threads: t.join()
+import os
+os.chdir("/")  # the relative STREAMIO_TRACE was resolved at import
 """
 
 
 def test_a_process_keeps_at_most_max_events_and_counts_the_drops(tmp_path: Path) -> None:
-    proc = _run(["-c", _BOUNDED], str(tmp_path / "t.json"), timeout=60)
+    proc = _run(["-c", _BOUNDED], "t.json", timeout=60, cwd=tmp_path)
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
-    (written,) = tmp_path.glob("t.*.json")
+    (written,) = tmp_path.iterdir()  # one file, no temp file left
+    assert written.name.startswith("t.") and written.stat().st_mode & 0o077 == 0  # the owner's only
     doc = json.loads(written.read_text())
     assert len(_spans(doc)) == 10
     assert doc["otherData"]["streamio"]["dropped"] == 27 - 10
