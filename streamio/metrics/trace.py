@@ -35,7 +35,6 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -137,18 +136,24 @@ def span(name: str, **args: Any) -> contextlib.AbstractContextManager[None]:
     """A context manager that records ``name`` (with ``args``) from entry to exit in this thread."""
     if _PATH is None:
         return _OFF
-    return _recorded(name, args)
+    return _Span(name, args)
 
 
-@contextlib.contextmanager
-def _recorded(name: str, args: dict[str, Any]) -> Iterator[None]:
-    start = time.perf_counter_ns()
-    try:
-        yield
-    finally:
+class _Span:
+    """One span being recorded (a class, not a generator: a third of the cost per span)."""
+
+    __slots__ = ("args", "name", "start")
+
+    def __init__(self, name: str, args: dict[str, Any]) -> None:
+        self.name, self.args, self.start = name, args, 0
+
+    def __enter__(self) -> None:
+        self.start = time.perf_counter_ns()
+
+    def __exit__(self, *exc: object) -> None:
         end = time.perf_counter_ns()
         if next(_rec.seen) < MAX_EVENTS:
-            _rec.buffer().events.append((name, start, end - start, args))
+            _rec.buffer().events.append((self.name, self.start, end - self.start, self.args))
 
 
 def write(*, periodic: bool = False) -> Path | None:
