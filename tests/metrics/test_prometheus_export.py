@@ -9,12 +9,16 @@ import urllib.request
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 import streamio.metrics
 from streamio.errors import ConfigError, MissingDependencyError
 from streamio.metrics import catalog as c
 from streamio.metrics import prometheus
+from streamio.metrics.instruments import Gauge, Histogram
 
 
 @pytest.fixture
@@ -38,14 +42,21 @@ def recorded() -> dict[str, Any]:
 def _scrape(port: int) -> dict[str, Any]:
     """The scrape as the snapshot's shape: name -> value, or labels -> value, histograms as dicts."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        text = response.read().decode()
+        return _parse(response.read().decode())
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _parse(text: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     helps = {}
     for family in text_string_to_metric_families(text):
         helps[family.name] = family.documentation
         for sample in family.samples:
             labels = {k: v for k, v in sample.labels.items() if k != "le"}
-            key = ",".join(f'{k}="{v}"' for k, v in labels.items())
+            key = ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items())
             if family.type == "histogram":
                 row = out.setdefault(family.name, {}).setdefault(key, {"count": None, "sum": None, "buckets": {}})
                 part = sample.name[len(family.name) + 1:]
@@ -101,3 +112,32 @@ def test_a_taken_port_is_a_config_error_naming_it(monkeypatch: pytest.MonkeyPatc
         with pytest.raises(ConfigError, match=rf"cannot listen on 127.0.0.1:{port} .*port=0") as info:
             streamio.metrics.serve(port=port)
     assert isinstance(info.value.__cause__, OSError)
+
+
+_records = st.lists(
+    st.tuples(st.sampled_from(c.ALL), st.floats(0, 1e6),
+              st.lists(st.sampled_from(["get", "a\\b", 'q"', "n\nl", ""]), min_size=2, max_size=2)),
+    max_size=30,
+)
+
+
+@settings(max_examples=40)
+@given(_records)
+def test_the_exposition_of_any_recording_parses_back_to_the_snapshot(records: list[Any]) -> None:
+    streamio.metrics.reset()
+    try:
+        for instrument, amount, labels in records:
+            labels = labels[: len(instrument.labels)]  # label values with quotes, backslashes, newlines
+            if isinstance(instrument, Histogram):
+                instrument.observe(amount, *labels)
+            elif isinstance(instrument, Gauge) and instrument.mode == "latest":
+                instrument.set(amount, *labels)
+            else:
+                instrument.add(amount, *labels)
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(prometheus.Collector())
+        parsed = _parse(generate_latest(registry).decode())
+        parsed.pop("HELP")
+        assert parsed == _expected(streamio.metrics.snapshot())
+    finally:
+        streamio.metrics.reset()
