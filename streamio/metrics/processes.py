@@ -35,9 +35,13 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from streamio.metrics import trace
 from streamio.metrics.instruments import Gauge, Histogram, Instrument, merge_values
 
-__all__ = ["REPORT_EVERY_S", "Family", "bind", "children_values", "forget_children", "recording_started", "report"]
+__all__ = [
+    "REPORT_EVERY_S", "Family", "bind", "children_values", "forget_children", "in_forked_child", "recording_started",
+    "report",
+]
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +49,10 @@ REPORT_EVERY_S = 1.0
 """How often a forked child that recorded something reports its totals to its parent."""
 MAX_REPORT_BYTES = 4 << 20
 """A child's report larger than this is skipped with a warning (a bounded read)."""
+MAX_LABEL_CHARS = 256
+"""A report whose label value is longer than this is skipped with a warning."""
+MAX_SERIES = 1000
+"""A report with more label sets than this for one instrument is skipped with a warning."""
 
 Family = dict[str, dict[tuple[str, ...], Any]]
 """Values of several instruments: name -> label key -> value."""
@@ -94,6 +102,11 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
 
 
+def in_forked_child() -> bool:
+    """Whether this process reports to a parent (its totals are part of the parent's)."""
+    return _state.parent_dir is not None
+
+
 def recording_started() -> None:
     """Called the first time a thread records: a forked child starts reporting periodically."""
     state = _state
@@ -110,14 +123,20 @@ def recording_started() -> None:
 def _report_forever(state: _State) -> None:
     while state is _state:
         time.sleep(REPORT_EVERY_S)
-        report()
+        _report(periodic=True)
 
 
 def report() -> None:
-    """Write this process's totals where its parent reads them (nothing if it was not forked)."""
+    """Write this process's totals where its parent reads them, and its trace file (nothing if it
+    was not forked: the main process writes its trace at exit)."""
+    _report(periodic=False)
+
+
+def _report(*, periodic: bool) -> None:
     state = _state
     if state.parent_dir is None:
         return
+    trace.write(periodic=periodic)
     totals = _own_values()
     known = _by_name()
     for name, values in children_values().items():
@@ -200,33 +219,40 @@ def _read_report(path: str, known: Mapping[str, Instrument]) -> Family | None:
         return {name: _values(known[name], rows) for name, rows in doc["metrics"].items() if name in known}
     except FileNotFoundError:
         return None
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
         log.warning("streamio metrics: skipped a worker's report %s: %s", path, exc)
         return None
 
 
 def _values(instrument: Instrument, rows: Any) -> dict[tuple[str, ...], Any]:
+    """A report's rows of ``instrument``, checked: label strings of bounded length, finite numbers
+    (not negative where only a gauge may be), each value of the shape its instrument keeps."""
+    if not isinstance(rows, list) or len(rows) > MAX_SERIES:
+        raise ValueError(f"{instrument.name}: not a list of at most {MAX_SERIES} series")
     out: dict[tuple[str, ...], Any] = {}
-    signed = isinstance(instrument, Gauge)  # a counter or a histogram never holds a negative value
     for labels, value in rows:
-        key = tuple(str(v) for v in labels)
+        if not isinstance(labels, list) or not all(isinstance(v, str) and len(v) <= MAX_LABEL_CHARS for v in labels):
+            raise ValueError(f"{instrument.name}: labels {str(labels)[:100]}")
+        key = tuple(labels)
         if len(key) != len(instrument.labels):
             raise ValueError(f"{instrument.name}: labels {key}")
         if isinstance(instrument, Histogram):
-            if len(value) != len(instrument.buckets) + 3:
-                raise ValueError(f"{instrument.name}: {len(value)} histogram fields")
-            out[key] = [_number(instrument, v, signed) for v in value]
-        elif isinstance(value, list):
-            out[key] = (_number(instrument, value[0], signed), _number(instrument, value[1], signed))
+            if not isinstance(value, list) or len(value) != len(instrument.buckets) + 3:
+                raise ValueError(f"{instrument.name}: not {len(instrument.buckets) + 3} histogram fields")
+            out[key] = [_number(v) for v in value]
+        elif isinstance(instrument, Gauge) and instrument.mode == "latest":
+            if not isinstance(value, list) or len(value) != 2:
+                raise ValueError(f"{instrument.name}: not a [value, time] pair")
+            out[key] = (_number(value[0], signed=True), _number(value[1]))
         else:
-            out[key] = _number(instrument, value, signed)
+            out[key] = _number(value, signed=isinstance(instrument, Gauge))
     return out
 
 
-def _number(instrument: Instrument, value: Any, signed: bool) -> float:
-    """``value`` as a float, if it is a finite JSON number (not a bool), non-negative unless ``signed``."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"{instrument.name}: {value!r} is not a finite number")
-    if value < 0 and not signed:
-        raise ValueError(f"{instrument.name}: {value!r} is negative")
-    return float(value)
+def _number(value: Any, *, signed: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{str(value)[:40]} is not a number")
+    out = float(value)
+    if not math.isfinite(out) or (out < 0 and not signed):
+        raise ValueError(f"{out} is out of range")
+    return out

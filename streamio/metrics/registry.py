@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from streamio.metrics import processes
+from streamio.metrics import otel, processes
 from streamio.metrics.catalog import ALL
 from streamio.metrics.instruments import Gauge, Histogram, Instrument, LabelKey, merge_values
 
@@ -22,8 +22,13 @@ def _own() -> processes.Family:
     return {i.name: i.values() for i in ALL}
 
 
+def _first_record() -> None:
+    processes.recording_started()
+    otel.register(totals)  # OpenTelemetry imported since: report there too (a dict look-up otherwise)
+
+
 processes.bind(lambda: ALL, _own)
-Instrument.on_first_record = staticmethod(processes.recording_started)
+Instrument.on_first_record = staticmethod(_first_record)
 
 
 def totals() -> processes.Family:
@@ -43,6 +48,7 @@ def snapshot() -> dict[str, Any]:
         >>> streamio.metrics.snapshot()["streamio_store_requests_total"]
         {'op="get",outcome="ok"': 212.0, 'op="get",outcome="throttled"': 3.0}
     """
+    otel.register(totals)
     found = totals()
     return {i.name: _render(i, found.get(i.name, {})) for i in ALL}
 
@@ -86,3 +92,6 @@ def _zero(instrument: Instrument) -> Any:
     if isinstance(instrument, Gauge) and instrument.mode == "latest":
         return (0.0, 0.0)
     return 0.0
+
+
+otel.register(totals)  # OpenTelemetry imported before streamio.metrics
