@@ -4,8 +4,10 @@ Each thread adds to a cell of its own (a dict keyed by label values, reached thr
 ``threading.local``); a reader copies every thread's cell, which under the GIL is one C call that no
 other thread interleaves with, and sums. So an increment is a dict update in the calling thread,
 and a thread that dies mid-update (a DataLoader worker killed by a signal) can leave no lock held.
-A thread's cell is registered once, under a lock, when that thread first records; cells of threads
-that ended stay (their counts are part of the process's total).
+A thread's cell is registered once, under a lock, when that thread first records; the cells of
+threads that ended are folded into one (their counts stay part of the process's total) when the
+values are read or the list of cells grows, so a process that starts threads by the thousand (a
+prefetcher's per epoch) keeps a cell per live thread only.
 
 After ``fork`` the child starts from zero (:meth:`Instrument.forget`, called by
 :mod:`streamio.metrics.processes`): its totals are reported beside the parent's, not on top of them.
@@ -80,16 +82,29 @@ class Instrument:
     def forget(self) -> None:
         """Start from nothing (a forked child; tests)."""
         self._local = threading.local()
-        self._cells: list[Values] = []
+        self._cells: list[tuple[threading.Thread, Values]] = []
+        self._ended: Values = {}  # the cells of threads that ended, merged
+        self._pruned_at = 0
 
     def _cell(self) -> Values:
         cell = getattr(self._local, "cell", None)
         if cell is None:
             cell = self._local.cell = {}
             with self._lock:
-                self._cells.append(cell)
+                self._cells.append((threading.current_thread(), cell))
+                if len(self._cells) >= 2 * self._pruned_at + 16:
+                    self._fold_ended()
             Instrument.on_first_record()
         return cell
+
+    def _fold_ended(self) -> None:  # under self._lock
+        live = []
+        for thread, cell in self._cells:
+            if thread.is_alive():
+                live.append((thread, cell))
+            else:  # it records no more: its cell is final
+                merge_values(self, self._ended, cell)
+        self._cells, self._pruned_at = live, len(live)
 
     def key(self, values: Sequence[str]) -> LabelKey:
         """The label key of ``values`` (checked against the label names: a typo must not invent a series)."""
@@ -100,8 +115,10 @@ class Instrument:
     def values(self) -> Values:
         """This process's values, per label key (the threads' cells merged)."""
         with self._lock:
-            cells = list(self._cells)
-        out: Values = {}
+            self._fold_ended()
+            cells = [cell for _, cell in self._cells]
+            out: Values = {}
+            merge_values(self, out, self._ended)
         for cell in cells:
             merge_values(self, out, cell.copy())
         return out

@@ -239,20 +239,21 @@ def _values(instrument: Instrument, rows: Any) -> dict[tuple[str, ...], Any]:
         if isinstance(instrument, Histogram):
             if not isinstance(value, list) or len(value) != len(instrument.buckets) + 3:
                 raise ValueError(f"{instrument.name}: not {len(instrument.buckets) + 3} histogram fields")
-            out[key] = [_number(v) for v in value]
+            out[key] = [_number(instrument, v) for v in value]
         elif isinstance(instrument, Gauge) and instrument.mode == "latest":
             if not isinstance(value, list) or len(value) != 2:
                 raise ValueError(f"{instrument.name}: not a [value, time] pair")
-            out[key] = (_number(value[0], signed=True), _number(value[1]))
+            out[key] = (_number(instrument, value[0], signed=True), _number(instrument, value[1]))
         else:
-            out[key] = _number(value, signed=isinstance(instrument, Gauge))
+            out[key] = _number(instrument, value, signed=isinstance(instrument, Gauge))
     return out
 
 
-def _number(value: Any, *, signed: bool = False) -> float:
+def _number(instrument: Instrument, value: Any, *, signed: bool = False) -> float:
+    """``value`` as a float if it is a finite JSON number (not a bool), not negative unless ``signed``."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{str(value)[:40]} is not a number")
+        raise ValueError(f"{instrument.name}: {str(value)[:40]} is not a number")
     out = float(value)
     if not math.isfinite(out) or (out < 0 and not signed):
-        raise ValueError(f"{out} is out of range")
+        raise ValueError(f"{instrument.name}: {out} is out of range")
     return out

@@ -91,6 +91,7 @@ class _Recorder:
         self.buffers: list[_Buffer] = []
         self.lock = threading.Lock()
         self.seen = itertools.count()  # next() is atomic under the GIL: the bound needs no lock
+        self.peeks = 0  # next(seen) calls made by document(), not by spans
         self.written_at = 0.0
 
     def buffer(self) -> _Buffer:
@@ -105,7 +106,8 @@ class _Recorder:
         pid = os.getpid()
         with self.lock:
             buffers = list(self.buffers)
-        attempted = next(self.seen)  # one more than the events offered so far
+            attempted = next(self.seen) - self.peeks  # the spans offered so far
+            self.peeks += 1
         out: list[dict[str, Any]] = [{"name": "process_name", "ph": "M", "pid": pid, "tid": 0,
                                       "args": {"name": f"streamio {pid}"}}]
         kept = 0

@@ -2,7 +2,7 @@
 
 Run by tests/metrics/test_trace_files.py in a process of its own (the trace switch is read at
 import). Spans: ``wait`` around each batch in the main process, ``decode`` around each sample's
-transform in the workers. Prints the main pid and the batch count as JSON.
+transform in the workers (StreamingDataset's iterator writes a worker's file as it ends). Prints the main pid and the batch count as JSON.
 """
 
 from __future__ import annotations
@@ -11,13 +11,11 @@ import json
 import os
 import sys
 import warnings
-from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import DataLoader
 
-import streamio.metrics
 from streamio import StreamingDataset
 from streamio.metrics.trace import span
 from tests.support.dataset import make_dataset
@@ -28,23 +26,11 @@ def _decode(sample: dict[str, Any]) -> str:
         return str(sample["__key__"])
 
 
-class _Reporting(IterableDataset[str]):
-    """The dataset, then :func:`streamio.metrics.report` at the end of a worker's iterator (what
-    StreamingDataset's own iterator does once it is instrumented)."""
-
-    def __init__(self, ds: StreamingDataset) -> None:
-        self.ds = ds
-
-    def __iter__(self) -> Iterator[str]:
-        yield from self.ds
-        streamio.metrics.report()
-
-
 def main(root: str) -> None:
     warnings.filterwarnings("ignore", message="StreamingDataset")  # a plain DataLoader's resume and epoch notes
     url = f"file://{root}/ds"
     make_dataset(url, None, [5, 7, 3, 9])
-    loader = DataLoader(_Reporting(StreamingDataset(url, shuffle=False, transform=_decode)), batch_size=4,
+    loader = DataLoader(StreamingDataset(url, shuffle=False, transform=_decode), batch_size=4,
                         num_workers=2, collate_fn=list, multiprocessing_context="fork")
     batches = 0
     it = iter(loader)
