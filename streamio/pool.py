@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable
-from concurrent.futures import FIRST_EXCEPTION, Executor, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_EXCEPTION, Executor, Future, wait
 from typing import TypeVar
+
+from streamio import threads
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -47,7 +49,7 @@ def run_parallel(fn: Callable[[T], R], items: Iterable[T], *, concurrency: int, 
     jobs = list(items)
     if not jobs:
         return []
-    with ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(jobs))), thread_name_prefix=name) as pool:
+    with threads.executor(min(concurrency, len(jobs)), name) as pool:
         return gather(pool, fn, jobs)
 
 
@@ -88,7 +90,7 @@ def run_detached(fn: Callable[[T], R], items: Iterable[T], *, concurrency: int, 
                     ended.set()
 
     for n in range(max(1, min(concurrency, len(jobs)))):
-        threading.Thread(target=work, name=f"{name}_{n}", daemon=True).start()
+        threads.start(work, name=f"{name}_{n}")
     ended.wait()
     if errors:
         raise errors[0]

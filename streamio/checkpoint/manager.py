@@ -25,6 +25,7 @@ import warnings
 from collections.abc import Mapping, MutableMapping
 from typing import Any, Literal
 
+from streamio import threads
 from streamio.checkpoint import owner
 from streamio.checkpoint.comm import Comm
 from streamio.checkpoint.format import layout
@@ -113,7 +114,7 @@ class CheckpointManager:
                                   local=None if local is None else LocalCopies(local, self._comm.rank, owner=identity),
                                   fanout=self.options.restore_fanout)
         self._buffer = HostBuffer()
-        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="streamio-ckpt")
+        self._executor = threads.executor(1, "streamio-ckpt")
         self._pending: concurrent.futures.Future[SaveStats] | None = None
         self._closed = False
         self.last_stats: SaveStats | None = None

@@ -105,10 +105,10 @@ class MotoProcess:
     """moto in a process of its own (``python -m streamio.testing s3``) on 127.0.0.1, a free port;
     ``start()`` / ``stop()`` as :class:`MotoServer`.
 
-    For a process that forks while the server runs (a DataLoader's workers): in-process, moto's
-    threads are mid-request at the fork, and a lock they hold (OpenSSL's, through ``hashlib``; an
-    import's) stays held in the child for good, where creating a TLS context then hangs. The server
-    gets SIGTERM if the process that started it dies first (Linux).
+    For a process that forks while the server runs (a DataLoader's workers): a fork copies every
+    lock moto's threads hold at that moment into the child, held for good; in a process of its own
+    the server's threads are never forked. The server gets SIGTERM if the process that started it
+    dies first (Linux).
     """
 
     START_TIMEOUT_S = 60.0

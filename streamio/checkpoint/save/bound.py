@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
+from streamio import threads
 from streamio.errors import SaveTimeoutError
 
 __all__ = [
@@ -204,7 +205,7 @@ class SaveBound:
             if abandoned and on_abandoned is not None:
                 on_abandoned()
 
-        threading.Thread(target=target, name=f"streamio-ckpt-bounded-{self.rank}", daemon=True).start()
+        threads.start(target, name=f"streamio-ckpt-bounded-{self.rank}")
         if not ended.wait(remaining(self.deadline, self._clock())):
             with self._lock:
                 self._expired = True

@@ -30,11 +30,11 @@ holds; ``close`` warns when the newest save never became durable.
 
 from __future__ import annotations
 
-import concurrent.futures
 import logging
 import threading
 import time
 
+from streamio import threads
 from streamio.checkpoint.comm import Comm
 from streamio.checkpoint.options import SaveOptions, SaveStats
 from streamio.checkpoint.save import inflight
@@ -75,7 +75,7 @@ class TieredSaves:
         self._uploading: LocalSave | None = None
         self._root_down = False  # the root did not answer: plan offline until an upload succeeds
         self._lock = threading.Condition()
-        self._uploads = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="streamio-ckpt-upload")
+        self._uploads = threads.executor(1, "streamio-ckpt-upload")
 
     # ------------------------------------------------------------------ the save thread
     def commit(self, job: Snapshot, durable: bool | None) -> SaveStats:

@@ -17,6 +17,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from streamio import threads
 from streamio.checkpoint.tensors.boxes import local_box, narrow
 
 __all__ = ["CopySource", "LocalFill", "VerifiedTensor", "run_copies"]
@@ -89,7 +90,6 @@ def run_copies(copies: Sequence[tuple[CopySource, torch.Tensor]], workers: int =
         for src, dst in copies:
             src.copy_into(dst)
         return
-    from concurrent.futures import ThreadPoolExecutor
 
-    with ThreadPoolExecutor(min(workers, len(copies)), thread_name_prefix="streamio-ckpt-copy") as pool:
+    with threads.executor(min(workers, len(copies)), "streamio-ckpt-copy") as pool:
         list(pool.map(lambda c: c[0].copy_into(c[1]), copies))

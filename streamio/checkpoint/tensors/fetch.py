@@ -19,11 +19,11 @@ The result is a map ``rank -> {stream offset: bytes}`` of verified pieces, reada
 from __future__ import annotations
 
 import bisect
-import concurrent.futures
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from streamio import threads
 from streamio.checkpoint.format import layout
 from streamio.checkpoint.format.entries import FileEntry, TensorEntry
 from streamio.checkpoint.format.manifest import Manifest
@@ -365,6 +365,6 @@ def load_tensors(
         return readers[e.rank].tensor(key, e, check=False)
 
     items = list(wanted.items())
-    with concurrent.futures.ThreadPoolExecutor(max(1, concurrency), thread_name_prefix="streamio-ckpt-crc") as pool:
+    with threads.executor(concurrency, "streamio-ckpt-crc") as pool:
         verified = gather(pool, check, items)
     return {key: v for (key, _), v in zip(items, verified, strict=True)}

@@ -59,6 +59,7 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
+from streamio import threads
 from streamio.data.cache import ReadStats, ShardCache
 from streamio.data.format.layout import ShardInfo
 from streamio.errors import ConfigError, CorruptDataError
@@ -208,9 +209,7 @@ class Prefetcher:
         try:
             n = min(self.config.workers, len(self.runs))
             for i in range(n):
-                t = threading.Thread(target=self._work, name=f"streamio-prefetch-{i}", daemon=True)
-                self._threads.append(t)
-                t.start()
+                self._threads.append(threads.start(self._work, name=f"streamio-prefetch-{i}"))
             for index, run in enumerate(self.runs):
                 with self._cond:
                     self._head = index

@@ -23,12 +23,13 @@ written: pass it to :func:`streamio.data.format.index.write_index`.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import as_completed
 from contextlib import closing
 from typing import NamedTuple
 
 import zstandard
 
+from streamio import threads
 from streamio.checksum import Crc32c, crc32c
 from streamio.data.format import zstdframes
 from streamio.data.format.index import DatasetIndex, make_index
@@ -246,7 +247,7 @@ def scan_shards(
     report(0, len(paths), 0)
     results: list[ShardScan | None] = [None] * len(paths)
     nbytes = 0
-    with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+    with threads.executor(concurrency, "streamio-index") as pool:
         futures = {
             pool.submit(scan_shard, store, path, max_sample_bytes=max_sample_bytes): i for i, path in enumerate(paths)
         }

@@ -20,13 +20,14 @@ import json
 import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
 import zstandard
 
+from streamio import threads
 from streamio.checksum import format_checksum
 from streamio.data.format.layout import MAX_SAMPLE_BYTES, SampleLayout, ShardInfo, unsafe_reason
 from streamio.data.format.tar import END_OF_ARCHIVE
@@ -231,7 +232,7 @@ class ShardPacker:
         self._name = name
         self._cctx = compressor(spec)
         self._trailer = self._cctx.compress(END_OF_ARCHIVE) if self._cctx else END_OF_ARCHIVE
-        self._pool = ThreadPoolExecutor(max_workers=max(1, max_pending), thread_name_prefix="streamio-upload")
+        self._pool = threads.executor(max_pending, "streamio-upload")
         self._slots = threading.Semaphore(max(1, max_pending))
         self._futures: list[Future[None]] = []
         self._keep_buffers = buffers is not None

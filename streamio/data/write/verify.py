@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import as_completed
 from contextlib import closing
 from dataclasses import dataclass
 
+from streamio import threads
 from streamio.checksum import Crc32c
 from streamio.data.format import zstdframes
 from streamio.data.format.index import DatasetIndex
@@ -207,7 +208,7 @@ def _read_all(
     report(0, len(to_read), 0)
     bad: list[BadShard] = []
     nbytes = 0
-    with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+    with threads.executor(concurrency, "streamio-verify") as pool:
         futures = {pool.submit(_deep_check, store, index, i): i for i in to_read}
         try:
             for done, future in enumerate(as_completed(futures), 1):
