@@ -2,7 +2,8 @@
 
 Run by tests/metrics/test_trace_files.py in a process of its own (the trace switch is read at
 import). Spans: ``wait`` around each batch in the main process, ``decode`` around each sample's
-transform in the workers (StreamingDataset's iterator writes a worker's file as it ends). Prints the main pid and the batch count as JSON.
+transform in the workers (StreamingDataset's iterator writes a worker's file as it ends). Prints
+the main pid and the batch count as JSON.
 """
 
 from __future__ import annotations
