@@ -86,4 +86,10 @@ def wait_for_ending(timeout: float = FORK_WAIT_S, *, tasks: str = _TASKS) -> Non
             time.sleep(0.0002)
 
 
-os.register_at_fork(before=wait_for_ending)
+def _forget_in_child() -> None:
+    global _lock
+    _lock = threading.Lock()  # another thread may have held it at the fork: the child's copy stays held
+    _ending.clear()  # the parent's threads are not the child's
+
+
+os.register_at_fork(before=wait_for_ending, after_in_child=_forget_in_child)

@@ -8,6 +8,7 @@ of short-lived threads); these tests pin what streamio does about it, determinis
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import threading
 import time
@@ -80,3 +81,22 @@ def test_the_wait_ends_when_the_tasks_are_gone_or_at_its_bound(tmp_path: Path) -
     started = time.monotonic()
     threads.wait_for_ending(0.2, tasks=str(tasks))
     assert 0.2 <= time.monotonic() - started < 1.0 and not _ending()  # and it is not waited for again
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="fork")
+def test_a_child_forked_while_the_lock_was_held_can_still_record_and_fork() -> None:
+    # hooks registered before streamio's run after its own "before" hook: the lock is held at the fork
+    script = (
+        "import os, sys\n"
+        "lock = lambda: sys.modules['streamio.threads']._lock\n"
+        "os.register_at_fork(before=lambda: lock().acquire(), after_in_parent=lambda: lock().release())\n"
+        "from streamio import threads\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    threads.start(lambda: None, name='t').join()\n"
+        "    threads.wait_for_ending(0.5)\n"
+        "    os._exit(0)\n"
+        "sys.exit(os.waitpid(pid, 0)[1] >> 8)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=20)
+    assert proc.returncode == 0, proc.stderr
