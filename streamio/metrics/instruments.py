@@ -76,11 +76,12 @@ class Instrument:
 
     def __init__(self, name: str, help: str, labels: Sequence[str] = ()) -> None:  # noqa: A002 - Prometheus' word
         self.name, self.help, self.labels = name, help, tuple(labels)
-        self._lock = threading.Lock()
         self.forget()
 
     def forget(self) -> None:
-        """Start from nothing (a forked child; tests)."""
+        """Start from nothing (a forked child; tests). The lock is new too: another thread may have
+        held it at the fork, and the child's copy would stay held."""
+        self._lock = threading.Lock()
         self._local = threading.local()
         self._cells: list[tuple[threading.Thread, Values]] = []
         self._ended: Values = {}  # the cells of threads that ended, merged
