@@ -49,7 +49,7 @@ from streamio.storage.connection import Connection
 from streamio.storage.pacing import Pacer, pacer_for
 from streamio.storage.retry import RetryPolicy
 from streamio.storage.roots import BucketCheck
-from streamio.storage.stream import at_most, resuming
+from streamio.storage.stream import at_most, resuming, traced
 
 __all__ = ["IncompleteUpload", "ObjectInfo", "Store", "WriteMode", "documented_write_rate", "store_at", "write_pacer"]
 
@@ -233,7 +233,7 @@ class Store:
             if end is not None and end <= start:
                 return
             opener = functools.partial(self._backend.open_stream, self._conn.full(path))
-            yield from resuming(opener, url, start, end, piece=piece, budget=budget)
+            yield from traced(resuming(opener, url, start, end, piece=piece, budget=budget), url)
         except ObjectNotFoundError as exc:
             self._buckets.ensure(self._backend, url, exc)
             raise

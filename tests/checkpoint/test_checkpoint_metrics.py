@@ -4,7 +4,8 @@ Saves go to moto through the fault proxy: the part bytes counted as written equa
 the manifests record and the PUT bodies the proxy forwarded for those objects; a restore's read
 bytes equal the restored manifest's parts and the proxy's GET bodies for them. ``blocked`` is
 observed once per ``save()``, ``durable`` once per save made durable (an async save's after
-``wait()``), ``local`` once per local commit, ``restore`` once per restore.
+``wait()``), ``local`` once per local commit, ``restore`` once per restore; a torch DCP save and load through
+StreamioWriter / StreamioReader the same.
 """
 
 from __future__ import annotations
@@ -82,3 +83,23 @@ def test_a_local_tier_observes_local_and_durable_once_per_save(tmp_path: Path) -
         ckpt.wait()
     seen = phases(metrics.snapshot())
     assert {k: v[0] for k, v in seen.items()} == {"blocked": 3, "local": 3, "durable": 1}
+
+
+def test_a_torch_dcp_save_and_load_observe_the_same_phases_and_bytes(tmp_path: Path) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    from streamio.checkpoint import StreamioReader, StreamioWriter
+
+    root = str(tmp_path / "dcp")
+    metrics.reset()
+    dcp.save(light_state_for(1), storage_writer=StreamioWriter(root, step=1, options=OPTIONS))
+    snap = metrics.snapshot()
+    written = part_bytes(Store(root), 1)
+    assert {k: v[0] for k, v in phases(snap).items()} == {"blocked": 1, "durable": 1}
+    assert snap["streamio_checkpoint_bytes_total"] == {'direction="write"': sum(written.values())}
+
+    metrics.reset()
+    dcp.load(light_state_for(0), storage_reader=StreamioReader(root))
+    snap = metrics.snapshot()
+    assert {k: v[0] for k, v in phases(snap).items()} == {"restore": 1}
+    assert snap["streamio_checkpoint_bytes_total"] == {'direction="read"': sum(written.values())}

@@ -56,7 +56,8 @@ def test_an_epoch_with_two_workers_writes_one_chrome_trace_per_process(tmp_path:
     assert "fetch" in {e["name"] for e in _spans(main)}  # streamio's: the index read
     decoded = sorted(e["args"]["key"] for doc in files.values() for e in _spans(doc) if "key" in e["args"])
     assert len(decoded) == 5 + 7 + 3 + 9 == len(set(decoded))  # each sample decoded once, in one worker
-    assert {e["name"] for doc in files.values() for e in _spans(doc)} == {"decode"}  # the reader's and the script's
+    # the reader's and the script's decodes, and the shard streams' fetches
+    assert {e["name"] for doc in files.values() for e in _spans(doc)} == {"decode", "fetch"}
     first = min(e["ts"] for doc in files.values() for e in _spans(doc))
     assert waits[0]["ts"] < first < waits[-1]["ts"]  # one clock for every process
 
@@ -86,6 +87,36 @@ def test_a_process_keeps_at_most_max_events_and_counts_the_drops(tmp_path: Path)
     assert len(_spans(doc)) == 10
     assert doc["otherData"]["streamio"]["dropped"] == 27 - 10
     assert {e["name"] for e in doc["traceEvents"] if e["ph"] == "M"} == {"process_name", "thread_name"}
+
+
+_STREAMS = """
+import sys
+import time
+from streamio.metrics import trace
+from streamio.storage import Store
+store = Store(sys.argv[1])
+store.put("blob", bytes(range(256)) * 20000)  # 5 MB: 5 pieces of 1 MiB
+pieces = 0
+for piece in store.iter_bytes("blob", chunk_size=1 << 20):
+    pieces += 1
+    with trace.span("consume"):
+        time.sleep(0.02)
+print(pieces)
+"""
+
+
+def test_a_streamed_read_records_one_fetch_span_per_piece_without_the_consumers_time(tmp_path: Path) -> None:
+    proc = _run(["-c", _STREAMS, str(tmp_path / "root")], str(tmp_path / "t.json"), timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    (doc,) = [json.loads(p.read_text()) for p in tmp_path.glob("t.*.json")]
+    spans = _spans(doc)
+    fetches = [e for e in spans if e["name"] == "fetch"]
+    consumed = [e for e in spans if e["name"] == "consume"]
+    assert len(consumed) == int(proc.stdout) == 5
+    assert len(fetches) == 5 + 1  # one per piece, and the wait that found the end
+    assert all(e["args"]["url"].endswith("/root/blob") for e in fetches)
+    for f in fetches:  # a fetch never overlaps the consumer's time
+        assert all(f["ts"] + f["dur"] <= c["ts"] or c["ts"] + c["dur"] <= f["ts"] for c in consumed)
 
 
 _TRAINS = """
