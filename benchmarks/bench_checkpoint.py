@@ -41,7 +41,17 @@ from typing import Any
 
 import torch
 
-from benchmarks.common import MB, S3Servers, clean_aws_env, interleave, machine, machine_line, ratio, summary
+from benchmarks.common import (
+    MB,
+    S3Servers,
+    clean_aws_env,
+    interleave,
+    machine,
+    machine_line,
+    phase_seconds,
+    ratio,
+    summary,
+)
 from streamio.checkpoint import CheckpointManager, KeepLast, SaveOptions
 
 PART = 64 << 20
@@ -90,16 +100,6 @@ class RssPeak:
 def _rss() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-
-def phase_seconds(since: dict[str, float] | None = None) -> dict[str, float]:
-    """Seconds per checkpoint phase so far in this process (streamio.metrics), less ``since``."""
-    import streamio.metrics
-
-    hist = streamio.metrics.snapshot()["streamio_checkpoint_seconds"]
-    out = {p: hist.get(f'phase="{p}"', {"sum": 0.0})["sum"] for p in ("blocked", "local", "durable", "restore")}
-    return {p: v - (since or {}).get(p, 0.0) for p, v in out.items()}
 
 
 class Bench:
