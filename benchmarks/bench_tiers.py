@@ -64,7 +64,17 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_checkpoint import build_state, state_bytes  # noqa: E402
-from benchmarks.common import MB, S3Servers, clean_aws_env, interleave, machine, machine_line, ratio, summary  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    MB,
+    S3Servers,
+    clean_aws_env,
+    interleave,
+    machine,
+    machine_line,
+    phase_seconds,
+    ratio,
+    summary,
+)
 from streamio.checkpoint import CheckpointManager, KeepLast, LocalTier, SaveOptions  # noqa: E402
 from streamio.checkpoint.save.parts import part_size_for  # noqa: E402
 
@@ -179,15 +189,19 @@ class Bench:
     def local_save(self, name: str) -> float:
         mgr = self.managers[name]
         key = name.replace(".", "-")
+        before = phase_seconds()
         t0 = time.perf_counter()
         mgr.save(self._next(name), self.state, durable="local")
         stats = mgr.wait()
+        outside = time.perf_counter() - t0
+        spent = phase_seconds(before)  # streamio's own instruments, checked against this clock
         assert stats is not None and stats.local_s is not None and stats.durable_s is None
+        assert spent["local"] <= outside + 1e-3 and abs(spent["local"] - stats.local_s) < 1e-6, (spent, stats)
         pointer = self.marks[(key, "local-pointer")] - t0  # latest.json written: the local commit
-        self.record(f"{name}.blocked", stats.blocked_s)
-        self.record(f"{name}.commit", pointer - stats.blocked_s)
-        self.record(f"{name}.prune", stats.local_s - pointer)
-        return self.record(name, stats.local_s)
+        self.record(f"{name}.blocked", spent["blocked"])
+        self.record(f"{name}.commit", pointer - spent["blocked"])
+        self.record(f"{name}.prune", spent["local"] - pointer)
+        return self.record(name, spent["local"])
 
     def ceiling(self, name: str, directory: str, threads: int) -> float:
         return self.record(name, write_ceiling(f"{directory}/ceiling-{uuid.uuid4().hex[:6]}", self.chunks, threads))
@@ -195,10 +209,12 @@ class Bench:
     # ---------------------------------------------------------------- 2. restore
     def restore(self, name: str) -> float:
         self.servers.clear()
+        before = phase_seconds()
         t0 = time.perf_counter()
         step = self.managers[name].restore(self.state)
-        dt = time.perf_counter() - t0
-        assert step == 1, step
+        outside = time.perf_counter() - t0
+        dt = phase_seconds(before)["restore"]
+        assert step == 1 and dt <= outside + 1e-3, (step, dt, outside)
         log = self.servers.log_summary()[0]
         counts = self.requests.setdefault(name, {"part GETs": [], "other requests": []})
         parts = sum(n for p, n in log["gets_per_path"].items() if "/part-" in p)
@@ -216,13 +232,19 @@ class Bench:
     def save(self, name: str) -> float:
         mgr = self.managers[name]
         time.sleep(SETTLE_S)
+        before = phase_seconds()
         t0 = time.perf_counter()
         mgr.save(self._next(name), self.state)
-        blocked = self.record(f"{name}.blocked", time.perf_counter() - t0)
+        returned = time.perf_counter() - t0
         stats = mgr.wait()
-        self.record(f"{name}.durable", time.perf_counter() - t0)
-        assert stats is not None
-        self.record(f"{name}.host_copy", stats.blocked_s)
+        waited = time.perf_counter() - t0
+        spent = phase_seconds(before)  # streamio's own instruments, checked against this clock
+        assert stats is not None and spent["blocked"] <= returned + 1e-3 and spent["durable"] <= waited + 1e-3, spent
+        # blocked: save() until it returned, by this clock (the instrument's blocked is the host
+        # copy inside it, recorded as host_copy; the two differ by what save() does after the copy)
+        blocked = self.record(f"{name}.blocked", returned)
+        self.record(f"{name}.durable", spent["durable"])
+        self.record(f"{name}.host_copy", spent["blocked"])
         return blocked
 
     def copy(self) -> float:

@@ -93,6 +93,17 @@ def ratio(a: float, b: float) -> float:
         return float("nan")
 
 
+def phase_seconds(since: Mapping[str, float] | None = None) -> dict[str, float]:
+    """Seconds per checkpoint phase so far in this process, as streamio's own instruments report
+    them (``streamio_checkpoint_seconds``), less ``since``: benchmarks read streamio's phases from
+    there, not from a clock of their own, and check them against one around the call."""
+    import streamio.metrics
+
+    hist = streamio.metrics.snapshot()["streamio_checkpoint_seconds"]
+    out = {p: hist.get(f'phase="{p}"', {"sum": 0.0})["sum"] for p in ("blocked", "local", "durable", "restore")}
+    return {p: v - (since or {}).get(p, 0.0) for p, v in out.items()}
+
+
 def interleave(
     contenders: Mapping[str, Callable[[], Any]],
     reps: int,

@@ -58,6 +58,10 @@ declarative specs in :mod:`benchmarks.tables`, rendered by :mod:`benchmarks.repo
 * ``preemption`` — ``streamio.Preemption.requested(step)`` in the reference trainer (issue 37): ms
   per step the loop waits inside it at ``check_every=1`` and ``10`` vs the demo's step, 2 gloo
   ranks: :mod:`benchmarks.bench_preemption` (``--json``, a subprocess).
+* ``metrics`` — what recording metrics costs (issue 38): CPU seconds per GB of a dataset epoch
+  (``file://`` and moto S3, 2 DataLoader workers) and a checkpoint save's time (``file://`` and S3)
+  with ``STREAMIO_METRICS=on`` over ``off``, each mode in processes of its own, alternating:
+  :mod:`benchmarks.bench_metrics` (``--json``, a subprocess).
 * ``transformers`` — the transformers Trainer (issue 36): time to resume at step N through
   ``StreamioTrainer`` vs the stock Trainer's replay (over the same ``StreamingDataset``, and over
   the samples as a map-style list), and the loop's blocked time per save:
@@ -94,7 +98,7 @@ from benchmarks.tables import REPORT  # noqa: E402
 
 SECTIONS = ("references", "dataset", "mixture", "tokens", "scale", "pipeline", "read", "shard", "prepare", "plan",
             "shuffle", "checkpoint", "sharded", "tiers", "fanout", "throttle", "lightning",
-            "accelerate", "transformers", "preemption")
+            "accelerate", "transformers", "preemption", "metrics")
 HERE = Path(__file__).resolve().parent
 
 
@@ -241,6 +245,11 @@ def section_preemption(quick: bool, scratch: str) -> dict[str, Any]:
     return _json_section("preemption", args, scratch, 900)
 
 
+def section_metrics(quick: bool, scratch: str) -> dict[str, Any]:
+    args = ["--quick"] if quick else ["--size-mb", "128", "--reps", "5"]
+    return _json_section("metrics", args, scratch, 1500)
+
+
 def section_sharded(quick: bool, scratch: str) -> dict[str, Any]:
     from benchmarks import bench_sharded
 
@@ -263,7 +272,7 @@ def run_sections(names: list[str], quick: bool, scratch: str, use_nginx: bool,
         "plan": section_plan, "checkpoint": section_checkpoint, "mixture": section_mixture,
         "sharded": section_sharded, "tiers": section_tiers, "fanout": section_fanout, "throttle": section_throttle,
         "lightning": section_lightning, "accelerate": section_accelerate, "transformers": section_transformers,
-        "preemption": section_preemption,
+        "preemption": section_preemption, "metrics": section_metrics,
         "shuffle": lambda quick, _scratch: section_shuffle(quick, peers),
         "pipeline": lambda quick, scratch: section_pipeline(quick, scratch, peers),
         "tokens": lambda quick, scratch: section_tokens(quick, scratch, peers),

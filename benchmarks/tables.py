@@ -146,6 +146,7 @@ HEADLINES = {  # section -> its headline ratios, in the order the table lists th
     "lightning": lambda li: [(f"lightning: {k}", v) for k, v in li["ratios"].items()],
     "accelerate": lambda ac: [(f"accelerate: {k}", v) for k, v in ac["ratios"].items()],
     "preemption": lambda pe: [(f"preemption: {k}, %", 100 * v) for k, v in pe["ratios"].items() if "inside" in k],
+    "metrics": lambda me: [(f"metrics: {k}, on / off (target <= 1.02)", v) for k, v in me["ratios"].items()],
     "transformers": lambda tr: [(f"transformers: {k}", v) for k, v in tr["ratios"].items()
                                 if not k.startswith("resume at") or k.startswith(f"resume at {max(tr['steps'])}:")],
 }
@@ -941,7 +942,22 @@ PREEMPTION = SectionSpec("Preemption's agreement per step (issue 37: `benchmarks
     _ratios(lambda sec: {f"{k}, %": 100 * v for k, v in sec["ratios"].items()}),
 ))
 
+# ----------------------------------------------------------------------------- metrics
+METRICS = SectionSpec("What recording metrics costs (issue 38: `benchmarks/bench_metrics.py`)", key="metrics",
+                      blocks=(
+    Text(lambda sec: [
+        f"The same work in processes with `STREAMIO_METRICS=on` and `off`, alternating, {sec['reps']} of each "
+        f"(arguments: `{' '.join(sec.get('args', []))}`): one epoch of {sec['size_mb']} MB (64 KiB samples) from "
+        f"`file://` and moto S3 through `StreamingDataLoader` with {sec['workers']} workers (CPU seconds of the "
+        f"process and its workers per GB), and a {sec['size_mb']} MB checkpoint save until durable to `file://` "
+        "and S3 (seconds). Medians; the issue's goal is on / off <= 1.02."]),
+    Table((_str("figure", 0), Column("on", lambda r: fmt(r[1], 3)), Column("off", lambda r: fmt(r[2], 3))),
+          rows=lambda sec: [(k, v, sec["medians"]["off"][k]) for k, v in sec["medians"]["on"].items()]),
+    _ratios(lambda sec: {f"{k}, on / off": v for k, v in sec["ratios"].items()}),
+))
+
 
 SECTIONS = (REFERENCES, DATASET, MIXTURE, TOKENS, SCALE, PIPELINE, READ, SHARD, PREPARE, PLAN, SHUFFLE, CHECKPOINT,
-            SHARDED, TIERS, FANOUT, THROTTLE, LIGHTNING, ACCELERATE, TRANSFORMERS, PREEMPTION)  # in the suite's order
+            SHARDED, TIERS, FANOUT, THROTTLE, LIGHTNING, ACCELERATE, TRANSFORMERS, PREEMPTION,
+            METRICS)  # in the suite's order
 REPORT = (INTRO, HEADLINE, *SECTIONS, PEERS)

@@ -9,6 +9,12 @@ lives in :mod:`.save` and :mod:`.restore` (docs/design.md "Checkpoints").
 Under ``torch.distributed`` every rank constructs the manager; state named in
 ``SaveOptions.per_rank`` (default ``"rng"``, ``"data"``) is saved by every rank, everything else
 is taken as replicated and divided among ranks for upload (:mod:`.save.snapshot`).
+
+Metrics (:mod:`streamio.metrics`): ``streamio_checkpoint_seconds`` observes ``blocked`` (the
+snapshot's own measure, ``SaveStats.blocked_s``: :mod:`.save.snapshot`, with the span ``snapshot``)
+once per ``save`` and ``restore`` once per successful ``restore`` (a restore that finds nothing or
+fails is not a restore's time); ``local`` and ``durable`` are observed where those phases end
+(:mod:`.save.tiers`, :mod:`.save.commit`), in the save thread for an async save.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from streamio.checkpoint.save.tiers import TieredSaves
 from streamio.checkpoint.tensors.serialize import HostBuffer
 from streamio.deprecation import REMOVED_IN, keyword_only
 from streamio.errors import ArgumentError, CheckpointError
+from streamio.metrics.catalog import CHECKPOINT_SECONDS
 from streamio.storage import RetryPolicy, Store
 
 __all__ = ["CheckpointManager"]
@@ -231,9 +238,8 @@ class CheckpointManager:
             inflight.forget(pending)
             raise
         # (an interrupt leaves it pending: the next call, or the exit wait, still sees it)
-        self._pending = None
+        self._pending, self.last_stats = None, stats
         inflight.forget(pending)
-        self.last_stats = stats
 
     # ------------------------------------------------------------------------------ queries
     def latest_step(self) -> int | None:
@@ -288,12 +294,13 @@ class CheckpointManager:
                 (a name not saved, another model's keys, shapes or dtypes), or a rank did not
                 reach this restore within ``SaveOptions.collective_timeout_s``: nothing was loaded.
         """
-        step = keyword_only("CheckpointManager.restore", "step", moved, step)
+        step, began = keyword_only("CheckpointManager.restore", "step", moved, step), time.perf_counter()
         self._wait_pending()
         where = f"restoring {'the newest step' if step is None else f'step {step}'} from {self.store.root_url}"
         self._comm.arrive("restore", step, where=where)
         restored = self._restorer.restore(state, step)
         self._committer.restored(self._restorer.outcome)
+        CHECKPOINT_SECONDS.observe(time.perf_counter() - began, "restore")
         return restored
 
 

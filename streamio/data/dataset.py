@@ -37,6 +37,7 @@ from typing import Any
 
 from torch.utils.data import IterableDataset, get_worker_info
 
+from streamio import metrics
 from streamio.data.cache import ShardCache
 from streamio.data.dataloader.allocator import tune_worker_malloc
 from streamio.data.dataloader.stateful_loader import LoaderState, install
@@ -346,11 +347,20 @@ def _readers(ds: StreamingDataset, decode: DecodeSpec) -> tuple[WindowReader, To
     return reader, TokenPacker(reader, ds.pack.member) if ds.pack is not None else None
 
 
-def _samples(ds: StreamingDataset, plan: EpochPlan | PackPlan, stream: WorkerStream | PackStream, skip: int) -> Any:
-    """The samples (or packed sequences) of ``stream``, after its first ``skip``."""
+def _samples(
+    ds: StreamingDataset, plan: EpochPlan | PackPlan, stream: WorkerStream | PackStream, skip: int
+) -> Iterator[Any]:
+    """The samples (or packed sequences) of ``stream``, after its first ``skip``; at their end (or
+    when the iteration is closed) this process's metrics go to its parent: a forked worker's counts
+    reach the main process before the worker's iterator ends (:func:`streamio.metrics.report`)."""
     if isinstance(plan, PackPlan) and isinstance(stream, PackStream) and ds.packer is not None:
-        return ds.packer.read(plan, stream, skip)
-    return ds.reader.read(stream.windows(), skip)  # type: ignore[union-attr]
+        samples = ds.packer.read(plan, stream, skip)
+    else:
+        samples = ds.reader.read(stream.windows(), skip)  # type: ignore[union-attr]
+    try:
+        yield from samples
+    finally:
+        metrics.report()
 
 
 def _plan(

@@ -6,6 +6,11 @@ and saves :meth:`StreamingDataset.state_after` of that count: the planner maps b
 worker's exact position (batches come from workers round-robin), on any ``num_workers`` and any
 world size. :func:`collate_samples` is its default ``collate_fn``.
 
+It measures, in the main process, how long the training loop waits for each batch (from asking to
+holding it, the first batch and its workers' start included): ``streamio_loader_wait_seconds`` and
+``streamio_loader_batches_total`` (:mod:`streamio.metrics`), one clock pair per batch; with
+``STREAMIO_TRACE`` set, a ``wait`` span around each and a ``collate`` span where each batch is made.
+
 With forked workers (Linux's default), the ``bytes`` of each batch cross from the workers through
 shared memory (:mod:`streamio.data.dataloader.transport`) instead of the pickle pipe: same batches, a fraction
 of the CPU. So do a packed token batch's arrays (``StreamingDataset(pack=...)``): stacked as numpy
@@ -27,6 +32,7 @@ Two things a training loop does not see, so that exact resume holds as the READM
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -40,12 +46,15 @@ from streamio.data.dataset import StreamingDataset
 from streamio.data.select import members_of
 from streamio.distributed import rank_and_world
 from streamio.errors import ConfigError, MissingMemberError, PlanError
+from streamio.metrics.catalog import LOADER_BATCHES, LOADER_WAIT
+from streamio.metrics.trace import span
 from streamio.state_version import VERSION_KEY, check_version
 
 __all__ = ["StreamingDataLoader", "collate_samples", "worker_seed"]
 
 STATE_VERSION = 1
 _K_DATASET = "dataset"
+_END = object()  # what next() returns once the DataLoader's iterator is exhausted
 
 
 def collate_samples(batch: list[Any]) -> Any:
@@ -129,9 +138,10 @@ class _Collate:
 
     def __call__(self, batch: list[Any]) -> Any:
         info = get_worker_info()
-        if self.shared is None or info is None:
-            return self.collate(batch)
-        return self.shared.pack(info.id, _stack_arrays(batch) if self.stack else self.collate(batch))
+        with span("collate", samples=len(batch)):
+            if self.shared is None or info is None:
+                return self.collate(batch)
+            return self.shared.pack(info.id, _stack_arrays(batch) if self.stack else self.collate(batch))
 
 
 class _WorkerInit:
@@ -230,6 +240,7 @@ class StreamingDataLoader(DataLoader):
         self._batches_epoch: int | None = None  # the dataset epoch `_batches` counts batches of
 
     def __iter__(self) -> Iterator[Any]:
+        waited = time.perf_counter()  # the first batch's wait includes planning and starting the workers
         ds = self._streaming
         token = ds.begin_iteration()  # the next epoch when the last one was read whole and set_epoch was not called
         self._batches, self._batches_epoch = 0, ds.epoch
@@ -245,11 +256,20 @@ class StreamingDataLoader(DataLoader):
         # packed token batches: arrays through the ring (the sample arrays of other datasets keep collate_samples)
         stack = rings is not None and ds.pack is not None and self._collate.collate is collate_samples
         stack = self._collate.stack = stack and not self.pin_memory
-        for batch in super().__iter__():
+        batches = super().__iter__()
+        while True:
+            with span("wait"):  # the loop's wait for this batch: one clock pair per batch
+                batch = next(batches, _END)
+                if batch is _END:
+                    break
+                batch = _as_tensors(batch) if stack else batch
+            LOADER_WAIT.observe(time.perf_counter() - waited)
+            LOADER_BATCHES.add(1.0)
             self._batches += 1
             if self._batches == last:  # handed out now: a loop that takes len(loader) batches never asks for more
                 ds.end_iteration(token)
-            yield _as_tensors(batch) if stack else batch
+            yield batch
+            waited = time.perf_counter()
         if rings is not None:
             rings.close()  # every batch arrived: unmap them now, not at the next iteration
         ds.end_iteration(token)

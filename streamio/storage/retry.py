@@ -55,6 +55,7 @@ from streamio.errors import (
     TransientStorageError,
     WriteConflictError,
 )
+from streamio.storage.accounting import Ledger
 from streamio.storage.deadline import BodyDeadline
 from streamio.storage.failures import (
     bucket_not_found,
@@ -306,6 +307,8 @@ class RetryPolicy:
             TransientStorageError: transient errors outlasted the policy.
         """
         start = time.monotonic()
+        ledger = Ledger()  # counts each attempt's requests once the loop knows its outcome (accounting)
+
         retrying = tenacity.Retrying(
             stop=tenacity.stop_after_attempt(self.max_attempts) | tenacity.stop_after_delay(self.max_total),
             wait=lambda state: self.backoff(state.attempt_number),
@@ -316,14 +319,18 @@ class RetryPolicy:
             ),
             reraise=True,
         )
+        one = fn if pacer is None or not self.pace_writes else lambda: _paced(fn, pacer)
         try:
-            return retrying(fn if pacer is None or not self.pace_writes else lambda: _paced(fn, pacer))
+            return retrying(lambda: ledger.run(one))
         except Exception as exc:
             attempts = int(retrying.statistics.get("attempt_number", 1))
             err = to_storage_error(exc, url, attempts=attempts, elapsed=time.monotonic() - start)
+            ledger.gave_up(exc, err, answer=classify(exc) in ("not_found", "conflict"))
             if err is exc:
                 raise
             raise err from _cause(exc)
+        finally:
+            ledger.close()
 
     def budget(self) -> RetryBudget:
         """A fresh attempt budget for a loop that resumes (see :class:`RetryBudget`)."""
@@ -360,6 +367,8 @@ class RetryBudget:
         self.stalls = 0
         self._since = time.monotonic()
         self._first_stall: float | None = None
+        self.ledger = Ledger()
+        """Where the read's requests are noted until each attempt's outcome is known (:mod:`.accounting`)."""
 
     def progress(self) -> None:
         """Bytes arrived: the next failure starts a new series."""
@@ -377,11 +386,14 @@ class RetryBudget:
             if self._first_stall is None:
                 self._first_stall = time.monotonic()
             elapsed = max(elapsed, time.monotonic() - self._first_stall)
+        self.ledger.failed(exc)
         if not is_transient(exc) or self.failures >= self.policy.max_attempts or elapsed > self.policy.max_total:
             err = to_storage_error(exc, url, attempts=self.failures, elapsed=elapsed)
+            self.ledger.gave_up(exc, err, answer=classify(exc) in ("not_found", "conflict"))
             if err is exc:
                 raise exc
             raise err from _cause(exc)
+        self.ledger.retrying()
         log.info("resuming %s after failure %d: %s", scrub(url), self.failures, _detail(exc))
         self.policy.sleep(self.policy.backoff(self.failures))
 

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from streamio.errors import ConfigError, ObjectNotFoundError
+from streamio.metrics.trace import span
 from streamio.pool import run_parallel
 from streamio.storage import backends
 from streamio.storage.backends import TMP_SUFFIX, Backend, PutRequest, WriteMode
@@ -48,7 +49,7 @@ from streamio.storage.connection import Connection
 from streamio.storage.pacing import Pacer, pacer_for
 from streamio.storage.retry import RetryPolicy
 from streamio.storage.roots import BucketCheck
-from streamio.storage.stream import at_most, resuming
+from streamio.storage.stream import at_most, resuming, traced
 
 __all__ = ["IncompleteUpload", "ObjectInfo", "Store", "WriteMode", "documented_write_rate", "store_at", "write_pacer"]
 
@@ -197,7 +198,7 @@ class Store:
         if not backend.whole_reads:
             pieces = self.iter_bytes(path, start or 0, end, chunk_size=1 << 20)
             return b"".join(pieces) if max_bytes is None else at_most(pieces, max_bytes, url)
-        return self._call(lambda: backend.read(full, url, start or 0, end, max_bytes), url)
+        return self._call(_fetch(lambda: backend.read(full, url, start or 0, end, max_bytes), url), url)
 
     def read_view(self, path: str) -> bytes | memoryview:
         """The whole of an object that is never rewritten in place, for reading once.
@@ -232,7 +233,7 @@ class Store:
             if end is not None and end <= start:
                 return
             opener = functools.partial(self._backend.open_stream, self._conn.full(path))
-            yield from resuming(opener, url, start, end, piece=piece, budget=budget)
+            yield from traced(resuming(opener, url, start, end, piece=piece, budget=budget), url)
         except ObjectNotFoundError as exc:
             self._buckets.ensure(self._backend, url, exc)
             raise
@@ -340,6 +341,16 @@ class Store:
         if items:
             self._backend  # noqa: B018 - create the filesystem once, before the threads
         return run_parallel(fn, items, concurrency=concurrency, name="streamio-store")
+
+
+def _fetch(read: Callable[[], bytes], url: str) -> Callable[[], bytes]:
+    """``read`` (one attempt at reading an object whole) in a ``fetch`` span of the trace."""
+
+    def fetch() -> bytes:
+        with span("fetch", url=url):
+            return read()
+
+    return fetch
 
 
 def _over(conn: Connection, buckets: BucketCheck | None = None) -> Store:

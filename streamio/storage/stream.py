@@ -7,7 +7,8 @@ attempt series (:class:`~streamio.storage.retry.RetryBudget`). An object that en
 asked ``end`` is :class:`~streamio.errors.CorruptDataError` at once, never a retry.
 
 The requests are a callable (``open_at(position, end, piece, on_end)``, a backend's
-``open_stream`` bound to one object), so the loop is tested without a server.
+``open_stream`` bound to one object), so the loop is tested without a server. :func:`traced` puts
+the wait for each piece in a ``fetch`` span when tracing is on.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import logging
 from collections.abc import Callable, Iterator
 
 from streamio.errors import CorruptDataError, TruncatedBodyError
+from streamio.metrics import trace
 from streamio.storage.backends.base import OnEnd, shorter_than_expected, too_large
 from streamio.storage.retry import RetryBudget
 
@@ -60,12 +62,26 @@ def resuming(
         CorruptDataError: the object ends before ``end``.
         Whatever ``budget`` maps a non-transient or persistent failure to.
     """
+    try:
+        yield from _resuming(open_at, url, start, end, piece=piece, budget=budget)
+    finally:
+        budget.ledger.close()  # the requests still noted are counted (the reader may stop early)
+
+
+def _resuming(
+    open_at: Opener, url: str, start: int, end: int | None, *, piece: int, budget: RetryBudget
+) -> Iterator[bytes]:
     bound = _Bound(url, end)
     pos = start
+    ledger = budget.ledger
     while bound.end is None or pos < bound.end:
         stream = open_at(pos, bound.end, piece, bound.learn)
         try:
-            for data in stream:
+            while True:
+                with ledger.active():  # the request is sent on the first next(): noted in the ledger
+                    data = next(stream, None)
+                if data is None:
+                    break
                 data = bound.clip(data, pos)
                 if data:
                     pos += len(data)
@@ -94,3 +110,18 @@ def at_most(pieces: Iterator[bytes], limit: int, url: str) -> bytes:
             if len(out) > limit:
                 raise too_large(url, None, limit)
     return bytes(out)
+
+
+def traced(pieces: Iterator[bytes], url: str) -> Iterator[bytes]:
+    """``pieces``, with the wait for each one in a ``fetch`` span of the trace when tracing is on
+    (:mod:`streamio.metrics.trace`); the consumer's time between pieces is not in a span."""
+    return _spanned(pieces, url) if trace.enabled() else pieces
+
+
+def _spanned(pieces: Iterator[bytes], url: str) -> Iterator[bytes]:
+    while True:
+        with trace.span("fetch", url=url):
+            piece = next(pieces, None)
+        if piece is None:
+            return
+        yield piece

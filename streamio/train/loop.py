@@ -28,7 +28,8 @@ What it shows, in the order a step runs:
   stopping. So a crashed and resumed run reproduces the uninterrupted run's losses and weights bit
   for bit on CPU.
 * **Telemetry** (:mod:`~streamio.train.telemetry`): a log line every ``log_every`` steps
-  (samples/s, data-stall fraction, checkpoint blocked ms), one JSON line per step and per
+  (samples/s, data-stall fraction, checkpoint blocked ms), a line per epoch (data wait and checkpoint
+  blocked shares, store bytes and requests), one JSON line per step and per
   validation in ``out_dir/rank-NNNNN.jsonl``, and a final :class:`~streamio.train.telemetry.Summary`.
 """
 
@@ -58,7 +59,7 @@ from streamio.train.config import TrainConfig
 from streamio.train.data import Batch, TrainData, make_data
 from streamio.train.distributed import Distributed, full_weights, model_state
 from streamio.train.model import build_components
-from streamio.train.telemetry import Meter, MetricsLog, Summary
+from streamio.train.telemetry import EpochMeter, Meter, MetricsLog, Summary
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +144,7 @@ class Trainer:
         self._last_saved = -1
         self._meter = Meter()  # the current log interval
         self._stall_s = 0.0  # data stall of the log intervals before it
+        self._epoch = EpochMeter(lambda: (self._stall_s + self._meter.stall_s, self.summary.ckpt_blocked_ms_total))
 
     def state(self) -> dict[str, Any]:
         """Everything a checkpoint holds, by name (all stateful objects).
@@ -193,11 +195,8 @@ class Trainer:
         start = time.perf_counter()
         last = {"durable": True} if durable or not self._epochs_left() else {}
         self.ckpt.save(self.progress.step, self.state(), metrics=metrics, **last)
-        blocked_ms = 1000 * (time.perf_counter() - start)
+        blocked_ms = self.summary.saved(1000 * (time.perf_counter() - start))
         self._last_saved = self.progress.step
-        self.summary.checkpoints += 1
-        self.summary.ckpt_blocked_ms_total += blocked_ms
-        self.summary.ckpt_blocked_ms_max = max(self.summary.ckpt_blocked_ms_max, blocked_ms)
         if meter is not None:
             meter.ckpt_ms += blocked_ms
 
@@ -268,6 +267,7 @@ class Trainer:
     def _train_epoch(self) -> bool:
         """Train the rest of the current epoch; False when max_steps ended it before its last step."""
         p = self.progress
+        self._epoch.begin()
         self.data.train.set_epoch(p.epoch)
         # len() is what is left of the epoch: all of it, or the rest after a resume
         epoch_steps = p.epoch_step + len(self.data.train) // self.cfg.grad_accum
@@ -317,6 +317,7 @@ class Trainer:
         p.epoch, p.epoch_step = p.epoch + 1, 0
         if self._save_due() or self.early.best_epoch == p.epoch - 1:
             self.save(self._meter, metrics={"val_loss": float(result["val_loss"])})
+        self._epoch.end(p.epoch - 1, log if self.d.is_main else None)  # its summary line (rank 0)
         if stop and self.d.is_main:
             log.info("early stopping after epoch %d: no improvement for %d epochs", p.epoch - 1, self.early.counter)
         return stop

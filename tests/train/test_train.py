@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import math
+import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -24,7 +26,7 @@ from streamio.train.data import AugmentedArrays, InMemoryLoader, iter_samples, m
 from streamio.train.distributed import Distributed, setup_distributed
 from streamio.train.loop import Trainer
 from streamio.train.model import warmup_cosine
-from streamio.train.telemetry import Meter, read_metrics
+from streamio.train.telemetry import EpochMeter, Meter, StoreTotals, read_metrics
 
 ONE = Distributed(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), initialized=False)
 SCRIPT = [10.0, 8.0, 6.0] + [6.5] * 20  # the scripted validation losses
@@ -117,11 +119,18 @@ def test_trainer_stops_at_epoch_7_and_a_run_crashed_after_epoch_4_does_too(tmp_p
 
 
 # ---------------------------------------------------------------------------- the loop on real data
-def test_loss_falls_and_validation_counts_every_sample(tmp_path: Path) -> None:
+def test_loss_falls_and_validation_counts_every_sample(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     cfg = _cfg(tmp_path, train_samples=1024, epochs=3, lr=3e-3)
     trainer = Trainer(cfg, ONE)
-    summary = trainer.run()
+    with caplog.at_level(logging.INFO, logger="streamio.train.loop"):
+        summary = trainer.run()
     trainer.close()
+    # one summary line per epoch; its data-wait shares add up to the run's stall (the same clock)
+    lines = [re.search(r"^epoch (\d+) done in ([\d.]+) s \| data wait ([\d.]+)%, ckpt blocked ([\d.]+)%", m)
+             for m in caplog.messages if " done in " in m]
+    assert [int(m.group(1)) for m in lines if m] == [0, 1, 2]
+    waited = sum(float(m.group(2)) * float(m.group(3)) / 100 for m in lines if m)
+    assert waited == pytest.approx(summary.data_stall_fraction * summary.wall_s, abs=0.02 + 0.002 * summary.wall_s)
     records = read_metrics(Path(cfg.out_dir) / "rank-00000.jsonl")
     losses = [r["loss"] for r in records if r["event"] == "step"]
     assert len(losses) == summary.steps == 3 * (1024 // 16 // 2)
@@ -130,6 +139,26 @@ def test_loss_falls_and_validation_counts_every_sample(tmp_path: Path) -> None:
     vals = [r for r in records if r["event"] == "val"]
     assert [v["val_count"] for v in vals] == [37.0] * 3
     assert torch.load(Path(cfg.out_dir) / "final_model.pt", weights_only=True).keys() == trainer.net.state_dict().keys()
+
+
+def test_epoch_line_reports_the_epoch_s_shares_and_store_traffic_from_snapshot_deltas() -> None:
+    def snap(read: float, written: float, requests: dict[str, float]) -> dict[str, Any]:
+        return {"streamio_store_bytes_read_total": read, "streamio_store_bytes_written_total": written,
+                "streamio_store_requests_total": requests}
+
+    before = StoreTotals.of(snap(1e6, 0.0, {'op="get",outcome="ok"': 10.0}))
+    after = StoreTotals.of(snap(13.5e6, 2e6, {
+        'op="get",outcome="ok"': 40.0, 'op="get",outcome="throttled"': 3.0, 'op="put",outcome="ok"': 5.0,
+        'op="get",outcome="retried"': 1.0, 'op="put",outcome="failed"': 1.0,
+    }))
+    meter = EpochMeter(lambda: (2.0, 100.0))
+    meter.begin()
+    meter.start -= 10.0  # the epoch took 10 s
+    meter.store = before
+    line = meter.line(4, stall_s=3.0, ckpt_ms=600.0, store=after)
+    assert re.fullmatch(r"epoch 4 done in 10\.\d\d s \| data wait 10\.0%, ckpt blocked 5\.0% \| store 12\.50 MB read, "
+                        r"2\.00 MB written, 40 requests \(3 throttled, 1 failed\)", line), line
+    assert StoreTotals.of({}) == StoreTotals()  # a snapshot without store metrics: nothing moved
 
 
 class _CountingDDP(torch.nn.Module):

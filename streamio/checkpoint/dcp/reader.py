@@ -33,6 +33,10 @@ can declare is refused as a :class:`~streamio.errors.CheckpointFormatError` befo
 planner sees it (the manifest's checks, and the planner data's: :mod:`.metadata`), and the
 reads planned for each tensor must fill it exactly once (:func:`~..tensors.resharding.check_cover`).
 
+Metrics (:mod:`streamio.metrics`): ``streamio_checkpoint_seconds{phase="restore"}`` is the time in
+``read_data`` (the reads, their checks and the copies; the metadata read before it is not
+included), and the parts' bytes count as a manager's restore does.
+
 What ``CheckpointManager.restore`` adds and this reader does not: walking back past a damaged
 checkpoint (here its error is raised: DCP's load has no second choice), and all-or-nothing across
 ranks (each rank verifies all it reads before copying, but another rank may fail after this one
@@ -41,6 +45,7 @@ copied).
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any
@@ -61,6 +66,7 @@ from streamio.checkpoint.tensors.resharding import check_chunks, check_cover
 from streamio.checkpoint.tensors.serialize import StreamReader
 from streamio.checkpoint.tensors.tree import decode_tree, dtype_from_name, is_dtensor
 from streamio.errors import CheckpointError, CheckpointFormatError, CheckpointNotFoundError, StreamioError
+from streamio.metrics.catalog import CHECKPOINT_SECONDS
 from streamio.storage import RetryPolicy, Store
 
 __all__ = ["StreamioReader"]
@@ -179,11 +185,13 @@ class StreamioReader(StepCheckpointId, StorageReader):
         m = self.manifest
         if m is None:
             raise CheckpointError("StreamioReader.read_data() before read_metadata()")
+        began = time.perf_counter()
         try:
             self._read(m, plan, planner)
         except StreamioError as exc:
             self._failure = exc
             raise
+        CHECKPOINT_SECONDS.observe(time.perf_counter() - began, "restore")
         future: Future[None] = Future()
         future.set_result(None)
         return future

@@ -21,6 +21,10 @@ Where DCP's sequence of calls meets the protocol (the interface's call order):
 4. ``finish`` (coordinator): nothing left to do; DCP's ``Metadata`` is rebuilt from the manifest
    on load (:mod:`.metadata`).
 
+Metrics (:mod:`streamio.metrics`): as a manager's save, but ``blocked`` is the snapshot of this
+rank's items (``write_data`` until the copy is made; DCP's planning before it is not included) and
+``durable`` runs from there until the pointer names the step; ``dcp.save`` returns only then.
+
 Every rank constructs the writer (it makes the gloo groups of the commit, as a manager does) and
 DCP must run over the default process group.
 """
@@ -49,6 +53,8 @@ from streamio.checkpoint.tensors.serialize import HostBuffer, Layout, plan_layou
 from streamio.checkpoint.tensors.shards import describe_layout
 from streamio.checkpoint.tensors.tree import TreeEncoder, dtype_name, is_dtensor
 from streamio.errors import CheckpointError, StreamioError
+from streamio.metrics.catalog import CHECKPOINT_SECONDS
+from streamio.metrics.trace import span
 from streamio.storage import RetryPolicy, Store
 
 __all__ = ["StreamioWriter"]
@@ -192,8 +198,10 @@ class StreamioWriter(StepCheckpointId, StorageWriter):
         tree = {key: TreeEncoder(nested).encode(value, key) for key, value in values.items()}
         ordered = list(nested.items()) + [(k, t) for k, (_, t) in chunks.items() if t.numel()]
         planned = plan_layout(ordered)
-        stream = self._buffer.snapshot(planned, dict(ordered))
+        with span("snapshot", step=step):
+            stream = self._buffer.snapshot(planned, dict(ordered))
         blocked = time.perf_counter() - started
+        CHECKPOINT_SECONDS.observe(blocked, "blocked")
         plain = Layout(tuple(s for s in planned.slots if s.key in nested), planned.total)
 
         def entries() -> tuple[dict[str, TensorEntry], dict[str, TensorEntry]]:

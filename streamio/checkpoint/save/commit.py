@@ -30,6 +30,10 @@ Where a save goes and on which timeline is rank 0's :class:`~.plan.Planner`'s (d
 lifecycle.md); the pointer and the manifest record the timeline. Two live jobs on one root are
 stopped by the fencing above: whichever swaps the pointer second finds it changed.
 
+Metrics (:mod:`streamio.metrics`): the ``durable`` phase of ``streamio_checkpoint_seconds`` is
+observed here, on every rank, once the pointer names the step (from the ``save()`` call, also for a
+save published from a local tier); span ``commit`` covers steps 3-4 (``upload``, step 1: :mod:`.parts`).
+
 ``on_phase`` is called with the name of each phase as it completes (:data:`PHASES`); the kill
 tests use it to ``kill -9`` the process there.
 """
@@ -66,6 +70,8 @@ from streamio.errors import (
     StorageError,
     WriteConflictError,
 )
+from streamio.metrics.catalog import CHECKPOINT_SECONDS
+from streamio.metrics.trace import span
 from streamio.storage import Store
 
 __all__ = ["PHASES", "Committer"]
@@ -129,7 +135,7 @@ class Committer:
         writes = len(share_ranges(self.store, job, self.options, world=comm.world)) + 1  # and the marker
         files = self._all_ranks(plan, lambda: self._write_rank(job, plan, comm, bound), comm, writes, bound)
         self._finish(plan, lambda: _assemble(self.store, self.options, job, plan, comm.world, bound), comm, bound)
-        durable = time.perf_counter() - job.started
+        CHECKPOINT_SECONDS.observe(durable := time.perf_counter() - job.started, "durable")
         log.info("checkpoint step %d durable at %s (%.3f s blocked, %.3f s to durable)",
                  job.step, self.store.url(plan.sdir), job.blocked_s, durable)
         return SaveStats(job.step, job.blocked_s, durable, sum(f.size for f in files), len(files))
@@ -147,6 +153,7 @@ class Committer:
         bound = SaveBound(self.options.save_timeout_s, began, rank=comm.rank)
         self._all_ranks(save.plan, lambda: self._upload_rank(save, bound), comm, len(save.share.files) + 1, bound)
         self._finish(save.plan, lambda: save.manifest, comm, bound)
+        CHECKPOINT_SECONDS.observe(time.perf_counter() - (began if save.started is None else save.started), "durable")
         log.info("checkpoint step %d durable at %s (uploaded from the local tier in %.3f s)",
                  save.plan.step, self.store.url(save.plan.sdir), time.perf_counter() - began)
         files = save.share.files
@@ -238,8 +245,9 @@ class Committer:
         discard = False
         if comm.rank == 0:
             try:
-                manifest = bound.run(lambda: self._publish(plan, manifest_of(), bound),
-                                     doing="publishing the manifest and the pointer")
+                with span("commit", step=plan.step):  # steps 3-4 (rank 0)
+                    manifest = bound.run(lambda: self._publish(plan, manifest_of(), bound),
+                                         doing="publishing the manifest and the pointer")
             except Exception as exc:  # out of time: the outcome is unknown (a write may still land), keep all
                 late = isinstance(exc, BoundExpired)
                 result, commit_exc = exc.stuck if late else f"{type(exc).__name__}: {exc}", exc  # type: ignore[union-attr]

@@ -60,6 +60,7 @@ class LocalSave:
     store: Store
     share: Share
     manifest: Manifest
+    started: float | None = None  # time.perf_counter() when save() was called (its durable phase counts from it)
 
 
 class LocalCommitter:
@@ -127,7 +128,7 @@ class LocalCommitter:
             ) from exc
         self._lines[plan.sdir] = manifest.line
         self._tip = Tip(plan.timeline, plan.step)
-        return LocalSave(plan, store, share, manifest)
+        return LocalSave(plan, store, share, manifest, job.started)
 
     def prune(self, tip: Tip | None = None, keep_also: frozenset[str] = frozenset()) -> None:
         """Keep the ``tier.keep`` newest local saves of ``tip``'s timeline (default: the save this

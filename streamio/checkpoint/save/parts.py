@@ -7,7 +7,9 @@ for ranged reads of sharded state) in a thread of a bounded pool and written wit
 to check that every part is there with its size. The result (:class:`Share`) is what the rank's
 done marker records. The durable root's commit and a local tier's (:mod:`.local`) write through
 here alike, so a part has the same name, bytes and checksum on every tier; :func:`copy_share`
-uploads a share already on one tier to another as it is.
+uploads a share already on one tier to another as it is. Every part written, on any tier, adds its
+stored bytes to ``streamio_checkpoint_bytes_total{direction="write"}`` (:mod:`streamio.metrics`);
+the uploads of a share are the ``upload`` span.
 
 The manifest assembled from the ranks' markers (:func:`assemble_manifest`) is the same function
 on every tier too: a save published from a local tier has the manifest bytes the local commit had.
@@ -35,6 +37,8 @@ from streamio.checkpoint.save.plan import SavePlan
 from streamio.checkpoint.save.snapshot import Snapshot
 from streamio.checkpoint.tensors.serialize import block_checksums, encode_part, verify_file
 from streamio.errors import CheckpointError
+from streamio.metrics.catalog import CHECKPOINT_BYTES
+from streamio.metrics.trace import span
 from streamio.pool import run_detached
 from streamio.storage import Store
 from streamio.version import __version__
@@ -93,13 +97,15 @@ def write_share(
         key = plan.place.path(rank, entry.path)
         with bound.request(store.url(key)), writing(store.url(key)):
             store.put(key, data)
+        CHECKPOINT_BYTES.add(len(data), "write")
         return entry
 
     def run(i: int | None) -> Any:  # None: the tensor checksums, beside the uploads
         return job.entries() if i is None else put(i)
 
-    done = run_detached(run, [None, *range(len(ranges))], concurrency=max(1, options.concurrency),
-                        name="streamio-ckpt-put")
+    with span("upload", step=plan.step):
+        done = run_detached(run, [None, *range(len(ranges))], concurrency=max(1, options.concurrency),
+                            name="streamio-ckpt-put")
     (rep_entries, rank_entries), files = done[0], done[1:]
     with bound.request(store.url(plan.place.rank_dir(rank))):
         check_written(store, plan.place, rank, files)
@@ -123,8 +129,10 @@ def copy_share(
         verify_file(data, f, source.url(path))
         with bound.request(dest.url(path)), writing(dest.url(path)):
             dest.put(path, data)
+        CHECKPOINT_BYTES.add(len(data), "write")
 
-    run_detached(put, share.files, concurrency=max(1, concurrency), name="streamio-ckpt-upload")
+    with span("upload", save=share.marker.save_id):
+        run_detached(put, share.files, concurrency=max(1, concurrency), name="streamio-ckpt-upload")
     with bound.request(dest.url(place.rank_dir(share.marker.rank))):
         check_written(dest, place, share.marker.rank, share.files)
 

@@ -19,6 +19,10 @@ The tensors this rank writes are then copied into the manager's reused host buff
 (:class:`~..tensors.serialize.HostBuffer`): after that copy training may change them, and the commit
 (:mod:`.commit`) uploads from the buffer in the background. That copy (device to host, of this
 rank's own share and shards) is all ``save`` blocks on.
+
+Metrics (:mod:`streamio.metrics`): the ``blocked`` phase of ``streamio_checkpoint_seconds`` is
+observed here, once per save, as ``Snapshot.blocked_s`` (from the ``save()`` call); the copy is
+the ``snapshot`` span.
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ from streamio.checkpoint.tensors.shards import local_shards, sharded_entries, wr
 from streamio.checkpoint.tensors.tree import TreeEncoder
 from streamio.checkpoint.tensors.wrappers import ModuleKeys
 from streamio.errors import CheckpointError
+from streamio.metrics.catalog import CHECKPOINT_SECONDS
+from streamio.metrics.trace import span
 
 __all__ = ["Snapshot", "take_snapshot"]
 
@@ -121,8 +127,10 @@ def take_snapshot(
     shards = local_shards(dtensors)
     ordered = mine + list(rank_tensors.items())
     planned = plan_layout(ordered + written(shards))
-    stream = buffer.snapshot(planned, dict(ordered + written(shards)))
+    with span("snapshot", step=step):
+        stream = buffer.snapshot(planned, dict(ordered + written(shards)))
     blocked = time.perf_counter() - started
+    CHECKPOINT_SECONDS.observe(blocked, "blocked")
     rep_keys = {k for k, _ in mine}
     plain = Layout(tuple(s for s in planned.slots if s.key not in dtensors), planned.total)
 

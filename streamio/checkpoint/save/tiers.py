@@ -43,6 +43,7 @@ from streamio.checkpoint.save.local import LocalCommitter, LocalSave
 from streamio.checkpoint.save.plan import SavePlan
 from streamio.checkpoint.save.snapshot import Snapshot
 from streamio.errors import CheckpointConflictError, CheckpointError, StorageError
+from streamio.metrics.catalog import CHECKPOINT_SECONDS
 
 __all__ = ["TieredSaves"]
 
@@ -94,6 +95,7 @@ class TieredSaves:
             self.committer.planner.committed(plan)
         self.newest_step = plan.step
         local_s = time.perf_counter() - job.started
+        CHECKPOINT_SECONDS.observe(local_s, "local")
         log.info("checkpoint step %d committed locally at %s (%.3f s blocked, %.3f s to local)",
                  plan.step, saved.store.url(plan.sdir), job.blocked_s, local_s)
         if due:

@@ -31,6 +31,7 @@ from streamio.checkpoint.tensors.copies import VerifiedTensor
 from streamio.checkpoint.tensors.serialize import StreamReader, decode_part, verify_file
 from streamio.checksum import crc32c, format_checksum
 from streamio.errors import CorruptDataError, StreamioError, TransientStorageError
+from streamio.metrics.catalog import CHECKPOINT_BYTES
 from streamio.pool import gather, run_parallel
 from streamio.storage import Store
 
@@ -291,8 +292,11 @@ def read_confirmed(store: Store, path: str, r: Read) -> bytes | memoryview:
 
 
 def read_raw(store: Store, path: str, r: Read) -> bytes | memoryview:
-    """The stored bytes of request ``r`` of the part at ``path``, unchecked."""
-    return store.read_view(path) if r.whole else store.read(path, r.start, r.end)
+    """The stored bytes of request ``r`` of the part at ``path``, unchecked (the one place parts are
+    read from a store: ``streamio_checkpoint_bytes_total{direction="read"}`` counts them here)."""
+    data = store.read_view(path) if r.whole else store.read(path, r.start, r.end)
+    CHECKPOINT_BYTES.add(len(data), "read")
+    return data
 
 
 def check_raw(data: bytes | memoryview, r: Read, url: str) -> bytes | memoryview:

@@ -19,6 +19,17 @@ lease file's mtime is the LRU clock. Inside the lease, one look (:meth:`CacheCor
 ``open_range`` (a reader) and ``fill`` (a prefetcher: cached or being cached, no bytes handed over)
 share that one look.
 
+**Hits and misses** (``streamio_cache_hits_total`` / ``streamio_cache_misses_total``,
+:mod:`streamio.metrics`) count *reads*: one per ranged read of a shard (a run). A miss is every look
+that sends the read to the store: it starts or resumes the download, or streams the object uncached
+(no room, or larger than the cache). A hit is a read whose first look found the object committed,
+or being downloaded by another reader on the node (this read fetched nothing). A prefetcher's
+``fill`` is the first look of the read its consumer's ``open_range(..., prefetched=True)`` then
+serves, so that read counts once. So ``misses`` is the number of fetches from the store this
+process's reads started, and ``hits + misses`` the number of runs read, except for a read that
+fetched after all (it took over the download of a reader that died, or its committed file failed
+verification): it counts a hit and a miss.
+
 A write the system refuses (file-size limit, full disk, read-only, permissions, the directory
 removed: :func:`~streamio.data.cache.directory.write_refused`) is a
 :class:`~streamio.errors.CacheWriteError`; under ``CacheConfig(on_error="bypass")`` the read goes on
@@ -43,6 +54,7 @@ from streamio.data.cache.transfer import RESERVE, Download, Follower
 from streamio.data.cache.verify import open_verified
 from streamio.errors import CacheError, CacheWriteError, CorruptDataError, StreamioError
 from streamio.flocks import release
+from streamio.metrics.catalog import CACHE_HITS, CACHE_MISSES
 
 log = logging.getLogger(__name__)
 
@@ -89,10 +101,13 @@ class CacheCore:
         return size + RESERVE <= self.config.max_bytes
 
     # ------------------------------------------------------------------ readers
-    def open_range(self, src: Source, start: int, end: int, *, stats: ReadStats | None = None) -> Iterator[bytes]:
+    def open_range(
+        self, src: Source, start: int, end: int, *, stats: ReadStats | None = None, prefetched: bool = False
+    ) -> Iterator[bytes]:
         """Yield ``[start, end)`` of ``src`` as it arrives: from the cache, a download, or a follow.
 
         Closing the generator early leaves a download resumable and releases every lock.
+        ``prefetched``: :meth:`fill` made the first look of this read (and counted it: see the module docstring).
 
         Raises:
             CorruptDataError: the object does not match its size or checksum.
@@ -104,9 +119,11 @@ class CacheCore:
                 "shard %s (%d bytes) is larger than cache %s can hold; streaming it uncached",
                 src.url, src.size, self.directory.path,
             )
+            if not prefetched:
+                CACHE_MISSES.add(1.0)
             yield from self.bypass(src, start, end, counters)
             return
-        pos, cached = start, self._cached_range(src, start, end, counters)
+        pos, cached = start, self._cached_range(src, start, end, counters, count=not prefetched)
         try:
             for chunk in cached:
                 pos += len(chunk)
@@ -117,12 +134,14 @@ class CacheCore:
         finally:
             cached.close()
 
-    def _cached_range(self, src: Source, start: int, end: int, counters: Counters) -> Iterator[bytes]:
+    def _cached_range(self, src: Source, start: int, end: int, counters: Counters, *, count: bool) -> Iterator[bytes]:
         """:meth:`open_range` through the cache (the one look, then a hit, a download or a follow)."""
         with self._lease(src.key):
             pos = start
             while True:
                 claim = self._claim(src, pos, counters, verify=True)
+                _count_read(claim, first=count)  # see the module docstring
+                count = False
                 if isinstance(claim, _Hit):
                     yield from self._read_hit(claim, pos, end, counters)
                     return
@@ -162,6 +181,7 @@ class CacheCore:
         """
         counters = Counters(self.stats, stats)
         if not self.fits(src.size):
+            CACHE_MISSES.add(1.0)  # the caller streams it from the store
             return False
         started = False
 
@@ -183,6 +203,7 @@ class CacheCore:
     ) -> bool:
         with self._lease(src.key):
             claim = self._claim(src, min(start, src.size), counters, verify=False)
+            _count_read(claim, first=True)
             if claim == _FULL:
                 return False
             on_started()
@@ -299,3 +320,12 @@ class CacheCore:
         before = self._clock()
         self._sleep(seconds)
         return self._clock() - before
+
+
+def _count_read(claim: _Hit | Download | str, *, first: bool) -> None:
+    """Count a look of a read: a miss when it downloads the object or streams it uncached; a hit,
+    at the read's ``first`` look only, when the cache has it or another reader is downloading it."""
+    if isinstance(claim, Download) or claim == _FULL:
+        CACHE_MISSES.add(1.0)
+    elif first:
+        CACHE_HITS.add(1.0)

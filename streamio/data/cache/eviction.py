@@ -7,6 +7,10 @@ partial downloads, until the new ``.part`` fits both the limit and the free-disk
 can be made (every shard is leased), the caller *bypasses* the cache: it streams without writing,
 so a small cache shared by many processes never deadlocks and never exceeds its limit.
 
+``streamio_cache_bytes`` (:mod:`streamio.metrics`) is set from these measurements only (nothing
+walks the directory for it): after a reservation, the usage measured plus the room reserved; after
+:func:`usage`, what it measured.
+
 The LRU clock is the newest mtime of a shard's ``KEY.data`` / ``KEY.part`` / ``KEY.use`` (every
 reader touches its lease): file times are the one clock every process on the node shares.
 """
@@ -20,6 +24,7 @@ from streamio.data.cache.config import CacheConfig
 from streamio.data.cache.directory import CacheDirectory
 from streamio.data.cache.stats import ReadStats
 from streamio.flocks import release
+from streamio.metrics.catalog import CACHE_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +63,9 @@ def _scan(directory: CacheDirectory) -> tuple[int, dict[str, _Entry]]:
 
 def usage(directory: CacheDirectory) -> int:
     """Bytes used by the directory now (all its regular files)."""
-    return _scan(directory)[0]
+    used = _scan(directory)[0]
+    CACHE_BYTES.set(used)
+    return used
 
 
 def make_room(directory: CacheDirectory, need: int, config: CacheConfig, stats: ReadStats, *, why: str) -> bool:
@@ -85,6 +92,7 @@ def make_room(directory: CacheDirectory, need: int, config: CacheConfig, stats: 
     for key in orphans[:_ORPHANS_PER_PASS]:
         evict(directory, key)
     if fits():
+        CACHE_BYTES.set(usage + need)  # the caller allocates ``need`` under the same lock
         return True
     data = sorted((e for e in entries.values() if e.data is not None), key=lambda e: e.used)
     parts = [e for e in entries.values() if e.data is None and e.part is not None]
@@ -96,7 +104,9 @@ def make_room(directory: CacheDirectory, need: int, config: CacheConfig, stats: 
             stats.add(evictions=1)
             log.debug("evicted %s (%d bytes) from %s to fit %s", entry.key, freed, directory.path, why)
             if fits():
+                CACHE_BYTES.set(usage + need)
                 return True
+    CACHE_BYTES.set(usage)
     return False
 
 

@@ -77,6 +77,7 @@ class ShardCache:
         end: int | None = None,
         *,
         stats: ReadStats | None = None,
+        prefetched: bool = False,
     ) -> Iterator[bytes]:
         """Yield the bytes ``[start, end)`` of ``shard`` as they arrive.
 
@@ -90,6 +91,8 @@ class ShardCache:
             start: first byte wanted.
             end: end of the range (default: the end of the shard).
             stats: an extra counter object updated beside :attr:`stats` (a prefetcher's).
+            prefetched: :meth:`fetch` began this read (a prefetcher's consumer): the read's cache
+                hit or miss was counted there (:mod:`streamio.data.cache.core`: one per read).
 
         Raises:
             ValueError: the range is outside the shard (at once, not when iterated).
@@ -103,7 +106,7 @@ class ShardCache:
             raise ConfigError(
                 f"range [{start}, {end}) is outside shard {store.url(shard.path)!r} of {shard.bytes} bytes"
             )
-        return self._core.open_range(self._source(store, shard), start, end, stats=stats)
+        return self._core.open_range(self._source(store, shard), start, end, stats=stats, prefetched=prefetched)
 
     def fetch(
         self,

@@ -40,6 +40,11 @@ Design:
 * **Fork/spawn safe.** Nothing live exists until iteration starts: build the prefetcher in the
   worker process, or pickle its configuration into it.
 
+Depth: ``streamio_prefetch_depth`` (:mod:`streamio.metrics`) counts the runs whose fetch started
+before the consumer reached them (each run is one shard's range), moved under the lock the threads
+already take when a run starts or the consumer moves on; it is back to 0 once the iterator ends or
+is closed (:meth:`Prefetcher.close`), and a DataLoader worker's depth is summed with the others'.
+
 Stats: :attr:`Prefetcher.stats` (a :class:`~streamio.data.cache.ReadStats`) counts bytes from the
 network and from the cache, hits/misses, and the seconds the consumer waited (``stall_s``); they
 are logged at debug level when iteration ends.
@@ -58,6 +63,7 @@ from streamio import threads
 from streamio.data.cache import ReadStats, ShardCache
 from streamio.data.format.layout import ShardInfo
 from streamio.errors import ConfigError, CorruptDataError
+from streamio.metrics.catalog import PREFETCH_DEPTH
 from streamio.storage import Store
 
 log = logging.getLogger(__name__)
@@ -167,6 +173,7 @@ class Prefetcher:
         self._next = 0
         self._buffered = 0
         self._stop = False
+        self._depth = 0  # runs fetched ahead of the consumer, as last added to PREFETCH_DEPTH
         self._threads: list[threading.Thread] = []
         self._started = False
 
@@ -186,6 +193,7 @@ class Prefetcher:
             for slot in self._slots.values():
                 slot.chunks.clear()
             self._buffered = 0
+            self._ahead()
             self._cond.notify_all()
             self._room.notify_all()
             self._turn.notify_all()
@@ -205,6 +213,7 @@ class Prefetcher:
             for index, run in enumerate(self.runs):
                 with self._cond:
                     self._head = index
+                    self._ahead()
                     self._room.notify_all()
                     self._turn.notify()  # the head moved by one: one more run may start
                 chunks = self._chunks(index)
@@ -250,7 +259,19 @@ class Prefetcher:
         # a cached run: read straight from disk in this thread (no queue, no copy, no read-ahead)
         run = self.runs[index]
         if self.cache is not None:
-            yield from self.cache.open_range(self._store(run), run.shard, run.start, run.stop, stats=self.stats)
+            yield from self.cache.open_range(
+                self._store(run), run.shard, run.start, run.stop, stats=self.stats, prefetched=True
+            )
+
+    def _ahead(self) -> None:
+        """Publish how many runs are fetched ahead of the consumer (under the lock; 0 once stopped).
+
+        Runs start in order, so those ahead are the ones started past the head: ``_next - _head - 1``.
+        """
+        depth = 0 if self._stop else max(0, self._next - self._head - 1)
+        if depth != self._depth:
+            PREFETCH_DEPTH.add(depth - self._depth)
+            self._depth = depth
 
     def _abandon(self, index: int) -> None:
         with self._cond:
@@ -273,6 +294,7 @@ class Prefetcher:
                 index = self._next
                 self._next += 1
                 slot = self._slots[index] = _Slot()
+                self._ahead()
                 cond.notify_all()
             self._produce(index, slot)
 

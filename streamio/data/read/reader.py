@@ -42,6 +42,7 @@ from streamio.data.plan import Run, Window
 from streamio.data.read.prefetch import ByteRun, PrefetchConfig, Prefetcher
 from streamio.data.read.schedule import Schedule, Segment, build_schedule
 from streamio.errors import CorruptDataError, StorageError, StreamioError
+from streamio.metrics import trace
 from streamio.storage import Store
 
 if TYPE_CHECKING:
@@ -114,13 +115,14 @@ class WindowReader:
         cfg = self.prefetch
         schedule = build_schedule(kept, layouts.offsets, max_bytes=cfg.max_bytes, chunk_size=cfg.chunk_size)
         feed = _Feed(self, schedule, layouts.layout, cfg)
+        decode = _traced(self.decode) if trace.enabled() else self.decode  # no span call per sample unless traced
         try:
             for win, chains in zip(kept, schedule.chains, strict=True):
                 if win.order is None:
                     for run, c in zip(win.runs, chains, strict=True):
                         for sample in feed.take(c, run.end - run.first):
                             if sample is not None:
-                                yield self.decode(sample)
+                                yield decode(sample)
                     continue
                 buffered: list[Sample | None] = []
                 pending = zip(win.runs, chains, strict=True)
@@ -132,7 +134,7 @@ class WindowReader:
                     if skip:
                         skip -= 1
                     elif sample is not None:
-                        yield self.decode(sample)
+                        yield decode(sample)
         finally:
             feed.close()
 
@@ -198,6 +200,15 @@ class WindowReader:
             lost, index, run.end, url, lost, exc,
         )
         return True
+
+
+def _traced(decode: Callable[[Sample], Any]) -> Callable[[Sample], Any]:
+    """``decode`` inside a ``decode`` span (``STREAMIO_TRACE``)."""
+    def traced(sample: Sample) -> Any:
+        with trace.span("decode"):
+            return decode(sample)
+
+    return traced
 
 
 class _Layouts:

@@ -17,6 +17,7 @@ from typing import Any
 import fsspec
 
 from streamio.storage.backends.base import TMP_SUFFIX, Backend, PutRequest, WriteMode, shorter_than_expected
+from streamio.storage.backends.counted import CountedBackend
 from streamio.storage.backends.gcs import GcsBackend
 from streamio.storage.backends.generic import GenericBackend
 from streamio.storage.backends.local import LocalBackend
@@ -81,7 +82,8 @@ def backend_class(url: str) -> type[GenericBackend]:
 
 
 def connect(url: str, options: Mapping[str, Any], policy: RetryPolicy) -> GenericBackend:
-    """A fresh fsspec filesystem for ``url``, its inner retries configured down, in its backend.
+    """A fresh fsspec filesystem for ``url``, its inner retries configured down, in its backend
+    (wrapped in a :class:`~.counted.CountedBackend` if it does not count its own requests).
 
     Args:
         url: the real URL (userinfo included).
@@ -95,4 +97,5 @@ def connect(url: str, options: Mapping[str, Any], policy: RetryPolicy) -> Generi
     protocol = canonical(fs.protocol)
     cls = BACKENDS.get(protocol, GenericBackend)  # the filesystem decides (a chained URL names the outer one)
     cls.configure(fs)
-    return cls(fs, root.rstrip("/"), protocol, options=options, policy=policy)
+    backend = cls(fs, root.rstrip("/"), protocol, options=options, policy=policy)
+    return backend if cls.counts_requests else CountedBackend(backend)  # type: ignore[return-value]

@@ -72,6 +72,8 @@ class Backend(Protocol):
         is_local: objects are files on this machine (memory-mappable; no request latency).
         whole_reads: :meth:`read` fetches a whole range in one request; without it the store
             streams the range with :meth:`open_stream`, resuming where a connection dropped.
+        counts_requests: it counts its own requests, every HTTP attempt
+            (:mod:`streamio.storage.accounting`); without it the store counts one per call.
     """
 
     fs: Any
@@ -80,6 +82,7 @@ class Backend(Protocol):
     bucket: str | None
     is_local: bool
     whole_reads: bool
+    counts_requests: bool
 
     def read(self, full: str, url: str, start: int, end: int | None, limit: int | None = None) -> bytes:
         """Bytes ``[start, end)`` (``end`` None: to the end) in one request, length verified

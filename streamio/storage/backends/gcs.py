@@ -12,6 +12,12 @@ Unconditional writes above the store's multipart threshold go as a resumable upl
 parts (one part in memory at a time, invisible until the last part lands). Conditional ones stay
 single-request whatever their size, because fake-gcs-server 1.54 ignores ``ifGenerationMatch`` on
 resumable uploads (measured), so the emulator could not test them.
+
+Requests are counted (:mod:`streamio.storage.accounting`) by an aiohttp ``TraceConfig`` on gcsfs's
+session (aiohttp's public hook, passed through gcsfs's ``session_kwargs``): each attempt with its
+op, status and seconds to the response headers. Object bytes: what a stream received
+(``content.total_bytes``), and the object bytes of each upload request sent (not the multipart
+envelope).
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import time
 import types
 import urllib.parse
 from collections.abc import Iterator, Mapping
@@ -26,6 +33,7 @@ from typing import Any
 
 from fsspec.asyn import sync
 
+from streamio.storage import accounting
 from streamio.storage.backends.base import OnEnd, PutRequest, conflict, pump, range_header, within
 from streamio.storage.backends.generic import GenericBackend
 from streamio.storage.bodies import ERROR_BODY_LIMIT, bounded_async
@@ -42,10 +50,19 @@ class GcsBackend(GenericBackend):
     find_kwargs: Mapping[str, Any] = {}
     writes_per_s = 1000.0  # Google: the writes per second a bucket starts with (it ramps up from there)
     endpoint_env = ("STORAGE_EMULATOR_HOST",)
+    counts_requests = True  # a TraceConfig counts every HTTP attempt
 
     def __init__(self, fs: Any, root: str, protocol: str, *, options: Mapping[str, Any], policy: RetryPolicy) -> None:
         super().__init__(fs, root, protocol, options=options, policy=policy)
         self.bucket = root.partition("/")[0] or None
+
+    @classmethod
+    def fs_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:
+        opts = dict(options)
+        session = dict(opts.get("session_kwargs") or {})
+        session["trace_configs"] = [*session.get("trace_configs", ()), counting_trace()]
+        opts["session_kwargs"] = session
+        return opts
 
     @classmethod
     def configure(cls, fs: Any) -> None:
@@ -81,6 +98,7 @@ class GcsBackend(GenericBackend):
                 on_end(start + int(length))
             yield from pump(fs.loop, r.content.read, piece, Pace(deadline, f"gs://{full}"))
         finally:
+            accounting.read_bytes(accounting.received(r))  # read or not, cut or not
             r.close()
 
     def info(self, full: str) -> tuple[int, str | None]:
@@ -126,6 +144,7 @@ class GcsBackend(GenericBackend):
                 b"\r\n--" + _BOUNDARY + b"--",
             ]
         )
+        accounting.written_bytes(len(data))
         return sync(
             self.fs.loop,
             self.fs._call,
@@ -155,6 +174,7 @@ class GcsBackend(GenericBackend):
                     "Content-Length": str(len(bit)),
                     "Content-Type": "application/octet-stream",
                 }
+                accounting.written_bytes(len(bit))
                 headers, txt = sync(fs.loop, fs._call, "POST", location, headers=head, data=io.BytesIO(bit))
                 received = headers.get("Range")  # 308: what the server has so far, "bytes=0-N"
                 done = offset + len(bit) >= size
@@ -173,3 +193,32 @@ class GcsBackend(GenericBackend):
                 return False
             raise
         return True
+
+
+# ----------------------------------------------------------------- counting requests
+async def _started(session: Any, ctx: Any, params: Any) -> None:
+    ctx.op, ctx.began = accounting.gcs_op(params.method, str(params.url)), time.monotonic()
+
+
+async def _answered(session: Any, ctx: Any, params: Any) -> None:
+    accounting.attempt(ctx.op, params.response.status, time.monotonic() - ctx.began)
+
+
+async def _unanswered(session: Any, ctx: Any, params: Any) -> None:
+    accounting.attempt(ctx.op, None)
+
+
+def counting_trace() -> Any:
+    """An aiohttp ``TraceConfig`` that counts each request of the session it is given to; pickled
+    as "make a new one" (the filesystem's options travel with it to other processes)."""
+    import aiohttp
+
+    class _Counting(aiohttp.TraceConfig):  # type: ignore[misc]
+        def __reduce__(self) -> tuple[Any, ...]:
+            return counting_trace, ()
+
+    config = _Counting()
+    config.on_request_start.append(_started)
+    config.on_request_end.append(_answered)
+    config.on_request_exception.append(_unanswered)
+    return config

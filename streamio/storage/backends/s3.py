@@ -1,24 +1,22 @@
 """S3 (and S3-compatible stores) through s3fs's client, plus a botocore client for whole reads.
 
-Retries: s3fs's own loop is set to one attempt (``fs.retries = 1``) and botocore's to
-``total_max_attempts=1``; without this, attempts multiply under the store's policy (25 attempts / 34 s for
-one persistent 503 with the defaults). Requests go straight to the client (:func:`s3_call`): s3fs's
-``_call_s3`` still sleeps after a retryable failure and turns errors into bare ``OSError``s, and its
-``info`` follows a 404 HEAD with a listing.
+Retries: s3fs's own loop is set to one attempt (``fs.retries = 1``) and botocore's to ``total_max_attempts=1``;
+without this, attempts multiply under the store's policy (25 attempts / 34 s for one persistent 503 with the
+defaults). Requests go straight to the client (:func:`s3_call`): s3fs's ``_call_s3`` still sleeps after a retryable
+failure and turns errors into bare ``OSError``s, and its ``info`` follows a 404 HEAD with a listing.
 
 Streams: one ``GetObject`` whose aiobotocore body is yielded as it arrives.
 
-Whole reads (:meth:`S3Backend.read`): in the calling thread, through a botocore client built from the s3fs
-instance's own resolved settings (:func:`sync_client`). Why: s3fs runs every request of a process on one
-event loop thread, and aiohttp's body handling is Python code holding the GIL, so parallel reads through it
-stop scaling at ~0.6 GB/s here whatever the number of reading threads (more loops do not help: measured
-0.50-0.65 GB/s for 8 x 38 MB on moto with 1, 4 or 8 loops). botocore's synchronous client reads a body in
-the thread that asked, with the GIL released while the socket fills one buffer of the whole length: 8
-threads reach 0.95-1.0 GB/s on the same server, the boto3 ceiling. They serve bounded reads wanted whole
-(checkpoint parts, manifests, pointers, indexes); streaming reads keep s3fs and resume from the last byte
-received, while a whole read that fails mid-body is retried from its start (its waste is bounded by the size
-asked for). The client mirrors credentials, endpoint, ``client_kwargs``, ``config_kwargs`` (with the
-one-attempt retries), ``anon`` and session keyword arguments such as ``profile``; requester-pays and
+Whole reads (:meth:`S3Backend.read`): in the calling thread, through a botocore client built from the s3fs instance's
+own resolved settings (:func:`sync_client`). Why: s3fs runs every request of a process on one event loop thread, and
+aiohttp's body handling is Python code holding the GIL, so parallel reads through it stop scaling at ~0.6 GB/s here
+whatever the number of reading threads (more loops do not help: measured 0.50-0.65 GB/s for 8 x 38 MB on moto with 1,
+4 or 8 loops). botocore's synchronous client reads a body in the thread that asked, with the GIL released while the
+socket fills one buffer of the whole length: 8 threads reach 0.95-1.0 GB/s on the same server, the boto3 ceiling. They
+serve bounded reads wanted whole (checkpoint parts, manifests, pointers, indexes); streaming reads keep s3fs and
+resume from the last byte received, while a whole read that fails mid-body is retried from its start (its waste is
+bounded by the size asked for). The client mirrors credentials, endpoint, ``client_kwargs``, ``config_kwargs`` (with
+the one-attempt retries), ``anon`` and session keyword arguments such as ``profile``; requester-pays and
 ``s3_additional_kwargs`` go on each GET, so both clients see the same account. A caller who passes their own
 aiobotocore ``session`` keeps the s3fs path: a sync client could not share it.
 
@@ -44,6 +42,7 @@ from fsspec.asyn import sync
 
 from streamio.errors import TruncatedBodyError
 from streamio.pool import run_parallel
+from streamio.storage import accounting
 from streamio.storage.backends.base import (
     OnEnd,
     PutRequest,
@@ -80,6 +79,7 @@ class S3Backend(GenericBackend):
 
     find_kwargs: Mapping[str, Any] = {}
     writes_per_s, endpoint_env = 3500.0, ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")  # AWS, per prefix
+    counts_requests = True  # every HTTP attempt, in its sessions (s3_bodies)
 
     def __init__(self, fs: Any, root: str, protocol: str, *, options: Mapping[str, Any], policy: RetryPolicy) -> None:
         super().__init__(fs, root, protocol, options=options, policy=policy)
@@ -151,7 +151,7 @@ class S3Backend(GenericBackend):
         deadline = self.policy.body_deadline
         timer = watchdog().arm(deadline.allowed(length), functools.partial(_shut, body))
         try:
-            data: bytes = body.read() if limit is None else _read_at_most(body, url, length, limit)
+            data = accounting.counted(body.read if limit is None else lambda: _read_at_most(body, url, length, limit))
         except Exception as exc:
             if timer.fired:
                 raise deadline.missed(url, length) from exc
@@ -184,6 +184,7 @@ class S3Backend(GenericBackend):
                 on_end(start + int(length))
             yield from pump(self.fs.loop, body.read, piece, Pace(deadline, url))
         finally:
+            accounting.read_bytes(accounting.received(getattr(body, "_raw_stream", None)))  # read or not, cut or not
             with contextlib.suppress(Exception):
                 body.close()
 
@@ -298,7 +299,6 @@ class _Multipart:
             self.failed.set()
             raise
         return {"PartNumber": i + 1, "ETag": out["ETag"]}
-
 
 
 # ----------------------------------------------------------------- the botocore client for whole reads

@@ -9,20 +9,51 @@ How they are plugged in: aiobotocore (s3fs) takes the session class as a documen
 ``AioConfig(http_session_cls=...)`` (:class:`BoundedAioSession`, unless the caller chose their own);
 botocore's synchronous client has no such option, so :func:`bound_client` wraps the session of
 its endpoint (``client._endpoint.http_session``), checked by a test against the pinned botocore.
+
+Both sessions also count every HTTP attempt they send (:mod:`streamio.storage.accounting`): its
+operation and status, the seconds to its response headers, and the object bytes of a PutObject or
+UploadPart body (``x-amz-decoded-content-length`` where the body goes ``aws-chunked`` with a
+checksum trailer: the object's bytes, not the framing). Bytes of object bodies received are
+counted where they are read (:mod:`.s3`).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from aiobotocore.awsrequest import AioAWSResponse
 from aiobotocore.httpsession import AIOHTTPSession
 from botocore.awsrequest import AWSResponse
 
+from streamio.storage import accounting
 from streamio.storage.bodies import CHUNK, DOCUMENT_BODY_LIMIT, body_limit, bounded, bounded_async
 
 log = logging.getLogger(__name__)
+
+
+def _sent(request: Any) -> tuple[str, int]:
+    """The op of ``request`` (botocore's ``AWSPreparedRequest``) and the object bytes its body carries."""
+    headers = request.headers
+    op, is_object = accounting.s3_op(request.method, request.url, copy="x-amz-copy-source" in headers)
+    if not is_object:
+        return op, 0
+    length = headers.get("x-amz-decoded-content-length") or headers.get("Content-Length")
+    if length is not None:
+        return op, int(length)
+    body = request.body
+    return op, len(body) if isinstance(body, (bytes, bytearray, memoryview)) else 0
+
+
+def _counted_failure(op: str) -> None:
+    """An attempt that got no response (reset, timeout, refused)."""
+    accounting.attempt(op, None)
+
+
+def _counted(op: str, nbytes: int, status: int, started: float) -> None:
+    accounting.attempt(op, status, time.monotonic() - started)
+    accounting.written_bytes(nbytes)
 
 # ----------------------------------------------------------------- botocore (the synchronous client)
 class _BoundedResponse(AWSResponse):
@@ -47,10 +78,16 @@ class BoundedSession:
     def send(self, request: Any) -> Any:
         streamed = request.stream_output
         request.stream_output = True  # the inner session would read a body whole before returning
+        op, nbytes = _sent(request)
+        started = time.monotonic()
         try:
             response = self._inner.send(request)
+        except BaseException:  # no response: reset, timeout, refused, or cancelled by a deadline
+            _counted_failure(op)
+            raise
         finally:
             request.stream_output = streamed
+        _counted(op, nbytes, response.status_code, started)
         limit = body_limit(response.status_code, streamed)
         if limit is None:
             return response
@@ -99,10 +136,16 @@ class BoundedAioSession(AIOHTTPSession):  # type: ignore[misc]
     async def send(self, request: Any) -> Any:
         streamed = request.stream_output
         request.stream_output = True
+        op, nbytes = _sent(request)
+        started = time.monotonic()
         try:
             response = await super().send(request)
+        except BaseException:  # no response: reset, timeout, refused, or cancelled by a deadline
+            _counted_failure(op)
+            raise
         finally:
             request.stream_output = streamed
+        _counted(op, nbytes, response.status_code, started)
         limit = body_limit(response.status_code, streamed)
         if limit is None:
             return response

@@ -1,0 +1,176 @@
+"""What recording metrics costs: the same work with ``STREAMIO_METRICS=on`` and ``off`` (issue 38).
+
+Run: ``.venv/bin/python -m benchmarks.bench_metrics [--size-mb 64] [--reps 3] [--workers 2] [--targets file,s3]
+[--json out.json]``.
+
+The switch is read at import, so each measurement is a process of its own (``--child``), the two
+modes alternating rep by rep in one run (same machine, same load). Each child, after its imports:
+
+* reads one epoch of a dataset (``--size-mb`` of 64 KiB samples, uncompressed, 16 shards) from
+  ``file://`` and from moto S3 (a server in a process of its own, so its CPU is not counted)
+  through ``StreamingDataLoader`` with ``--workers`` workers, and measures the CPU seconds of
+  itself and its workers (``getrusage``: the workers are joined at the epoch's end) per GB read;
+* saves a checkpoint of ``--size-mb`` (one float32 tensor) with ``CheckpointManager`` to
+  ``file://`` and to S3, and measures the save's wall time until durable (median of 2 saves).
+
+The ratios are on / off (1.02 = recording costs 2%); the issue's goal is <= 1.02 for both. What
+is measured is whatever the tree records: on a tree without instrumentation the ratios are noise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import clean_aws_env, emit_json
+
+REPO = Path(__file__).resolve().parents[1]
+SAMPLE = 64 << 10
+MODES = ("on", "off")
+
+
+def _cpu_s() -> float:
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def _write_dataset(url: str, options: dict[str, Any] | None, size_mb: int) -> int:
+    from streamio import ShardSpec, write_dataset
+
+    n = max(16, (size_mb << 20) // SAMPLE)
+    payload = os.urandom(SAMPLE)
+    samples = ({"__key__": f"{i:07d}", "bin": payload[i % 97:] + payload[: i % 97]} for i in range(n))
+    write_dataset(samples, url, options, spec=ShardSpec(max_count=-(-n // 16)))
+    return n * SAMPLE
+
+
+def _epoch(url: str, options: dict[str, Any] | None, workers: int) -> dict[str, float]:
+    from streamio.data.dataset import StreamingDataset
+    from streamio.data.loader import StreamingDataLoader
+
+    cpu0, wall0 = _cpu_s(), time.perf_counter()
+    ds = StreamingDataset(url, batch_size=16, shuffle=False, storage_options=options)
+    nbytes = sum(len(b) for batch in StreamingDataLoader(ds, num_workers=workers) for b in batch["bin"])
+    cpu, wall = _cpu_s() - cpu0, time.perf_counter() - wall0
+    return {"cpu_s": cpu, "wall_s": wall, "bytes": nbytes, "cpu_s_per_GB": cpu / (nbytes / 1e9)}
+
+
+def _saves(url: str, options: dict[str, Any] | None, size_mb: int) -> dict[str, float]:
+    import torch
+
+    from streamio import CheckpointManager, KeepLast
+
+    state = {"weights": torch.rand((size_mb << 20) // 4)}
+    mgr = CheckpointManager(url, storage_options=options, retention=KeepLast(1))
+    times = []
+    for step in (1, 2):
+        start = time.perf_counter()
+        mgr.save(step, state)
+        mgr.wait()
+        times.append(time.perf_counter() - start)
+    mgr.close()
+    return {"save_s": statistics.median(times)}
+
+
+def child(cfg: dict[str, Any]) -> dict[str, Any]:
+    """One mode's measurements (this process's ``STREAMIO_METRICS`` says which)."""
+    import warnings
+
+    warnings.simplefilter("ignore")
+    import streamio.metrics  # noqa: F401 - the switch is read here, before any timing
+    from streamio.metrics.instruments import RECORDING
+
+    out: dict[str, Any] = {"recording": RECORDING}
+    for target, (url, options) in cfg["datasets"].items():
+        out[f"epoch {target}"] = _epoch(url, options, cfg["workers"])
+    for target, (url, options) in cfg["roots"].items():
+        out[f"save {target}"] = _saves(f"{url}/{cfg['rep']}-{RECORDING}", options, cfg["size_mb"])
+    return out
+
+
+def _run_child(cfg: dict[str, Any], mode: str) -> dict[str, Any]:
+    env = {**os.environ, "STREAMIO_METRICS": mode, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.bench_metrics", "--child", json.dumps(cfg)], env=env,
+                          cwd=REPO, capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0:
+        raise RuntimeError(f"bench_metrics child ({mode}) exited {proc.returncode}:\n{proc.stderr[-1500:]}")
+    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def run(size_mb: int, reps: int, workers: int, targets: tuple[str, ...] = ("file", "s3")) -> dict[str, Any]:
+    """Both modes, ``reps`` times each, alternating; medians and the on/off ratios."""
+    from streamio.testing import MotoProcess, S3Endpoint
+
+    clean_aws_env()
+    moto = MotoProcess()
+    with tempfile.TemporaryDirectory(prefix="bench-metrics-") as tmp:
+        try:
+            datasets = {"file": (f"file://{tmp}/ds", None)}
+            roots = {"file": (f"file://{tmp}/ckpt", None)}
+            if "s3" in targets:
+                s3 = S3Endpoint(moto.start(), "unused").new_bucket()
+                datasets["s3"] = (s3.url("ds"), s3.storage_options())
+                roots["s3"] = (s3.url("ckpt"), s3.storage_options())
+            datasets = {t: d for t, d in datasets.items() if t in targets}
+            roots = {t: r for t, r in roots.items() if t in targets}
+            nbytes = {t: _write_dataset(u, o, size_mb) for t, (u, o) in datasets.items()}
+            runs: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
+            for rep in range(reps):
+                for mode in MODES if rep % 2 == 0 else MODES[::-1]:
+                    cfg = {"datasets": datasets, "roots": roots, "workers": workers, "size_mb": size_mb, "rep": rep}
+                    result = _run_child(cfg, mode)
+                    if result.pop("recording") != (mode == "on"):
+                        raise RuntimeError(f"bench_metrics: STREAMIO_METRICS={mode} was not applied in the child")
+                    runs[mode].append(result)
+        finally:
+            moto.stop()
+    figures = {m: _medians(rs) for m, rs in runs.items()}
+    ratios = {name: figures["on"][name] / figures["off"][name] for name in figures["on"] if figures["off"][name] > 0}
+    return {"size_mb": size_mb, "reps": reps, "workers": workers, "targets": list(targets), "dataset_bytes": nbytes,
+            "runs": runs,
+            "medians": figures, "ratios": ratios}
+
+
+def _medians(results: list[dict[str, Any]]) -> dict[str, float]:
+    keys = {(what, field) for r in results for what, fig in r.items() for field in fig
+            if field in ("cpu_s_per_GB", "save_s")}
+    return {f"{what} {field}": statistics.median(r[what][field] for r in results) for what, field in sorted(keys)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--size-mb", type=int, default=64)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--targets", default="file,s3", help="comma-separated: file, s3")
+    ap.add_argument("--quick", action="store_true", help="--size-mb 8 --reps 1")
+    ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        print(json.dumps(child(json.loads(args.child))))
+        return
+    if args.quick:
+        args.size_mb, args.reps = 8, 1
+    targets = tuple(t.strip() for t in args.targets.split(",") if t.strip())
+    if not targets or set(targets) - {"file", "s3"}:
+        ap.error(f"--targets {args.targets!r}: choose from file, s3")
+    result = run(args.size_mb, args.reps, args.workers, targets)
+    if args.json:
+        emit_json(result, args.json)
+    for name, value in result["ratios"].items():
+        on, off = result["medians"]["on"][name], result["medians"]["off"][name]
+        print(f"{name:36s} on {on:10.4f}  off {off:10.4f}  on/off {value:6.3f}")
+
+
+if __name__ == "__main__":
+    main()
