@@ -86,9 +86,12 @@ def serve(port: int = 9464, host: str = "127.0.0.1") -> int:
 
     Raises:
         MissingDependencyError: prometheus_client is not installed (the ``metrics`` extra).
-        ConfigError: the address cannot be bound (the port is taken, the host is not this machine's).
+        ConfigError: ``port`` is not an integer from 0 to 65535, or the address cannot be bound
+            (the port is taken, the host is not this machine's).
     """
     global _server
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ConfigError(f"streamio.metrics.serve: port={port!r} is not a TCP port; pass 0 to 65535 (0: a free one)")
     _require()
     with _lock:
         if _server is None:

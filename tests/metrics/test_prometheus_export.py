@@ -114,6 +114,12 @@ def test_a_taken_port_is_a_config_error_naming_it(monkeypatch: pytest.MonkeyPatc
     assert isinstance(info.value.__cause__, OSError)
 
 
+@pytest.mark.parametrize("port", [-1, 65536, "9464", 9464.0, True, None])
+def test_a_port_that_is_not_a_tcp_port_is_refused_before_anything_is_bound(port: Any) -> None:
+    with pytest.raises(ConfigError, match=rf"port={port!r} is not a TCP port; pass 0 to 65535"):
+        streamio.metrics.serve(port=port)
+
+
 _records = st.lists(
     st.tuples(st.sampled_from(c.ALL), st.floats(0, 1e6),
               st.lists(st.sampled_from(["get", "a\\b", 'q"', "n\nl", ""]), min_size=2, max_size=2)),
