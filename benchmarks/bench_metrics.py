@@ -15,6 +15,10 @@ modes alternating rep by rep in one run (same machine, same load). Each child, a
 
 The ratios are on / off (1.02 = recording costs 2%); the issue's goal is <= 1.02 for both. What
 is measured is whatever the tree records: on a tree without instrumentation the ratios are noise.
+Runs of the same work differ by more than 2% on a shared machine, so a last child (``count``)
+also counts the recording calls per GB read and per save and times one call on its own: calls x
+cost over the work is the recording's share without that noise (it leaves out the per-request
+bookkeeping around the calls, which the on/off ratios include).
 """
 
 from __future__ import annotations
@@ -81,8 +85,39 @@ def _saves(url: str, options: dict[str, Any] | None, size_mb: int) -> dict[str, 
     return {"save_s": statistics.median(times)}
 
 
+def _ns_per_call() -> float:
+    """What one recording call costs here, in ns: the median over the catalog's kinds of call, each
+    with its instrument's label count, in a thread that recorded before (its cell exists)."""
+    import timeit
+
+    from streamio.metrics import catalog as c
+
+    calls = [lambda: c.STORE_REQUESTS.add(1, "get", "ok"), lambda: c.STORE_BYTES_READ.add(65536),
+             lambda: c.STORE_SECONDS.observe(0.003, "get"), lambda: c.PREFETCH_DEPTH.add(1),
+             lambda: c.LOADER_WAIT.observe(0.0004)]
+    per = [min(timeit.repeat(call, number=20000, repeat=5)) / 20000 * 1e9 for call in calls]
+    return statistics.median(per)
+
+
+def _count_calls() -> dict[str, int]:
+    """Wrap the recording methods with a count of their calls (the ``count`` child only)."""
+    from streamio.metrics.instruments import Counter, Gauge, Histogram
+
+    seen = {"calls": 0}
+    def counting(real: Any) -> Any:
+        def counted(self: Any, *args: Any) -> None:
+            seen["calls"] += 1
+            real(self, *args)
+        return counted
+
+    for cls, name in ((Counter, "add"), (Gauge, "add"), (Gauge, "set"), (Histogram, "observe")):
+        setattr(cls, name, counting(getattr(cls, name)))
+    return seen
+
+
 def child(cfg: dict[str, Any]) -> dict[str, Any]:
-    """One mode's measurements (this process's ``STREAMIO_METRICS`` says which)."""
+    """One mode's measurements (this process's ``STREAMIO_METRICS`` says which); with ``count``,
+    the recording calls per GB read and per save instead (no workers: each call is in this process)."""
     import warnings
 
     warnings.simplefilter("ignore")
@@ -90,6 +125,20 @@ def child(cfg: dict[str, Any]) -> dict[str, Any]:
     from streamio.metrics.instruments import RECORDING
 
     out: dict[str, Any] = {"recording": RECORDING}
+    if cfg.get("count"):
+        out["ns_per_call"] = _ns_per_call()
+        plain = {target: _epoch(url, options, 0)["cpu_s_per_GB"] for target, (url, options) in cfg["datasets"].items()}
+        seen = _count_calls()
+        for target, (url, options) in cfg["datasets"].items():
+            before = seen["calls"]
+            nbytes = _epoch(url, options, 0)["bytes"]
+            out[f"epoch {target}"] = {"calls_per_GB": (seen["calls"] - before) / (nbytes / 1e9),
+                                      "cpu_s_per_GB": plain[target]}  # without workers: the cheapest path
+        for target, (url, options) in cfg["roots"].items():
+            before = seen["calls"]
+            _saves(f"{url}/count", options, cfg["size_mb"])
+            out[f"save {target}"] = {"calls_per_save": (seen["calls"] - before) / 2}
+        return out
     for target, (url, options) in cfg["datasets"].items():
         out[f"epoch {target}"] = _epoch(url, options, cfg["workers"])
     for target, (url, options) in cfg["roots"].items():
@@ -131,13 +180,28 @@ def run(size_mb: int, reps: int, workers: int, targets: tuple[str, ...] = ("file
                     if result.pop("recording") != (mode == "on"):
                         raise RuntimeError(f"bench_metrics: STREAMIO_METRICS={mode} was not applied in the child")
                     runs[mode].append(result)
+            counted = _run_child({**cfg, "count": True}, "on")
+            counted.pop("recording")
         finally:
             moto.stop()
     figures = {m: _medians(rs) for m, rs in runs.items()}
     ratios = {name: figures["on"][name] / figures["off"][name] for name in figures["on"] if figures["off"][name] > 0}
     return {"size_mb": size_mb, "reps": reps, "workers": workers, "targets": list(targets), "dataset_bytes": nbytes,
-            "runs": runs,
-            "medians": figures, "ratios": ratios}
+            "runs": runs, "medians": figures, "ratios": ratios, "calls": counted,
+            "bound": _bound(counted, figures["off"])}
+
+
+def _bound(counted: dict[str, Any], off: dict[str, float]) -> dict[str, float]:
+    """The share of the work that recording calls take: calls x their cost, over the work (an
+    epoch's CPU seconds per GB without workers, the cheapest path; a save's seconds with recording
+    off). Steady where the on/off ratios are noisy: each factor is counted or timed on its own."""
+    ns, out = counted["ns_per_call"], {}
+    for what, fig in counted.items():
+        if what.startswith("epoch"):
+            out[f"{what} cpu_s_per_GB"] = fig["calls_per_GB"] * ns / 1e9 / fig["cpu_s_per_GB"]
+        elif what.startswith("save") and off.get(f"{what} save_s"):
+            out[f"{what} save_s"] = fig["calls_per_save"] * ns / 1e9 / off[f"{what} save_s"]
+    return out
 
 
 def _medians(results: list[dict[str, Any]]) -> dict[str, float]:
@@ -169,7 +233,10 @@ def main() -> None:
         emit_json(result, args.json)
     for name, value in result["ratios"].items():
         on, off = result["medians"]["on"][name], result["medians"]["off"][name]
-        print(f"{name:36s} on {on:10.4f}  off {off:10.4f}  on/off {value:6.3f}")
+        bound = result["bound"].get(name, float("nan"))
+        print(f"{name:36s} on {on:10.4f}  off {off:10.4f}  on/off {value:6.3f}  recording calls {100 * bound:.3f}%")
+    print(f"one recording call: {result['calls']['ns_per_call']:.0f} ns; calls: "
+          + ", ".join(f"{k} {v}" for k, v in result["calls"].items() if k != "ns_per_call"))
 
 
 if __name__ == "__main__":

@@ -954,6 +954,16 @@ METRICS = SectionSpec("What recording metrics costs (issue 38: `benchmarks/bench
     Table((_str("figure", 0), Column("on", lambda r: fmt(r[1], 3)), Column("off", lambda r: fmt(r[2], 3))),
           rows=lambda sec: [(k, v, sec["medians"]["off"][k]) for k, v in sec["medians"]["on"].items()]),
     _ratios(lambda sec: {f"{k}, on / off": v for k, v in sec["ratios"].items()}),
+    Text(lambda sec: [
+        f"The on/off ratios carry the run-to-run noise of a shared machine. Counted instead (one more child, "
+        f"no workers): {sec['calls']['ns_per_call']:.0f} ns per recording call, "
+        + ", ".join(f"{fig.get('calls_per_GB', fig.get('calls_per_save', 0)):.0f} calls per "
+                    f"{'GB' if 'calls_per_GB' in fig else 'save'} ({what})"
+                    for what, fig in sec["calls"].items() if isinstance(fig, dict))
+        + "; their share of the work:"] if "calls" in sec else None),
+    Table((_name("ratio"), Column("value", lambda kv: fmt(kv[1], 2))),
+          rows=lambda sec: {f"recording calls, % of {k}": 100 * v for k, v in sec.get("bound", {}).items()}.items(),
+          empty="_This run did not count the recording calls._"),
 ))
 
 
