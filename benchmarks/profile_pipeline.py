@@ -18,7 +18,15 @@ way the pipeline does, so the differences are the costs of the steps in between:
   read, parse, decode): minus ``read`` + ``parse``, what the read path costs in Python around them;
 * ``loader w0`` -- ``StreamingDataLoader(num_workers=0)``: minus ``reader``, collation;
 * ``loader wN`` -- with N workers (batches through the shared-memory transport): minus
-  ``loader w0``, worker processes and batch transport.
+  ``loader w0``, worker processes and batch transport;
+* ``DataLoader floor`` -- a plain ``DataLoader`` with N workers over as many tiny samples in the
+  same batches, charged to the same bytes: the part of ``loader wN`` that is torch's own
+  machinery (worker start, index and result queues, pickling, worker loop), whatever the reader
+  does (not split into fixed and per-GB parts).
+
+``loader`` rows are per GB with the fixed cost (dataset, index, worker start) removed: each is also
+run on a data set 1/8 the size, and the line through the two gives the slope (CPU s/GB) and the
+intercept (``fixed CPU s``).
 
 Warm: the files in the page cache, read from ``file://``. Cold: the same shards in moto over HTTP
 (a process of its own, :class:`streamio.testing.MotoProcess`: its CPU is not ours), no node cache
@@ -139,6 +147,24 @@ def loader_stages(url: str, storage_options: dict[str, Any] | None, payload: int
             f"loader w{workers}": measure(run(workers), payload, reps)}
 
 
+def loader_floor(samples: int, payload: int, reps: int, *, workers: int, batch: int) -> dict[str, float]:
+    """A plain ``DataLoader`` over ``samples`` tiny sample dicts, charged to ``payload`` bytes: what the
+    DataLoader's own machinery (workers, index and result queues, pickling) costs at this batch size."""
+    from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+    class Tiny(IterableDataset):
+        def __iter__(self) -> Any:
+            info = get_worker_info()
+            k, n = (info.id, info.num_workers) if info is not None else (0, 1)
+            for i in range(k, samples, n):
+                yield {"__key__": f"{i:08d}", "cls": b"3"}
+
+    def run() -> None:
+        assert sum(len(b["__key__"]) for b in DataLoader(Tiny(), batch_size=batch, num_workers=workers)) == samples
+
+    return measure(run, payload, reps)
+
+
 def marginal(big: dict[str, dict[str, float]], small: dict[str, dict[str, float]], big_gb: float,
              small_gb: float) -> dict[str, dict[str, float]]:
     """Per-GB cost with the fixed cost (dataset, index, workers' start) removed: two sizes, one line."""
@@ -224,7 +250,11 @@ def main() -> None:
         big = write_raw(os.path.join(tmp, "data"), cfg)
         small = write_raw(os.path.join(tmp, "data-small"), Config(samples=args.samples // 8, shards=cfg.shards // 8))
         warm_page_cache(big.dir, small.dir)
+        kw = {"workers": args.workers, "batch": args.batch}
+        loader_stages(small.dir, None, small.payload, small.samples, 1, **kw)  # untimed: first imports, first fork
         result["warm"] = profile_data(big.dir, None, big, small, args)
+        result["warm"][f"DataLoader floor w{args.workers} (tiny samples, same batches)"] = loader_floor(
+            big.samples, big.payload, args.reps, workers=args.workers, batch=args.batch)
         print(f"## warm (file://, {setting})\n\n{table(result['warm'])}\n", flush=True)
         if args.cprofile:
             print(profile_reader(big.dir, None, args.batch), flush=True)
