@@ -21,6 +21,14 @@ object's). Caveats: moto reads the whole object for every ranged GET (KNOWN-BEHA
 1 MiB trials' MB/s are moto's; their CPU s per GB are the client's. moto closes the connection after
 every response, so neither client reuses connections here (on real S3 both would). 2 shared cores:
 the load average is printed at the start and the end.
+
+Not a backend yet, and why not as is (measured with obstore 0.12.1): once a process has made one
+request through obstore (its tokio runtime started), every obstore request in a child forked from
+it hangs, even through a store made in the child: a DataLoader worker forked after the main process
+read the index through obstore would hang. ``S3Store`` pickles with the secret key in it; its
+``repr`` does not show it. A missing object raises a ``FileNotFoundError`` subclass; ``bytes()``
+and ``stream()`` pieces are read-only buffers (``obstore.Bytes``) that the CRC and the tar parser
+take without a copy.
 """
 
 from __future__ import annotations
