@@ -438,3 +438,40 @@ def test_transformers_section_resumes_every_trainer_at_every_step_and_renders(
     assert "## The transformers Trainer: resume at step N (issue 36" in text
     assert "| stock iterable at 3 | `Trainer` over the same `StreamingDataset`" in text
     assert "| transformers: resume at 3: stock iterable / streamio |" in text  # in the headline table
+
+
+def test_profile_marginal_removes_the_fixed_cost() -> None:
+    from benchmarks.profile_pipeline import marginal
+
+    # 2 CPU s fixed + 3 CPU s per GB, measured at 1.0 and 0.25 GB
+    def row(gb: float) -> dict[str, float]:
+        return {"cpu_s_per_GB": (2 + 3 * gb) / gb, "main_s_per_GB": 2 / gb, "children_s_per_GB": 3.0,
+                "minflt_main_per_MB": 0.0, "minflt_children_per_MB": 10.0, "MBps": 100.0}
+
+    out = marginal({"loader": row(1.0)}, {"loader": row(0.25)}, 1.0, 0.25)["loader"]
+    assert out["cpu_s_per_GB"] == pytest.approx(3.0)
+    assert out["main_s_per_GB"] == pytest.approx(0.0)
+    assert out["fixed_cpu_s"] == pytest.approx(2.0)
+    assert out["MBps"] == 100.0
+
+
+def test_obstore_trial_refuses_wrong_bytes() -> None:
+    from benchmarks.bench_obstore import trial
+    from streamio.checksum import crc32c
+
+    crcs = {"a": crc32c(b"right")}
+    assert trial(lambda p: [b"ri", memoryview(b"ght")], ["a"], 1, crcs)["cpu_s_per_GB"] >= 0
+    with pytest.raises(RuntimeError, match="wrong bytes"):
+        trial(lambda p: [b"wrong"], ["a"], 1, crcs)
+
+
+def test_obstore_contenders_read_the_same_bytes_from_moto(s3: Any) -> None:
+    pytest.importorskip("obstore")  # the bench extra
+    from benchmarks.bench_obstore import MiB, contenders, obstore_store
+    from streamio.storage import Store
+
+    body = os.urandom(MiB + 5)  # two 1 MiB ranges, the second short
+    s3.boto3_client().put_object(Bucket=s3.bucket, Key="o/x.bin", Body=body)
+    reads = contenders(Store(s3.url(), storage_options=s3.storage_options()), obstore_store(s3), ["o/x.bin"], len(body))
+    for name, read in reads.items():
+        assert b"".join(bytes(memoryview(p)) for p in read("o/x.bin")) == body, name
