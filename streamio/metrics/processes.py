@@ -16,19 +16,26 @@ removed when the parent next reads them; the token keeps a reused pid from overw
 child's last report. Only ``fork`` children report (Linux's default start method for DataLoader
 workers); ``spawn``/``forkserver`` children are processes of their own, with their own metrics.
 Reports are JSON of numbers the parent bounds before using (a file there is written by our own
-children only: the directory is private to the user).
+children only: the directory is private to the user); a report skipped as invalid is named in one
+warning, not one per snapshot. The parent checks the directory at each read: one removed while in
+use (a ``/tmp`` cleaner) is made again, private, with one warning (the reports children tried to
+write meanwhile are lost until their next one); one that is not a private directory of this user
+(made by someone else after a removal) is not read, with one warning. With
+``STREAMIO_METRICS=off`` no directory is made and children report nothing.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import hashlib
 import json
 import logging
 import math
 import os
 import secrets
 import shutil
+import stat
 import tempfile
 import threading
 import time
@@ -36,7 +43,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from streamio.metrics import trace
-from streamio.metrics.instruments import Gauge, Histogram, Instrument, merge_values
+from streamio.metrics.instruments import RECORDING, Gauge, Histogram, Instrument, merge_values
 
 __all__ = [
     "REPORT_EVERY_S", "Family", "bind", "children_values", "forget_children", "in_forked_child", "recording_started",
@@ -68,6 +75,7 @@ class _State:
         self.retired: Family = {}  # the last reports of children that exited
         self.reporter: threading.Thread | None = None
         self.lock = threading.Lock()
+        self.warned: set[str] = set()  # what was warned about once (a bad report's name, the directory)
 
 
 _state = _State(None)
@@ -82,7 +90,7 @@ def bind(instruments: Callable[[], Iterable[Instrument]], own_values: Callable[[
 
 
 def _before_fork() -> None:
-    if _state.own_dir is not None:
+    if _state.own_dir is not None or not RECORDING:
         return
     try:
         _state.own_dir = tempfile.mkdtemp(prefix=f"streamio-metrics-{os.getpid()}-")
@@ -162,15 +170,19 @@ def children_values() -> Family:
     with state.lock:
         for name, values in state.retired.items():
             out[name] = dict(values)
+        if not _private_dir(state):
+            return out
         try:
             entries = [e for e in os.scandir(state.own_dir) if e.name.endswith(".json")]
         except OSError:
             return out
         for entry in entries:
-            reported = _read_report(entry.path, known)
+            # asked before reading: a child that exits after the read may have replaced what was read
+            # by its last report, which the unlink below would lose
+            gone = not _alive(entry.name)
+            reported = _read_report(entry.path, known, state)
             if reported is None:
                 continue
-            gone = not _alive(entry.name)
             for name, values in reported.items():
                 instrument = known[name]
                 if gone and isinstance(instrument, Gauge) and instrument.mode == "sum":
@@ -195,6 +207,40 @@ def forget_children() -> None:
                     os.unlink(entry.path)
 
 
+def _warn_once(state: _State, key: str, message: str, *args: object) -> None:
+    if key in state.warned:
+        log.debug(message, *args)
+    else:
+        state.warned.add(key)
+        log.warning(message, *args)
+
+
+def _private_dir(state: _State) -> bool:
+    """Whether ``state.own_dir`` is a directory of this user that no one else can write (made again
+    if it was removed); see the module docstring."""
+    path = str(state.own_dir)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        try:
+            os.mkdir(path, 0o700)  # fails if someone made it meanwhile: checked at the next read
+        except OSError as exc:
+            _warn_once(state, "dir", "streamio metrics: the directory %s where forked workers report was removed "
+                       "and cannot be made again (%s): their counts are lost", path, exc)
+            return False
+        _warn_once(state, "dir", "streamio metrics: the directory %s where forked workers report was removed "
+                   "while in use; made again (the reports written meanwhile are lost)", path)
+        return True
+    except OSError as exc:
+        _warn_once(state, "dir", "streamio metrics: cannot read the directory %s of workers' reports: %s", path, exc)
+        return False
+    if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o077:
+        return True
+    _warn_once(state, "dir", "streamio metrics: %s, where forked workers report, is no longer a directory private "
+               "to this user (mode %o, owner %d): not read, their counts are lost", path, st.st_mode, st.st_uid)
+    return False
+
+
 def _by_name() -> dict[str, Instrument]:
     return {i.name: i for i in _instruments()}
 
@@ -209,7 +255,10 @@ def _alive(file_name: str) -> bool:
     return True
 
 
-def _read_report(path: str, known: Mapping[str, Instrument]) -> Family | None:
+def _read_report(path: str, known: Mapping[str, Instrument], state: _State | None = None) -> Family | None:
+    """The report at ``path`` checked, or None (gone; invalid: one warning per report, though a
+    snapshot reads it again each time: ``state`` remembers which were warned about)."""
+    raw = b""
     try:
         with open(path, "rb") as f:
             raw = f.read(MAX_REPORT_BYTES + 1)
@@ -220,7 +269,11 @@ def _read_report(path: str, known: Mapping[str, Instrument]) -> Family | None:
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
-        log.warning("streamio metrics: skipped a worker's report %s: %s", path, exc)
+        message = "streamio metrics: skipped a worker's report %s: %s"
+        if state is None:
+            log.warning(message, path, exc)
+        else:
+            _warn_once(state, f"{path}:{hashlib.blake2b(raw, digest_size=8).hexdigest()}", message, path, exc)
         return None
 
 
