@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from streamio.metrics import trace
-from streamio.metrics.instruments import RECORDING, Gauge, Histogram, Instrument, merge_values
+from streamio.metrics.instruments import RECORDING, Gauge, Histogram, Instrument, LabelKey, merge_values
 
 __all__ = [
     "REPORT_EVERY_S", "Family", "bind", "children_values", "forget_children", "in_forked_child", "recording_started",
@@ -75,6 +75,7 @@ class _State:
         self.retired: Family = {}  # the last reports of children that exited
         self.reporter: threading.Thread | None = None
         self.lock = threading.Lock()
+        self.baseline: dict[str, Family] = {}  # a live child's report at the last reset, by file name
         self.warned: set[str] = set()  # what was warned about once (a bad report's name, the directory)
 
 
@@ -183,7 +184,12 @@ def children_values() -> Family:
             reported = _read_report(entry.path, known, state)
             if reported is None:
                 continue
+            if gone:
+                base = state.baseline.pop(entry.name, {})
+            else:
+                base = state.baseline.get(entry.name, {})
             for name, values in reported.items():
+                values = _since(known[name], values, base.get(name, {}))
                 instrument = known[name]
                 if gone and isinstance(instrument, Gauge) and instrument.mode == "sum":
                     continue  # what an exited process held (shards fetched ahead) is held no more
@@ -197,14 +203,39 @@ def children_values() -> Family:
 
 
 def forget_children() -> None:
-    """Drop what children reported so far (:func:`streamio.metrics.reset`)."""
+    """Drop what children reported so far (:func:`streamio.metrics.reset`): the reports of exited
+    children, and of live ones (a persistent worker) what they reported until now, kept as the
+    baseline their next reports are counted from (a report holds the child's totals since its fork)."""
     state = _state
+    known = _by_name()
     with state.lock:
-        state.retired = {}
-        if state.own_dir is not None:
+        state.retired, state.baseline = {}, {}
+        if state.own_dir is None:
+            return
+        with contextlib.suppress(OSError):
             for entry in os.scandir(state.own_dir):
-                with contextlib.suppress(OSError):
-                    os.unlink(entry.path)
+                if entry.name.endswith(".json") and _alive(entry.name):
+                    state.baseline[entry.name] = _read_report(entry.path, known, state) or {}
+                else:
+                    with contextlib.suppress(OSError):
+                        os.unlink(entry.path)
+
+
+def _since(instrument: Instrument, values: dict[LabelKey, Any], base: dict[LabelKey, Any]) -> dict[LabelKey, Any]:
+    """A child's ``values`` less its ``base`` (what it had reported at a reset): counters and
+    histograms only, a gauge says what holds now."""
+    if not base or isinstance(instrument, Gauge):
+        return values
+    out = {}
+    for key, value in values.items():
+        was = base.get(key)
+        if was is None:
+            out[key] = value
+        elif isinstance(instrument, Histogram):
+            out[key] = [max(0, a - b) for a, b in zip(value, was, strict=True)]
+        else:
+            out[key] = max(0.0, value - was)
+    return out
 
 
 def _warn_once(state: _State, key: str, message: str, *args: object) -> None:

@@ -164,3 +164,44 @@ def test_a_child_that_reports_and_exits_while_its_report_is_read_loses_nothing()
     assert proc.returncode == 0, proc.stderr
     first, then = json.loads(proc.stdout)
     assert first == 1.0 and then == 100.0  # the last report, not the one read before it
+
+
+_RESET = """
+import json, os, shutil
+import streamio.metrics as m
+from streamio.metrics import catalog as c, processes
+go, ready = os.pipe(), os.pipe()
+pid = os.fork()
+if pid == 0:  # a persistent DataLoader worker: it reports its totals since the fork at each epoch's end
+    for epoch in range(2):
+        c.STORE_BYTES_READ.add(100)
+        c.LOADER_WAIT.observe(0.01)
+        m.report()
+        os.write(ready[1], b"x")
+        os.read(go[0], 1)
+    os._exit(0)
+
+def read():
+    snap = m.snapshot()
+    return [snap["streamio_store_bytes_read_total"], snap["streamio_loader_wait_seconds"]["count"]]
+
+os.read(ready[0], 1)
+out = [read()]
+m.reset()
+out.append(read())
+os.write(go[1], b"x")
+os.read(ready[0], 1)
+out.append(read())
+os.write(go[1], b"x")
+os.waitpid(pid, 0)
+out.append(read())  # folded once it exited: still counted from the reset
+shutil.rmtree(processes._state.own_dir)
+m.reset()  # with its directory gone
+print(json.dumps(out))
+"""
+
+
+def test_reset_with_a_live_worker_counts_only_what_it_reads_after() -> None:
+    proc = subprocess.run([sys.executable, "-c", _RESET], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == [[100.0, 1], [0.0, 0], [100.0, 1], [100.0, 1]]
