@@ -2,8 +2,9 @@
 
 Forked children report to their parent through files, not a pipe or shared memory that needs a
 lock: before a process forks it makes a private directory (``mkdtemp``, mode 0700, removed at its
-exit); a child that records anything writes its totals (its own and, recursively, its children's)
-into ``<that directory>/<pid>-<token>.json`` (a temp file, then a rename: a reader sees the previous
+exit by this process only, a ``multiprocessing`` child's included); a child that records anything
+writes its totals (its own and, recursively, its children's) into
+``<that directory>/<pid>-<token>.json`` (a temp file, then a rename: a reader sees the previous
 report or the new one whole) at the end of each dataset iterator (:func:`report`) and every
 :data:`REPORT_EVERY_S` seconds from a daemon thread. The parent's totals are its own plus the last
 report of each child. Its snapshot is therefore exact once its children reported: a DataLoader's
@@ -32,6 +33,7 @@ import hashlib
 import json
 import logging
 import math
+import multiprocessing.util
 import os
 import secrets
 import shutil
@@ -98,7 +100,16 @@ def _before_fork() -> None:
     except OSError as exc:  # metrics of children are lost, the fork goes on
         log.warning("streamio metrics: cannot make a directory for forked children's reports: %s", exc)
         return
-    atexit.register(shutil.rmtree, _state.own_dir, True)
+    # Exit handlers are inherited by a fork: _remove_own_dir removes the directory of the process
+    # that runs it (a child that exits normally must not remove its parent's). A multiprocessing
+    # child (a DataLoader worker that forks) ends with os._exit after running its finalizers only.
+    atexit.register(_remove_own_dir)
+    multiprocessing.util.Finalize(None, _remove_own_dir, exitpriority=0)
+
+
+def _remove_own_dir() -> None:
+    if _state.own_dir is not None:
+        shutil.rmtree(_state.own_dir, ignore_errors=True)
 
 
 def _after_fork_in_child() -> None:

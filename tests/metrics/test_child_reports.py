@@ -205,3 +205,43 @@ def test_reset_with_a_live_worker_counts_only_what_it_reads_after() -> None:
     proc = subprocess.run([sys.executable, "-c", _RESET], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == [[100.0, 1], [0.0, 0], [100.0, 1], [100.0, 1]]
+
+
+_EXITS = """
+import glob, json, multiprocessing, os, sys
+import streamio.metrics as m
+from streamio.metrics import catalog as c, processes
+
+def forks_and_ends(queue):  # a multiprocessing child (a DataLoader worker) that forks a child of its own
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    queue.put(processes._state.own_dir)
+
+a = os.fork()
+if a == 0:
+    c.STORE_BYTES_READ.add(100)
+    m.report()
+    os._exit(0)
+os.waitpid(a, 0)
+b = os.fork()
+if b == 0:
+    sys.exit(0)  # a child that ends as a Python program does: the exit handlers it inherited run
+os.waitpid(b, 0)
+queue = multiprocessing.get_context("fork").Queue()
+worker = multiprocessing.get_context("fork").Process(target=forks_and_ends, args=(queue,))
+worker.start()
+its_dir = queue.get(timeout=30)
+worker.join()
+print(json.dumps([m.snapshot()["streamio_store_bytes_read_total"], os.path.isdir(its_dir)]))
+"""
+
+
+def test_a_directory_is_removed_by_the_process_that_made_it_only() -> None:
+    proc = subprocess.run([sys.executable, "-c", _EXITS], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    # the child that exited normally left its parent's directory (and its sibling's report) alone;
+    # the multiprocessing child removed its own at its end
+    assert json.loads(proc.stdout) == [100.0, False]
