@@ -77,6 +77,7 @@ class _State:
         self.retired: Family = {}  # the last reports of children that exited
         self.reporter: threading.Thread | None = None
         self.lock = threading.Lock()
+        self.report_lock = threading.Lock()  # held by the thread writing this process's report
         self.baseline: dict[str, Family] = {}  # a live child's report at the last reset, by file name
         self.warned: set[str] = set()  # what was warned about once (a bad report's name, the directory)
 
@@ -156,20 +157,24 @@ def _report(*, periodic: bool) -> None:
     state = _state
     if state.parent_dir is None:
         return
-    trace.write(periodic=periodic)
-    totals = _own_values()
-    known = _by_name()
-    for name, values in children_values().items():
-        merge_values(known[name], totals.setdefault(name, {}), values)
-    body = json.dumps({"v": 1, "metrics": {n: [[list(k), v] for k, v in vals.items()] for n, vals in totals.items()}})
-    path = os.path.join(state.parent_dir, state.name)
-    tmp = f"{path}.tmp"
-    try:
-        with open(tmp, "w") as f:
-            f.write(body)
-        os.replace(tmp, path)
-    except OSError as exc:  # the parent went away, or its directory did
-        log.debug("streamio metrics: cannot report to %s: %s", state.parent_dir, exc)
+    # One report at a time (the periodic thread's and the iterator's end): two writers of the one
+    # temp file would interleave their bytes, and the totals read first could be renamed last.
+    with state.report_lock:
+        trace.write(periodic=periodic)
+        totals = _own_values()
+        known = _by_name()
+        for name, values in children_values().items():
+            merge_values(known[name], totals.setdefault(name, {}), values)
+        rows = {n: [[list(k), v] for k, v in vals.items()] for n, vals in totals.items()}
+        body = json.dumps({"v": 1, "metrics": rows})
+        path = os.path.join(state.parent_dir, state.name)
+        tmp = f"{path}.tmp"
+        try:
+            with open(tmp, "w") as f:
+                f.write(body)
+            os.replace(tmp, path)
+        except OSError as exc:  # the parent went away, or its directory did
+            log.debug("streamio metrics: cannot report to %s: %s", state.parent_dir, exc)
 
 
 def children_values() -> Family:

@@ -245,3 +245,41 @@ def test_a_directory_is_removed_by_the_process_that_made_it_only() -> None:
     # the child that exited normally left its parent's directory (and its sibling's report) alone;
     # the multiprocessing child removed its own at its end
     assert json.loads(proc.stdout) == [100.0, False]
+
+
+_TWO_WRITERS = """
+import json, os, threading
+import streamio.metrics as m
+from streamio.metrics import catalog as c, processes
+
+pid = os.fork()
+if pid == 0:
+    c.STORE_BYTES_READ.add(1)
+    inside, written = threading.Event(), threading.Event()
+    own_values = processes._own_values
+
+    def slow_first_read():  # the periodic report reads its totals, then is descheduled
+        processes._own_values = own_values
+        totals = own_values()
+        inside.set()
+        written.wait(0.5)
+        return totals
+
+    processes._own_values = slow_first_read
+    periodic = threading.Thread(target=m.report)
+    periodic.start()
+    inside.wait(10)
+    c.STORE_BYTES_READ.add(99)
+    m.report()  # the iterator's end: the last report
+    written.set()
+    periodic.join()
+    os._exit(0)
+os.waitpid(pid, 0)
+print(json.dumps(m.snapshot()["streamio_store_bytes_read_total"]))
+"""
+
+
+def test_a_periodic_report_read_earlier_never_replaces_the_last_one() -> None:
+    proc = subprocess.run([sys.executable, "-c", _TWO_WRITERS], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == 100.0
