@@ -226,7 +226,7 @@ def forget_children() -> None:
     known = _by_name()
     with state.lock:
         state.retired, state.baseline = {}, {}
-        if state.own_dir is None:
+        if state.own_dir is None or not _private_dir(state):
             return
         with contextlib.suppress(OSError):
             for entry in os.scandir(state.own_dir):
