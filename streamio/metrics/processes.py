@@ -2,8 +2,9 @@
 
 Forked children report to their parent through files, not a pipe or shared memory that needs a
 lock: before a process forks it makes a private directory (``mkdtemp``, mode 0700, removed at its
-exit); a child that records anything writes its totals (its own and, recursively, its children's)
-into ``<that directory>/<pid>-<token>.json`` (a temp file, then a rename: a reader sees the previous
+exit by this process only, a ``multiprocessing`` child's included); a child that records anything
+writes its totals (its own and, recursively, its children's) into
+``<that directory>/<pid>-<token>.json`` (a temp file, then a rename: a reader sees the previous
 report or the new one whole) at the end of each dataset iterator (:func:`report`) and every
 :data:`REPORT_EVERY_S` seconds from a daemon thread. The parent's totals are its own plus the last
 report of each child. Its snapshot is therefore exact once its children reported: a DataLoader's
@@ -16,19 +17,27 @@ removed when the parent next reads them; the token keeps a reused pid from overw
 child's last report. Only ``fork`` children report (Linux's default start method for DataLoader
 workers); ``spawn``/``forkserver`` children are processes of their own, with their own metrics.
 Reports are JSON of numbers the parent bounds before using (a file there is written by our own
-children only: the directory is private to the user).
+children only: the directory is private to the user); a report skipped as invalid is named in one
+warning, not one per snapshot. The parent checks the directory at each read: one removed while in
+use (a ``/tmp`` cleaner) is made again, private, with one warning (the reports children tried to
+write meanwhile are lost until their next one); one that is not a private directory of this user
+(made by someone else after a removal) is not read, with one warning. With
+``STREAMIO_METRICS=off`` no directory is made and children report nothing.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import hashlib
 import json
 import logging
 import math
+import multiprocessing.util
 import os
 import secrets
 import shutil
+import stat
 import tempfile
 import threading
 import time
@@ -36,7 +45,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from streamio.metrics import trace
-from streamio.metrics.instruments import Gauge, Histogram, Instrument, merge_values
+from streamio.metrics.instruments import RECORDING, Gauge, Histogram, Instrument, LabelKey, merge_values
 
 __all__ = [
     "REPORT_EVERY_S", "Family", "bind", "children_values", "forget_children", "in_forked_child", "recording_started",
@@ -68,6 +77,9 @@ class _State:
         self.retired: Family = {}  # the last reports of children that exited
         self.reporter: threading.Thread | None = None
         self.lock = threading.Lock()
+        self.report_lock = threading.Lock()  # held by the thread writing this process's report
+        self.baseline: dict[str, Family] = {}  # a live child's report at the last reset, by file name
+        self.warned: set[str] = set()  # what was warned about once (a bad report's name, the directory)
 
 
 _state = _State(None)
@@ -82,14 +94,23 @@ def bind(instruments: Callable[[], Iterable[Instrument]], own_values: Callable[[
 
 
 def _before_fork() -> None:
-    if _state.own_dir is not None:
+    if _state.own_dir is not None or not RECORDING:
         return
     try:
         _state.own_dir = tempfile.mkdtemp(prefix=f"streamio-metrics-{os.getpid()}-")
     except OSError as exc:  # metrics of children are lost, the fork goes on
         log.warning("streamio metrics: cannot make a directory for forked children's reports: %s", exc)
         return
-    atexit.register(shutil.rmtree, _state.own_dir, True)
+    # Exit handlers are inherited by a fork: _remove_own_dir removes the directory of the process
+    # that runs it (a child that exits normally must not remove its parent's). A multiprocessing
+    # child (a DataLoader worker that forks) ends with os._exit after running its finalizers only.
+    atexit.register(_remove_own_dir)
+    multiprocessing.util.Finalize(None, _remove_own_dir, exitpriority=0)
+
+
+def _remove_own_dir() -> None:
+    if _state.own_dir is not None:
+        shutil.rmtree(_state.own_dir, ignore_errors=True)
 
 
 def _after_fork_in_child() -> None:
@@ -136,20 +157,24 @@ def _report(*, periodic: bool) -> None:
     state = _state
     if state.parent_dir is None:
         return
-    trace.write(periodic=periodic)
-    totals = _own_values()
-    known = _by_name()
-    for name, values in children_values().items():
-        merge_values(known[name], totals.setdefault(name, {}), values)
-    body = json.dumps({"v": 1, "metrics": {n: [[list(k), v] for k, v in vals.items()] for n, vals in totals.items()}})
-    path = os.path.join(state.parent_dir, state.name)
-    tmp = f"{path}.tmp"
-    try:
-        with open(tmp, "w") as f:
-            f.write(body)
-        os.replace(tmp, path)
-    except OSError as exc:  # the parent went away, or its directory did
-        log.debug("streamio metrics: cannot report to %s: %s", state.parent_dir, exc)
+    # One report at a time (the periodic thread's and the iterator's end): two writers of the one
+    # temp file would interleave their bytes, and the totals read first could be renamed last.
+    with state.report_lock:
+        trace.write(periodic=periodic)
+        totals = _own_values()
+        known = _by_name()
+        for name, values in children_values().items():
+            merge_values(known[name], totals.setdefault(name, {}), values)
+        rows = {n: [[list(k), v] for k, v in vals.items()] for n, vals in totals.items()}
+        body = json.dumps({"v": 1, "metrics": rows})
+        path = os.path.join(state.parent_dir, state.name)
+        tmp = f"{path}.tmp"
+        try:
+            with open(tmp, "w") as f:
+                f.write(body)
+            os.replace(tmp, path)
+        except OSError as exc:  # the parent went away, or its directory did
+            log.debug("streamio metrics: cannot report to %s: %s", state.parent_dir, exc)
 
 
 def children_values() -> Family:
@@ -162,16 +187,25 @@ def children_values() -> Family:
     with state.lock:
         for name, values in state.retired.items():
             out[name] = dict(values)
+        if not _private_dir(state):
+            return out
         try:
             entries = [e for e in os.scandir(state.own_dir) if e.name.endswith(".json")]
         except OSError:
             return out
         for entry in entries:
-            reported = _read_report(entry.path, known)
+            # asked before reading: a child that exits after the read may have replaced what was read
+            # by its last report, which the unlink below would lose
+            gone = not _alive(entry.name)
+            reported = _read_report(entry.path, known, state)
             if reported is None:
                 continue
-            gone = not _alive(entry.name)
+            if gone:
+                base = state.baseline.pop(entry.name, {})
+            else:
+                base = state.baseline.get(entry.name, {})
             for name, values in reported.items():
+                values = _since(known[name], values, base.get(name, {}))
                 instrument = known[name]
                 if gone and isinstance(instrument, Gauge) and instrument.mode == "sum":
                     continue  # what an exited process held (shards fetched ahead) is held no more
@@ -185,14 +219,73 @@ def children_values() -> Family:
 
 
 def forget_children() -> None:
-    """Drop what children reported so far (:func:`streamio.metrics.reset`)."""
+    """Drop what children reported so far (:func:`streamio.metrics.reset`): the reports of exited
+    children, and of live ones (a persistent worker) what they reported until now, kept as the
+    baseline their next reports are counted from (a report holds the child's totals since its fork)."""
     state = _state
+    known = _by_name()
     with state.lock:
-        state.retired = {}
-        if state.own_dir is not None:
+        state.retired, state.baseline = {}, {}
+        if state.own_dir is None or not _private_dir(state):
+            return
+        with contextlib.suppress(OSError):
             for entry in os.scandir(state.own_dir):
-                with contextlib.suppress(OSError):
-                    os.unlink(entry.path)
+                if entry.name.endswith(".json") and _alive(entry.name):
+                    state.baseline[entry.name] = _read_report(entry.path, known, state) or {}
+                else:
+                    with contextlib.suppress(OSError):
+                        os.unlink(entry.path)
+
+
+def _since(instrument: Instrument, values: dict[LabelKey, Any], base: dict[LabelKey, Any]) -> dict[LabelKey, Any]:
+    """A child's ``values`` less its ``base`` (what it had reported at a reset): counters and
+    histograms only, a gauge says what holds now."""
+    if not base or isinstance(instrument, Gauge):
+        return values
+    out = {}
+    for key, value in values.items():
+        was = base.get(key)
+        if was is None:
+            out[key] = value
+        elif isinstance(instrument, Histogram):
+            out[key] = [max(0, a - b) for a, b in zip(value, was, strict=True)]
+        else:
+            out[key] = max(0.0, value - was)
+    return out
+
+
+def _warn_once(state: _State, key: str, message: str, *args: object) -> None:
+    if key in state.warned:
+        log.debug(message, *args)
+    else:
+        state.warned.add(key)
+        log.warning(message, *args)
+
+
+def _private_dir(state: _State) -> bool:
+    """Whether ``state.own_dir`` is a directory of this user that no one else can write (made again
+    if it was removed); see the module docstring."""
+    path = str(state.own_dir)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        try:
+            os.mkdir(path, 0o700)  # fails if someone made it meanwhile: checked at the next read
+        except OSError as exc:
+            _warn_once(state, "dir", "streamio metrics: the directory %s where forked workers report was removed "
+                       "and cannot be made again (%s): their counts are lost", path, exc)
+            return False
+        _warn_once(state, "dir", "streamio metrics: the directory %s where forked workers report was removed "
+                   "while in use; made again (the reports written meanwhile are lost)", path)
+        return True
+    except OSError as exc:
+        _warn_once(state, "dir", "streamio metrics: cannot read the directory %s of workers' reports: %s", path, exc)
+        return False
+    if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o077:
+        return True
+    _warn_once(state, "dir", "streamio metrics: %s, where forked workers report, is no longer a directory private "
+               "to this user (mode %o, owner %d): not read, their counts are lost", path, st.st_mode, st.st_uid)
+    return False
 
 
 def _by_name() -> dict[str, Instrument]:
@@ -209,7 +302,10 @@ def _alive(file_name: str) -> bool:
     return True
 
 
-def _read_report(path: str, known: Mapping[str, Instrument]) -> Family | None:
+def _read_report(path: str, known: Mapping[str, Instrument], state: _State | None = None) -> Family | None:
+    """The report at ``path`` checked, or None (gone; invalid: one warning per report, though a
+    snapshot reads it again each time: ``state`` remembers which were warned about)."""
+    raw = b""
     try:
         with open(path, "rb") as f:
             raw = f.read(MAX_REPORT_BYTES + 1)
@@ -220,7 +316,11 @@ def _read_report(path: str, known: Mapping[str, Instrument]) -> Family | None:
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
-        log.warning("streamio metrics: skipped a worker's report %s: %s", path, exc)
+        message = "streamio metrics: skipped a worker's report %s: %s"
+        if state is None:
+            log.warning(message, path, exc)
+        else:
+            _warn_once(state, f"{path}:{hashlib.blake2b(raw, digest_size=8).hexdigest()}", message, path, exc)
         return None
 
 

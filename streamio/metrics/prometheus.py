@@ -5,12 +5,17 @@ forked DataLoader workers) at each scrape, from a collector of its own in a priv
 ``CollectorRegistry``: nothing of prometheus_client's global registry (the process's own
 ``python_*`` metrics, a user's instruments) is mixed in, and a user who already serves that
 registry can add :class:`Collector` to it instead. One server per process; it runs in a daemon
-thread for the rest of the process's life.
+thread for the rest of the process's life. A forked child does not inherit it (its thread stays in
+the parent): the child closes its copy of the listening socket, and its own :func:`serve` starts a
+server of its own, serving the child's metrics.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import logging
+import os
 import threading
 from collections.abc import Iterator
 from types import ModuleType
@@ -18,7 +23,7 @@ from typing import Any
 
 from streamio.errors import ConfigError, MissingDependencyError
 from streamio.metrics.catalog import ALL
-from streamio.metrics.instruments import Counter, Gauge, Histogram
+from streamio.metrics.instruments import METRICS_ENV, RECORDING, Counter, Gauge, Histogram
 from streamio.metrics.registry import totals
 
 __all__ = ["INSTALL", "Collector", "serve"]
@@ -26,8 +31,24 @@ __all__ = ["INSTALL", "Collector", "serve"]
 #: What adds prometheus_client to an environment that has streamio.
 INSTALL = "pip install 'streamio-torch[metrics]'"
 
+log = logging.getLogger(__name__)
+
 _lock = threading.Lock()
 _server: Any = None  # the running WSGI server (its server_port is the bound port)
+
+
+def _after_fork_in_child() -> None:
+    """The parent's server is not this process's: forget it, and close the copy of its socket (a
+    child that outlives the parent would hold the port with no thread answering)."""
+    global _server, _lock
+    _lock = threading.Lock()
+    if _server is not None:
+        with contextlib.suppress(OSError):
+            _server.socket.close()
+        _server = None
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _require() -> ModuleType:
@@ -86,13 +107,18 @@ def serve(port: int = 9464, host: str = "127.0.0.1") -> int:
 
     Raises:
         MissingDependencyError: prometheus_client is not installed (the ``metrics`` extra).
-        ConfigError: ``port`` is not an integer from 0 to 65535, or the address cannot be bound
-            (the port is taken, the host is not this machine's).
+        ConfigError: ``port`` is not an int in 0-65535, or the address cannot be bound (the port is
+            taken, the host is not this machine's).
     """
     global _server
-    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
-        raise ConfigError(f"streamio.metrics.serve: port={port!r} is not a TCP port; pass 0 to 65535 (0: a free one)")
     _require()
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ConfigError(
+            f"streamio.metrics.serve(port={port!r}): a port is an int from 0 to 65535 (0 picks a free one)"
+        )
+    if not RECORDING:
+        log.warning("streamio.metrics.serve: %s=off, so every metric it serves stays at zero; unset %s to record",
+                    METRICS_ENV, METRICS_ENV)
     with _lock:
         if _server is None:
             from prometheus_client import CollectorRegistry, start_http_server

@@ -16,7 +16,9 @@ Recording takes no lock: each thread appends ``(name, start, duration, args)`` t
 own (registered under a lock once per thread). A process keeps at most :data:`MAX_EVENTS` events;
 the ones after are dropped and counted (``otherData.streamio.dropped`` in the file). A
 ``STREAMIO_TRACE`` that cannot be written (a directory, a missing or read-only folder) gives one
-warning and turns tracing off; it never stops training. A relative path is taken from the working
+warning and turns tracing off; it never stops training. The folder is checked again before each
+fork: one removed since gives one warning there, not one per DataLoader worker. A write that fails
+(a full disk) gives one warning in the process that tried it. A relative path is taken from the working
 directory at import; the files are readable by their owner only (spans may name objects).
 
 The file is Chrome's trace format: ``{"traceEvents": [...], "otherData": {...}}`` with complete
@@ -190,11 +192,19 @@ def write(*, periodic: bool = False) -> Path | None:
     return target
 
 
+def _before_fork() -> None:
+    """A folder removed or made unwritable since the import: one warning here, and tracing off in
+    this process and the children it forks now (each of them would warn of its own otherwise)."""
+    global _PATH
+    if _PATH is not None and not _write_failed and _usable(_PATH) is None:
+        _PATH = None
+
+
 def _after_fork_in_child() -> None:
     global _rec
     _rec = _Recorder()
 
 
 if _PATH is not None:
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+    os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
     atexit.register(write)

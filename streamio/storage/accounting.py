@@ -27,7 +27,9 @@ copy of the caller's: the ledger object is shared), and counted when the loop se
   an inner loop already settled (a multipart part that spent its attempts) is not settled twice.
 
 So a counter never goes down (Prometheus reads a decrease as a restart). Outside any loop (an
-abort after a failure, gcsfs's session setup) an attempt is counted at once. The cost is a
+abort after a failure, gcsfs's session setup) an attempt is counted at once; so is one made in
+:func:`at_once` (the cancel of a GCS resumable upload inside a loop's failing attempt: it is not
+the attempt that failed, and GCS answers it with 499, counted ``ok``). The cost is a
 dict update per attempt, never per byte: bytes are counted per request or per piece.
 """
 
@@ -44,7 +46,7 @@ from streamio.metrics.catalog import STORE_BYTES_READ, STORE_BYTES_WRITTEN, STOR
 from streamio.storage.failures import chain
 
 __all__ = [
-    "Ledger", "attempt", "call_outcome", "counted", "counted_call", "counted_stream", "gcs_op", "outcome",
+    "Ledger", "at_once", "attempt", "call_outcome", "counted", "counted_call", "counted_stream", "gcs_op", "outcome",
     "read_bytes", "received", "received_before", "s3_op", "written_bytes",
 ]
 
@@ -181,6 +183,17 @@ class Ledger:
         noted, self.noted = self.noted, []
         for op, result in noted:
             STORE_REQUESTS.add(1.0, op, result)
+
+
+@contextlib.contextmanager
+def at_once() -> Iterator[None]:
+    """Count the attempts made inside this block at once, outside any retry loop's ledger: a
+    clean-up after a failure (an upload's abort) is not the failure the loop settles."""
+    token = _LEDGER.set(None)
+    try:
+        yield
+    finally:
+        _LEDGER.reset(token)
 
 
 def attempt(op: str, status: int | None, seconds: float | None = None) -> None:

@@ -54,3 +54,12 @@ def test_anything_else_records_and_an_unknown_word_is_named(value: str | None, w
         assert err.count("\n") == 1 and "STREAMIO_METRICS='of' is neither on nor off" in err
     else:
         assert err == ""
+
+
+def test_off_makes_no_directory_for_forked_children() -> None:
+    code = ("import os; from streamio.metrics import processes\n"
+            "pid = os.fork()\nif pid == 0: os._exit(0)\nos.waitpid(pid, 0); print(processes._state.own_dir)")
+    env = {**os.environ, "STREAMIO_METRICS": "off"}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "None"

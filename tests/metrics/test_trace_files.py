@@ -147,3 +147,32 @@ def test_a_trace_path_that_cannot_be_written_warns_once_and_training_goes_on(
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and says in lines[0] and "STREAMIO_TRACE" in lines[0], proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]  # nothing half-written anywhere
+
+
+_FOLDER_REMOVED = """
+import os, shutil
+import streamio.metrics
+from streamio.metrics import trace
+with trace.span("step"):
+    pass
+shutil.rmtree(os.path.dirname(os.environ["STREAMIO_TRACE"]))
+for epoch in range(2):
+    for worker in range(2):  # as a DataLoader forks its workers each epoch
+        pid = os.fork()
+        if pid == 0:
+            with trace.span("fetch"):
+                pass
+            streamio.metrics.report()
+            os._exit(0)
+        os.waitpid(pid, 0)
+print("trained", trace.enabled())
+"""
+
+
+def test_a_trace_folder_removed_mid_run_warns_once_not_once_per_worker(tmp_path: Path) -> None:
+    (tmp_path / "traces").mkdir()
+    proc = _run(["-c", _FOLDER_REMOVED], str(tmp_path / "traces" / "trace.json"), timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "does not exist" in lines[0], proc.stderr  # not one more per worker
+    assert proc.stdout.strip() == "trained False"

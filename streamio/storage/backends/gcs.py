@@ -180,7 +180,7 @@ class GcsBackend(GenericBackend):
                 done = offset + len(bit) >= size
                 offset = int(received.split("-")[1]) + 1 if received and not done else offset + len(bit)
         except BaseException:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception), accounting.at_once():
                 sync(fs.loop, fs._call, "DELETE", location)
             raise
         return json.loads(txt)
@@ -201,7 +201,10 @@ async def _started(session: Any, ctx: Any, params: Any) -> None:
 
 
 async def _answered(session: Any, ctx: Any, params: Any) -> None:
-    accounting.attempt(ctx.op, params.response.status, time.monotonic() - ctx.began)
+    status = params.response.status
+    if status == 499 and params.method == "DELETE" and "upload_id=" in str(params.url):
+        status = 204  # GCS answers the cancel of a resumable upload with 499: it was cancelled
+    accounting.attempt(ctx.op, status, time.monotonic() - ctx.began)
 
 
 async def _unanswered(session: Any, ctx: Any, params: Any) -> None:

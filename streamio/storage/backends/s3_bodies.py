@@ -131,7 +131,20 @@ class _BoundedAioResponse(AioAWSResponse):
 
 
 class BoundedAioSession(AIOHTTPSession):  # type: ignore[misc]
-    """aiobotocore's aiohttp session with bodies read within limits (``AioConfig(http_session_cls=)``)."""
+    """aiobotocore's aiohttp session with bodies read within limits (``AioConfig(http_session_cls=)``).
+
+    aiohttp sends an idempotent request (GET, PUT, HEAD, DELETE) a second time, inside one
+    ``request()`` call, when the connection drops before the response (``ServerDisconnectedError``,
+    ``ClientOSError``): an attempt that :meth:`send` would not see, so not count, and a retry outside
+    :class:`~streamio.storage.retry.RetryPolicy` (the one retry loop, as botocore's and s3fs's are
+    set to one attempt). Its sessions here do not: the drop reaches :meth:`send`, is counted
+    ``retried``, and the policy retries it.
+    """
+
+    async def _get_session(self, proxy_url: Any) -> Any:
+        session = await super()._get_session(proxy_url)
+        session._retry_connection = False  # aiohttp's switch for that second send (a test pins it)
+        return session
 
     async def send(self, request: Any) -> Any:
         streamed = request.stream_output
