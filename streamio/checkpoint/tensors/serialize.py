@@ -135,7 +135,8 @@ def tensor_entries(slots: Sequence[Slot], rank: int, crc: Callable[[int, int], i
 
 def block_checksums(raw: np.ndarray, block_size: int) -> tuple[str, ...]:
     """CRC32C of each ``block_size`` bytes of a raw part (the last block may be shorter): what a
-    ranged read of a few rows of the part is verified against (:mod:`.fetch`)."""
+    ranged read of a few rows of the part is verified against (:mod:`.fetch`). A save combines the
+    same values from its one pass (:mod:`.crcs`); this computes them directly, block by block."""
     view = readonly(raw)
     return tuple(format_checksum(crc32c(view[i : i + block_size])) for i in range(0, len(view), block_size))  # type: ignore[arg-type]
 
