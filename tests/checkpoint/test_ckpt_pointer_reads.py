@@ -8,7 +8,7 @@ import pytest
 
 from streamio.checkpoint import CheckpointManager, SaveOptions
 from streamio.checkpoint.format import pointer as ptr
-from streamio.errors import CheckpointConflictError
+from streamio.errors import CheckpointConflictError, CheckpointError
 from streamio.storage import Store
 from streamio.testing import S3Endpoint
 from streamio.testing.proxy import FaultProxy
@@ -52,3 +52,15 @@ def test_a_pointer_replaced_after_the_read_still_fails_the_swap(s3: S3Endpoint, 
                 ckpt.save(2, light_state_for(2))
             assert ("PUT", 412) in _pointer_requests(proxy)
     assert store.read(ptr.LATEST) == replaced  # the other writer's pointer stands
+
+
+@pytest.mark.parametrize("body", [b"x" * (ptr.MAX_POINTER_BYTES + 1), b"{not json"], ids=["too-large", "garbage"])
+def test_adopt_names_an_unusable_pointer_read_in_its_one_get(tmp_path, body: bytes) -> None:  # type: ignore[no-untyped-def]
+    url = f"file://{tmp_path}/run"
+    with CheckpointManager(url, async_save=False, options=OPTS) as first:
+        first.save(1, light_state_for(1))
+    Store(url).put(ptr.LATEST, body)
+    with CheckpointManager(url, async_save=False, options=OPTS) as ckpt, \
+            pytest.raises(CheckpointError, match=r"holds an unusable latest\.json .*restore\(\) walks back"):
+        ckpt.adopt()
+    assert Store(url).read(ptr.LATEST) == body  # nothing written over it
