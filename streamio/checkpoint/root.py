@@ -21,6 +21,7 @@ manifest is deleted first (:func:`delete_save`), so a half-deleted save never lo
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 from collections.abc import Callable, Iterable, Sequence
@@ -48,8 +49,8 @@ __all__ = [
     "delete_objects", "delete_save", "delete_share", "has_manifest", "has_pointer", "manifest_digest", "objects",
     "parse_manifest", "pointed_step", "pointer_url", "pointer_version", "read_bad", "read_manifest",
     "read_manifest_bytes", "read_manifest_digest", "read_manifests", "read_markers", "read_pointer",
-    "read_retention", "record_bad", "record_retention", "remove_empty_dirs", "resolve_save", "swap_pointer",
-    "write_marker",
+    "read_pointer_versioned", "read_retention", "record_bad", "record_retention", "remove_empty_dirs", "resolve_save",
+    "swap_pointer", "write_marker",
 ]
 
 log = logging.getLogger(__name__)
@@ -127,22 +128,27 @@ def has_pointer(store: Store) -> bool:
 
 
 def read_pointer(store: Store) -> Pointer | None:
-    """``latest.json`` (read fresh), or ``None`` if there is none.
+    """``latest.json`` (read fresh), or ``None`` if there is none. Raises ManifestError: it exists but
+    is not a valid pointer (``unknown_version``: a newer format)."""
+    return read_pointer_versioned(store)[0]
 
-    Raises:
-        ManifestError: it exists but is not a valid pointer (``unknown_version``: newer format).
-    """
+
+def read_pointer_versioned(store: Store) -> tuple[Pointer | None, Any]:
+    """``latest.json`` (read fresh) and the version of the bytes read, what a swap of a pointer derived
+    from it must expect (``None``, :data:`ABSENT`: as :func:`pointer_version`): one GET where the store's
+    answer has it (docs/design.md "Commit protocol"). Raises ManifestError as :func:`read_pointer`."""
     try:
-        data = _read(store, ptr.LATEST, ptr.MAX_POINTER_BYTES)
+        data, version = store.read_versioned(ptr.LATEST, max_bytes=ptr.MAX_POINTER_BYTES)
     except FileNotFoundError:
-        return None
-    return ptr.pointer_from_bytes(data)
+        return None, ABSENT
+    except ObjectTooLargeError as exc:
+        raise ManifestError(str(exc)) from exc
+    return ptr.pointer_from_bytes(data), version
 
 
 def pointer_version(store: Store) -> str | None:
-    """The pointer's version now: the store's token, ``None`` (the store keeps none) or
-    :data:`ABSENT` (no pointer). Read before the pointer itself, it is what a later
-    compare-and-swap must find, so a pointer written in between makes that swap fail."""
+    """The pointer's version now: the store's token, ``None`` (the store keeps none) or :data:`ABSENT` (no
+    pointer). Read before the pointer, it is what a later swap must find: a write in between fails it."""
     try:
         return store.info(ptr.LATEST).version
     except FileNotFoundError:
@@ -167,9 +173,7 @@ def swap_pointer(store: Store, pointer: Pointer, expected: Any) -> Any:
     data = ptr.pointer_to_bytes(pointer)
     if expected is ABSENT:
         return store.put(ptr.LATEST, data, mode="create")
-    if expected is None:
-        return store.put(ptr.LATEST, data)
-    return store.put(ptr.LATEST, data, if_match=expected)
+    return store.put(ptr.LATEST, data, if_match=expected)  # None: no versions kept, replace it
 
 
 # ------------------------------------------------------------------------------ manifests and markers
@@ -195,8 +199,7 @@ def read_manifest(store: Store, step: int, *, path: str | None = None, checksum:
 
 
 def read_manifest_digest(store: Store, step: int, path: str) -> tuple[Manifest, str]:
-    """The manifest of the save of ``step`` in ``path`` (as :func:`read_manifest`) and the
-    checksum of its stored bytes: what a pointer that names it records."""
+    """The manifest of ``step`` in ``path`` (:func:`read_manifest`) and its bytes' checksum (a pointer's)."""
     data = read_manifest_bytes(store, step, path)
     return parse_manifest(store, step, path, data, None), checksum_bytes(data)
 
@@ -208,9 +211,8 @@ def read_manifest_bytes(store: Store, step: int, sdir: str) -> bytes:
     try:
         return _read(store, manifest)
     except FileNotFoundError as exc:
-        raise CheckpointNotFoundError(
-            f"{store.url(manifest)} does not exist: step {step} was never committed or was deleted"
-        ) from exc
+        raise CheckpointNotFoundError(f"{store.url(manifest)} does not exist: step {step} was never committed or was "
+                                      "deleted") from exc
 
 
 def parse_manifest(store: Store, step: int, sdir: str, data: bytes | memoryview, checksum: str | None) -> Manifest:
@@ -224,8 +226,7 @@ def parse_manifest(store: Store, step: int, sdir: str, data: bytes | memoryview,
 
 
 def manifest_digest(store: Store, sdir: str) -> str:
-    """The checksum of the stored bytes of the manifest in ``sdir``, unparsed (what the pointer
-    records); ``FileNotFoundError`` if there is none."""
+    """The checksum of the manifest's stored bytes in ``sdir`` (a pointer's); ``FileNotFoundError`` if none."""
     return checksum_bytes(_read(store, layout.manifest_at(sdir)))
 
 
@@ -394,7 +395,5 @@ def remove_empty_dirs(store: Store, paths: Iterable[str]) -> None:
     if not store.is_local:
         return
     for path in sorted(set(paths), key=lambda p: (-p.count("/"), p)):
-        try:
+        with contextlib.suppress(OSError):  # not empty (another save's objects, a temporary file) or gone
             store.fs.rmdir(store.url(path))
-        except OSError:  # not empty (another save's objects, a writer's temporary file) or gone
-            continue

@@ -187,8 +187,7 @@ class Store:
         bounds a document (``index.json``, ``latest.json``) whatever the store sends.
 
         Raises:
-            ObjectNotFoundError: no such object (one attempt); BucketNotFoundError: no bucket.
-            StoragePermissionError: access refused (one attempt).
+            ObjectNotFoundError, BucketNotFoundError, StoragePermissionError: at once (one attempt).
             CorruptDataError: it ends before ``end``; ObjectTooLargeError: longer than ``max_bytes``.
             TransientStorageError: transient errors outlasted the policy.
         """
@@ -200,17 +199,20 @@ class Store:
             return b"".join(pieces) if max_bytes is None else at_most(pieces, max_bytes, url)
         return self._call(_fetch(lambda: backend.read(full, url, start or 0, end, max_bytes), url), url)
 
-    def read_view(self, path: str) -> bytes | memoryview:
-        """The whole of an object that is never rewritten in place, for reading once.
+    def read_versioned(self, path: str, *, max_bytes: int | None = None) -> tuple[bytes, str | None]:
+        """:meth:`read` of all of ``path`` and the version of the bytes read (what a compare-and-swap
+        over them expects): one GET where its answer has it (S3 ETag, local ``fstat``), else ``info`` first."""
+        backend, full, url = self._backend, self._conn.full(path), self.url(path)
+        if backend.versioned_reads:
+            return self._call(_fetch(lambda: backend.read_versioned(full, url, 0, None, max_bytes), url), url)
+        version = self.info(path).version  # first: a write before the read makes a swap against it fail
+        return self.read(path, max_bytes=max_bytes), version
 
-        On local disk a read-only memory map (no copy into fresh memory: a checkpoint restore
-        verifies and copies parts straight from the page cache); elsewhere :meth:`read`.
-        """
-        backend = self._backend
-        if not backend.is_local:
-            return self.read(path)
-        full = self._conn.full(path)
-        return self.retry.call(lambda: backend.map(full), self.url(path))
+    def read_view(self, path: str) -> bytes | memoryview:
+        """The whole of an object never rewritten in place, read once: on local disk a read-only memory map
+        (no copy into fresh memory: a restore verifies and copies parts from the page cache); else :meth:`read`."""
+        backend, full = self._backend, self._conn.full(path)
+        return self.retry.call(lambda: backend.map(full), self.url(path)) if backend.is_local else self.read(path)
 
     def iter_bytes(
         self, path: str, start: int = 0, end: int | None = None, *, chunk_size: int = 8 << 20
@@ -326,11 +328,8 @@ class Store:
         self.retry.call(lambda: backend.abort_upload(full, upload.upload_id), self.url(upload.path))
 
     def put_many(self, items: Iterable[tuple[str, bytes]], *, concurrency: int = 8) -> None:
-        """Upload many objects in parallel, at most ``concurrency`` at a time.
-
-        The first error (naming its URL) is raised after the uploads in flight finish; the
-        ones not started yet are cancelled. Memory: the caller's items plus nothing per thread.
-        """
+        """Upload many objects in parallel, at most ``concurrency`` at a time. The first error (naming its URL)
+        is raised after the uploads in flight finish; those not started are cancelled. No memory per thread."""
         self._parallel(lambda item: self.put(*item), list(items), concurrency)
 
     def read_many(self, paths: Iterable[str], *, concurrency: int = 8) -> list[bytes]:
@@ -343,13 +342,12 @@ class Store:
         return run_parallel(fn, items, concurrency=concurrency, name="streamio-store")
 
 
-def _fetch(read: Callable[[], bytes], url: str) -> Callable[[], bytes]:
+def _fetch(read: Callable[[], T], url: str) -> Callable[[], T]:
     """``read`` (one attempt at reading an object whole) in a ``fetch`` span of the trace."""
 
-    def fetch() -> bytes:
+    def fetch() -> T:
         with span("fetch", url=url):
             return read()
-
     return fetch
 
 

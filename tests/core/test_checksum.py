@@ -5,10 +5,10 @@ from __future__ import annotations
 import mmap
 
 import numpy as np
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamio.checksum import Crc32c, checksum_bytes, crc32c, parse_checksum
+from streamio.checksum import Crc32c, checksum_bytes, combine_all, crc32c, crc32c_combine, parse_checksum
 
 
 @given(st.binary(max_size=4096), st.integers(0, 4096))
@@ -32,3 +32,16 @@ def test_known_value_and_a_memory_map(tmp_path) -> None:  # type: ignore[no-unty
         view = memoryview(m)
         assert crc32c(view) == crc32c(b"123456789" * 1000)
         view.release()
+
+
+@given(st.binary(max_size=2048), st.binary(max_size=2048), st.binary(max_size=64))
+def test_combine_gives_the_crc_of_the_joined_bytes(a: bytes, b: bytes, c: bytes) -> None:
+    assert crc32c_combine(crc32c(a), crc32c(b), len(b)) == crc32c(a + b)  # either side may be empty
+    assert combine_all([(crc32c(a), len(a)), (crc32c(b), len(b)), (crc32c(c), len(c))]) == crc32c(a + b + c)
+
+
+@settings(max_examples=30)
+@given(st.binary(max_size=64), st.binary(max_size=64), st.integers(0, 1 << 18))
+def test_combine_over_long_pieces(a: bytes, head: bytes, zeros: int) -> None:
+    b = head + bytes(zeros)  # long: every bit of the length's shift table is exercised up to 2^18
+    assert crc32c_combine(crc32c(a), crc32c(b), len(b)) == crc32c(a + b)

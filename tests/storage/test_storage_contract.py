@@ -100,6 +100,19 @@ def test_compare_and_swap_put(store: Store) -> None:
     assert store.read("p") == b"v3"
 
 
+def test_read_versioned_gives_the_version_of_the_bytes_read(store: Store) -> None:
+    v1 = store.put("p", b"one")
+    assert store.read_versioned("p") == (b"one", v1) == (b"one", store.info("p").version)
+    v2 = store.put("p", b"two!", if_match=v1)
+    data, version = store.read_versioned("p", max_bytes=4)
+    assert (data, version) == (b"two!", v2)
+    with pytest.raises(WriteConflictError):
+        store.put("p", b"stale", if_match=v1)  # what was read before is no longer what is there
+    store.put("p", b"three", if_match=version)  # what was just read still is
+    with pytest.raises(ObjectNotFoundError):
+        store.read_versioned("gone")
+
+
 def test_compare_and_swap_on_missing_object_conflicts(store: Store) -> None:
     v = store.put("q", b"x")
     store.delete("q")

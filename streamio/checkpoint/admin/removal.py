@@ -4,7 +4,7 @@ Two phases, so the CLI can refuse before anything changes: :func:`plan_removal` 
 and decides; :func:`remove` carries it out.
 
 * A step ``latest.json`` names is refused unless forced. Forced, the pointer is first moved
-  back (compare-and-swap on the version read before the pointer itself, so a job that commits
+  back (compare-and-swap on the version of the very pointer read, so a job that commits
   meanwhile makes the move fail instead of being overwritten) to the newest *complete* save of
   the current timeline (:mod:`~..format.timeline`): its manifest parses, every file it lists is there
   with its size, and no restore rejected it. Without one the removal is refused: a root whose
@@ -27,7 +27,7 @@ from streamio.checkpoint.format import layout
 from streamio.checkpoint.format.checks import ManifestError
 from streamio.checkpoint.format.pointer import Pointer
 from streamio.checkpoint.format.timeline import Tip, contains, retreat
-from streamio.checkpoint.root import SaveRef, committed_saves, pointer_version, read_manifest_digest, read_pointer
+from streamio.checkpoint.root import SaveRef, committed_saves, read_manifest_digest
 from streamio.errors import CheckpointConflictError, CheckpointNotFoundError, ConfigError, WriteConflictError
 from streamio.storage import ObjectInfo, Store
 
@@ -61,7 +61,10 @@ def plan_removal(store: Store, step: int, *, force: bool = False) -> Removal:
     Raises:
         CheckpointNotFoundError: the root holds no object of ``step``.
     """
-    version = pointer_version(store)  # before the pointer itself
+    try:
+        pointer, version = root.read_pointer_versioned(store)  # one GET: the version of the pointer read
+    except ManifestError:
+        pointer, version = None, None  # names nothing that could dangle: no swap
     listing = root.objects(store)
     dirs = sorted({_save_of(o)[0] for o in listing if _step_of(o) == step})
     if not dirs:
@@ -72,10 +75,6 @@ def plan_removal(store: Store, step: int, *, force: bool = False) -> Removal:
     objects = sorted((o.path for o in listing if _step_of(o) == step),
                      key=lambda p: (not p.endswith("/" + layout.MANIFEST), p))
     removal = Removal(step, tuple(dirs), tuple(objects), version=version)
-    try:
-        pointer = read_pointer(store)
-    except ManifestError:
-        pointer = None  # names nothing that could dangle
     if pointer is None or pointer.path not in dirs:
         return removal
     latest = root.pointer_url(store)

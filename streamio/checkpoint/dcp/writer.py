@@ -43,13 +43,13 @@ from torch.futures import Future
 
 from streamio.checkpoint.comm import Comm
 from streamio.checkpoint.dcp.metadata import DCP_KEY, StepCheckpointId, dcp_failure, planner_data_to_json
-from streamio.checkpoint.format.entries import ChunkEntry, ShardedEntry, TensorEntry
+from streamio.checkpoint.format.entries import ChunkEntry, ShardedEntry
 from streamio.checkpoint.format.retention import RetentionPolicy
 from streamio.checkpoint.options import SaveOptions, SaveStats
 from streamio.checkpoint.save.commit import Committer, PhaseHook
 from streamio.checkpoint.save.plan import current_point
 from streamio.checkpoint.save.snapshot import Snapshot
-from streamio.checkpoint.tensors.serialize import HostBuffer, Layout, plan_layout, tensor_entries
+from streamio.checkpoint.tensors.serialize import HostBuffer, Layout, plan_layout
 from streamio.checkpoint.tensors.shards import describe_layout
 from streamio.checkpoint.tensors.tree import TreeEncoder, dtype_name, is_dtensor
 from streamio.errors import CheckpointError, StreamioError
@@ -202,15 +202,11 @@ class StreamioWriter(StepCheckpointId, StorageWriter):
             stream = self._buffer.snapshot(planned, dict(ordered))
         blocked = time.perf_counter() - started
         CHECKPOINT_SECONDS.observe(blocked, "blocked")
-        plain = Layout(tuple(s for s in planned.slots if s.key in nested), planned.total)
-
-        def entries() -> tuple[dict[str, TensorEntry], dict[str, TensorEntry]]:
-            return {}, tensor_entries(plain, stream, rank)
-
         replicated = {DCP_KEY: {"planner_data": planner_data_to_json(plan.planner_data)}} if rank == 0 else None
         return Snapshot(
             step=step, started=started, blocked_s=blocked, stream=stream, total=planned.total, per_rank_tree=tree,
-            replicated_tree=replicated, metrics=dict(self.metrics), entries=entries,
+            replicated_tree=replicated, metrics=dict(self.metrics),
+            recorded=tuple(s for s in planned.slots if s.key in nested),
             sharded=_sharded(chunks, planned, rank, planner), block_size=self.options.block_size,
         )
 

@@ -1,9 +1,10 @@
 """A rank's share of a save, written as parts: the one writer of part objects.
 
 docs/design.md "Commit protocol", step 1. A snapshot's byte stream (:class:`~.snapshot.Snapshot`)
-is cut into parts (:func:`part_size_for`), each encoded (CRC32C, optional zstd, block checksums
-for ranged reads of sharded state) in a thread of a bounded pool and written with one
-``Store.put``, the threads overlapping each other's checksums and PUTs; then the store is listed
+is cut into parts (:func:`part_size_for`), each encoded (optional zstd) and CRC'd once in a thread
+of a bounded pool (:mod:`~..tensors.crcs`: the part's, its blocks' and its tensors' checksums are
+combined from that one pass) and written with one ``Store.put``, the threads overlapping each
+other's checksums and PUTs; then the store is listed
 to check that every part is there with its size. The result (:class:`Share`) is what the rank's
 done marker records. The durable root's commit and a local tier's (:mod:`.local`) write through
 here alike, so a part has the same name, bytes and checksum on every tier; :func:`copy_share`
@@ -35,7 +36,9 @@ from streamio.checkpoint.save.abandon import writing
 from streamio.checkpoint.save.bound import UNBOUNDED, SaveBound
 from streamio.checkpoint.save.plan import SavePlan
 from streamio.checkpoint.save.snapshot import Snapshot
-from streamio.checkpoint.tensors.serialize import block_checksums, encode_part, verify_file
+from streamio.checkpoint.tensors.crcs import Piece, Pieces, cut_points, scan
+from streamio.checkpoint.tensors.serialize import encode_part, tensor_entries, verify_file
+from streamio.checksum import crc32c, format_checksum
 from streamio.errors import CheckpointError
 from streamio.metrics.catalog import CHECKPOINT_BYTES
 from streamio.metrics.trace import span
@@ -85,28 +88,32 @@ def write_share(
     Returns the share with its done marker (not written: the caller decides where it goes).
     """
     ranges = share_ranges(store, job, options, world=world)
+    cuts = cut_points((s.offset, s.nbytes) for s in job.recorded)
 
-    def put(i: int) -> FileEntry:
-        # checksum (and compression) run here, in parallel, overlapping the other PUTs
+    def put(i: int) -> tuple[FileEntry, list[Piece]]:
+        # the one CRC32C pass (and compression) run here, in parallel, overlapping the other PUTs
         start, end = ranges[i]
-        data, checksum = encode_part(job.stream[start:end], options.compression, options.zstd_level)
-        path = layout.part_path(rank, plan.save_id, i)
         size = job.block_size if options.compression is None else 0  # blocks: ranged reads of sharded state
-        blocks = block_checksums(job.stream[start:end], size) if size else ()
+        pieces = scan(job.stream, start, end, cuts, size)
+        data = encode_part(job.stream[start:end], options.compression, options.zstd_level)
+        own = Pieces(pieces)
+        checksum = format_checksum(crc32c(data) if options.compression else own.crc(start, end - start))
+        blocks = tuple(format_checksum(own.crc(b, min(size, end - b))) for b in range(start, end, size)) if size else ()
+        path = layout.part_path(rank, plan.save_id, i)
         entry = FileEntry(path, rank, start, end - start, len(data), checksum, options.compression, size, blocks)
         key = plan.place.path(rank, entry.path)
         with bound.request(store.url(key)), writing(store.url(key)):
             store.put(key, data)
         CHECKPOINT_BYTES.add(len(data), "write")
-        return entry
-
-    def run(i: int | None) -> Any:  # None: the tensor checksums, beside the uploads
-        return job.entries() if i is None else put(i)
+        return entry, pieces
 
     with span("upload", step=plan.step):
-        done = run_detached(run, [None, *range(len(ranges))], concurrency=max(1, options.concurrency),
-                            name="streamio-ckpt-put")
-    (rep_entries, rank_entries), files = done[0], done[1:]
+        done = run_detached(put, range(len(ranges)), concurrency=max(1, options.concurrency), name="streamio-ckpt-put")
+    files = [entry for entry, _ in done]
+    # a tensor spanning two parts is combined from both parts' pieces
+    entries = tensor_entries(job.recorded, rank, Pieces(p for _, pieces in done for p in pieces).crc)
+    rep_entries = {k: e for k, e in entries.items() if k in job.replicated}
+    rank_entries = {k: e for k, e in entries.items() if k not in job.replicated}
     with bound.request(store.url(plan.place.rank_dir(rank))):
         check_written(store, plan.place, rank, files)
     marker = DoneMarker(

@@ -26,7 +26,7 @@ from streamio.checkpoint import root
 from streamio.checkpoint.format import layout
 from streamio.checkpoint.format.checks import ManifestError
 from streamio.checkpoint.format.timeline import Point, Timeline, branch
-from streamio.checkpoint.root import ABSENT, pointer_version, read_pointer
+from streamio.checkpoint.root import read_pointer, read_pointer_versioned
 from streamio.errors import CheckpointConflictError, CheckpointError
 from streamio.storage import Store
 
@@ -168,17 +168,15 @@ def _pointed_start(store: Store, step: int, *, strict: bool) -> Point | None:
 
 
 def current_point(store: Store) -> tuple[Point | None, str | None]:
-    """The save the root's pointer names (``None``: no checkpoint yet) and the pointer's version,
-    read in that order: what a job that *adopts* the root's checkpoint continues (``adopt()``).
+    """The save the root's pointer names (``None``: no checkpoint yet) and the version of the pointer
+    read (one read: :func:`~..root.read_pointer_versioned`): what a job that *adopts* the root's
+    checkpoint continues (``adopt()``), and what its first swap expects.
 
     Raises:
         CheckpointError: the pointer is unusable (restore walks back; adopt cannot).
     """
-    version = pointer_version(store)
-    if version == ABSENT:  # a fresh root: nothing to read (a pointer made meanwhile fails the create-only swap)
-        return None, version
     try:
-        pointer = read_pointer(store)
+        pointer, version = read_pointer_versioned(store)
     except ManifestError as exc:
         raise CheckpointError(
             f"{store.root_url} holds an unusable latest.json ({exc}): restore() walks back to the newest "

@@ -28,15 +28,15 @@ the ``snapshot`` span.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from streamio.checkpoint.comm import Comm
-from streamio.checkpoint.format.entries import ShardedEntry, TensorEntry
-from streamio.checkpoint.tensors.serialize import HostBuffer, Layout, assign_shares, plan_layout, tensor_entries
+from streamio.checkpoint.format.entries import ShardedEntry
+from streamio.checkpoint.tensors.serialize import HostBuffer, Slot, assign_shares, plan_layout
 from streamio.checkpoint.tensors.shards import local_shards, sharded_entries, written
 from streamio.checkpoint.tensors.tree import TreeEncoder
 from streamio.checkpoint.tensors.wrappers import ModuleKeys
@@ -60,8 +60,10 @@ class Snapshot:
         per_rank_tree: the JSON tree of this rank's own state.
         replicated_tree: the JSON tree of the replicated state (rank 0; ``None`` elsewhere).
         metrics: recorded in the manifest.
-        entries: computes ``(replicated, per-rank)`` tensor entries (checksums) from ``stream``;
-            the commit runs it beside the uploads.
+        recorded: the tensors whose checksums the manifest records (a sharded chunk's bytes are
+            covered by its part's block checksums instead); the upload combines them from its
+            one CRC32C pass (:mod:`~..tensors.crcs`).
+        replicated: the keys of ``recorded`` that are replicated state (the others: per-rank).
         sharded: this rank's entry of every sharded tensor (its chunks, if it writes any).
         block_size: bytes per checksummed block of each part (0: none; set when ``sharded``).
     """
@@ -74,7 +76,8 @@ class Snapshot:
     per_rank_tree: Any
     replicated_tree: Any
     metrics: dict[str, Any]
-    entries: Callable[[], tuple[dict[str, TensorEntry], dict[str, TensorEntry]]] = field(repr=False)
+    recorded: tuple[Slot, ...] = field(repr=False)
+    replicated: frozenset[str] = frozenset()
     sharded: dict[str, ShardedEntry] = field(default_factory=dict)
     block_size: int = 0
 
@@ -131,16 +134,9 @@ def take_snapshot(
         stream = buffer.snapshot(planned, dict(ordered + written(shards)))
     blocked = time.perf_counter() - started
     CHECKPOINT_SECONDS.observe(blocked, "blocked")
-    rep_keys = {k for k, _ in mine}
-    plain = Layout(tuple(s for s in planned.slots if s.key not in dtensors), planned.total)
-
-    def entries() -> tuple[dict[str, TensorEntry], dict[str, TensorEntry]]:
-        all_entries = tensor_entries(plain, stream, comm.rank)  # chunks are covered by block checksums
-        return ({k: e for k, e in all_entries.items() if k in rep_keys},
-                {k: e for k, e in all_entries.items() if k not in rep_keys})
-
     return Snapshot(
         step=step, started=started, blocked_s=blocked, stream=stream, total=planned.total, per_rank_tree=rank_tree,
-        replicated_tree=rep_tree if comm.rank == 0 else None, metrics=metrics, entries=entries,
+        replicated_tree=rep_tree if comm.rank == 0 else None, metrics=metrics,
+        recorded=tuple(s for s in planned.slots if s.key not in dtensors), replicated=frozenset(k for k, _ in mine),
         sharded=sharded_entries(shards, planned, comm.rank), block_size=block_size if dtensors else 0,
     )

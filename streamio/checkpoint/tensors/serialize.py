@@ -6,6 +6,7 @@ waits for. The buffer is then cut into parts (optionally zstd-compressed) by the
 restore every part is checked against its recorded size and CRC32C (:func:`verify_file`),
 decompressed into at most the raw size the manifest declares (:func:`decode_part`), and tensors
 are read out of the parts as :class:`~.copies.VerifiedTensor` views (:class:`StreamReader`).
+A save's checksums (part, block, tensor) are combined from one pass over the bytes (:mod:`.crcs`).
 
 The JSON half of a state (trees with tensor references) is :mod:`.tree`.
 """
@@ -13,7 +14,7 @@ The JSON half of a state (trees with tensor references) is :mod:`.tree`.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -122,38 +123,33 @@ def readonly(arr: np.ndarray) -> np.ndarray:
     return v
 
 
-def tensor_entries(layout: Layout, stream: np.ndarray, rank: int) -> dict[str, TensorEntry]:
-    """Manifest entries (with CRC32C of each tensor's bytes) for a snapshotted stream."""
+def tensor_entries(slots: Sequence[Slot], rank: int, crc: Callable[[int, int], int]) -> dict[str, TensorEntry]:
+    """Manifest entries of ``slots`` in a snapshotted stream, each with the CRC32C that
+    ``crc(offset, nbytes)`` gives of its bytes (combined from the save's one pass, :mod:`.crcs`)."""
     return {
-        s.key: TensorEntry(
-            rank=rank,
-            offset=s.offset,
-            nbytes=s.nbytes,
-            dtype=dtype_name(s.dtype),
-            shape=s.shape,
-            checksum=format_checksum(crc32c(readonly(stream[s.offset : s.offset + s.nbytes]))),  # type: ignore[arg-type]
-        )
-        for s in layout.slots
+        s.key: TensorEntry(rank=rank, offset=s.offset, nbytes=s.nbytes, dtype=dtype_name(s.dtype), shape=s.shape,
+                           checksum=format_checksum(crc(s.offset, s.nbytes)))
+        for s in slots
     }
 
 
 def block_checksums(raw: np.ndarray, block_size: int) -> tuple[str, ...]:
     """CRC32C of each ``block_size`` bytes of a raw part (the last block may be shorter): what a
-    ranged read of a few rows of the part is verified against (:mod:`.fetch`)."""
+    ranged read of a few rows of the part is verified against (:mod:`.fetch`). A save combines the
+    same values from its one pass (:mod:`.crcs`); this computes them directly, block by block."""
     view = readonly(raw)
     return tuple(format_checksum(crc32c(view[i : i + block_size])) for i in range(0, len(view), block_size))  # type: ignore[arg-type]
 
 
-def encode_part(raw: np.ndarray, compression: str | None, level: int = 3) -> tuple[bytes | memoryview, str]:
-    """Stored bytes of one part and their checksum (zero-copy when uncompressed)."""
+def encode_part(raw: np.ndarray, compression: str | None, level: int = 3) -> bytes | memoryview:
+    """Stored bytes of one part (zero-copy when uncompressed); the caller takes their checksum."""
     if compression == "zstd":
         import zstandard
 
-        data: bytes | memoryview = zstandard.ZstdCompressor(level=level).compress(readonly(raw))
-        return data, format_checksum(crc32c(data))  # type: ignore[arg-type]
+        return zstandard.ZstdCompressor(level=level).compress(readonly(raw))
     if compression is not None:
         raise ConfigError(f"unknown compression {compression!r}; use None or 'zstd'")
-    return memoryview(raw), format_checksum(crc32c(readonly(raw)))  # type: ignore[arg-type]
+    return memoryview(raw)
 
 
 def verify_file(data: bytes | memoryview, entry: FileEntry, url: str) -> None:

@@ -74,6 +74,8 @@ class Backend(Protocol):
             streams the range with :meth:`open_stream`, resuming where a connection dropped.
         counts_requests: it counts its own requests, every HTTP attempt
             (:mod:`streamio.storage.accounting`); without it the store counts one per call.
+        versioned_reads: :meth:`read_versioned` gives an object with the version of the very
+            bytes it read, in one request (S3: the GET's ETag; local: ``fstat`` of the file read).
     """
 
     fs: Any
@@ -88,6 +90,13 @@ class Backend(Protocol):
         """Bytes ``[start, end)`` (``end`` None: to the end) in one request, length verified
         (:func:`shorter_than_expected` if the object ends first); more than ``limit`` bytes are
         refused (:func:`too_large`) before they are read. Only if ``whole_reads``."""
+        ...
+
+    def read_versioned(
+        self, full: str, url: str, start: int = 0, end: int | None = None, limit: int | None = None
+    ) -> tuple[bytes, str | None]:
+        """:meth:`read`, and the version of the object those bytes were read from, from the same
+        request (the token ``info`` and ``put`` give). Only if ``versioned_reads``."""
         ...
 
     def map(self, full: str) -> bytes | memoryview:

@@ -36,6 +36,11 @@ class CountedBackend:
     def read(self, full: str, url: str, start: int, end: int | None, limit: int | None = None) -> bytes:
         return counted_call("get", lambda: self._inner.read(full, url, start, end, limit))()
 
+    def read_versioned(
+        self, full: str, url: str, start: int = 0, end: int | None = None, limit: int | None = None
+    ) -> tuple[bytes, str | None]:
+        return counted_call("get", lambda: self._inner.read_versioned(full, url, start, end, limit))()
+
     def map(self, full: str) -> bytes | memoryview:
         return counted_call("get", lambda: self._inner.map(full))()
 

@@ -28,6 +28,7 @@ class GenericBackend:
 
     is_local = False
     whole_reads = False
+    versioned_reads = False
     #: whether it counts its own requests (every HTTP attempt); else the store counts one per call
     counts_requests = False
     #: what ``fs.find`` needs to raise, not skip, a directory it fails to list (refused, 403)

@@ -89,9 +89,9 @@ def open_regular(path: str, *, name: str | None = None, follow_symlinks: bool = 
     return fd
 
 
-def local_version(path: str) -> str:
-    """The version token of a local file: ``inode-mtime_ns-size``."""
-    st = os.stat(path)
+def local_version(path: str | os.stat_result) -> str:
+    """The version token of a local file (or of its ``stat``): ``inode-mtime_ns-size``."""
+    st = os.stat(path) if isinstance(path, str) else path
     return f"{st.st_ino}-{st.st_mtime_ns}-{st.st_size}"
 
 
@@ -99,20 +99,27 @@ class LocalBackend(GenericBackend):
     """Files on this machine (see the module docstring)."""
 
     is_local = True
-    whole_reads = True
+    whole_reads = versioned_reads = True
 
     def read(self, full: str, url: str, start: int, end: int | None, limit: int | None = None) -> bytes:
-        """Bytes ``[start, end)`` in one ``read``; a file shorter than ``end`` raises
-        :class:`~streamio.errors.CorruptDataError` (as the streamed path does), never a retry loop."""
+        return self.read_versioned(full, url, start, end, limit)[0]
+
+    def read_versioned(
+        self, full: str, url: str, start: int = 0, end: int | None = None, limit: int | None = None
+    ) -> tuple[bytes, str | None]:
+        """Bytes ``[start, end)`` in one ``read``, and the version of the file they were read from
+        (its ``fstat``: a file is replaced, never rewritten in place); a file shorter than ``end``
+        raises :class:`~streamio.errors.CorruptDataError` (as the streamed path does), never a retry loop."""
         with os.fdopen(open_regular(full, name=url), "rb", buffering=0) as f:
-            size = os.fstat(f.fileno()).st_size
+            st = os.fstat(f.fileno())
+            size, version = st.st_size, local_version(st)
             stop = size if end is None else end
             if limit is not None and stop - start > limit:
                 raise too_large(url, stop - start, limit)
             if stop > size:
                 raise shorter_than_expected(url, size, stop)
             if stop <= start:
-                return b""
+                return b"", version
             if start:
                 f.seek(start)
             want = stop - start
@@ -123,7 +130,7 @@ class LocalBackend(GenericBackend):
                 raise CorruptDataError(
                     f"{url}: read {len(data)} bytes of [{start}, {stop}), the file shrank while being read"
                 )
-            return data
+            return data, version
 
     def map(self, full: str) -> bytes | memoryview:
         """A local file as a read-only memory map (``b""`` if empty).

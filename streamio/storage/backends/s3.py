@@ -84,7 +84,7 @@ class S3Backend(GenericBackend):
     def __init__(self, fs: Any, root: str, protocol: str, *, options: Mapping[str, Any], policy: RetryPolicy) -> None:
         super().__init__(fs, root, protocol, options=options, policy=policy)
         self.bucket = root.partition("/")[0] or None
-        self.whole_reads = "session" not in options  # a caller's aiobotocore session: s3fs only
+        self.whole_reads = self.versioned_reads = "session" not in options  # a caller's session: s3fs only
 
     @classmethod
     def fs_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:
@@ -130,8 +130,12 @@ class S3Backend(GenericBackend):
 
     # ------------------------------------------------------------- reads
     def read(self, full: str, url: str, start: int, end: int | None, limit: int | None = None) -> bytes:
+        return self.read_versioned(full, url, start, end, limit)[0]
+
+    def read_versioned(self, full: str, url: str, start: int = 0, end: int | None = None,
+                       limit: int | None = None) -> tuple[bytes, str | None]:
         """ONE GetObject through :func:`sync_client`, whole (botocore checks the announced length:
-        a body cut short raises, never returns short)."""
+        a body cut short raises, never returns short), and the ETag the same answer gave."""
         fs = self.fs
         bucket, key, version_id = fs.split_path(full)
         s3 = sync_client(fs)
@@ -161,7 +165,7 @@ class S3Backend(GenericBackend):
             body.close()
         if end is not None and len(data) < end - start:
             raise shorter_than_expected(url, start + len(data), end)
-        return data
+        return data, str(response.get("ETag", "")).strip('"') or None
 
     def open_stream(self, full: str, start: int, end: int | None, piece: int, on_end: OnEnd) -> Iterator[bytes]:
         bucket, key, version_id = self.fs.split_path(full)
@@ -303,9 +307,8 @@ class _Multipart:
 
 # ----------------------------------------------------------------- the botocore client for whole reads
 def sync_client(fs: Any) -> Any:
-    """The botocore S3 client mirroring ``fs`` (see the module docstring), one per filesystem
-    instance, shared by every thread. Kept on the instance: fsspec filesystems made with the same
-    arguments compare equal under any ``AWS_*`` environment, so a table keyed by them mixed endpoints."""
+    """The botocore S3 client mirroring ``fs`` (module docstring), one per filesystem instance, shared by
+    every thread; kept on it: filesystems made with the same arguments compare equal under any ``AWS_*`` env."""
     with _CLIENTS_LOCK:
         found = cached_client(fs)
         if found is None:
@@ -351,8 +354,7 @@ def _make_client(fs: Any) -> Any:
 
 
 def _read_at_most(body: Any, url: str, length: int, limit: int) -> bytes:
-    """A body of at most ``limit`` bytes, whatever its headers said (botocore checks the length
-    only of a body read whole, so here it is checked against ``length``)."""
+    """A body of at most ``limit`` bytes, whatever its headers said, checked against ``length``."""
     data: bytes = body.read(limit + 1)
     if len(data) > limit:
         raise too_large(url, None, limit)
@@ -362,8 +364,7 @@ def _read_at_most(body: Any, url: str, length: int, limit: int) -> bytes:
 
 
 def _shut(body: Any) -> None:
-    """Unblock a thread blocked reading ``body`` (a botocore StreamingBody): shut its socket down
-    for reading (urllib3's ``HTTPResponse.shutdown``); else close it."""
+    """Unblock a thread reading ``body`` (botocore's): shut its socket for reading, else close it."""
     raw = getattr(body, "_raw_stream", None)
     try:
         raw.shutdown()  # type: ignore[union-attr]
@@ -393,8 +394,7 @@ def shared_loader(session: Any) -> Any:
 
 def _extra_kwargs(fs: Any, s3: Any) -> dict[str, Any]:
     """Requester-pays and the caller's ``s3_additional_kwargs`` that GetObject accepts."""
-    extra = {**fs.s3_additional_kwargs, **fs.req_kw}
-    if not extra:
+    if not (extra := {**fs.s3_additional_kwargs, **fs.req_kw}):
         return {}
     members = s3.meta.service_model.operation_model("GetObject").input_shape.members
     return {k: v for k, v in extra.items() if k in members}
