@@ -1,7 +1,8 @@
 """Which saves a restore tries, in what order (rank 0 decides, every rank follows).
 
 * The pointer's save first, with the manifest checksum the pointer recorded, and nothing else
-  read: the common case costs one GET of ``latest.json`` and a HEAD for a bad-save record.
+  read: the common case costs one GET of ``latest.json`` (which also gives the pointer's version,
+  what the job's next swap expects: :func:`versioned_pointer`) and one read for a bad-save record.
 * Only if that fails (or the pointer is missing, unusable, or names a save recorded bad), the
   root is listed and every committed save **of the current timeline** (:mod:`~..format.timeline`) is a
   candidate, newest first. The current timeline is the pointer's; without a usable pointer it
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 from streamio.checkpoint import root
 from streamio.checkpoint.format import layout
@@ -23,11 +25,20 @@ from streamio.checkpoint.format.checks import ManifestError
 from streamio.checkpoint.format.manifest import Manifest
 from streamio.checkpoint.format.pointer import Pointer
 from streamio.checkpoint.format.timeline import Timeline, Tip, classify
-from streamio.checkpoint.root import SaveRef, committed_saves, read_bad, read_manifests, read_pointer, resolve_save
+from streamio.checkpoint.root import (
+    SaveRef,
+    committed_saves,
+    pointer_version,
+    read_bad,
+    read_manifests,
+    read_pointer,
+    read_pointer_versioned,
+    resolve_save,
+)
 from streamio.errors import CheckpointFormatError, StreamioError
 from streamio.storage import Store
 
-__all__ = ["Candidate", "detect_foreign", "explicit", "walk"]
+__all__ = ["Candidate", "detect_foreign", "explicit", "versioned_pointer", "walk"]
 
 log = logging.getLogger(__name__)
 
@@ -67,30 +78,27 @@ def explicit(store: Store, step: int) -> list[Candidate]:
     return [Candidate(step, resolve_save(store, step))]
 
 
-def walk(store: Store, *, full: bool) -> list[Candidate]:
+def walk(store: Store, *, full: bool) -> tuple[list[Candidate], Any]:
     """The candidates of a restore without ``step=`` (see the module docstring).
 
     Args:
         full: list the root (the pointer's save failed); else the pointer's save alone when it
             is usable.
 
+    Returns:
+        The candidates, and the version of the pointer that chose them (:func:`versioned_pointer`).
+
     Raises:
         CheckpointFormatError: the pointer is of a newer format (no walk past what this
             streamio cannot read), or the root holds another tool's checkpoint.
     """
     latest = root.pointer_url(store)
-    pointer: Pointer | None = None
-    try:
-        pointer = read_pointer(store)
-    except ManifestError as exc:
-        if exc.unknown_version and "upgrade streamio" in str(exc):
-            raise CheckpointFormatError(f"{latest}: {exc}") from exc
-        log.warning("%s is unusable (%s); falling back to the newest complete checkpoint", latest, exc)
+    pointer, version = versioned_pointer(store)
     if pointer is not None and not full:
         bad = read_bad(store, pointer.path)
         if bad is None:
             return [Candidate(pointer.step, pointer.path, pointer.manifest_checksum, line=pointer.timeline,
-                          created=pointer.created)]
+                          created=pointer.created)], version
         log.warning("%s names step %d, which a restore rejected before (%s); falling back to the newest complete "
                     "checkpoint of its timeline", latest, pointer.step, bad.reason)
     saves = committed_saves(store)
@@ -118,7 +126,36 @@ def walk(store: Store, *, full: bool) -> list[Candidate]:
         foreign = detect_foreign(store)
         if foreign:
             raise CheckpointFormatError(f"{store.root_url} holds {foreign}; it is not a streamio checkpoint root")
-    return order
+    return order, version
+
+
+def versioned_pointer(store: Store) -> tuple[Pointer | None, Any]:
+    """The pointer (``None``: none, or unusable, with a warning) and its version, what the job's next
+    swap expects: from the one GET that read it where the store's answer carries it (docs/design.md
+    "Commit protocol"). An unusable pointer is read again after a HEAD, in that order: its refusal
+    carries no version, and one read after the bytes could name a pointer another job wrote since
+    (a swap against it would then succeed over that job's pointer, not fail).
+
+    Raises:
+        CheckpointFormatError: the pointer is of a newer format.
+    """
+    try:
+        return read_pointer_versioned(store)
+    except ManifestError as exc:
+        _newer(store, exc)
+    version = pointer_version(store)
+    try:
+        return read_pointer(store), version
+    except ManifestError as exc:
+        _newer(store, exc)
+        log.warning("%s is unusable (%s); falling back to the newest complete checkpoint", root.pointer_url(store), exc)
+        return None, version
+
+
+def _newer(store: Store, exc: ManifestError) -> None:
+    """Raise if ``exc`` says the pointer is of a newer format (no walk past what this streamio cannot read)."""
+    if exc.unknown_version and "upgrade streamio" in str(exc):
+        raise CheckpointFormatError(f"{root.pointer_url(store)}: {exc}") from exc
 
 
 def detect_foreign(store: Store) -> str | None:

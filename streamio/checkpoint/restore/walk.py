@@ -71,8 +71,10 @@ class Restorer:
             and exchanged over the process group (:mod:`~..tensors.fanout`).
 
     Attributes:
-        outcome: after a restore, the save it loaded and (rank 0) the pointer's version read
-            before anything else (what the job's next pointer swap expects); ``None`` before.
+        outcome: after a restore, the save it loaded and (rank 0) the pointer's version (what the
+            job's next pointer swap expects): from the GET that read the pointer the walk started
+            from (:func:`~.candidates.versioned_pointer`), or, for an explicit ``step``, read before
+            anything else; ``None`` before.
     """
 
     def __init__(
@@ -95,9 +97,15 @@ class Restorer:
         """
         explicit, root = step is not None, self.store.root_url
         self.outcome, self._tip = None, None
-        version = self._version() if self.comm.rank == 0 else None  # before anything is read
-        # the pointer alone first (no listing); the full list only if it fails
-        todo = self._with_local(self._agreed(lambda: self._root_candidates(step, full=False)), step)
+        version: Any = self._version() if explicit and self.comm.rank == 0 else None  # before anything is read
+
+        def first() -> list[Candidate]:  # rank 0: the pointer alone (no listing); the full list only if it fails
+            nonlocal version
+            found, read = self._root_candidates(step, full=False)
+            version = version if explicit else read  # the walk's: from the GET that read the pointer
+            return found
+
+        todo = self._with_local(self._agreed(first), step)
         reasons: list[str] = []
         tried: set[str] = set()
         listed = explicit
@@ -121,7 +129,7 @@ class Restorer:
                             "checkpoint", c.step, root, bad)
             if not todo and not listed:
                 listed = True
-                todo = [c for c in self._agreed(lambda: self._root_candidates(None, full=True))
+                todo = [c for c in self._agreed(lambda: self._root_candidates(None, full=True)[0])
                         if c.path not in tried and on_tip(self._tip, c)]
         if reasons:
             raise CheckpointError(f"no checkpoint under {root} verifies: {'; '.join(reasons)}")
@@ -137,20 +145,24 @@ class Restorer:
                 raise
             return UNREAD
 
-    def _root_candidates(self, step: int | None, *, full: bool) -> list[Candidate]:
-        """The root's candidates; none, with a warning, when it does not answer and a local tier can."""
+    def _root_candidates(self, step: int | None, *, full: bool) -> tuple[list[Candidate], Any]:
+        """The root's candidates, and the version of the pointer the walk read (``None`` for an
+        explicit ``step``, whose :meth:`_version` was read before); none, with a warning, when the
+        root does not answer and a local tier can (the version then :data:`~.root.UNREAD`)."""
         try:
-            return candidates.explicit(self.store, step) if step is not None else candidates.walk(self.store, full=full)
+            if step is not None:
+                return candidates.explicit(self.store, step), None
+            return candidates.walk(self.store, full=full)
         except StorageError as exc:
             if self.local is None:
                 raise
             log.warning("the checkpoint root %s does not answer (%s); restoring from the local tier",
                         self.store.root_url, exc)
-            return []
+            return [], UNREAD
         except CheckpointNotFoundError:
             if self.local is None:
                 raise
-            return []
+            return [], None if step is not None else self._version()
 
     def _with_local(self, durable: list[Candidate], step: int | None) -> list[Candidate]:
         """``durable`` and every rank's local candidates, newest first (:mod:`.local`); for an
