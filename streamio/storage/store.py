@@ -284,7 +284,7 @@ class Store:
     # ---------------------------------------------------------------- writes
     def put(
         self, path: str, data: bytes | bytearray | memoryview, *, mode: WriteMode = "overwrite",
-        if_match: str | None = None, concurrency: int = 8,
+        if_match: str | None = None, concurrency: int = 8, sync_dir: bool = True,
     ) -> str | None:
         """Write ``data`` to ``path`` in one atomic step and return the new version token.
 
@@ -294,6 +294,8 @@ class Store:
             mode: ``"overwrite"`` or ``"create"`` (fail if the object exists).
             if_match: a version from ``info``/``put``: fail if the object changed since.
             concurrency: parallel parts for a multipart upload.
+            sync_dir: ``False``: on local disk the new name is durable only once a later put into
+                the same directory (which fsyncs it) returns: many puts, one directory fsync.
 
         Raises:
             WriteConflictError: the create-only or compare-and-swap condition failed.
@@ -307,7 +309,7 @@ class Store:
             raise ConfigError("put takes mode='create' or if_match=, not both")
         backend, full, url = self._backend, self._conn.full(path), self.url(path)
         view = memoryview(data) if isinstance(data, bytes) else memoryview(data).cast("B")
-        request = PutRequest(mode, if_match, concurrency, PART_SIZE, MULTIPART_THRESHOLD)
+        request = PutRequest(mode, if_match, concurrency, PART_SIZE, MULTIPART_THRESHOLD, sync_dir)
         return self._call(lambda: backend.put(full, url, view, request), url, pacer=_pacer(self))
 
     def delete(self, path: str) -> None:

@@ -1,15 +1,20 @@
 """Checkpoints on local disk: how a local root is cut into parts and read back.
 
-Local roots get one part per upload thread (each part pays a temp file, fsync, link and a
-directory fsync; there are no slow requests to spread) and a ``Store.read`` that reads a file in
-one call instead of joining 1 MiB pieces. These tests pin both down, and that speed did not cost
-a guarantee: a corrupt part is still refused before anything is loaded.
+Local roots get one part per upload thread (each part pays a temp file, fsync and rename; a
+rank's parts share one directory fsync, its marker's; there are no slow requests to spread) and
+a ``Store.read`` that reads a file in one call instead of joining 1 MiB pieces. These tests pin
+both down, and that speed did not cost a guarantee: a corrupt part is still refused before
+anything is loaded.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -112,3 +117,37 @@ def test_local_restore_refuses_a_truncated_part(tmp_path) -> None:  # type: igno
     part = _two_steps(tmp_path / "ckpt")[0]
     part.write_bytes(part.read_bytes()[:-100])
     _restore_walks_back(tmp_path / "ckpt", "truncated")
+
+
+_SAVE = """
+import sys, torch
+from streamio.checkpoint import CheckpointManager, SaveOptions
+with CheckpointManager(sys.argv[1], async_save=False, options=SaveOptions(concurrency=4)) as m:
+    m.save(1, {"w": torch.arange(4 << 20, dtype=torch.float32)})
+"""
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace to see the fsync calls")
+def test_a_local_share_takes_one_directory_fsync_after_every_part_is_linked(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Every part's name is durable before the marker's is (the marker's put fsyncs the rank directory
+    after every part's link), with one directory fsync per share instead of one per part."""
+    trace = tmp_path / "trace"
+    root = tmp_path / "root"
+    calls = "trace=fsync,link,linkat,rename,renameat,renameat2"
+    cmd = ["strace", "-f", "-y", "-o", str(trace), "-e", calls, sys.executable, "-c", _SAVE, f"file://{root}"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+    if done.returncode != 0 and "ptrace" in done.stderr:
+        pytest.skip(f"strace cannot trace here: {done.stderr.strip()[:200]}")
+    assert done.returncode == 0, done.stderr
+    rank_dir = str(root / "step-000000001" / "rank-00000")
+    events = []  # ("link", name): a link or rename made it visible; ("fsync", path); in the order called
+    for line in trace.read_text().splitlines():
+        if (m := re.search(r"\b(?:link|rename)\w*\(.*\"([^\"]+)\"", line)) is not None:
+            events.append(("link", os.path.basename(m.group(1))))
+        elif (m := re.search(r"\bfsync\(\d+<([^>]+)>", line)) is not None:
+            events.append(("fsync", m.group(1)))
+    parts = [i for i, (kind, name) in enumerate(events) if kind == "link" and name.startswith("part-")]
+    dir_syncs = [i for i, e in enumerate(events) if e == ("fsync", rank_dir)]
+    assert len(parts) == 4 and len(dir_syncs) == 1, events  # was one fsync of the directory per part, and the marker's
+    assert dir_syncs[0] > max(parts)
+    assert events[dir_syncs[0] - 1][1].startswith("done-")  # the marker's own put

@@ -8,7 +8,8 @@ other's checksums and PUTs; then the store is listed
 to check that every part is there with its size. The result (:class:`Share`) is what the rank's
 done marker records. The durable root's commit and a local tier's (:mod:`.local`) write through
 here alike, so a part has the same name, bytes and checksum on every tier; :func:`copy_share`
-uploads a share already on one tier to another as it is. Every part written, on any tier, adds its
+uploads a share already on one tier to another as it is. On local disk a rank's parts share one
+directory fsync, its marker's (:func:`write_share`). Every part written, on any tier, adds its
 stored bytes to ``streamio_checkpoint_bytes_total{direction="write"}`` (:mod:`streamio.metrics`);
 the uploads of a share are the ``upload`` span.
 
@@ -85,7 +86,10 @@ def write_share(
     check they are there. Each request goes through ``bound`` (:mod:`.bound`: refused once the
     save's deadline passed, named while in flight), on threads that nothing joins.
 
-    Returns the share with its done marker (not written: the caller decides where it goes).
+    Returns the share with its done marker (not written: the caller decides where it goes, and
+    writes it next, before anything names the save). On local disk the parts' names are made durable
+    by that marker's put (:func:`~..root.write_marker`): it fsyncs the rank directory, which holds
+    every part, after every part's rename, so one directory fsync covers a share, not one per part.
     """
     ranges = share_ranges(store, job, options, world=world)
     cuts = cut_points((s.offset, s.nbytes) for s in job.recorded)
@@ -103,7 +107,7 @@ def write_share(
         entry = FileEntry(path, rank, start, end - start, len(data), checksum, options.compression, size, blocks)
         key = plan.place.path(rank, entry.path)
         with bound.request(store.url(key)), writing(store.url(key)):
-            store.put(key, data)
+            store.put(key, data, sync_dir=False)  # the marker's put syncs the directory for all (docstring)
         CHECKPOINT_BYTES.add(len(data), "write")
         return entry, pieces
 
@@ -135,7 +139,7 @@ def copy_share(
         data = source.read_view(path)
         verify_file(data, f, source.url(path))
         with bound.request(dest.url(path)), writing(dest.url(path)):
-            dest.put(path, data)
+            dest.put(path, data, sync_dir=False)  # the marker's put syncs the directory (see write_share)
         CHECKPOINT_BYTES.add(len(data), "write")
 
     with span("upload", save=share.marker.save_id):

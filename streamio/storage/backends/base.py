@@ -47,6 +47,8 @@ class PutRequest:
         concurrency: parallel parts of a multipart upload.
         part_size: bytes per part of a multipart (S3) or resumable (GCS) upload.
         multipart_threshold: objects this large or larger go up in parts.
+        sync_dir: on local disk, fsync the directory after the rename (the name made durable);
+            ``False``: the caller's next put into the same directory does it for both.
     """
 
     mode: WriteMode = "overwrite"
@@ -54,6 +56,7 @@ class PutRequest:
     concurrency: int = 8
     part_size: int = 16 << 20
     multipart_threshold: int = 64 << 20
+    sync_dir: bool = True
 
 
 #: ``on_end(absolute_end)``: a stream tells where the body ends once the response says so

@@ -1,7 +1,8 @@
 """Local disk (``file://`` and plain paths): atomic puts by temp file + link/rename, reads in one syscall.
 
 Puts: a temp file beside the target (``.NAME.*.streamio-tmp``), fsync, then ``os.replace``
-(overwrite) or ``os.link`` (create-only: fails if the name exists), then fsync of the directory.
+(overwrite) or ``os.link`` (create-only: fails if the name exists), then fsync of the directory
+(unless the request defers it to a later put into the same directory: one fsync for many names).
 All writes into one directory hold an exclusive ``flock`` on it, so a compare-and-swap
 (``if_match``) compares and replaces without interleaving, also across processes on this machine
 (not across NFS clients). Version: ``inode-mtime_ns-size`` (a replace makes a new inode). A
@@ -166,11 +167,12 @@ class LocalBackend(GenericBackend):
             with _dir_lock(directory):
                 _commit(tmp, full, url, request)
                 version = local_version(full)
-            dfd = os.open(directory, os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
+            if request.sync_dir:  # else a later put's fsync of this directory makes this name durable too
+                dfd = os.open(directory, os.O_RDONLY)
+                try:
+                    os.fsync(dfd)
+                finally:
+                    os.close(dfd)
             return version
         finally:
             with contextlib.suppress(FileNotFoundError):
