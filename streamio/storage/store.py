@@ -294,8 +294,7 @@ class Store:
             mode: ``"overwrite"`` or ``"create"`` (fail if the object exists).
             if_match: a version from ``info``/``put``: fail if the object changed since.
             concurrency: parallel parts for a multipart upload.
-            sync_dir: ``False``: on local disk the new name is durable only once a later put into
-                the same directory (which fsyncs it) returns: many puts, one directory fsync.
+            sync_dir: ``False``: on local disk the name is durable once a later put into its directory returns.
 
         Raises:
             WriteConflictError: the create-only or compare-and-swap condition failed.
