@@ -127,6 +127,7 @@ with CheckpointManager(sys.argv[1], async_save=False, options=SaveOptions(concur
 """
 
 
+@pytest.mark.slow  # a child process under strace
 @pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace to see the fsync calls")
 def test_a_local_share_takes_one_directory_fsync_after_every_part_is_linked(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """Every part's name is durable before the marker's is (the marker's put fsyncs the rank directory
