@@ -139,11 +139,16 @@ class _Request:
     query: str
     range: str | None
     body_bytes: int = 0
+    logged: bool = False
 
-    def record(self, status: int, response_bytes: int, fault: str | None) -> RequestRecord:
-        return RequestRecord(
-            self.method, self.path, self.query, self.range, status, self.body_bytes, response_bytes, fault
-        )
+    def log(self, table: FaultTable, status: int, response_bytes: int, fault: str | None) -> None:
+        """Add this request to ``table``'s log, once: a response logged before its last write is not
+        logged again, as aborted, when that write finds the client gone (it dropped the body unread)."""
+        if not self.logged:
+            self.logged = True
+            table.record(RequestRecord(
+                self.method, self.path, self.query, self.range, status, self.body_bytes, response_bytes, fault
+            ))
 
 
 def _chunked(transfer_encoding: str | None) -> bool:
@@ -198,7 +203,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._relay(upstream.getresponse(), req)
         except (ConnectionError, _Abort, TimeoutError, OSError) as exc:
             log.debug("proxy: %s %s aborted: %s", req.method, req.path, exc)
-            self.table.record(req.record(0, 0, "aborted"))
+            req.log(self.table, 0, 0, "aborted")
             self.close_connection = True
         finally:
             upstream.close()
@@ -214,7 +219,7 @@ class _Handler(BaseHTTPRequestHandler):
         finally:
             self.table.unheld()
         if gate.dropped:
-            self.table.record(req.record(0, 0, "stall"))
+            req.log(self.table, 0, 0, "stall")
             raise _Abort("a stalled request is dropped: the proxy stops")
 
     # ---------------------------------------------------------------- request side
@@ -293,7 +298,7 @@ class _Handler(BaseHTTPRequestHandler):
         relay = BodyRelay(self.wfile.write, None, length, bandwidth)
 
         def record() -> None:
-            self.table.record(req.record(fault.status, relay.sent, kind))
+            req.log(self.table, fault.status, relay.sent, kind)
 
         if self.command == "HEAD":
             record()
@@ -323,7 +328,7 @@ class _Handler(BaseHTTPRequestHandler):
         relay = BodyRelay(lambda piece: self._write(piece, stream_chunked), fault, length, bandwidth)
 
         def record() -> None:
-            self.table.record(req.record(response.status, relay.sent, relay.kind))
+            req.log(self.table, response.status, relay.sent, relay.kind)
 
         if not has_body or length == 0:
             record()

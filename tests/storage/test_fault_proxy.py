@@ -290,3 +290,38 @@ def test_stall_holds_matching_requests_until_release_then_stop_drops_them(
     second.join(30)
     assert not second.is_alive() and isinstance(outcome["held-2"], Exception)
     assert [r.fault for r in proxy.log() if r.path.endswith("/held-2")][:1] == ["stall"]
+
+
+@pytest.mark.parametrize(("injected", "bytes_per_s"), [(False, 4000), (True, 800)], ids=["forwarded", "injected-error"])
+def test_a_response_whose_client_hangs_up_before_its_last_piece_is_logged_once(  # type: ignore[no-untyped-def]
+    s3: S3Endpoint, proxy: FaultProxy, client, injected: bool, bytes_per_s: int
+) -> None:
+    """A client that drops a body once it has its length (a too-large ``latest.json``) must not make
+    one request two entries: logged before its last piece, then again, aborted, when that piece
+    found the client gone (a restore's GET, HEAD, GET read as GET, GET, HEAD, GET, GET)."""
+    import http.client
+    import socket
+    import struct
+    import time
+    import urllib.parse
+
+    if injected:
+        proxy.fail_next(1, 503, "SlowDown")  # its document: a head of 98 bytes, then the rest in one piece
+    proxy.set_bandwidth(bytes_per_s)  # pieces of a quarter of it: two in all, the last 0.12-0.25 s later
+    url = urllib.parse.urlsplit(client.generate_presigned_url("get_object", Params={"Bucket": s3.bucket, "Key": "obj"}))
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=10)
+    conn.request("GET", f"{url.path}?{url.query}", headers={"Range": "bytes=0-1999"})
+    resp = conn.getresponse()
+    length = int(resp.getheader("Content-Length"))
+    assert len(resp.read(10)) == 10 and resp.status == (503 if injected else 206)
+    assert conn.sock is not None
+    conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close with a reset
+    resp.close()
+    conn.close()
+    deadline = time.monotonic() + 5
+    while not proxy.log() and time.monotonic() < deadline:  # logged just before the last piece is written
+        time.sleep(0.01)
+    time.sleep(0.3)  # that write fails at once: the handler is done well within this
+    assert [(r.method, r.status, r.response_bytes) for r in proxy.log()] == [
+        ("GET", 503 if injected else 206, length)
+    ]
