@@ -33,6 +33,7 @@ and the restore walk raises that failure at once instead of trying to agree on a
 
 from __future__ import annotations
 
+import math
 import time
 from datetime import timedelta
 from typing import Any
@@ -296,10 +297,11 @@ def _wait(work: Any, deadline: float) -> bool | None:
     """Whether ``work`` completed before ``deadline`` (``time.monotonic()``): ``True``; ``False``
     if the deadline passed (gloo then closes the connection to the peer); ``None`` if it failed
     before (the peer's connection closed: it exited or crashed)."""
-    # a timeout of 0 would mean "the group's default": wait at least a millisecond
-    remaining = max(deadline - time.monotonic(), 0.001)
+    # torch hands gloo whole milliseconds, cut down: a wait of 50.99 ms could time out before the
+    # deadline and read as a closed connection, so round up (at least 1: 0 means the group's default)
+    remaining_ms = max(math.ceil((deadline - time.monotonic()) * 1000), 1)
     try:
-        work.wait(timeout=timedelta(seconds=remaining))
+        work.wait(timeout=timedelta(milliseconds=remaining_ms))
     except RuntimeError:  # gloo: "Timed out waiting ...", or the pair was closed
         return None if time.monotonic() < deadline else False
     return True

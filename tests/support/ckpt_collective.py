@@ -15,6 +15,7 @@ import json
 import os
 import sys
 import time
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -23,6 +24,8 @@ import torch.distributed as dist
 from streamio.checkpoint import CheckpointManager, SaveOptions
 from streamio.distributed import leave
 from streamio.errors import CheckpointError
+
+SHORT_WAITS, SHORT_WAIT_S = 60, 0.05099
 
 
 def wrapper_model() -> torch.nn.Module:
@@ -83,9 +86,30 @@ def _misuse(root: str, timeout_s: float) -> dict[str, Any]:
     mgr.close()
     dist.barrier()
 
+    out["short_waits"] = _short_waits(rank)
+    dist.barrier()
+
     if rank == 0:  # a manager constructed on rank 0 only (last: the ranks' group counts now differ)
         out["construct_alone"] = _attempt(lambda: manager().rank)
     return out
+
+
+def _short_waits(rank: int) -> list[bool | None]:
+    """Rank 0 waits SHORT_WAITS times for a message rank 1 never sends, each time until a deadline a
+    fraction of a millisecond short of a whole one (torch hands gloo its waits in whole
+    milliseconds): what the arrival's wait made of each (``False``: timed out; ``None``: the
+    connection closed), one fresh group each (a timed-out wait closes its group's connections)."""
+    from streamio.checkpoint import comm
+
+    said, kept = [], []
+    for _ in range(SHORT_WAITS):
+        group = dist.new_group(backend="gloo", timeout=timedelta(seconds=30))
+        if rank == 0:
+            kept.append(torch.zeros(1, dtype=torch.int64))
+            work = dist.irecv(kept[-1], src=1, group=group, tag=9)
+            said.append(comm._wait(work, time.monotonic() + SHORT_WAIT_S))
+        dist.barrier()
+    return said
 
 
 def _wrappers(root: str) -> dict[str, Any]:
