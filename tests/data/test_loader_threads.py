@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import json
 import os
 import signal
 import subprocess
@@ -271,3 +272,31 @@ def test_ctrl_c_mid_epoch_stops_the_process_without_a_hang(ds_url: str) -> None:
     assert time.monotonic() - began < 15
     assert proc.returncode != 0 and "KeyboardInterrupt" in err, err[-2000:]
     assert "still run" not in err  # the threads stopped, none left behind
+
+
+_TRACED = """
+import json, os, sys
+sys.path.insert(0, "tests")
+from support.dataset import make_dataset
+from streamio import StreamingDataLoader, StreamingDataset
+make_dataset(sys.argv[1], None, [5, 7, 3, 9])
+loader = StreamingDataLoader(StreamingDataset(sys.argv[1], batch_size=4, decode="auto"), threads=2)
+print(json.dumps({"pid": os.getpid(), "batches": len(list(loader))}))
+"""
+
+
+@pytest.mark.slow
+def test_trace_spans_show_decode_and_collate_on_the_loader_threads_and_the_wait_in_the_loop(tmp_path: Path) -> None:
+    env = {**os.environ, "STREAMIO_TRACE": str(tmp_path / "trace.json")}
+    proc = subprocess.run([sys.executable, "-c", _TRACED, str(tmp_path / "ds")], env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    doc = json.loads((tmp_path / f"trace.{out['pid']}.json").read_text())
+    names = {e["tid"]: e["args"]["name"] for e in doc["traceEvents"] if e["name"] == "thread_name"}
+    spans = [(e["name"], names[e["tid"]]) for e in doc["traceEvents"] if e["ph"] == "X"]
+    assert sum(1 for s in spans if s == ("wait", "MainThread")) == out["batches"] + 1 == 7  # the last finds the end
+    decodes = [t for n, t in spans if n == "decode"]
+    collates = [t for n, t in spans if n == "collate"]
+    assert len(decodes) == 24 and len(collates) == 6
+    assert set(decodes) | set(collates) <= {"streamio-loader-0", "streamio-loader-1"}
