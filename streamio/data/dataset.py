@@ -51,16 +51,7 @@ from streamio.data.mixing import (
     plan_sources,
 )
 from streamio.data.options import DatasetOptions
-from streamio.data.plan import (
-    EpochPlan,
-    Pack,
-    PackPlan,
-    Sampling,
-    Shuffle,
-    Topology,
-    WorkerStream,
-    plan_epoch,
-)
+from streamio.data.plan import EpochPlan, Pack, PackPlan, Sampling, Shuffle, Topology, WorkerStream, plan_epoch
 from streamio.data.plan.packing import PackStream, plan_packing
 from streamio.data.position import (
     Position,
@@ -104,7 +95,8 @@ class StreamingDataset(IterableDataset):
             (``Shuffle(interleave=1)`` reads one shard at a time).
         decode: None (members stay bytes), ``"auto"`` (built-in safe decoders), a mapping of
             extension -> decoder, or a callable on the whole sample.
-        transform: applied to each decoded sample.
+        transform: applied to each decoded sample (with ``StreamingDataLoader(threads=N)`` on N threads
+            at once, so it must be thread-safe: :meth:`prepare`).
         storage_options: fsspec options (endpoint, credentials) for ``url``.
         pack: yield token sequences packed at read time (:class:`~streamio.data.plan.Pack`; design: "Token packing").
         options: tail policy, cache, prefetch, fault handler, samples per epoch (:class:`DatasetOptions`).
@@ -145,9 +137,7 @@ class StreamingDataset(IterableDataset):
         self.epoch_samples = self.options.epoch_samples
         shuffle = shuffle if isinstance(shuffle, Shuffle) else Shuffle() if shuffle else Shuffle.off()
         self.sampling = Sampling(shuffle=shuffle, policy=self.options.policy)
-        self.seed = seed
-        self.batch_size = batch_size
-        self.transform = transform
+        self.seed, self.batch_size, self.transform = seed, batch_size, transform
         with OpenGroup(self.options.collective_timeout_s, describe_request(url)) as group:
             self.sources = load_streams(url, storage_options, group)  # under a process group: read by rank 0
             indexes = tuple((src.index.fingerprint, src.stream.weight, src.stream.samples) for src in self.sources)
@@ -244,30 +234,12 @@ class StreamingDataset(IterableDataset):
 
     # ------------------------------------------------------------------ iteration
     def __iter__(self) -> Iterator[Any]:
-        return self.iterate()
+        return _iterate(self, prepared=True)
 
     def iterate(self, *, prepared: bool = True) -> Iterator[Any]:
         """This process's samples of the iteration (``iter(dataset)``); ``prepared=False``: as read, verified,
         not decoded or transformed, for a loader that runs :meth:`prepare` on them (``threads=N``: on its threads)."""
-        rank, _ = rank_and_world()
-        info = get_worker_info()
-        worker, num_workers = (0, 0) if info is None else (info.id, info.num_workers)
-        counts_itself = info is None and not self._counted_by_loader  # else a loader says when an epoch ended
-        position = self.position
-        token = position.begin() if counts_itself else None
-        if info is not None:
-            if worker == 0 and not self._counted_by_loader and not self._state_taken_in_worker:
-                warn_plain_workers(num_workers, position.chosen)  # worker 0 only: once per epoch
-            tune_worker_malloc()
-        plan = self.plan(num_workers)
-        stream = plan.stream(rank, worker)
-        check_worker(position, stream)
-        position.rewind()
-        for sample in _samples(self, plan, stream, position.yielded, decoded=prepared):
-            position.count(token, stream.size)  # the last sample ends the epoch as it goes out
-            yield self.transform(sample) if prepared and self.transform is not None else sample
-        if token is not None:
-            position.end(token)
+        return _iterate(self, prepared=prepared)
 
     def prepare(self, sample: Any) -> Any:
         """``decode``, then ``transform``: what :meth:`iterate` does to each sample unless ``prepared=False``.
@@ -348,6 +320,29 @@ class StreamingDataset(IterableDataset):
                 the epoch or its start, or it is not a state of this dataset.
         """
         load_loader_state(self, state, num_workers)
+
+
+def _iterate(ds: StreamingDataset, *, prepared: bool) -> Iterator[Any]:
+    """:meth:`StreamingDataset.iterate`: this process's stream of the plan, counted in the dataset's position."""
+    rank, _ = rank_and_world()
+    info = get_worker_info()
+    worker, num_workers = (0, 0) if info is None else (info.id, info.num_workers)
+    counts_itself = info is None and not ds._counted_by_loader  # else a loader says when an epoch ended
+    position = ds.position
+    token = position.begin() if counts_itself else None
+    if info is not None:
+        if worker == 0 and not ds._counted_by_loader and not ds._state_taken_in_worker:
+            warn_plain_workers(num_workers, position.chosen)  # worker 0 only: once per epoch
+        tune_worker_malloc()
+    plan = ds.plan(num_workers)
+    stream = plan.stream(rank, worker)
+    check_worker(position, stream)
+    position.rewind()
+    for sample in _samples(ds, plan, stream, position.yielded, decoded=prepared):
+        position.count(token, stream.size)  # the last sample ends the epoch as it goes out
+        yield ds.transform(sample) if prepared and ds.transform is not None else sample
+    if token is not None:
+        position.end(token)
 
 
 def _readers(ds: StreamingDataset, decode: DecodeSpec) -> tuple[WindowReader, TokenPacker | None]:
