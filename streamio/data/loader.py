@@ -54,6 +54,7 @@ from streamio.state_version import VERSION_KEY, check_version
 __all__ = ["StreamingDataLoader", "collate_samples", "worker_seed"]
 
 STATE_VERSION = 1
+MAX_THREADS = 256  # StreamingDataLoader(threads=): more would only cost memory and switches on any machine
 _K_DATASET = "dataset"
 _END = object()  # what next() returns once the DataLoader's iterator is exhausted
 
@@ -160,10 +161,10 @@ class _WorkerInit:
 
 def _check_threads(threads: Any, kwargs: Mapping[str, Any]) -> None:
     """Refuse a ``threads=`` that is not a count, or that comes with worker processes or pinning."""
-    if type(threads) is not int or threads < 0:
+    if type(threads) is not int or not 0 <= threads <= MAX_THREADS:
         raise ConfigError(
             f"StreamingDataLoader(threads={threads!r}): give the number of threads that make batches in this "
-            "process, an int >= 0 (0: none, the usual DataLoader)"
+            f"process, an int from 0 (none: the usual DataLoader) to {MAX_THREADS}; about the cores it may use"
         )
     if threads and kwargs.get("num_workers"):
         raise ConfigError(

@@ -103,6 +103,14 @@ def test_a_thread_state_is_the_num_workers_0_state_and_resumes_with_workers_and_
     full, _ = read(ds_url, batch=4)
     head, state = read(ds_url, batch=4, threads=2, stop_after=3)
     assert keys(head) == keys(full[:3])
+    ds = StreamingDataset(ds_url, batch_size=4, transform=with_reversed)
+    ds.set_epoch(1)
+    loader = StreamingDataLoader(ds, threads=2)
+    for n, _ in enumerate(loader, 1):
+        if n == 3:
+            time.sleep(0.1)  # the threads run ahead: 4 batches made, 3 handed out
+            assert loader.state_dict() == state  # taken inside the loop, as a checkpoint is
+            break
     _, plain_state = read(ds_url, batch=4, stop_after=3)
     assert state == plain_state  # the same position, so it resumes wherever num_workers=0's does
     rest, _ = read(ds_url, batch=4, threads=3, state=state)
@@ -231,10 +239,40 @@ def test_no_thread_is_left_when_the_loop_ends_breaks_is_dropped_or_raises(ds_url
     assert set(threading.enumerate()) <= before  # the loader's threads and the dataset's prefetch threads
 
 
+def test_a_transform_that_never_returns_costs_the_loop_join_s_and_a_warning_naming_it(
+    ds_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from streamio.data.dataloader import threaded
+
+    monkeypatch.setattr(threaded, "JOIN_S", 0.3)
+    stuck = threading.Event()
+
+    def hangs_after_the_first_batch(sample: dict[str, Any]) -> dict[str, Any]:
+        if sample["__index__"] >= 2:
+            stuck.wait(30)  # a transform that does not return (until the test ends)
+        return sample
+
+    ds = StreamingDataset(ds_url, batch_size=2, shuffle=False, transform=hangs_after_the_first_batch)
+    try:
+        began = time.monotonic()
+        for _ in StreamingDataLoader(ds, threads=2):
+            break
+        assert time.monotonic() - began < 5
+        assert "still run" in caplog.text and "streamio-loader-" in caplog.text
+    finally:
+        stuck.set()
+    for t in threading.enumerate():
+        if t.name.startswith("streamio-loader"):
+            t.join(5)
+    assert not loader_threads()
+
+
 @pytest.mark.parametrize(("kw", "match"), [
     ({"threads": -1}, r"threads=-1\): give the number of threads"),
     ({"threads": True}, r"threads=True\)"),
     ({"threads": 2.0}, r"threads=2.0\)"),
+    ({"threads": "2"}, r"threads='2'\)"),
+    ({"threads": 10**6}, r"threads=1000000\): .* an int from 0 \(none: the usual DataLoader\) to 256"),
     ({"threads": 2, "num_workers": 2}, r"threads=2, num_workers=2\): choose one"),
     ({"threads": 2, "pin_memory": True}, r"pin_memory=True\) is not supported"),
 ])
