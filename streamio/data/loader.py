@@ -32,6 +32,7 @@ Two things a training loop does not see, so that exact resume holds as the READM
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -313,8 +314,8 @@ class StreamingDataLoader(DataLoader):
                 yield batch
                 waited = time.perf_counter()
         finally:  # the iteration ended, raised, was broken out of, collected or interrupted: stop the threads
-            if threaded is not None:
-                threaded.close()
+            if threaded is not None:  # a Ctrl-C while the loop waited for a batch: the process ends, join nothing
+                threaded.close(wait=not isinstance(sys.exc_info()[1], KeyboardInterrupt))
         if rings is not None:
             rings.close()  # every batch arrived: unmap them now, not at the next iteration
         ds.end_iteration(token)

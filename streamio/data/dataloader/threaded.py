@@ -33,10 +33,10 @@ Shutdown (:meth:`ThreadedBatches.close`, which the loader calls when its iterati
 is broken out of, is garbage-collected or is interrupted): the feeder stops at its next sample or
 slot wait and closes the source in its own thread (a generator can only be closed by the thread
 that runs it: the dataset's prefetch threads stop with it); pool threads finish the job they are
-running (a thread cannot be interrupted) and skip the queued ones. Each thread is joined for at
-most :data:`JOIN_S` in all; they are daemon threads started through :func:`streamio.threads.start` (a
-fork waits for them while they exit), so a transform that never returns can neither hang the
-loop's exit nor the interpreter's.
+running (a thread cannot be interrupted) and skip the queued ones. The threads are joined within
+:data:`JOIN_S` in all, and not at all when a Ctrl-C reached the loop inside ``next()``; they are
+daemon threads started through :func:`streamio.threads.start` (a fork waits for them while they
+exit), so a transform that never returns can neither hang the loop's exit nor the interpreter's.
 """
 
 from __future__ import annotations
@@ -54,8 +54,9 @@ __all__ = ["JOIN_S", "ThreadedBatches"]
 
 log = logging.getLogger(__name__)
 
-JOIN_S = 10.0
-"""The most :meth:`ThreadedBatches.close` waits for its threads (a job running, a sample being read)."""
+JOIN_S = 5.0
+"""The most :meth:`ThreadedBatches.close` waits for its threads (a job running, a sample being read);
+torch's DataLoader waits as long for each worker process before it terminates it."""
 
 
 class ThreadedBatches:
@@ -184,9 +185,10 @@ class ThreadedBatches:
                 self._cond.notify_all()
 
     # ------------------------------------------------------------------ shutdown
-    def close(self) -> None:
+    def close(self, *, wait: bool = True) -> None:
         """Stop the threads: the feeder at its next sample, the pool after its running jobs (see the
-        module docstring); all of them joined within :data:`JOIN_S`. Idempotent."""
+        module docstring); all of them joined within :data:`JOIN_S`, or not at all without ``wait``
+        (Ctrl-C: the process is about to end, and they are daemon threads). Idempotent."""
         if self._closed:
             return
         self._closed = True
@@ -195,6 +197,8 @@ class ThreadedBatches:
             self._slots.release()
         for _ in self._threads[1:]:
             self._jobs.put(None)
+        if not wait:
+            return
         deadline = time.monotonic() + JOIN_S
         for t in self._threads:
             if t is not threading.current_thread():
