@@ -19,6 +19,9 @@ Part 1, raw samples: 64 KiB random blobs (``KEY.bin`` + ``KEY.cls``), 16,384 (1.
 * ``streamio (default)``: ``StreamingDataset(dir, batch_size=B)`` + ``StreamingDataLoader(ds, num_workers=W)``
   over the local shards (the default shuffle);
 * ``streamio shuffle=False``: the same in index order;
+* ``streamio threads=W``: the default dataset with ``StreamingDataLoader(ds, threads=W)`` (no worker
+  processes: batches made on W threads of the trial's process, issue 39), as many threads as the
+  default has workers;
 * ``streamio node cache``: the default over an S3 copy (moto) with ``DatasetOptions(cache=CacheConfig(...))``,
   the cache filled by an earlier epoch (its cold figures are the ``cache fill`` trial);
 * ``webdataset``: ``wds.WebDataset(urls, shardshuffle=False)`` + ``wds.WebLoader``;
@@ -32,14 +35,18 @@ Part 2, images: JPEGs of 512 x 384 made with PIL (smooth gradients + noise, qual
 the measured mean is reported), 2,048 (``--quick`` 256), batch 32 / 2 workers, 2 repetitions (3 for
 part 1: the image trials are CPU-bound and long, and the section must fit ~10 min); every contender
 decodes and resizes them to 224 x 224 uint8 tensors in its workers with the same function
-(:func:`benchmarks.peer_pipeline.decode_resize`). CPU s per GB there is per GB of JPEG read.
+(:func:`benchmarks.peer_pipeline.decode_resize`); ``streamio threads=N`` (N = 2 and 4) does it on N
+threads of one process. CPU s per GB there is per GB of JPEG read.
 
 Ratios (``ratios``, each named with its goal from issue 17, read by ``tables.goal_met``): streamio
 (default) / each peer in samples/s (>= 1.5 webdataset and litdata, >= 1.2 mosaicml), streamio CPU
 s per GB / the lowest peer's (<= 0.5) and absolute, local and from the node cache (<= 1.0),
 streamio / the in-memory ceiling (>= 0.5), streamio start-up / the fastest peer's (<= 1.0: this
 module's reading of "ahead of every peer on first batch"), and for images streamio / each peer
-(>= 1.0). The peers run at their defaults (no shuffle). All data lives in one scratch directory,
+(>= 1.0). The thread path (issue 39) gets its own lines: ``streamio threads=N`` / ``streamio
+(default)`` in samples/s and in CPU s per GB, its CPU s per GB (target <= 1.0) and threads / each
+peer in samples/s (issue 39's targets: >= 1.5 raw, >= 1.2 images against litdata). The peers
+run at their defaults (no shuffle). All data lives in one scratch directory,
 removed at the end.
 """
 
@@ -68,6 +75,7 @@ OWN_ENV = ("mosaicml", "litdata")  # peers that run from .venv-peers/NAME
 STREAMIO = "streamio (default)"
 NODE_CACHE = "streamio node cache (default)"
 CEILING = "in-memory ceiling"
+IMAGE_THREADS = (2, 4)  # the image part's thread-path contenders
 PEER_NAMES = {"webdataset": "webdataset", "mosaicml": "mosaicml-streaming", "litdata": "litdata"}
 FIGURES = ("samples_per_s", "cpu_s_per_GB", "first_batch_s", "steady_samples_per_s", "cpu_main_s_per_GB",
            "cpu_workers_s_per_GB", "MBps", "wall_s")  # summarised over a contender's trials
@@ -224,7 +232,7 @@ def make_streamio(cfg: Mapping[str, Any]) -> Any:
         ds = streamio.StreamingDataset(cfg["url"], batch_size=cfg["batch_size"], shuffle=cfg.get("shuffle", True),
                                        storage_options=cfg.get("storage_options"), options=options,
                                        transform=image_from_tar_sample if cfg.get("image") else None)
-        return streamio.StreamingDataLoader(ds, num_workers=cfg["workers"])
+        return streamio.StreamingDataLoader(ds, num_workers=cfg["workers"], threads=cfg.get("threads", 0))
 
     return build
 
@@ -296,6 +304,8 @@ def _loader_contenders(t: Trials, raw: Data, paths: Mapping[str, str], s3: Mappi
         "streamio shuffle=False": t.contender("streamio shuffle=False", "streamio", raw, loader="streamio",
                                               url=raw.dir, shuffle=False, **base),
         NODE_CACHE: t.contender(NODE_CACHE, "streamio", raw, loader="streamio", **s3, **base),
+        threads_name(workers): t.contender(threads_name(workers), "streamio", raw, loader="streamio", url=raw.dir,
+                                           batch_size=batch, workers=0, threads=workers),
     }
     if "webdataset" in peers:
         c["webdataset"] = t.contender("webdataset", "streamio", raw, loader="webdataset", dir=raw.dir, **base)
@@ -310,6 +320,9 @@ def _image_contenders(t: Trials, img: Data, paths: Mapping[str, str], batch: int
                       peers: Sequence[str]) -> dict[str, Callable[[], dict[str, float] | None]]:
     base = {"batch_size": batch, "workers": workers, "image": True}
     c = {STREAMIO: t.contender(f"image {STREAMIO}", "streamio", img, loader="streamio", url=img.dir, **base)}
+    for n in IMAGE_THREADS:
+        c[threads_name(n)] = t.contender(f"image {threads_name(n)}", "streamio", img, loader="streamio", url=img.dir,
+                                         **{**base, "workers": 0, "threads": n})
     if "webdataset" in peers:
         c["webdataset"] = t.contender("image webdataset", "streamio", img, loader="webdataset", dir=img.dir, **base)
     for peer in (p for p in OWN_ENV if p in t.servers):
@@ -317,6 +330,10 @@ def _image_contenders(t: Trials, img: Data, paths: Mapping[str, str], batch: int
         c[name] = t.contender(f"image {name}", peer, img, loader=peer, dir=paths[f"{peer}-image"], **base)
     c[CEILING] = t.contender(f"image {CEILING}", "streamio", img, loader="memory", dir=img.dir, **base)
     return c
+
+
+def threads_name(n: int) -> str:
+    return f"streamio threads={n}"
 
 
 def _medians(contenders: Mapping[str, Any], figure: str) -> dict[str, float]:
@@ -355,6 +372,25 @@ def ratios(loaders: Mapping[str, Mapping[str, Any]], image: Mapping[str, Any]) -
                                                                                         sps.get(CEILING))
         out.update(_vs_best_peer(tag, _medians(cs, "first_batch_s"), "start-up s", 1.0))
     out.update(_vs_peers("images", _medians(image, "samples_per_s"), "samples/s", dict.fromkeys(PEERS, 1.0)))
+    for tag, cs in loaders.items():
+        out.update(_threads_ratios(tag, cs, 1.5, raw=True))
+    out.update(_threads_ratios("images", image, 1.2, raw=False))
+    return out
+
+
+def _threads_ratios(tag: str, cs: Mapping[str, Any], goal: float, *, raw: bool) -> dict[str, float]:
+    """The thread path (issue 39) against the default workers path and each peer, for each thread count run
+    (its CPU s per GB has a target for raw samples only: decoding JPEGs costs ~40 s per GB whoever does it)."""
+    sps, cpu = _medians(cs, "samples_per_s"), _medians(cs, "cpu_s_per_GB")
+    out: dict[str, float] = {}
+    for name in sorted(n for n in sps if n.startswith("streamio threads=")):
+        out[f"{tag}: {name} / {STREAMIO}, samples/s"] = ratio(sps[name], sps.get(STREAMIO))
+        out[f"{tag}: {name} / {STREAMIO}, CPU s per GB"] = ratio(cpu[name], cpu.get(STREAMIO))
+        out[f"{tag}: {name} CPU s per GB{' (target <= 1.0)' if raw else ''}"] = cpu[name]
+        for p in PEERS:
+            if PEER_NAMES[p] in sps:
+                target = f" (target >= {goal})" if p == "litdata" else ""
+                out[f"{tag}: {name} / {PEER_NAMES[p]}, samples/s{target}"] = ratio(sps[name], sps[PEER_NAMES[p]])
     return out
 
 

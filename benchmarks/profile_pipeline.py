@@ -19,6 +19,8 @@ way the pipeline does, so the differences are the costs of the steps in between:
 * ``loader w0`` -- ``StreamingDataLoader(num_workers=0)``: minus ``reader``, collation;
 * ``loader wN`` -- with N workers (batches through the shared-memory transport): minus
   ``loader w0``, worker processes and batch transport;
+* ``loader tN`` -- ``StreamingDataLoader(threads=N)``: the same batches made on N threads of this
+  process (issue 39); minus ``loader w0``, what the feeder and pool threads cost instead;
 * ``DataLoader floor`` -- a plain ``DataLoader`` with N workers over as many tiny samples in the
   same batches, charged to the same bytes: the part of ``loader wN`` that is torch's own
   machinery (worker start, index and result queues, pickling, worker loop), whatever the reader
@@ -125,13 +127,14 @@ def byte_stages(url: str, storage_options: dict[str, Any] | None, payload: int, 
 
 def loader_stages(url: str, storage_options: dict[str, Any] | None, payload: int, samples: int, reps: int, *,
                   workers: int, batch: int, cache: str | None = None) -> dict[str, dict[str, float]]:
-    """``reader``, ``loader w0`` and ``loader wN`` of the module docstring (a fresh dataset and loader each)."""
+    """``reader``, ``loader w0``, ``loader wN`` and ``loader tN`` of the module docstring (a fresh dataset and
+    loader each)."""
     import streamio
 
     options = streamio.DatasetOptions(cache=streamio.CacheConfig(cache, max_bytes=4 * payload, min_free_bytes=0)) \
         if cache else None
 
-    def run(workers: int | None) -> Callable[[], None]:
+    def run(workers: int | None, threads: int = 0) -> Callable[[], None]:
         def once() -> None:
             if cache:
                 shutil.rmtree(cache, ignore_errors=True)
@@ -139,12 +142,14 @@ def loader_stages(url: str, storage_options: dict[str, Any] | None, payload: int
             if workers is None:
                 n = sum(1 for _ in ds)
             else:
-                n = sum(len(b["__key__"]) for b in streamio.StreamingDataLoader(ds, num_workers=workers))
+                loader = streamio.StreamingDataLoader(ds, num_workers=workers, threads=threads)
+                n = sum(len(b["__key__"]) for b in loader)
             assert n == samples, n
         return once
 
     return {"reader (in process)": measure(run(None), payload, reps), "loader w0": measure(run(0), payload, reps),
-            f"loader w{workers}": measure(run(workers), payload, reps)}
+            f"loader w{workers}": measure(run(workers), payload, reps),
+            f"loader t{workers}": measure(run(0, threads=workers), payload, reps)}
 
 
 def loader_floor(samples: int, payload: int, reps: int, *, workers: int, batch: int) -> dict[str, float]:

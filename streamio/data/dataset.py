@@ -6,7 +6,8 @@ Composition (each piece is its own module; this one only wires them):
 * :mod:`streamio.data.plan` — which samples this (epoch, rank, worker) reads, as runs and windows;
 * :mod:`streamio.data.read.reader` — the windows' samples, fetched ahead (:mod:`streamio.data.read.prefetch`)
   through the node-local cache (:mod:`streamio.data.cache`), verified (:mod:`streamio.data.format.samples`)
-  and decoded (:mod:`streamio.data.decode`);
+  and decoded (:mod:`streamio.data.decode`), then transformed; or left as read, for a loader that runs
+  :meth:`StreamingDataset.prepare` on its own threads (``StreamingDataLoader(threads=N)``);
 * :mod:`streamio.data.loader` — :class:`~streamio.data.loader.StreamingDataLoader`, which counts
   the batches it hands out.
 
@@ -18,10 +19,9 @@ Exact resume. The planner's state is "how many batches each rank's consumer took
 topology); who knows that number depends on the loader (docs/design.md "StreamingDataset and exact
 resume" has the table): :class:`~streamio.data.loader.StreamingDataLoader` counts the batches it
 hands out (:meth:`StreamingDataset.attach_loader`, :meth:`StreamingDataset.state_after`), exact
-with any ``num_workers`` on any topology; torchdata's ``StatefulDataLoader`` keeps one state per
-worker (the same ``num_workers`` only; :mod:`streamio.data.dataloader.stateful_loader` hands them
-to :meth:`StreamingDataset.load_loader_state` at once); without workers the dataset counts what it
-yielded; a plain ``DataLoader`` with workers cannot be exact, and the dataset warns.
+with any ``num_workers`` or ``threads`` on any topology; torchdata's ``StatefulDataLoader`` keeps
+one state per worker (the same ``num_workers`` only: :mod:`streamio.data.dataloader.stateful_loader`);
+without workers the dataset counts what it yielded; a plain ``DataLoader`` with workers cannot be exact.
 
 The state is a small, versioned JSON-safe dict; it records the seed and the index fingerprint (via
 the plan) so it is never applied to another dataset silently. :mod:`streamio.data.position` holds
@@ -51,16 +51,7 @@ from streamio.data.mixing import (
     plan_sources,
 )
 from streamio.data.options import DatasetOptions
-from streamio.data.plan import (
-    EpochPlan,
-    Pack,
-    PackPlan,
-    Sampling,
-    Shuffle,
-    Topology,
-    WorkerStream,
-    plan_epoch,
-)
+from streamio.data.plan import EpochPlan, Pack, PackPlan, Sampling, Shuffle, Topology, WorkerStream, plan_epoch
 from streamio.data.plan.packing import PackStream, plan_packing
 from streamio.data.position import (
     Position,
@@ -79,6 +70,7 @@ from streamio.data.sharing import OpenGroup, check_agreement
 from streamio.deprecation import fold_moved
 from streamio.distributed import rank_and_world
 from streamio.errors import PlanError
+from streamio.metrics import trace
 
 __all__ = ["DatasetOptions", "StreamingDataset"]
 
@@ -103,7 +95,8 @@ class StreamingDataset(IterableDataset):
             (``Shuffle(interleave=1)`` reads one shard at a time).
         decode: None (members stay bytes), ``"auto"`` (built-in safe decoders), a mapping of
             extension -> decoder, or a callable on the whole sample.
-        transform: applied to each decoded sample.
+        transform: applied to each decoded sample (with ``StreamingDataLoader(threads=N)`` on N threads
+            at once, so it must be thread-safe: :meth:`prepare`).
         storage_options: fsspec options (endpoint, credentials) for ``url``.
         pack: yield token sequences packed at read time (:class:`~streamio.data.plan.Pack`; design: "Token packing").
         options: tail policy, cache, prefetch, fault handler, samples per epoch (:class:`DatasetOptions`).
@@ -144,9 +137,7 @@ class StreamingDataset(IterableDataset):
         self.epoch_samples = self.options.epoch_samples
         shuffle = shuffle if isinstance(shuffle, Shuffle) else Shuffle() if shuffle else Shuffle.off()
         self.sampling = Sampling(shuffle=shuffle, policy=self.options.policy)
-        self.seed = seed
-        self.batch_size = batch_size
-        self.transform = transform
+        self.seed, self.batch_size, self.transform = seed, batch_size, transform
         with OpenGroup(self.options.collective_timeout_s, describe_request(url)) as group:
             self.sources = load_streams(url, storage_options, group)  # under a process group: read by rank 0
             indexes = tuple((src.index.fingerprint, src.stream.weight, src.stream.samples) for src in self.sources)
@@ -155,8 +146,7 @@ class StreamingDataset(IterableDataset):
         self.pack, self._doc_tokens = pack, packed_documents(self.sources, self.epoch_samples, pack)
         self.reader, self.packer = _readers(self, None if pack is not None else decode)
         self.position = Position()
-        self._counted_by_loader = False
-        self._loader_workers = 0
+        self._counted_by_loader, self._loader_workers = False, 0
         self._state_taken_in_worker = False  # a stateful loader (torchdata's) asks each worker for it
         install(StreamingDataset)  # torchdata's StatefulDataLoader restores `epoch` here too
 
@@ -244,25 +234,20 @@ class StreamingDataset(IterableDataset):
 
     # ------------------------------------------------------------------ iteration
     def __iter__(self) -> Iterator[Any]:
-        rank, _ = rank_and_world()
-        info = get_worker_info()
-        worker, num_workers = (0, 0) if info is None else (info.id, info.num_workers)
-        counts_itself = info is None and not self._counted_by_loader  # else a loader says when an epoch ended
-        position = self.position
-        token = position.begin() if counts_itself else None
-        if info is not None:
-            if worker == 0 and not self._counted_by_loader and not self._state_taken_in_worker:
-                warn_plain_workers(num_workers, position.chosen)  # worker 0 only: once per epoch
-            tune_worker_malloc()
-        plan = self.plan(num_workers)
-        stream = plan.stream(rank, worker)
-        check_worker(position, stream)
-        position.rewind()
-        for sample in _samples(self, plan, stream, position.yielded):
-            position.count(token, stream.size)  # the last sample ends the epoch as it goes out
-            yield self.transform(sample) if self.transform is not None else sample
-        if token is not None:
-            position.end(token)
+        return _iterate(self, prepared=True)
+
+    def iterate(self, *, prepared: bool = True) -> Iterator[Any]:
+        """This process's samples of the iteration (``iter(dataset)``); ``prepared=False``: as read, verified,
+        not decoded or transformed, for a loader that runs :meth:`prepare` on them (``threads=N``: on its threads)."""
+        return _iterate(self, prepared=prepared)
+
+    def prepare(self, sample: Any) -> Any:
+        """``decode``, then ``transform``: what :meth:`iterate` does to each sample unless ``prepared=False``.
+        ``StreamingDataLoader(threads=N)`` runs it on N threads at once: your decoder and transform must be
+        thread-safe then (one that keeps state between samples, or draws a shared RNG, is not)."""
+        with trace.span("decode"):
+            sample = self.reader.decode(sample)
+        return self.transform(sample) if self.transform is not None else sample
 
     # ------------------------------------------------------------------ state
     def state_after(self, batches: int) -> dict[str, Any]:
@@ -337,18 +322,39 @@ class StreamingDataset(IterableDataset):
         load_loader_state(self, state, num_workers)
 
 
+def _iterate(ds: StreamingDataset, *, prepared: bool) -> Iterator[Any]:
+    """:meth:`StreamingDataset.iterate`: this process's stream of the plan, counted in the dataset's position."""
+    rank, _ = rank_and_world()
+    info = get_worker_info()
+    worker, num_workers = (0, 0) if info is None else (info.id, info.num_workers)
+    counts_itself = info is None and not ds._counted_by_loader  # else a loader says when an epoch ended
+    position = ds.position
+    token = position.begin() if counts_itself else None
+    if info is not None:
+        if worker == 0 and not ds._counted_by_loader and not ds._state_taken_in_worker:
+            warn_plain_workers(num_workers, position.chosen)  # worker 0 only: once per epoch
+        tune_worker_malloc()
+    plan = ds.plan(num_workers)
+    stream = plan.stream(rank, worker)
+    check_worker(position, stream)
+    position.rewind()
+    for sample in _samples(ds, plan, stream, position.yielded, decoded=prepared):
+        position.count(token, stream.size)  # the last sample ends the epoch as it goes out
+        yield ds.transform(sample) if prepared and ds.transform is not None else sample
+    if token is not None:
+        position.end(token)
+
+
 def _readers(ds: StreamingDataset, decode: DecodeSpec) -> tuple[WindowReader, TokenPacker | None]:
     """The dataset's reader over its sources, and with ``pack=`` the packer over it."""
     cache = ShardCache(ds.options.cache) if ds.options.cache is not None else None
-    reader = WindowReader(
-        [(src.store, src.index) for src in ds.sources], cache=cache, prefetch=ds.options.prefetch,
-        decode=make_decoder(decode), handler=ds.options.handler,
-    )
+    reader = WindowReader([(src.store, src.index) for src in ds.sources], cache=cache, prefetch=ds.options.prefetch,
+                          decode=make_decoder(decode), handler=ds.options.handler)
     return reader, TokenPacker(reader, ds.pack.member) if ds.pack is not None else None
 
 
 def _samples(
-    ds: StreamingDataset, plan: EpochPlan | PackPlan, stream: WorkerStream | PackStream, skip: int
+    ds: StreamingDataset, plan: EpochPlan | PackPlan, stream: WorkerStream | PackStream, skip: int, *, decoded: bool
 ) -> Iterator[Any]:
     """The samples (or packed sequences) of ``stream``, after its first ``skip``; at their end (or
     when the iteration is closed) this process's metrics go to its parent: a forked worker's counts
@@ -356,7 +362,7 @@ def _samples(
     if isinstance(plan, PackPlan) and isinstance(stream, PackStream) and ds.packer is not None:
         samples = ds.packer.read(plan, stream, skip)
     else:
-        samples = ds.reader.read(stream.windows(), skip)  # type: ignore[union-attr]
+        samples = ds.reader.read(stream.windows(), skip, decoded=decoded)  # type: ignore[union-attr]
     try:
         yield from samples
     finally:

@@ -32,6 +32,7 @@ Two things a training loop does not see, so that exact resume holds as the READM
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -41,6 +42,7 @@ import torch
 from torch.utils.data import DataLoader, default_collate, get_worker_info
 
 from streamio.data.dataloader.stateful_loader import handed_out
+from streamio.data.dataloader.threaded import ThreadedBatches
 from streamio.data.dataloader.transport import SharedBatches, forked_workers, ring_bytes
 from streamio.data.dataset import StreamingDataset
 from streamio.data.select import members_of
@@ -53,6 +55,7 @@ from streamio.state_version import VERSION_KEY, check_version
 __all__ = ["StreamingDataLoader", "collate_samples", "worker_seed"]
 
 STATE_VERSION = 1
+MAX_THREADS = 256  # StreamingDataLoader(threads=): more would only cost memory and switches on any machine
 _K_DATASET = "dataset"
 _END = object()  # what next() returns once the DataLoader's iterator is exhausted
 
@@ -157,6 +160,25 @@ class _WorkerInit:
             self.user(worker_id)
 
 
+def _check_threads(threads: Any, kwargs: Mapping[str, Any]) -> None:
+    """Refuse a ``threads=`` that is not a count, or that comes with worker processes or pinning."""
+    if type(threads) is not int or not 0 <= threads <= MAX_THREADS:
+        raise ConfigError(
+            f"StreamingDataLoader(threads={threads!r}): give the number of threads that make batches in this "
+            f"process, an int from 0 (none: the usual DataLoader) to {MAX_THREADS}; about the cores it may use"
+        )
+    if threads and kwargs.get("num_workers"):
+        raise ConfigError(
+            f"StreamingDataLoader(threads={threads}, num_workers={kwargs['num_workers']!r}): choose one. threads "
+            "make the batches in this process, num_workers in worker processes; pass num_workers=0 with threads"
+        )
+    if threads and kwargs.get("pin_memory"):
+        raise ConfigError(
+            f"StreamingDataLoader(threads={threads}, pin_memory=True) is not supported: pin_memory needs "
+            "num_workers (or threads=0); or leave pin_memory off and copy batches with .to(device, non_blocking=True)"
+        )
+
+
 def worker_seed(seed: int, epoch: int, rank: int) -> int:
     """The DataLoader workers' base seed for ``epoch`` on ``rank`` (a structured seed, not arithmetic).
 
@@ -192,6 +214,19 @@ class StreamingDataLoader(DataLoader):
     The state records the epoch and whether it ended: restored, it continues as the live loader
     would (after the last batch: ``len(loader)`` is the next epoch's, and the next iteration reads it).
 
+    Threads instead of processes: ``threads=N`` (with ``num_workers=0``) runs the whole pipeline in
+    this process. The dataset's prefetch threads fetch as always; a feeder thread reads, verifies and
+    cuts the samples into batches, and N threads make each batch: :meth:`StreamingDataset.prepare`
+    (decode, transform) on each sample, then ``collate_fn``; batches are handed out in order, at most
+    ``2 * N`` in flight (:mod:`streamio.data.dataloader.threaded`). The batches are exactly those of
+    ``num_workers=0``, and so is the state: it resumes with any ``threads`` or ``num_workers``, and a
+    state of any of them resumes here. Decoding (PIL, numpy, zstd, CRC32C) releases the GIL, so it
+    scales across cores without pickling batches between processes. Your ``decode``, ``transform``
+    and ``collate_fn`` then run on several threads at once: they must be thread-safe, and random
+    augmentations drawn from a shared RNG (``random``, torch's global generator) come out in thread
+    order, not sample order: seed them from the sample (its ``__key__``) to be reproducible. An
+    error of a batch is raised by ``next()`` at that batch's place, with the thread's traceback.
+
     Random numbers: each ``iter()`` draws the workers' base seed from ``generator``; left out, the
     loader's own generator, seeded from ``(dataset.seed, epoch, rank)`` (:func:`worker_seed`), so
     iterating never draws from the global torch RNG (the one dropout uses) and a resumed run's
@@ -201,18 +236,24 @@ class StreamingDataLoader(DataLoader):
 
         ds = StreamingDataset(url, batch_size=32)
         loader = StreamingDataLoader(ds, num_workers=4)   # batches of 32
+        loader = StreamingDataLoader(ds, threads=4)       # the same batches as num_workers=0, on 4 threads
 
     Raises:
-        ConfigError: ``dataset`` is not a :class:`~streamio.data.dataset.StreamingDataset`.
+        ConfigError: ``dataset`` is not a :class:`~streamio.data.dataset.StreamingDataset`, or
+            ``threads`` is not an int >= 0, or is given with ``num_workers`` or ``pin_memory``.
         PlanError: ``batch_size`` is given and differs from the dataset's, or
             ``persistent_workers=True`` (the workers would keep their copy of the dataset, which
             ``set_epoch`` in this process does not reach: every epoch would repeat the first one's
             order).
     """
 
-    def __init__(self, dataset: StreamingDataset, batch_size: int | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self, dataset: StreamingDataset, batch_size: int | None = None, *, threads: int = 0, **kwargs: Any
+    ) -> None:
         if not isinstance(dataset, StreamingDataset):
             raise ConfigError(f"StreamingDataLoader needs a StreamingDataset, got {type(dataset).__name__}")
+        _check_threads(threads, kwargs)
+        self.threads = threads
         batch_size = dataset.batch_size if batch_size is None else batch_size
         if batch_size != dataset.batch_size:
             raise PlanError(
@@ -256,23 +297,33 @@ class StreamingDataLoader(DataLoader):
         # packed token batches: arrays through the ring (the sample arrays of other datasets keep collate_samples)
         stack = rings is not None and ds.pack is not None and self._collate.collate is collate_samples
         stack = self._collate.stack = stack and not self.pin_memory
-        batches = super().__iter__()
-        while True:
-            with span("wait"):  # the loop's wait for this batch: one clock pair per batch
-                batch = next(batches, _END)
-                if batch is _END:
-                    break
-                batch = _as_tensors(batch) if stack else batch
-            LOADER_WAIT.observe(time.perf_counter() - waited)
-            LOADER_BATCHES.add(1.0)
-            self._batches += 1
-            if self._batches == last:  # handed out now: a loop that takes len(loader) batches never asks for more
-                ds.end_iteration(token)
-            yield batch
-            waited = time.perf_counter()
+        threaded = self._threaded(ds) if self.threads else None
+        batches = threaded if threaded is not None else super().__iter__()
+        try:
+            while True:
+                with span("wait"):  # the loop's wait for this batch: one clock pair per batch
+                    batch = next(batches, _END)
+                    if batch is _END:
+                        break
+                    batch = _as_tensors(batch) if stack else batch
+                LOADER_WAIT.observe(time.perf_counter() - waited)
+                LOADER_BATCHES.add(1.0)
+                self._batches += 1
+                if self._batches == last:  # handed out now: a loop that takes len(loader) batches never asks for more
+                    ds.end_iteration(token)
+                yield batch
+                waited = time.perf_counter()
+        finally:  # the iteration ended, raised, was broken out of, collected or interrupted: stop the threads
+            if threaded is not None:  # a Ctrl-C while the loop waited for a batch: the process ends, join nothing
+                threaded.close(wait=not isinstance(sys.exc_info()[1], KeyboardInterrupt))
         if rings is not None:
             rings.close()  # every batch arrived: unmap them now, not at the next iteration
         ds.end_iteration(token)
+
+    def _threaded(self, ds: StreamingDataset) -> ThreadedBatches:
+        """This iteration's batches made on ``self.threads`` threads (the dataset's samples as read)."""
+        return ThreadedBatches(ds.iterate(prepared=False), prepare=ds.prepare, collate=self._collate,
+                               batch_size=self.batch_size or 1, drop_last=self.drop_last, threads=self.threads)
 
     def state_dict(self) -> dict[str, Any]:
         """The exact position: the dataset's state after the batches handed out so far.

@@ -35,6 +35,10 @@ class TrainConfig:
         dropout: dropout probability of the model.
         hidden: width of the model's hidden layers.
         num_workers: DataLoader worker processes per rank.
+        loader_threads: with ``data_url``, make the batches on this many threads of each rank's own
+            process instead of worker processes (``StreamingDataLoader(threads=N)``: the same
+            batches as no workers, less CPU per GB); ``num_workers`` and pinned memory are then
+            not used. 0: worker processes.
         val_batch_size: samples per validation batch per rank.
         ckpt_every: save a checkpoint every N optimizer steps (asynchronously).
         local_ckpt: node-local directory of a checkpoint tier (NVMe; ``/dev/shm/...`` for RAM):
@@ -79,6 +83,7 @@ class TrainConfig:
     dropout: float = 0.1
     hidden: int = 128
     num_workers: int = 2
+    loader_threads: int = 0
     val_batch_size: int = 128
     ckpt_every: int = 20
     local_ckpt: str | None = None
@@ -141,6 +146,8 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainConfig:
         parser.error("--preemption needs --ckpt-url: a preempted run saves its last step there, and resumes from it")
     if not args.grace_s >= 0:
         parser.error(f"--grace-s {args.grace_s}: give the seconds a preemption save may take to become durable (>= 0)")
+    if args.loader_threads < 0:
+        parser.error(f"--loader-threads {args.loader_threads}: give the threads that make batches (0: workers)")
     if args.durable_every != 1 and args.local_ckpt is None:
         parser.error("--durable-every needs --local-ckpt: without a local tier every checkpoint goes to --ckpt-url")
     values = {f.name: getattr(args, f.name) for f in fields(TrainConfig)}

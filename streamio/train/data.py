@@ -270,8 +270,10 @@ class StreamingTrainLoader:
             url, shuffle=True, seed=cfg.seed, batch_size=cfg.batch_size, decode="auto", transform=self.transform,
             storage_options=storage_options, options=DatasetOptions(policy="drop"),
         )
+        threads = cfg.loader_threads  # batches on threads of this process: no workers, nothing pinned
         self.loader = StreamingDataLoader(
-            self.dataset, num_workers=cfg.num_workers, pin_memory=pin_memory, worker_init_fn=worker_init_fn
+            self.dataset, num_workers=0 if threads else cfg.num_workers, pin_memory=pin_memory and not threads,
+            worker_init_fn=worker_init_fn, threads=threads,
         )
 
     def set_epoch(self, epoch: int) -> None:

@@ -209,8 +209,8 @@ def test_scheduler_steps_once_per_optimizer_step_not_per_micro_batch(tmp_path: P
 def test_in_process_resume_matches_uninterrupted_on_s3(
     tmp_path: Path, s3: S3Endpoint, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Data (StreamingDataset) and checkpoints through real HTTP (moto): crash mid-epoch, resume,
-    identical weights and losses. (DataLoader workers: see test_train_ddp.py.)"""
+    """Data (StreamingDataset) and checkpoints through real HTTP (moto): crash mid-epoch (batches made on
+    loader threads), resume without them, identical weights and losses. (DataLoader workers: see test_train_ddp.py.)"""
     for name, value in s3.env().items():
         monkeypatch.setenv(name, value)
     common: dict[str, Any] = dict(train_samples=512, epochs=2, ckpt_every=3, keep_last=1, keep_best=0)
@@ -223,12 +223,13 @@ def test_in_process_resume_matches_uninterrupted_on_s3(
     ref = Trainer(_cfg(tmp_path / "ref", **common), ONE)
     ref.run()
     ref.close()
-    cfg = _cfg(tmp_path / "run", ckpt_url=s3.url("ckpt"), fail_at_step=10, **common)
+    # the crashed run makes its batches on 2 threads, the reference and the resumed run without: the same batches
+    cfg = _cfg(tmp_path / "run", ckpt_url=s3.url("ckpt"), fail_at_step=10, loader_threads=2, **common)
     crashed = Trainer(cfg, ONE, crash=_crash)
     with pytest.raises(Crash):
         crashed.run()
     crashed.close()
-    cfg = dataclasses.replace(cfg, fail_at_step=0)
+    cfg = dataclasses.replace(cfg, fail_at_step=0, loader_threads=0)
     resumed = Trainer(cfg, ONE)
     summary = resumed.run()
     resumed.close()
@@ -275,8 +276,10 @@ def test_a_run_with_a_local_tier_resumes_from_its_newer_local_copy_and_ends_dura
 def test_local_tier_flags_need_their_partners(capsys: pytest.CaptureFixture[str]) -> None:
     cfg = parse_args(["--ckpt-url", "s3://b/c", "--local-ckpt", "/nvme/x", "--durable-every", "10"])
     assert (cfg.local_ckpt, cfg.durable_every) == ("/nvme/x", 10)
+    assert (parse_args(["--loader-threads", "4"]).loader_threads, parse_args([]).loader_threads) == (4, 0)
     for argv, words in [(["--local-ckpt", "/nvme/x"], "--local-ckpt needs --ckpt-url"),
-                        (["--ckpt-url", "s3://b/c", "--durable-every", "3"], "--durable-every needs --local-ckpt")]:
+                        (["--ckpt-url", "s3://b/c", "--durable-every", "3"], "--durable-every needs --local-ckpt"),
+                        (["--loader-threads", "-1"], "--loader-threads -1: give the threads")]:
         with pytest.raises(SystemExit) as exc:
             parse_args(argv)
         assert exc.value.code == 2 and words in capsys.readouterr().err, argv

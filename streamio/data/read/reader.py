@@ -102,8 +102,9 @@ class WindowReader:
         src, local = self._locate(shard)
         return src.index.layout(local, src.store)
 
-    def read(self, windows: Iterable[Window], skip: int = 0) -> Iterator[Any]:
-        """Decoded samples of ``windows`` in yield order, after the first ``skip``.
+    def read(self, windows: Iterable[Window], skip: int = 0, *, decoded: bool = True) -> Iterator[Any]:
+        """Decoded samples of ``windows`` in yield order, after the first ``skip`` (``decoded=False``:
+        as read, for a caller that decodes them elsewhere: ``StreamingDataLoader(threads=N)``).
 
         Whole skipped windows are never read; a partly skipped sequential one is trimmed, a partly
         skipped permuted one is read and the skipped part dropped. Runs that continue each other
@@ -116,6 +117,7 @@ class WindowReader:
         schedule = build_schedule(kept, layouts.offsets, max_bytes=cfg.max_bytes, chunk_size=cfg.chunk_size)
         feed = _Feed(self, schedule, layouts.layout, cfg)
         decode = _traced(self.decode) if trace.enabled() else self.decode  # no span call per sample unless traced
+        decode = decode if decoded else _as_read
         try:
             for win, chains in zip(kept, schedule.chains, strict=True):
                 if win.order is None:
@@ -200,6 +202,10 @@ class WindowReader:
             lost, index, run.end, url, lost, exc,
         )
         return True
+
+
+def _as_read(sample: Sample) -> Sample:
+    return sample
 
 
 def _traced(decode: Callable[[Sample], Any]) -> Callable[[Sample], Any]:
