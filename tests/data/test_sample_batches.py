@@ -29,7 +29,7 @@ _member_names = st.sampled_from(["bin", "cls", "txt", "x" * 120, "json"])
 _samples = st.lists(
     st.tuples(
         st.lists(_member_names, min_size=1, max_size=3, unique=True),
-        st.integers(0, 3000),
+        st.integers(0, 12_000),
     ),
     min_size=1,
     max_size=14,
@@ -155,12 +155,11 @@ def test_a_corrupt_sample_in_a_batch_raises_after_the_ones_before_it() -> None:
     assert got == ["k0", "k1", "k2"]
 
 
-def test_a_batch_holds_about_batch_bytes() -> None:
-    """Memory is one batch: at most BATCH_BYTES of samples, plus the one that crosses it."""
-    size = 100_000
-    shard, layout = build([(["bin"], size)] * 40)
+def test_a_batch_holds_at_most_batch_bytes_or_one_sample() -> None:
+    """Memory is one batch: at most BATCH_BYTES of samples, or one larger sample."""
+    shard, layout = build([(["bin"], 5000)] * 40 + [(["bin"], 100_000)] * 3 + [(["bin"], 10)] * 5)
+    sizes = [layout.offsets[i + 1] - layout.offsets[i] for i in range(48)]
     batches = list(iter_sample_batches([shard], url=URL, span=SampleSpan(), layout=layout))
-    per_sample = layout.offsets[1]
-    assert sum(len(b) for b in batches) == 40
-    assert len(batches) > 1 and all(len(b) * per_sample <= BATCH_BYTES + per_sample for b in batches)
-    assert [len(b) for b in batches[:-1]] == [-(-BATCH_BYTES // per_sample)] * (len(batches) - 1)
+    assert [s["__key__"] for b in batches for s in b] == [f"k{i}" for i in range(48)]
+    per_batch = BATCH_BYTES // sizes[0]
+    assert [len(b) for b in batches] == [per_batch] * (40 // per_batch) + [40 % per_batch, 1, 1, 1, 5]

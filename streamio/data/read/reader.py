@@ -161,7 +161,7 @@ class WindowReader:
         """The samples of one run (local shard numbers) in batches; ``None`` for each sample a skipped fault lost."""
         shard = byte_run.shard
         url = store.url(shard.path)
-        index = run.first
+        shard_id, index = run.shard, run.first
         refetched = False
         while True:
             try:
@@ -173,7 +173,9 @@ class WindowReader:
                     compression=shard.compression,
                 ):
                     for sample in batch:
-                        sample["__url__"], sample["__shard__"], sample["__index__"] = url, run.shard, index
+                        sample["__url__"] = url
+                        sample["__shard__"] = shard_id
+                        sample["__index__"] = index
                         index += 1
                     yield batch  # type: ignore[misc]
                 return
