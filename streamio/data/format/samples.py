@@ -15,10 +15,11 @@ Design and reasons:
   before anything of it is yielded, so no unverified byte reaches training (s3fs hands back flipped
   bytes silently on ranged reads). Without a layout (foreign shards) only the tar structure is
   checked.
-* **Bounded**: memory is one sample: its byte range when an index gives it,
-  ``max_sample_bytes`` otherwise (default :data:`~streamio.data.format.layout.MAX_SAMPLE_BYTES`, 1 GiB);
-  ``.tar.zst`` is decompressed as a stream with that output limit
-  (:mod:`streamio.data.format.zstdframes`), never by what a frame header declares.
+* **Bounded**: memory is one sample: its byte range when an index gives it (or a batch of
+  small ones, at most 64 KiB: :func:`iter_sample_batches`), ``max_sample_bytes`` otherwise
+  (default :data:`~streamio.data.format.layout.MAX_SAMPLE_BYTES`, 1 GiB); ``.tar.zst`` is
+  decompressed as a stream with that output limit (:mod:`streamio.data.format.zstdframes`), never
+  by what a frame header declares.
 
 Errors and the ``handler``: by default every problem raises. A ``handler(exc) -> bool`` (the
 WebDataset convention: ``webdataset.ignore_and_continue`` / ``warn_and_continue`` work) can ask to
