@@ -37,19 +37,19 @@ a consumer that drops each sample then reuses the same memory for the next, wher
 
 
 def plain_batch(
-    src: ChunkReader, layout: SampleLayout, samples: range, out: list[Sample]
+    src: ChunkReader, layout: SampleLayout, first: int, stop: int, out: list[Sample]
 ) -> bytes | memoryview | None:
-    """Append to ``out`` (empty) the next samples that are whole, pass their CRC32C and are plain.
+    """Append to ``out`` (empty) the next of samples ``first .. stop-1`` that are whole, pass their CRC32C, are plain.
 
     At most :data:`BATCH_BYTES` of them, or one sample when it is larger.
 
     Returns the bytes read of the first sample that is not (the caller checks it on its own), or
-    None when the batch is full or ``samples`` ran out. Appends to ``out`` rather than returning
+    None when the batch is full or the samples ran out. Appends to ``out`` rather than returning
     a list so that what was parsed before an error of the byte stream is not lost.
     """
     offsets, checksums = layout.offsets, layout.checksums
     held = 0
-    for i in samples:
+    for i in range(first, stop):
         size = offsets[i + 1] - offsets[i]
         held += size
         if held > BATCH_BYTES and out:

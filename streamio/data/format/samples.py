@@ -273,7 +273,7 @@ def _verified_batches(
     while i < stop:
         batch: list[Sample] = []
         try:
-            data = plain_batch(src, layout, range(i, stop), batch) if dctx is None else None
+            data = plain_batch(src, layout, i, stop, batch) if dctx is None else None
         except Exception:  # the byte stream failed: hand out what came before it, as one sample at a time would
             if batch:
                 yield batch

@@ -329,10 +329,11 @@ class _Feed:
             else:
                 self._advance(chain)
                 continue
-            if len(batch) > n:  # the rest is the chain's next run's
+            k = len(batch)
+            if k > n:  # the rest is the chain's next run's
                 self._bufs.setdefault(chain, deque()).appendleft(batch[n:])
-                batch = batch[:n]
-            n -= len(batch)
+                batch, k = batch[:n], n
+            n -= k
             yield batch
 
     def _advance(self, chain: int) -> None:
