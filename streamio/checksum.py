@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable
+from typing import Any
 
 import google_crc32c
 
@@ -31,10 +32,21 @@ def crc32c(data: bytes | bytearray | memoryview, value: int = 0) -> int:
         # The extension takes only buffers without a release hook (bytes, ndarrays): a bytearray
         # or memoryview is handed over as a zero-copy ndarray view, never copied (bytes(view)
         # cost a full copy of every cached shard and restored part).
-        import numpy as np  # here, not at the top: every CLI verb imports this module, few need numpy
-
-        data = np.frombuffer(data, dtype=np.uint8)
+        data = (_frombuffer or _load_frombuffer())(data, dtype="u1")
     return google_crc32c.extend(value, data)
+
+
+_frombuffer: Any = None  # numpy.frombuffer once a view was checked: the read path checks one per sample
+
+
+def _load_frombuffer() -> Any:
+    """``numpy.frombuffer``, imported on first use: every CLI verb imports this module, few need numpy
+    (an ``import`` statement in :func:`crc32c` itself cost 2 microseconds per call)."""
+    global _frombuffer
+    import numpy as np
+
+    _frombuffer = np.frombuffer
+    return _frombuffer
 
 
 _POLY = 0x82F63B78  # Castagnoli, bit-reflected (as the CRC is computed)

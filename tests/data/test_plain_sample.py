@@ -7,7 +7,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamio.data.format.samples import _plain_sample, group_samples
+from streamio.data.format.plain import plain_sample
+from streamio.data.format.samples import group_samples
 from streamio.data.format.tar import encode_sample, iter_members
 from streamio.errors import ShardFormatError
 
@@ -32,7 +33,7 @@ def full_parse(data: bytes) -> list[tuple[int, dict[str, Any]]] | None:
 def test_fast_path_equals_the_full_parser_or_defers_to_it(key: str, exts: list[str], sizes: list[int]) -> None:
     members = [(f"{key}.{ext}", bytes([i + 1]) * sizes[i]) for i, ext in enumerate(exts)]
     data = b"".join(encode_sample(members))
-    fast = _plain_sample(memoryview(data))
+    fast = plain_sample(memoryview(data))
     full = full_parse(data)
     if fast is not None:
         assert full is not None and len(full) == 1 and full[0][1] == fast
@@ -49,7 +50,7 @@ def test_damaged_bytes_never_yield_what_the_full_parser_would_not(data: st.DataO
     raw = bytearray(b"".join(encode_sample([("k1.bin", b"\x07" * 700), ("k1.cls", b"3")])))
     for _ in range(data.draw(st.integers(1, 4))):
         raw[data.draw(st.integers(0, len(raw) - 1))] = data.draw(st.integers(0, 255))
-    fast = _plain_sample(bytes(raw))
+    fast = plain_sample(bytes(raw))
     if fast is None:
         return
     # the header sums are not added up (the index's CRC32C covers them): compare with sums fixed
@@ -73,14 +74,14 @@ def test_what_the_fast_path_leaves_to_the_full_parser() -> None:
         data[156:157] = typeflag
         return bytes(data)
 
-    assert _plain_sample(one("k.bin")) == {"__key__": "k", "bin": b"x"}
+    assert plain_sample(one("k.bin")) == {"__key__": "k", "bin": b"x"}
     for name in ("dir/k.bin", ".k.bin", "k", "k.", "../k.bin", "x" * 120 + ".bin", "ké.bin"):
-        assert _plain_sample(one(name)) is None, name  # paths, dots, no extension, pax names: the full parser
-    assert _plain_sample(one("k.bin", b"2")) is None  # a symlink
-    assert _plain_sample(one("k.bin", b"5")) is None  # a directory
+        assert plain_sample(one(name)) is None, name  # paths, dots, no extension, pax names: the full parser
+    assert plain_sample(one("k.bin", b"2")) is None  # a symlink
+    assert plain_sample(one("k.bin", b"5")) is None  # a directory
     two_keys = b"".join(encode_sample([("a.bin", b"1"), ("b.bin", b"2")]))
-    assert _plain_sample(two_keys) is None
+    assert plain_sample(two_keys) is None
     repeated = b"".join(encode_sample([("a.bin", b"1"), ("a.bin", b"2")]))
-    assert _plain_sample(repeated) is None
-    assert _plain_sample(b"") is None and _plain_sample(one("k.bin")[:600]) is None
-    assert _plain_sample(one("k.bin") + bytes(512)) is None  # bytes after the last member
+    assert plain_sample(repeated) is None
+    assert plain_sample(b"") is None and plain_sample(one("k.bin")[:600]) is None
+    assert plain_sample(one("k.bin") + bytes(512)) is None  # bytes after the last member

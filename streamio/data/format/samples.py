@@ -15,10 +15,11 @@ Design and reasons:
   before anything of it is yielded, so no unverified byte reaches training (s3fs hands back flipped
   bytes silently on ranged reads). Without a layout (foreign shards) only the tar structure is
   checked.
-* **Bounded**: memory is one sample: its byte range when an index gives it,
-  ``max_sample_bytes`` otherwise (default :data:`~streamio.data.format.layout.MAX_SAMPLE_BYTES`, 1 GiB);
-  ``.tar.zst`` is decompressed as a stream with that output limit
-  (:mod:`streamio.data.format.zstdframes`), never by what a frame header declares.
+* **Bounded**: memory is one sample: its byte range when an index gives it (or a batch of
+  small ones, at most 64 KiB: :func:`iter_sample_batches`), ``max_sample_bytes`` otherwise
+  (default :data:`~streamio.data.format.layout.MAX_SAMPLE_BYTES`, 1 GiB); ``.tar.zst`` is
+  decompressed as a stream with that output limit (:mod:`streamio.data.format.zstdframes`), never
+  by what a frame header declares.
 
 Errors and the ``handler``: by default every problem raises. A ``handler(exc) -> bool`` (the
 WebDataset convention: ``webdataset.ignore_and_continue`` / ``warn_and_continue`` work) can ask to
@@ -43,12 +44,12 @@ import zstandard
 from streamio.checksum import crc32c
 from streamio.data.format import zstdframes
 from streamio.data.format.layout import MAX_SAMPLE_BYTES, SampleLayout, split_name
+from streamio.data.format.plain import plain_batch, plain_sample
 from streamio.data.format.tar import ChunkReader, Handler, MemberError, iter_members
-from streamio.data.format.tarfields import BLOCK
 from streamio.deprecation import fold_moved
 from streamio.errors import ConfigError, CorruptDataError, ShardFormatError
 
-__all__ = ["Handler", "Sample", "SampleSpan", "group_samples", "iter_samples"]
+__all__ = ["Handler", "Sample", "SampleSpan", "group_samples", "iter_sample_batches", "iter_samples"]
 
 log = logging.getLogger(__name__)
 
@@ -168,35 +169,38 @@ def iter_samples(
     return _iter_samples(chunks, url, span or SampleSpan(), layout, compression, handler, max_sample_bytes)
 
 
-def _iter_samples(
+def iter_sample_batches(
     chunks: Iterable[bytes],
+    *,
     url: str,
     span: SampleSpan,
-    layout: SampleLayout | None,
-    compression: str | None,
-    handler: Handler | None,
-    max_sample_bytes: int | None,
-) -> Iterator[Sample]:
-    start_offset, first_sample, num_samples = span.start_offset, span.first_sample, span.num_samples
-    if compression not in (None, "zstd"):
-        raise ConfigError(f"unknown compression {compression!r} for shard {url!r}: expected None or 'zstd'")
+    layout: SampleLayout,
+    compression: str | None = None,
+    handler: Handler | None = None,
+    max_sample_bytes: int | None = None,
+) -> Iterator[list[Sample]]:
+    """:func:`iter_samples` over a shard with a layout, its samples handed out in lists of consecutive ones.
+
+    What the read path consumes: plain samples that pass their checks come in lists of about
+    :data:`~streamio.data.format.plain.BATCH_BYTES` (:mod:`streamio.data.format.plain`: one call
+    and one list per batch instead of a generator step per sample); any sample that needs more (a
+    checksum failure, a truncation, the full tar parser, a zstd frame) comes alone, checked by the
+    per-sample path at the same point of the stream, with the same errors and the same ``handler``
+    calls as :func:`iter_samples`. An error of the byte stream itself is raised after the samples
+    before it have been handed out. Memory: one batch, or one sample when a sample is larger.
+
+    Args: as :func:`iter_samples` (``span`` and ``layout`` required).
+
+    Yields:
+        non-empty lists of samples, in shard order.
+
+    Raises:
+        as :func:`iter_samples`.
+    """
+    _check_compression(compression, url)
     if max_sample_bytes is None:
-        max_sample_bytes = (layout.max_sample_bytes if layout is not None else None) or MAX_SAMPLE_BYTES
-    if layout is None:
-        stream: Iterable[bytes] = chunks
-        offset = start_offset
-        if compression == "zstd":  # offsets in messages are then those of the decompressed tar
-            stream, offset = zstdframes.decompress(chunks, url=url, what="the zstd stream", start=start_offset), 0
-        try:
-            limit = max_sample_bytes
-            members = iter_members(stream, url=url, start_offset=offset, handler=handler, max_sample_bytes=limit)
-            for _, sample in group_samples(members, url=url, handler=handler, max_sample_bytes=limit):
-                yield sample
-        except ShardFormatError as exc:
-            if isinstance(exc, MemberError):
-                raise
-            _structural(exc, handler)
-        return
+        max_sample_bytes = layout.max_sample_bytes or MAX_SAMPLE_BYTES
+    start_offset, first_sample, num_samples = span.start_offset, span.first_sample, span.num_samples
     count = len(layout.offsets) - 1
     if not 0 <= first_sample <= count:
         raise ConfigError(f"shard {url!r} has {count} samples; cannot start at sample {first_sample}")
@@ -206,7 +210,42 @@ def _iter_samples(
         )
     stop = count if num_samples is None else min(count, first_sample + num_samples)
     src = ChunkReader(chunks, start_offset)
-    yield from _iter_verified(src, url, layout, range(first_sample, stop), compression, handler, max_sample_bytes)
+    yield from _verified_batches(src, url, layout, range(first_sample, stop), compression, handler, max_sample_bytes)
+
+
+def _iter_samples(
+    chunks: Iterable[bytes],
+    url: str,
+    span: SampleSpan,
+    layout: SampleLayout | None,
+    compression: str | None,
+    handler: Handler | None,
+    max_sample_bytes: int | None,
+) -> Iterator[Sample]:
+    _check_compression(compression, url)
+    if layout is not None:
+        for batch in iter_sample_batches(chunks, url=url, span=span, layout=layout, compression=compression,
+                                         handler=handler, max_sample_bytes=max_sample_bytes):
+            yield from batch
+        return
+    limit = MAX_SAMPLE_BYTES if max_sample_bytes is None else max_sample_bytes
+    stream: Iterable[bytes] = chunks
+    offset = span.start_offset
+    if compression == "zstd":  # offsets in messages are then those of the decompressed tar
+        stream, offset = zstdframes.decompress(chunks, url=url, what="the zstd stream", start=span.start_offset), 0
+    try:
+        members = iter_members(stream, url=url, start_offset=offset, handler=handler, max_sample_bytes=limit)
+        for _, sample in group_samples(members, url=url, handler=handler, max_sample_bytes=limit):
+            yield sample
+    except ShardFormatError as exc:
+        if isinstance(exc, MemberError):
+            raise
+        _structural(exc, handler)
+
+
+def _check_compression(compression: str | None, url: str) -> None:
+    if compression not in (None, "zstd"):
+        raise ConfigError(f"unknown compression {compression!r} for shard {url!r}: expected None or 'zstd'")
 
 
 def _structural(exc: ShardFormatError, handler: Handler | None) -> None:
@@ -216,7 +255,10 @@ def _structural(exc: ShardFormatError, handler: Handler | None) -> None:
     raise exc
 
 
-def _iter_verified(
+_END = object()  # _one_sample: the shard ends here (a truncation the handler chose to skip)
+
+
+def _verified_batches(
     src: ChunkReader,
     url: str,
     layout: SampleLayout,
@@ -224,92 +266,82 @@ def _iter_verified(
     compression: str | None,
     handler: Handler | None,
     max_sample_bytes: int,
-) -> Iterator[Sample]:
-    offsets, checksums = layout.offsets, layout.checksums
+) -> Iterator[list[Sample]]:
+    offsets = layout.offsets
     dctx = zstandard.ZstdDecompressor() if compression == "zstd" else None  # one per run: they cost to make
-    for i in samples:
-        begin, size = offsets[i], offsets[i + 1] - offsets[i]
-        data = src.view(size)
-        if len(data) < size:
-            _structural(
-                ShardFormatError(
-                    f"shard {url!r} ends at byte {begin + len(data)}, inside sample {i} ({begin}..{begin + size}): "
-                    f"it is truncated. Re-fetch it or re-run `streamio verify` on its dataset."
-                ),
-                handler,
-            )
+    i, stop = samples.start, samples.stop
+    while i < stop:
+        batch: list[Sample] = []
+        try:
+            data = plain_batch(src, layout, i, stop, batch) if dctx is None else None
+        except Exception:  # the byte stream failed: hand out what came before it, as one sample at a time would
+            if batch:
+                yield batch
+            raise
+        i += len(batch)
+        if batch:
+            yield batch
+        if i == stop or (data is None and dctx is None):  # the end, or a full batch
+            continue
+        if data is None:
+            data = src.view(offsets[i + 1] - offsets[i])
+        sample = _one_sample(data, i, url, layout, dctx, handler, max_sample_bytes)
+        if sample is _END:
             return
-        if crc32c(data) != checksums[i]:
-            exc = CorruptDataError(
-                f"shard {url!r}: sample {i} (bytes {begin}..{begin + size}) fails its CRC32C check: the bytes read "
-                f"are corrupt. Retry the read; if it persists, re-run `streamio verify` on the dataset."
-            )
-            if handler is not None and handler(exc):
-                continue
-            raise exc
-        if dctx is None:
-            sample = _plain_sample(data)
-            if sample is not None:
-                yield sample
-                continue
-        stream: Iterable[bytes] = (bytes(data),)
-        limit = size
-        if dctx is not None:
-            what = f"sample {i} at byte {begin}"
-            stream = zstdframes.decompress_sample(data, dctx, url=url, what=what, limit=max_sample_bytes, start=begin)
-            limit = max_sample_bytes
-        members = iter_members(
-            stream, url=url, start_offset=begin, require_end=False, handler=handler, max_sample_bytes=limit
+        if sample is not None:
+            yield [sample]  # type: ignore[list-item]
+        i += 1
+
+
+def _one_sample(
+    data: bytes | memoryview,
+    i: int,
+    url: str,
+    layout: SampleLayout,
+    dctx: zstandard.ZstdDecompressor | None,
+    handler: Handler | None,
+    max_sample_bytes: int,
+) -> Sample | object | None:
+    """Sample ``i`` from its bytes, every check with its own error: the sample, None (skipped) or :data:`_END`."""
+    offsets, checksums = layout.offsets, layout.checksums
+    begin, size = offsets[i], offsets[i + 1] - offsets[i]
+    if len(data) < size:
+        _structural(
+            ShardFormatError(
+                f"shard {url!r} ends at byte {begin + len(data)}, inside sample {i} ({begin}..{begin + size}): "
+                f"it is truncated. Re-fetch it or re-run `streamio verify` on its dataset."
+            ),
+            handler,
         )
-        found = list(islice(group_samples(members, url=url, handler=handler, max_sample_bytes=limit), 2))
-        if len(found) != 1:
-            exc2 = ShardFormatError(
-                f"shard {url!r}: sample {i} at byte {begin} holds {'no' if not found else 'more than one'} sample's "
-                f"members, not 1: the index does not describe this shard. Rebuild it with `streamio index`."
-            )
-            if handler is not None and handler(exc2):
-                continue
-            raise exc2
-        yield found[0][1]
-
-
-_PLAIN_TYPES = (0x30, 0x00)  # typeflag "0" or NUL: a regular file
-
-
-def _plain_sample(data: bytes | memoryview) -> Sample | None:
-    """The sample one verified byte range holds when it is the plain case, else None (the full parser decides).
-
-    The plain case is what streamio and most writers produce: ustar headers of regular files named
-    ``key.ext`` (no directory, so nothing :func:`~streamio.data.format.layout.unsafe_reason` refuses), of
-    one key, no pax or GNU records, nothing after the last member's padding. Anything
-    else (and every error) goes to :func:`iter_members` + :func:`group_samples`, which say what is
-    wrong. The 8-bit header sums are not added up here: the caller checked the range's CRC32C
-    against the index, which covers every header byte. One copy per member, no other.
-    """
-    n, pos = len(data), 0
-    sample: Sample = {}
-    key = None
-    try:
-        while pos < n:
-            body = pos + BLOCK
-            if body > n or data[pos + 156] not in _PLAIN_TYPES or data[pos + 345]:
-                return None  # short, not a regular file, or a ustar prefix / GNU fields
-            head = bytes(data[pos + 124 : pos + 136]).split(b"\0", 1)[0]
-            if not head.isdigit():
-                return None
-            size = int(head, 8)
-            name = bytes(data[pos : pos + 100]).split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
-            pos = body + size + (-size % BLOCK)
-            dot = name.find(".")
-            if pos > n or dot < 1 or dot == len(name) - 1 or "/" in name:
-                return None  # no extension, a name starting with a dot, or a path: the full checks decide
-            ext = name[dot + 1 :]
-            if key is None:
-                key = name[:dot]
-                sample["__key__"] = key
-            elif name[:dot] != key or ext in sample:
-                return None
-            sample[ext] = bytes(data[body : body + size])
-    except ValueError:  # an 8 or a 9 in the size field
-        return None
-    return sample if key is not None else None
+        return _END
+    if crc32c(data) != checksums[i]:
+        exc = CorruptDataError(
+            f"shard {url!r}: sample {i} (bytes {begin}..{begin + size}) fails its CRC32C check: the bytes read "
+            f"are corrupt. Retry the read; if it persists, re-run `streamio verify` on the dataset."
+        )
+        if handler is not None and handler(exc):
+            return None
+        raise exc
+    if dctx is None:
+        sample = plain_sample(data)
+        if sample is not None:
+            return sample
+    stream: Iterable[bytes] = (bytes(data),)
+    limit = size
+    if dctx is not None:
+        what = f"sample {i} at byte {begin}"
+        stream = zstdframes.decompress_sample(data, dctx, url=url, what=what, limit=max_sample_bytes, start=begin)
+        limit = max_sample_bytes
+    members = iter_members(
+        stream, url=url, start_offset=begin, require_end=False, handler=handler, max_sample_bytes=limit
+    )
+    found = list(islice(group_samples(members, url=url, handler=handler, max_sample_bytes=limit), 2))
+    if len(found) != 1:
+        exc2 = ShardFormatError(
+            f"shard {url!r}: sample {i} at byte {begin} holds {'no' if not found else 'more than one'} sample's "
+            f"members, not 1: the index does not describe this shard. Rebuild it with `streamio index`."
+        )
+        if handler is not None and handler(exc2):
+            return None
+        raise exc2
+    return found[0][1]

@@ -30,14 +30,13 @@ import logging
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
-from itertools import islice
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
 from streamio.data.cache import ShardCache
 from streamio.data.format.index import DatasetIndex
-from streamio.data.format.samples import Handler, SampleSpan, iter_samples
+from streamio.data.format.samples import Handler, SampleSpan, iter_sample_batches
 from streamio.data.plan import Run, Window
 from streamio.data.read.prefetch import ByteRun, PrefetchConfig, Prefetcher
 from streamio.data.read.schedule import Schedule, Segment, build_schedule
@@ -122,16 +121,18 @@ class WindowReader:
             for win, chains in zip(kept, schedule.chains, strict=True):
                 if win.order is None:
                     for run, c in zip(win.runs, chains, strict=True):
-                        for sample in feed.take(c, run.end - run.first):
-                            if sample is not None:
-                                yield decode(sample)
+                        for batch in feed.take(c, run.end - run.first):
+                            for sample in batch:
+                                if sample is not None:
+                                    yield decode(sample)
                     continue
                 buffered: list[Sample | None] = []
                 pending = zip(win.runs, chains, strict=True)
                 for i in win.order.tolist():
                     while i >= len(buffered):  # runs come in the order they are first needed
                         run, c = next(pending)
-                        buffered.extend(feed.take(c, run.end - run.first))
+                        for batch in feed.take(c, run.end - run.first):
+                            buffered.extend(batch)
                     sample = buffered[i]
                     if skip:
                         skip -= 1
@@ -140,41 +141,50 @@ class WindowReader:
         finally:
             feed.close()
 
-    def samples_of(self, segment: Segment, byte_run: ByteRun, chunks: Iterator[bytes]) -> Iterator[Sample | None]:
-        """Raw samples of one segment, verified, with ``__url__``/``__shard__``/``__index__``; None if lost."""
+    def samples_of(
+        self, segment: Segment, byte_run: ByteRun, chunks: Iterator[bytes]
+    ) -> Iterator[list[Sample | None]]:
+        """Raw samples of one segment in batches, verified, with ``__url__``/``__shard__``/``__index__``; None if lost.
+
+        Batches (non-empty lists, :func:`~streamio.data.format.samples.iter_sample_batches`) so that
+        the layers above take a few hundred samples per step, not one.
+        """
         src, local = self._locate(segment.shard)
         layout = src.index.layout(local, src.store)
-        samples = self._run(Run(local, segment.first, segment.end), src.store, byte_run, chunks, layout)
+        batches = self._run(Run(local, segment.first, segment.end), src.store, byte_run, chunks, layout)
         if len(self.sources) == 1:
-            return samples
+            return batches
         which = self.sources.index(src)
-        return (s if s is None else {**s, "__source__": which} for s in samples)
+        return ([s if s is None else {**s, "__source__": which} for s in batch] for batch in batches)
 
     def _run(
         self, run: Run, store: Store, byte_run: ByteRun, chunks: Iterator[bytes], layout: SampleLayout
-    ) -> Iterator[Sample | None]:
-        """The samples of one run (local shard numbers); ``None`` for each sample a skipped fault lost."""
+    ) -> Iterator[list[Sample | None]]:
+        """The samples of one run (local shard numbers) in batches; ``None`` for each sample a skipped fault lost."""
         shard = byte_run.shard
         url = store.url(shard.path)
-        index = run.first
+        shard_id, index = run.shard, run.first
         refetched = False
         while True:
             try:
-                for sample in iter_samples(
+                for batch in iter_sample_batches(
                     chunks,
                     url=url,
                     span=SampleSpan(layout.offsets[index], index, run.end - index),
                     layout=layout,
                     compression=shard.compression,
                 ):
-                    sample["__url__"], sample["__shard__"], sample["__index__"] = url, run.shard, index
-                    index += 1
-                    yield sample
+                    for sample in batch:
+                        sample["__url__"] = url
+                        sample["__shard__"] = shard_id
+                        sample["__index__"] = index
+                        index += 1
+                    yield batch  # type: ignore[misc]
                 return
             except CorruptDataError as exc:
                 if self.cache is None or refetched:
                     if self._skip(exc, run, index, url):
-                        yield from [None] * (run.end - index)  # keeps the windows aligned; read() drops them
+                        yield from _lost(run, index)  # keeps the windows aligned; read() drops them
                         return
                     raise
                 # bit rot in a cached file that kept its size and mtime: drop it and fetch again
@@ -188,7 +198,7 @@ class WindowReader:
             except (StorageError, StreamioError) as exc:
                 if not self._skip(exc, run, index, url):
                     raise
-                yield from [None] * (run.end - index)
+                yield from _lost(run, index)
                 return
 
     def _skip(self, exc: Exception, run: Run, index: int, url: str) -> bool:
@@ -206,6 +216,11 @@ class WindowReader:
 
 def _as_read(sample: Sample) -> Sample:
     return sample
+
+
+def _lost(run: Run, index: int) -> list[list[None]]:
+    """The batches that stand for the samples of ``run`` a skipped fault lost from ``index`` on (none if none)."""
+    return [[None] * (run.end - index)] if index < run.end else []
 
 
 def _traced(decode: Callable[[Sample], Any]) -> Callable[[Sample], Any]:
@@ -304,28 +319,36 @@ class _Feed:
         config = replace(cfg, workers=depth) if depth != cfg.workers else cfg
         store = reader.sources[0].store
         self._fetched = iter(Prefetcher(store, byte_runs, cache=reader.cache, config=config))
-        self._bufs: dict[int, deque[Sample | None]] = {}
-        self._live: Iterator[Sample | None] | None = None
+        self._bufs: dict[int, deque[list[Sample | None]]] = {}  # each chain's batches parsed before they were needed
+        self._live: Iterator[list[Sample | None]] | None = None
         self._live_chain, self._live_left = -1, 0
 
-    def take(self, chain: int, n: int) -> Iterator[Sample | None]:
-        """The next ``n`` samples of ``chain``."""
-        buf = self._bufs.get(chain)
+    def take(self, chain: int, n: int) -> Iterator[list[Sample | None]]:
+        """The next ``n`` samples of ``chain``, in batches (non-empty lists)."""
         while n:
+            buf = self._bufs.get(chain)
             if buf:
-                yield buf.popleft()
+                batch = buf.popleft()
             elif self._live is not None and self._live_chain == chain and self._live_left:
-                self._live_left -= 1
-                yield next(self._live)
+                batch = next(self._live)
+                self._live_left -= len(batch)
             else:
                 self._advance(chain)
-                buf = self._bufs.get(chain)
                 continue
-            n -= 1
+            k = len(batch)
+            if k > n:  # the rest is the chain's next run's
+                self._bufs.setdefault(chain, deque()).appendleft(batch[n:])
+                batch, k = batch[:n], n
+            n -= k
+            yield batch
 
     def _advance(self, chain: int) -> None:
         if self._live is not None and self._live_left:  # another chain's segment: keep the rest of it
-            self._bufs.setdefault(self._live_chain, deque()).extend(islice(self._live, self._live_left))
+            keep = self._bufs.setdefault(self._live_chain, deque())
+            while self._live_left:
+                batch = next(self._live)
+                self._live_left -= len(batch)
+                keep.append(batch)
         seg = next(self._segments)
         if seg.chain != chain:
             raise AssertionError(f"read schedule out of order: chain {chain} needed, segment of chain {seg.chain} next")
