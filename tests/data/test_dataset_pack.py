@@ -21,6 +21,7 @@ import streamio
 from streamio.data.write.writer import ShardSpec, write_dataset
 from streamio.errors import DatasetError, PlanError, ShardFormatError
 from streamio.testing import S3Endpoint
+from support.loaders import take_batches
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -54,15 +55,7 @@ def plain(batches: list[list[dict[str, Any]]]) -> list[list[tuple[int, list[int]
 
 def read(url: str, *, workers: int, state: Any = None, stop_after: int | None = None, **kw: Any) -> tuple[list, Any]:
     ds = streamio.StreamingDataset(url, batch_size=3, seed=4, pack=streamio.Pack(16, eos=EOS), **kw)
-    loader = streamio.StreamingDataLoader(ds, num_workers=workers, collate_fn=collate)
-    if state is not None:
-        loader.load_state_dict(state)
-    batches = []
-    for batch in loader:
-        batches.append(batch)
-        if len(batches) == stop_after:
-            break
-    return batches, loader.state_dict()
+    return take_batches(streamio.StreamingDataLoader(ds, num_workers=workers, collate_fn=collate), state, stop_after)
 
 
 def check_exactly_once(sequences: list[dict[str, Any]]) -> None:

@@ -24,6 +24,7 @@ from streamio.data.options import DatasetOptions
 from streamio.errors import ConfigError, DatasetError, StreamioError
 from streamio.testing import FaultProxy, S3Endpoint
 from support.dataset import all_keys, key, make_dataset
+from support.loaders import take_batches
 
 COUNTS = [5, 7, 3, 9, 11, 2, 8]  # 45 samples
 REPO = Path(__file__).resolve().parents[2]
@@ -50,15 +51,7 @@ def read(url: str, *, batch: int, stop_after: int | None = None, state: Any = No
     ds = StreamingDataset(url, batch_size=batch, transform=kw.pop("transform", with_reversed),
                           decode=kw.pop("decode", None), options=kw.pop("options", None))
     ds.set_epoch(1)
-    loader = StreamingDataLoader(ds, **kw)
-    if state is not None:
-        loader.load_state_dict(state)
-    out = []
-    for b in loader:
-        out.append(b)
-        if len(out) == stop_after:
-            break
-    return out, loader.state_dict()
+    return take_batches(StreamingDataLoader(ds, **kw), state, stop_after)
 
 
 def keys(batches: list[dict[str, Any]]) -> list[list[str]]:

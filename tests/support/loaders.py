@@ -25,6 +25,19 @@ def keys_of(batch: list[dict[str, Any]]) -> Batch:
     return tuple(s["__key__"] for s in batch)
 
 
+def take_batches(loader: Any, state: Any = None, stop_after: int | None = None) -> tuple[list[Any], Any]:
+    """``loader``'s batches (after ``load_state_dict(state)`` when given), the first ``stop_after`` of
+    them when given, and its ``state_dict()`` after the last one taken."""
+    if state is not None:
+        loader.load_state_dict(state)
+    out: list[Any] = []
+    for batch in loader:
+        out.append(batch)
+        if len(out) == stop_after:
+            break
+    return out, loader.state_dict()
+
+
 def small_dataset(url: str) -> str:
     """Write the dataset of :data:`COUNTS` samples per shard at ``url``; returns ``url``."""
     make_dataset(url, None, COUNTS)
